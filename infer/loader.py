@@ -1,0 +1,236 @@
+"""HDF5 model and data files: shapes checked before any value is read, values checked as read.
+
+Model: datasets conv1 (K, K, C, C1), conv2 (K2, K2, C1, C2), fc1 (F, hidden), fc2 (hidden, classes).
+Data: x (N, H, W, C) images, NHWC; y (N, classes), one row per image, the label its first maximum.
+Numbers of any integer or float type are converted to float32 and must be finite there; every
+problem is an InputError naming the file and the dataset.
+"""
+import contextlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InputError, where
+from .network import MAX_CHANNELS, MAX_KERNEL, MAX_SIDE, MAX_WEIGHT_ELEMENTS, Geometry
+
+MODEL_DATASETS = ("conv1", "conv2", "fc1", "fc2")
+READ_BLOCK = 4096  # images converted and checked per read, so a float64 file needs little extra memory
+
+
+@dataclass(frozen=True)
+class Model:
+    path: str
+    conv1: np.ndarray
+    conv2: np.ndarray
+    fc1: np.ndarray
+    fc2: np.ndarray
+
+
+@dataclass
+class Data:
+    """An open data file: shapes known and checked, images not read yet."""
+    path: str
+    file: object
+    x: object
+    y: object
+
+    @property
+    def size(self):
+        return self.x.shape[0]
+
+    def close(self):
+        self.file.close()
+
+
+@contextlib.contextmanager
+def _reading(path, name=None):
+    """Any failure of the HDF5 library while inside becomes one InputError line."""
+    try:
+        yield
+    except InputError:
+        raise
+    except Exception as e:  # h5py raises OSError, KeyError, RuntimeError, ValueError... on bad files
+        raise InputError(f"{where(path, name)}: cannot read: {' '.join(str(e).split()) or type(e).__name__}") from None
+
+
+def _open(path):
+    import h5py
+
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise InputError(f"{path}: is a folder, not an HDF5 file")
+    if not h5py.is_hdf5(path):
+        raise InputError(f"{path}: not an HDF5 file")
+    with _reading(path):
+        return h5py.File(path, "r")
+
+
+def _dataset(f, path, name, rank):
+    """The dataset `name` of open file `f`, checked for place, type and rank; nothing read."""
+    import h5py
+
+    with _reading(path, name):
+        link = f.get(name, getlink=True)
+        if link is None:
+            raise InputError(f"{where(path, name)}: missing")
+        if isinstance(link, h5py.ExternalLink):
+            raise InputError(f"{where(path, name)}: is an external link to {link.filename}; datasets must live in the file itself")
+        obj = f.get(name)
+        if obj is None:
+            raise InputError(f"{where(path, name)}: is a soft link to {link.path}, which does not exist")
+        if not isinstance(obj, h5py.Dataset):
+            raise InputError(f"{where(path, name)}: is a {type(obj).__name__.lower()}, not a dataset")
+        if obj.is_virtual or obj.external:
+            raise InputError(f"{where(path, name)}: its values are stored in other files; datasets must live in the file itself")
+        dt = obj.dtype
+        if dt.kind not in "iuf" or dt.subdtype is not None:
+            raise InputError(f"{where(path, name)}: type {_describe(dt)} is not a number type (integer or float)")
+        if obj.shape is None:
+            raise InputError(f"{where(path, name)}: has no dataspace (empty dataset)")
+        if len(obj.shape) != rank:
+            raise InputError(f"{where(path, name)}: rank {len(obj.shape)} {tuple(obj.shape)}, expected rank {rank}")
+        if 0 in obj.shape:
+            raise InputError(f"{where(path, name)}: shape {tuple(obj.shape)} is empty")
+        return obj
+
+
+def _describe(dt):
+    kinds = {"S": "string", "U": "string", "O": "string or reference", "V": "compound",
+             "c": "complex", "b": "boolean", "M": "date", "m": "time delta"}
+    if dt.subdtype is not None:
+        return f"array of {dt.subdtype[0]}"
+    return f"{kinds.get(dt.kind, dt.kind)} ({dt})"
+
+
+def _finite_float32(values, path, name, offset=0):
+    """`values` as float32, refused if any is not a finite float32 (NaN, Inf or out of range)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = values.astype(np.float32, copy=False)
+    _check_finite(out, values, path, name, offset)
+    return out
+
+
+def _check_finite(checked, original, path, name, offset=0):
+    bad = ~np.isfinite(checked)
+    if bad.any():
+        first = np.unravel_index(np.argmax(bad), checked.shape)
+        index = (int(first[0]) + offset,) + tuple(int(i) for i in first[1:])
+        raise InputError(f"{where(path, name)}: value at index {index} is {original[first].item()!r}, "
+                         f"not a finite {checked.dtype} number")
+
+
+def _square_kernel(ds, path, name):
+    k, k_, cin, cout = ds.shape
+    if k != k_:
+        raise InputError(f"{where(path, name)}: kernel {k}x{k_} is not square")
+    if k > MAX_KERNEL or cin > MAX_CHANNELS or cout > MAX_CHANNELS:
+        raise InputError(f"{where(path, name)}: shape {ds.shape} is larger than cnninfer supports "
+                         f"(kernel <= {MAX_KERNEL}, channels <= {MAX_CHANNELS})")
+    return k, cin, cout
+
+
+def load_model(path):
+    """Read and check a model file: shapes first (consistent with each other), then the weights."""
+    path = str(path)
+    f = _open(path)
+    with f:
+        ds = {name: _dataset(f, path, name, rank) for name, rank in zip(MODEL_DATASETS, (4, 4, 2, 2))}
+        _, _, c1 = _square_kernel(ds["conv1"], path, "conv1")
+        _, c1_, _ = _square_kernel(ds["conv2"], path, "conv2")
+        if c1_ != c1:
+            raise InputError(f"{where(path, 'conv2')}: takes {c1_} input channels but conv1 makes {c1}")
+        if ds["fc2"].shape[0] != ds["fc1"].shape[1]:
+            raise InputError(f"{where(path, 'fc2')}: takes {ds['fc2'].shape[0]} inputs but fc1 makes {ds['fc1'].shape[1]}")
+        for name in ("fc1", "fc2"):
+            if ds[name].size > MAX_WEIGHT_ELEMENTS:
+                raise InputError(f"{where(path, name)}: shape {ds[name].shape} is larger than cnninfer supports")
+        weights = {}
+        for name in MODEL_DATASETS:
+            with _reading(path, name):
+                values = ds[name][()]
+            weights[name] = np.ascontiguousarray(_finite_float32(values, path, name))
+    return Model(path=path, **weights)
+
+
+def open_data(path, model):
+    """Open a data file and check its shapes against the model; no image is read yet."""
+    path = str(path)
+    f = _open(path)
+    try:
+        x = _dataset(f, path, "x", 4)
+        y = _dataset(f, path, "y", 2)
+        geometry(model, x.shape, path)
+        classes = model.fc2.shape[1]
+        if y.shape != (x.shape[0], classes):
+            raise InputError(f"{where(path, 'y')}: shape {y.shape}, expected ({x.shape[0]}, {classes}): "
+                             f"one row per image of x, one column per class of the model's fc2")
+    except BaseException:
+        f.close()
+        raise
+    return Data(path=path, file=f, x=x, y=y)
+
+
+def geometry(model, x_shape, path="data"):
+    """The network's layer sizes for images of `x_shape` (N, H, W, C), checked to fit the model."""
+    _, h, w, c = x_shape
+    k1, _, cin, c1 = model.conv1.shape
+    k2, _, _, c2 = model.conv2.shape
+    g = Geometry(h=h, w=w, c=c, k1=k1, c1=c1, k2=k2, c2=c2,
+                 hidden=model.fc1.shape[1], classes=model.fc2.shape[1])
+    if h > MAX_SIDE or w > MAX_SIDE:
+        raise InputError(f"{where(path, 'x')}: images of {h}x{w} are larger than cnninfer supports ({MAX_SIDE})")
+    if c != cin:
+        raise InputError(f"{where(path, 'x')}: images have {c} channels but the model's conv1 takes {cin}")
+    p1 = g.pool1_out
+    p2 = g.pool2_out
+    if min(g.conv1_out) < 2 or min(p1) < k2 or min(p2) < 1:
+        raise InputError(f"{where(path, 'x')}: images of {h}x{w} are too small for the model's "
+                         f"{k1}x{k1} and {k2}x{k2} convolutions with 2x2 pooling")
+    if g.flat != model.fc1.shape[0]:
+        raise InputError(f"{where(path, 'x')}: images of {h}x{w} flatten to {p2[0]}x{p2[1]}x{c2} = {g.flat} "
+                         f"values before fc1, but the model's fc1 takes {model.fc1.shape[0]}")
+    return g
+
+
+def check_count(data, n):
+    """The number of images to use: all by default, else 1..size."""
+    if n is None:
+        return data.size
+    if n <= 0:
+        raise InputError(f"N must be positive, got {n}")
+    if n > data.size:
+        raise InputError(f"{where(data.path, 'x')}: holds {data.size} images, fewer than the {n} asked for")
+    return n
+
+
+def check_memory(data, n, limit=None):
+    """Refuse, before allocating, n images that would take more than half of this machine's memory."""
+    _, h, w, c = data.x.shape
+    need = n * h * w * c * 4
+    limit = limit or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    if need > limit:
+        raise InputError(f"{where(data.path, 'x')}: {n} images of {h}x{w}x{c} need {need / 2**30:.1f} GiB, "
+                         f"more than the {limit / 2**30:.1f} GiB this machine allows; ask for fewer images (N)")
+
+
+def read_images(data, n, out):
+    """Read images [0, n) of x into `out` (n, H, W, C) float32, converting and checking as it goes."""
+    with _reading(data.path, "x"):
+        for start in range(0, n, READ_BLOCK):
+            stop = min(n, start + READ_BLOCK)
+            if data.x.dtype == np.float32:
+                data.x.read_direct(out, np.s_[start:stop], np.s_[start:stop])
+                _finite_float32(out[start:stop], data.path, "x", start)
+            else:
+                out[start:stop] = _finite_float32(data.x[start:stop], data.path, "x", start)
+    return out
+
+
+def read_labels(data, n):
+    """The labels of images [0, n): the first maximum of each row of y."""
+    with _reading(data.path, "y"):
+        y = data.y[:n]
+    _check_finite(y, y, data.path, "y")
+    return np.argmax(y, axis=1)
