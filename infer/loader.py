@@ -137,15 +137,15 @@ def load_model(path):
     f = _open(path)
     with f:
         ds = {name: _dataset(f, path, name, rank) for name, rank in zip(MODEL_DATASETS, (4, 4, 2, 2))}
+        for name in ("fc1", "fc2"):
+            if ds[name].size > MAX_WEIGHT_ELEMENTS:
+                raise InputError(f"{where(path, name)}: shape {ds[name].shape} is larger than cnninfer supports")
         _, _, c1 = _square_kernel(ds["conv1"], path, "conv1")
         _, c1_, _ = _square_kernel(ds["conv2"], path, "conv2")
         if c1_ != c1:
             raise InputError(f"{where(path, 'conv2')}: takes {c1_} input channels but conv1 makes {c1}")
         if ds["fc2"].shape[0] != ds["fc1"].shape[1]:
             raise InputError(f"{where(path, 'fc2')}: takes {ds['fc2'].shape[0]} inputs but fc1 makes {ds['fc1'].shape[1]}")
-        for name in ("fc1", "fc2"):
-            if ds[name].size > MAX_WEIGHT_ELEMENTS:
-                raise InputError(f"{where(path, name)}: shape {ds[name].shape} is larger than cnninfer supports")
         weights = {}
         for name in MODEL_DATASETS:
             with _reading(path, name):

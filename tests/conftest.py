@@ -1,0 +1,40 @@
+import os
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from infer.cli import cli
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def data_dir():
+    """The ECE408 files: $CNNINFER_DATA, else ../shared/data/ece408 beside the checkout."""
+    return Path(os.environ.get("CNNINFER_DATA") or SHARED_DATA / "ece408")
+
+
+@pytest.fixture(scope="session")
+def ece408():
+    d = data_dir()
+    if not (d / "model.hdf5").is_file():
+        pytest.skip(f"the ECE408 data set is not at {d} (set CNNINFER_DATA to its folder)")
+    return d
+
+
+@pytest.fixture
+def rng(request):
+    """A generator seeded by the test's name: reproducible, different for every test."""
+    return np.random.default_rng(zlib.crc32(request.node.name.encode()))
+
+
+def invoke(*args):
+    """Run the CLI in-process; stdout and stderr kept apart."""
+    try:
+        runner = CliRunner(mix_stderr=False)  # click < 8.2
+    except TypeError:
+        runner = CliRunner()
+    return runner.invoke(cli, [str(a) for a in args])

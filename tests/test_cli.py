@@ -1,0 +1,97 @@
+"""The command line, in-process (CliRunner) and once as the installed console script."""
+import json
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tests.conftest import invoke
+
+
+def files(d, name="test100.hdf5"):
+    return d / name, d / "model.hdf5"
+
+
+def test_run_prints_the_original_format(ece408):
+    r = invoke("run", *files(ece408), "--backend", "cpu")
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "input dimensions = 100 x 28 x 28 x 1"
+    assert lines[1].startswith("Done with 100 queries in elapsed = ")
+    assert lines[1].endswith(" milliseconds. Correctness: 0.95")
+
+
+def test_n_takes_the_first_images(ece408):
+    r = invoke("run", *files(ece408), 10, "--backend", "cpu", "--json")
+    d = json.loads(r.stdout)
+    assert (d["n"], d["correct"], d["input_shape"]) == (10, 10, [10, 28, 28, 1])
+
+
+def test_json_has_the_result_and_timing(ece408):
+    r = invoke("run", *files(ece408), "--backend", "cpu", "--json")
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert (d["n"], d["correct"], d["accuracy"], d["backend"]) == (100, 95, 0.95, "cpu")
+    assert set(d["timing_ms"]) == {"load", "prepare", "forward"}
+    assert d["elapsed_ms"] == d["timing_ms"]["forward"] > 0
+    assert d["device"].startswith("CPU")
+
+
+def test_auto_without_cuda_falls_back_with_one_notice(ece408, monkeypatch):
+    from infer import backends
+    from infer.errors import BackendUnavailable
+
+    def unavailable(**_):
+        raise BackendUnavailable("no GPU here")
+
+    monkeypatch.setattr(backends, "create_cuda", unavailable)
+    r = invoke("run", *files(ece408, "test2.hdf5"))
+    assert r.exit_code == 0
+    assert r.stderr.strip().splitlines() == ["cnninfer: CUDA backend not usable (no GPU here); using the CPU backend"]
+    r = invoke("run", *files(ece408, "test2.hdf5"), "--backend", "cuda")
+    assert r.exit_code == 2
+    assert r.stderr.strip().splitlines() == ["Error: no GPU here"]
+
+
+@pytest.mark.parametrize("expect,tolerance,code", [("0.95", "0", 0), ("0.9", "0.06", 0), ("0.96", "0", 1), ("0.9", "0.01", 1)])
+def test_expect_accuracy(ece408, expect, tolerance, code):
+    r = invoke("run", *files(ece408), "--backend", "cpu", "--expect-accuracy", expect, "--tolerance", tolerance)
+    assert r.exit_code == code
+    if code:
+        assert "differs from the expected" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".csv"])
+def test_predictions_file(ece408, tmp_path, suffix):
+    out = tmp_path / ("p" + suffix)
+    r = invoke("run", *files(ece408), "--backend", "cpu", "--predictions", out)
+    assert r.exit_code == 0, r.stderr
+    labels = np.load(out) if suffix == ".npy" else np.loadtxt(out, skiprows=1, dtype=np.int64)
+    assert labels.shape == (100,) and labels.dtype == np.int64
+    from infer import engine
+    assert (labels == engine.run(*files(ece408), backend="cpu").predictions).all()
+    assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temporary file left
+
+
+def test_predictions_not_written_when_the_run_fails(ece408, tmp_path):
+    out = tmp_path / "p.npy"
+    r = invoke("run", ece408 / "test10.hdf5", ece408 / "model.hdf5", 11, "--predictions", out)
+    assert r.exit_code == 2
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_python_dash_m_and_help_work_without_a_gpu():
+    r = subprocess.run([sys.executable, "-m", "infer", "run", "--help"], capture_output=True, text=True)
+    assert r.returncode == 0 and "--backend" in r.stdout
+
+
+def test_console_script(ece408):
+    exe = shutil.which("cnninfer")
+    if exe is None:
+        pytest.skip("the cnninfer console script is not installed (pip install -e .)")
+    r = subprocess.run([exe, "run", *map(str, files(ece408, "test10.hdf5")), "--backend", "cpu"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1].endswith("Correctness: 1")
