@@ -5,7 +5,27 @@ import os
 import click
 
 from . import __version__, backends, engine, predictions
-from .errors import AccuracyMismatch, InputError
+from .errors import AccuracyMismatch
+from .gpu import compiler
+from .gpu.launch import TILE_WIDTHS
+from .gpu.pipelines import ALGORITHMS, DEFAULT
+
+
+def cuda_options(f):
+    """The CUDA backend's options, shared by run and bench."""
+    for option in reversed([
+        click.option("--streams", type=click.IntRange(1, 64), default=4, show_default=True,
+                     help="CUDA streams that chunks of images are spread over."),
+        click.option("--tile-width", type=click.Choice([str(t) for t in TILE_WIDTHS]), default="16",
+                     show_default=True, help="Tile width of the classic pipeline's shared-memory GEMM."),
+        click.option("--conv-algo", type=click.Choice(list(ALGORITHMS)), default=DEFAULT, show_default=True,
+                     help="fused: one implicit-GEMM kernel for both convs and pools; unroll: the 2016 pipeline."),
+        click.option("--device", "device_ordinal", type=click.IntRange(0), default=0, show_default=True,
+                     help="CUDA device number."),
+        click.option("--fast-math", is_flag=True, help="Compile the kernels with --use_fast_math."),
+    ]):
+        f = option(f)
+    return f
 
 
 def notice(line):
@@ -31,7 +51,10 @@ def cli():
 @click.option("--tolerance", type=click.FloatRange(0), default=0.0, show_default=True, metavar="T")
 @click.option("--predictions", "predictions_path", type=click.Path(dir_okay=False), metavar="PATH",
               help="Write the predicted labels to PATH (.npy or .csv), whole, after a successful run.")
-def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, predictions_path):
+@cuda_options
+@click.option("--profile", is_flag=True, help="CUDA: print GPU time per kernel and copy, and the set-up steps.")
+def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, predictions_path,
+        streams, tile_width, conv_algo, device_ordinal, fast_math, profile):
     """Classify the first N images of DATA (all by default) with MODEL and print the correctness.
 
     DATA holds x (N, H, W, C) and one-hot y (N, classes); MODEL holds conv1, conv2, fc1, fc2.
@@ -39,18 +62,65 @@ def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, pre
     """
     if predictions_path:
         predictions.check_path(predictions_path)
-    result = engine.run(data, model, n, backend=backend, notice=notice, chunk=chunk)
+    result = engine.run(data, model, n, backend=backend, notice=notice, chunk=chunk, streams=streams,
+                        tile_width=int(tile_width), conv_algo=conv_algo, device=device_ordinal,
+                        fast_math=fast_math, profile=profile)
     if as_json:
         click.echo(json.dumps(result.as_dict()))
     else:
         click.echo("input dimensions = " + " x ".join(map(str, result.shape)))
         click.echo(f"Done with {result.n} queries in elapsed = {result.timing['forward']:.1f} milliseconds. "
                    f"Correctness: {result.accuracy:g}")
+        if profile:
+            from .gpu.profile import table
+
+            click.echo("\n".join(table(result.profile)) if result.profile else "(no GPU profile: the CPU backend ran)")
     if predictions_path:
         predictions.write(predictions_path, result.predictions)
     if expect_accuracy is not None and abs(result.accuracy - expect_accuracy) > tolerance:
         raise AccuracyMismatch(f"accuracy {result.accuracy:g} differs from the expected {expect_accuracy:g} "
                                f"by {abs(result.accuracy - expect_accuracy):.6g}, more than the tolerance {tolerance:g}")
+
+
+@cli.command()
+def info():
+    """The GPU, its compute capability and memory, the CUDA driver and toolkit, PyCUDA, the kernel
+    cache, and which backends are usable here."""
+    import platform
+    import subprocess
+
+    import h5py
+    import numpy
+
+    click.echo(f"cnninfer {__version__}; Python {platform.python_version()}, NumPy {numpy.__version__}, h5py {h5py.__version__}")
+    try:
+        nvcc = compiler.nvcc()
+        release = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        click.echo(f"CUDA toolkit: {nvcc} ({release})")
+    except Exception as e:  # info reports what it can, never fails on a missing piece
+        click.echo(f"CUDA toolkit: not usable ({getattr(e, 'message', e)})")
+    click.echo(f"kernel cache: {compiler.cache_dir()}")
+    try:
+        import pycuda
+        import pycuda.driver as cuda
+
+        click.echo(f"PyCUDA: {pycuda.VERSION_TEXT}")
+        cuda.init()
+        v = cuda.get_driver_version()
+        click.echo(f"CUDA driver: {v // 1000}.{v % 1000 // 10}")
+        for i in range(cuda.Device.count()):
+            d = cuda.Device(i)
+            major, minor = d.compute_capability()
+            click.echo(f"GPU {i}: {d.name()}, compute capability {major}.{minor}, "
+                       f"{d.total_memory() / 2**30:.1f} GiB, {d.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT)} SMs")
+    except Exception as e:
+        click.echo(f"PyCUDA / CUDA driver: not usable ({e})")
+    try:
+        backends.create_cuda(chunk=None).close()
+        usable = "cpu, cuda"
+    except Exception as e:
+        usable = f"cpu (cuda: {getattr(e, 'message', e)})"
+    click.echo(f"backends usable here: {usable}")
 
 
 def main():

@@ -26,7 +26,7 @@ class CpuBackend:
     def host_buffer(self, shape):
         return np.empty(shape, np.float32)
 
-    def prepare(self, model):
+    def prepare(self, model, image_shape):
         self.model = model
 
     def forward(self, x):

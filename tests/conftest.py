@@ -38,3 +38,37 @@ def invoke(*args):
     except TypeError:
         runner = CliRunner()
     return runner.invoke(cli, [str(a) for a in args])
+
+
+def pytest_terminal_summary(terminalreporter):
+    from tests.test_kernels_compile import REPORT
+
+    if REPORT:
+        terminalreporter.write_sep("-", "ptxas: registers and spills per kernel")
+        for line in sorted(set(REPORT)):
+            terminalreporter.write_line(line)
+
+
+_gpu = None
+
+
+def gpu_unusable():
+    """Why the gpu tests cannot run here, or None (checked once per session)."""
+    global _gpu
+    if _gpu is None:
+        try:
+            import pycuda.driver as cuda
+
+            cuda.init()
+            _gpu = "" if cuda.Device.count() else "no CUDA GPU is visible"
+        except Exception as e:  # no pycuda, no driver, no device: all mean skip
+            _gpu = f"no usable CUDA GPU ({type(e).__name__}: {e})"
+    return _gpu or None
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [i for i in items if "gpu" in i.keywords]
+    if gpu_items and gpu_unusable():
+        skip = pytest.mark.skip(reason=gpu_unusable())
+        for item in gpu_items:
+            item.add_marker(skip)

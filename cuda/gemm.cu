@@ -1,0 +1,29 @@
+// Shared-memory tiled GEMM, the classic pipeline's workhorse for both convolutions and both fcs.
+// c (M, N) = a (M, K) . b (K, N), all row-major float32; relu != 0 applies max(0, .) on store.
+// conv: a = weights re-laid (C_out, K*K*C), b = unrolled input (K*K*C, P) -> c (C_out, P)
+// fc:   a = features (n, in), b = weights (in, out) -> c (n, out)
+// gemm_kernel1: TILE_WIDTH x TILE_WIDTH tiles of a and b staged in shared memory, one output per
+//   thread; block TILE_WIDTH^2, grid (ceil(N/TW), ceil(M/TW)); 2*M*N*K FLOPs,
+//   4*(M*K*N/TW + K*N*M/TW + M*N) bytes from global memory.
+
+#ifndef TILE_WIDTH
+#define TILE_WIDTH 16
+#endif
+
+extern "C" __global__ void gemm_kernel1(const float* __restrict__ a, const float* __restrict__ b,
+                                        float* __restrict__ c, int M, int N, int K, int relu) {
+    __shared__ float as[TILE_WIDTH][TILE_WIDTH];
+    __shared__ float bs[TILE_WIDTH][TILE_WIDTH];
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int row = blockIdx.y * TILE_WIDTH + ty, col = blockIdx.x * TILE_WIDTH + tx;
+    float acc = 0.0f;
+    for (int k0 = 0; k0 < K; k0 += TILE_WIDTH) {
+        as[ty][tx] = (row < M && k0 + tx < K) ? a[(size_t)row * K + k0 + tx] : 0.0f;
+        bs[ty][tx] = (k0 + ty < K && col < N) ? b[(size_t)(k0 + ty) * N + col] : 0.0f;
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < TILE_WIDTH; ++k) acc = fmaf(as[ty][k], bs[k][tx], acc);
+        __syncthreads();
+    }
+    if (row < M && col < N) c[(size_t)row * N + col] = relu ? fmaxf(acc, 0.0f) : acc;
+}

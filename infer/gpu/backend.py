@@ -1,0 +1,172 @@
+"""The CUDA backend: weights uploaded once, images in page-locked host memory uploaded chunk by
+chunk over several streams so copies of one chunk overlap kernels of another, labels back."""
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pycuda.driver as cuda
+
+from ..errors import InputError
+from ..loader import geometry
+from . import pipelines
+from .device import Device
+from .profile import NullProfiler, Profiler
+
+
+@dataclass
+class Build:
+    """What every kernel of one run is compiled and launched with."""
+    arch: str
+    fast_math: bool
+    tile_width: int
+    profiler: object
+
+
+@dataclass
+class Run:
+    """The buffers of one batch size: images (resident, or per-stream staging), scratch, labels."""
+    key: tuple
+    chunk: int
+    image_bytes: int
+    x_dev: object
+    staging: list
+    scratch: list
+    labels_dev: object
+    labels: np.ndarray
+
+
+class CudaBackend:
+    name = "cuda"
+
+    def __init__(self, chunk=None, streams=4, tile_width=16, conv_algo=pipelines.DEFAULT, device=0,
+                 fast_math=False, profile=False):
+        t = time.perf_counter()
+        if streams < 1:
+            raise InputError(f"--streams must be at least 1, got {streams}")
+        self.gpu = Device(device)
+        self.profiler = Profiler() if profile else NullProfiler()
+        self.build = Build(self.gpu.arch, fast_math, tile_width, self.profiler)
+        self.algo, self.chunk, self.n_streams = conv_algo, chunk, streams
+        self.pinned, self.device_buffers = [], []
+        self.pipeline = self._run = None
+        self._host("context set-up", t)
+
+    def _host(self, step, since):
+        if isinstance(self.profiler, Profiler):
+            self.profiler.host[step] = self.profiler.host.get(step, 0.0) + (time.perf_counter() - since) * 1e3
+
+    @property
+    def device(self):
+        return self.gpu.describe()
+
+    @property
+    def profile(self):
+        return self.profiler.rows() if isinstance(self.profiler, Profiler) else None
+
+    def host_buffer(self, shape):
+        """Page-locked host memory for the images, so uploads are asynchronous; freed by close()."""
+        buf = cuda.pagelocked_empty(shape, np.float32)
+        self.pinned.append(buf)
+        return buf
+
+    def _alloc(self, nbytes):
+        buf = cuda.mem_alloc(max(nbytes, 4))
+        self.device_buffers.append(buf)
+        return buf
+
+    def to_device(self, array):
+        array = np.ascontiguousarray(array, np.float32)
+        buf = self._alloc(array.nbytes)
+        cuda.memcpy_htod(buf, array)
+        return buf
+
+    def prepare(self, model, image_shape):
+        """Compile (or load cached) kernels for this network and upload the weights once."""
+        t = time.perf_counter()
+        g = geometry(model, (1,) + tuple(image_shape), "data")
+        algo = pipelines.ALGORITHMS[self.algo]
+        why = algo.available(g)
+        if why:
+            raise InputError(f"--conv-algo {self.algo} cannot run this model: {why}; use --conv-algo unroll")
+        self.geometry = g
+        self.pipeline = algo(self.build, g)
+        self._host("compile / load kernels", t)
+        t = time.perf_counter()
+        self.pipeline.upload(model, self.to_device)
+        cuda.Context.synchronize()
+        self._host("weights upload", t)
+        self.streams = [cuda.Stream() for _ in range(self.n_streams)]
+
+    def _plan(self, n, image_bytes):
+        """(chunk, inputs resident): the whole input on the device when it fits, chunks that fit."""
+        free, _ = cuda.mem_get_info()
+        budget = int(free * 0.8)
+        resident = n * image_bytes <= budget // 2
+        # By default enough chunks that every stream has work and copies hide behind kernels.
+        chunk = self.chunk or min(pipelines.DEFAULT_CHUNK[self.algo], -(-n // self.n_streams))
+
+        def need(c):
+            per_stream = 4 * self.pipeline.scratch_floats(c) + (0 if resident else c * image_bytes)
+            return self.n_streams * per_stream + (n * image_bytes if resident else 0) + 4 * n
+
+        chunk = min(chunk, n)
+        while chunk > 1 and need(chunk) > budget:
+            chunk //= 2
+        if need(chunk) > budget:
+            raise InputError(f"the GPU has {free / 2**20:.0f} MiB free, too little for even one image per chunk")
+        return chunk, resident
+
+    def buffers(self, n, image_shape):
+        """Device and page-locked buffers for n images, kept for repeated runs of the same size."""
+        key = (n, tuple(image_shape))
+        if self._run is None or self._run.key != key:
+            image_bytes = 4 * int(np.prod(image_shape))
+            chunk, resident = self._plan(n, image_bytes)
+            labels = cuda.pagelocked_empty(n, np.int32)
+            self.pinned.append(labels)
+            self._run = Run(key=key, chunk=chunk, image_bytes=image_bytes,
+                            x_dev=self._alloc(n * image_bytes) if resident else None,
+                            staging=[None if resident else self._alloc(chunk * image_bytes) for _ in self.streams],
+                            scratch=[self._alloc(4 * self.pipeline.scratch_floats(chunk)) for _ in self.streams],
+                            labels_dev=self._alloc(4 * n), labels=labels)
+        return self._run
+
+    def forward(self, x):
+        """Labels of images x (n, H, W, C) float32 in page-locked host memory."""
+        run = self.buffers(len(x), x.shape[1:])
+        self.enqueue(run, x)
+        for s in self.streams:
+            s.synchronize()
+        return run.labels.astype(np.int64)
+
+    def enqueue(self, run, x=None):
+        """Chunk i goes to stream i mod S: upload (unless x is None: already resident), the
+        network, labels back."""
+        n = len(run.labels)
+        prof = self.profiler
+        for i, start in enumerate(range(0, n, run.chunk)):
+            stop, s = min(n, start + run.chunk), i % len(self.streams)
+            stream = self.streams[s]
+            dst = int(run.staging[s]) if run.x_dev is None else int(run.x_dev) + start * run.image_bytes
+            if x is not None:
+                prof.start("memcpy HtoD (images)", stream)
+                cuda.memcpy_htod_async(dst, x[start:stop], stream)
+                prof.stop("memcpy HtoD (images)", stream)
+            self.pipeline.enqueue(stream, dst, stop - start, int(run.labels_dev) + 4 * start, int(run.scratch[s]))
+            prof.start("memcpy DtoH (labels)", stream)
+            cuda.memcpy_dtoh_async(run.labels[start:stop], int(run.labels_dev) + 4 * start, stream)
+            prof.stop("memcpy DtoH (labels)", stream)
+
+    def close(self):
+        """Free device and page-locked memory, then release the context."""
+        if self.gpu.context is None:
+            return
+        if self.pipeline is not None:
+            cuda.Context.synchronize()
+        for buf in self.device_buffers:
+            buf.free()
+        for buf in self.pinned:
+            buf.base.free()
+        self.device_buffers, self.pinned, self.streams, self._run = [], [], [], None
+        self.profiler = self.build.profiler = NullProfiler()  # its events die while the context lives
+        self.gpu.close()

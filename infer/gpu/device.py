@@ -1,0 +1,43 @@
+"""The CUDA device and its context: made by the command that needs it, released by close()."""
+from ..errors import BackendUnavailable, InputError
+
+
+class Device:
+    def __init__(self, ordinal=0):
+        import pycuda.driver as cuda
+
+        self.cuda = cuda
+        try:
+            cuda.init()
+            count = cuda.Device.count()
+        except cuda.Error as e:
+            raise BackendUnavailable(f"the CUDA driver could not start: {e}") from None
+        if count == 0:
+            raise BackendUnavailable("no CUDA GPU is visible")
+        if not 0 <= ordinal < count:
+            raise InputError(f"--device {ordinal}: this machine has {count} CUDA GPU(s), numbered from 0")
+        self.ordinal = ordinal
+        self.dev = cuda.Device(ordinal)
+        major, minor = self.dev.compute_capability()
+        self.arch = f"sm_{major}{minor}"
+        self.context = self.dev.retain_primary_context()
+        self.context.push()
+
+    @property
+    def name(self):
+        return self.dev.name()
+
+    @property
+    def memory(self):
+        return self.dev.total_memory()
+
+    def describe(self):
+        driver = self.cuda.get_driver_version()
+        return (f"{self.name} ({self.arch}, {self.memory / 2**30:.0f} GiB, "
+                f"CUDA driver {driver // 1000}.{driver % 1000 // 10})")
+
+    def close(self):
+        if self.context is not None:
+            self.context.pop()
+            self.context.detach()
+            self.context = None

@@ -1,0 +1,163 @@
+"""One launcher per kernel: it owns its launch geometry and checks its preconditions.
+
+Every launch goes through Launcher.launch, which records CUDA events around it when profiling.
+"""
+import functools
+
+import numpy as np
+
+from . import compiler
+
+INT_MAX = 2**31 - 1
+TILE_WIDTHS = (8, 16, 32)
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name, arch, defines, fast_math):
+    import pycuda.driver as cuda
+
+    return cuda.module_from_buffer(compiler.cubin(name, arch, dict(defines), fast_math))
+
+
+class Launcher:
+    """A kernel of cuda/<source>.cu, compiled once per process for the build, prepared once."""
+    source = kernel = arg_types = None
+
+    def __init__(self, build, **defines):
+        self.build = build
+        self.module = _module(self.source, build.arch, tuple(sorted(defines.items())), build.fast_math)
+        self.function = self.module.get_function(self.kernel)
+        self.function.prepare(self.arg_types)
+
+    def launch(self, stream, grid, block, *args, shared=0):
+        self.build.profiler.start(self.kernel, stream)
+        self.function.prepared_async_call(grid, block, stream, *args, shared_size=shared)
+        self.build.profiler.stop(self.kernel, stream)
+
+
+def _check_int32(**counts):
+    for name, value in counts.items():
+        if value > INT_MAX:
+            raise ValueError(f"{name} = {value} overflows the kernels' 32-bit indexing; use a smaller --chunk")
+
+
+class Unroll(Launcher):
+    source, kernel, arg_types = "unroll", "unroll_kernel1", "PPiiiii"
+
+    def __call__(self, stream, x, u, n, h, w, c, k):
+        total = k * k * c * n * (h - k + 1) * (w - k + 1)
+        _check_int32(unrolled_elements=total)
+        self.launch(stream, (min(ceil_div(total, 256), 65535 * 8), 1), (256, 1, 1), x, u, n, h, w, c, k)
+
+
+class Gemm(Launcher):
+    source, kernel, arg_types = "gemm", "gemm_kernel1", "PPPiiii"
+
+    def __init__(self, build):
+        if build.tile_width not in TILE_WIDTHS:
+            raise ValueError(f"tile width {build.tile_width} is not one of {TILE_WIDTHS}")
+        super().__init__(build, TILE_WIDTH=build.tile_width)
+
+    def __call__(self, stream, a, b, c, m, n, k, relu):
+        _check_int32(a_elements=m * k, b_elements=k * n, c_elements=m * n)
+        tw = self.build.tile_width
+        if ceil_div(m, tw) > 65535:
+            raise ValueError(f"GEMM with {m} rows needs more than 65535 row tiles; use a smaller --chunk")
+        self.launch(stream, (ceil_div(n, tw), ceil_div(m, tw)), (tw, tw, 1), a, b, c, m, n, k, int(relu))
+
+
+class Place(Launcher):
+    source, kernel, arg_types = "place", "place_kernel1", "PPii"
+
+    def __call__(self, stream, y, out, c_out, p):
+        self.launch(stream, (ceil_div(p, 32), ceil_div(c_out, 32)), (32, 32, 1), y, out, c_out, p)
+
+
+class Pool(Launcher):
+    source, kernel, arg_types = "pool", "pool_kernel1", "PPiiii"
+
+    def __call__(self, stream, x, out, n, h, w, c):
+        total = n * (h // 2) * (w // 2) * c
+        _check_int32(pool_inputs=n * h * w * c)
+        self.launch(stream, (min(ceil_div(total, 256), 65535 * 8), 1), (256, 1, 1), x, out, n, h, w, c)
+
+
+class Argmax(Launcher):
+    source, kernel, arg_types = "argmax", "argmax_kernel1", "PPii"
+
+    def __call__(self, stream, scores, labels, n, classes):
+        self.launch(stream, (ceil_div(n, 128), 1), (128, 1, 1), scores, labels, n, classes)
+
+
+class Fused(Launcher):
+    """conv1 -> ReLU -> pool -> conv2 -> ReLU -> pool for IMGS images per 256-thread block."""
+    source, kernel, arg_types = "fused", "fused_kernel1", "PPPi"
+    THREADS = 256
+    SMEM_LIMIT = 227 * 1024
+
+    @classmethod
+    def plan(cls, g):
+        """(images per block, shared bytes) for geometry g, or the reason the kernel cannot run it."""
+        p1h, p1w = g.pool1_out
+        p2h, p2w = g.pool2_out
+        if p2w % 2 or g.c1 % 4 or g.c2 % 8 or cls.THREADS % g.c1 or (g.c1 * g.c2) % (4 * cls.THREADS):
+            return None, "it needs an even pooled conv2 width, conv1 channels dividing 256 and multiples of 4, conv2 channels a multiple of 8"
+        groups = p2h * (p2w // 2) * (g.c2 // 8)
+        if cls.THREADS % groups or (cls.THREADS // groups) * p2h * (p2w // 2) % 16 or (g.c2 // 8) % 2:
+            return None, f"its 256-thread micro-tiling does not divide {p2h}x{p2w}x{g.c2} pooled conv2 outputs"
+        imgs = cls.THREADS // groups
+        if g.k1 * g.k1 * g.c > 64:
+            return None, "conv1 has more than 64 weights per output channel for registers"
+        pstr, rstr = g.c1 + 4, p1w * (g.c1 + 4)
+        istr = p1h * rstr + (36 - p1h * rstr % 32) % 32
+        stage = max(imgs * g.h * g.w * g.c, 2 * g.c1 * g.c2)
+        shared = 4 * (imgs * istr + stage)
+        if shared > cls.SMEM_LIMIT:
+            return None, f"it needs {shared} bytes of shared memory per block, more than {cls.SMEM_LIMIT}"
+        return imgs, shared
+
+    @classmethod
+    def defines(cls, g):
+        imgs, why = cls.plan(g)
+        if imgs is None:
+            raise ValueError(f"the fused kernel cannot run this network: {why}")
+        return dict(IN_H=g.h, IN_W=g.w, IN_C=g.c, K1=g.k1, C1=g.c1, K2=g.k2, C2=g.c2, IMGS=imgs)
+
+    def __init__(self, build, g):
+        super().__init__(build, **self.defines(g))
+        self.imgs, self.shared = self.plan(g)
+        import pycuda.driver as cuda
+
+        self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)
+        self.conv1_constant = self.module.get_global("c_w1")[0]
+
+    def __call__(self, stream, x, w2, feat, n):
+        self.launch(stream, (ceil_div(n, self.imgs), 1), (self.THREADS, 1, 1), x, w2, feat, n, shared=self.shared)
+
+
+class FullyConnected(Launcher):
+    """fc1 -> ReLU -> fc2 -> argmax, FC_IMGS images per block of `hidden` threads."""
+    source, kernel, arg_types = "fc", "fc_kernel1", "PPPPi"
+    IMGS = 32
+
+    @classmethod
+    def defines(cls, g):
+        shared = 4 * (max(64 * cls.IMGS, cls.IMGS * (g.hidden + 1)) + cls.IMGS * g.classes)
+        if not 32 <= g.hidden <= 512 or shared > 48 * 1024:
+            raise ValueError(f"the fused fc kernel needs 32..512 hidden units and few classes; the model has {g.hidden} and {g.classes}")
+        return dict(FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes, FC_IMGS=cls.IMGS)
+
+    def __init__(self, build, g):
+        super().__init__(build, **self.defines(g))
+        self.hidden = g.hidden
+
+    def __call__(self, stream, feat, fc1, fc2, labels, n):
+        self.launch(stream, (ceil_div(n, self.IMGS), 1), (self.hidden, 1, 1), feat, fc1, fc2, labels, n)
+
+
+def as_f32(a):
+    return np.ascontiguousarray(a, np.float32)

@@ -1,0 +1,37 @@
+"""CI has nvcc but no GPU: every kernel file compiles for sm_80 and sm_90, each tile width for the
+GEMM, with warnings as errors; ptxas's register and spill report is collected, and a spill fails."""
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from infer.gpu import compiler
+from infer.gpu.launch import TILE_WIDTHS, Fused, FullyConnected
+from infer.network import Geometry
+
+MNIST = Geometry(h=28, w=28, c=1, k1=5, c1=32, k2=5, c2=64, hidden=128, classes=10)
+VARIANTS = ([("gemm", {"TILE_WIDTH": tw}) for tw in TILE_WIDTHS]
+            + [("fused", Fused.defines(MNIST)), ("fc", FullyConnected.defines(MNIST))]
+            + [(name, {}) for name in ("unroll", "place", "pool", "argmax")])
+REPORT = []
+
+
+def test_every_kernel_file_is_covered():
+    assert sorted({name for name, _ in VARIANTS}) == compiler.kernel_names()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("name,defines", VARIANTS, ids=[f"{n}-{'-'.join(map(str, d.values())) or 'plain'}" for n, d in VARIANTS])
+def test_kernel_compiles_without_spills(tmp_path, name, defines, arch):
+    cmd = compiler.command(name, arch, defines, output=tmp_path / "k.cubin", extra=("-Xptxas", "-v"))
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    kernels = re.findall(r"Compiling entry function '(\w+)'", r.stderr)
+    usage = re.findall(r"Used (\d+) registers", r.stderr)
+    spills = [int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)]
+    assert kernels and len(usage) == len(kernels) == len(spills), r.stderr
+    for kernel, regs, spill in zip(kernels, usage, spills):
+        REPORT.append(f"{kernel:16} {arch}  {str(defines.get('TILE_WIDTH', '')):>3}  {regs:>4} registers  {spill} bytes spilled")
+    assert not any(spills), f"{name} spills registers on {arch}: {r.stderr}"
