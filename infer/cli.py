@@ -83,6 +83,25 @@ def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, pre
 
 
 @cli.command()
+@click.argument("data", type=click.Path(dir_okay=False))
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("n", type=int, required=False)
+@click.option("--streams", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--warmup", type=click.IntRange(0), default=5, show_default=True)
+@click.option("--repeats", type=click.IntRange(1), default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object.")
+def bench(data, model, n, streams, warmup, repeats, as_json):
+    """Validate every GPU algorithm against the NumPy reference, then time each (and PyTorch/cuDNN
+    FP32 when importable) on the first N images of DATA: GPU time and end to end."""
+    from . import bench as benchmark
+    from .backends import create_cuda
+
+    create_cuda(chunk=None).close()  # one clear line when there is no usable GPU
+    result = benchmark.bench(data, model, n, streams=streams, warmup=warmup, repeats=repeats)
+    click.echo(json.dumps(result) if as_json else "\n".join(benchmark.table(result)))
+
+
+@cli.command()
 def info():
     """The GPU, its compute capability and memory, the CUDA driver and toolkit, PyCUDA, the kernel
     cache, and which backends are usable here."""

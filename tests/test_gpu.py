@@ -1,0 +1,184 @@
+"""Every kernel against the NumPy reference on seeded random odd-sized inputs, each tile width;
+the whole forward on testfull for every algorithm, stream count and tile width. Needs a GPU."""
+import numpy as np
+import pytest
+
+from infer import engine, reference
+from infer.network import Geometry
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from infer.gpu.device import Device
+
+    d = Device(0)
+    yield d
+    import pycuda.driver as cuda
+
+    cuda.Context.synchronize()
+    d.close()
+
+
+def build(gpu, tile_width=16):
+    from infer.gpu.backend import Build
+    from infer.gpu.profile import NullProfiler
+
+    return Build(gpu.arch, False, tile_width, NullProfiler())
+
+
+class Dev:
+    """Device copies of host arrays, and results back; float32 unless given otherwise."""
+
+    def __init__(self):
+        import pycuda.driver as cuda
+
+        self.cuda, self.bufs = cuda, []
+
+    def put(self, a, dtype=np.float32):
+        a = np.ascontiguousarray(a, dtype)
+        buf = self.cuda.mem_alloc(max(a.nbytes, 4))
+        self.cuda.memcpy_htod(buf, a)
+        self.bufs.append(buf)
+        return buf
+
+    def empty(self, shape, dtype=np.float32, poison=np.nan):
+        return self.put(np.full(shape, poison, dtype), dtype)  # poisoned: unwritten outputs show
+
+    def get(self, buf, shape, dtype=np.float32):
+        out = np.empty(shape, dtype)
+        self.cuda.Context.synchronize()
+        self.cuda.memcpy_dtoh(out, buf)
+        return out
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def test_unroll_kernel(gpu, rng):
+    from infer.gpu.launch import Unroll
+
+    x, k = rand(rng, 3, 11, 9, 5), 3
+    d = Dev()
+    expected = reference.unroll(x, k).T
+    u = d.empty(expected.shape)
+    Unroll(build(gpu))(None, d.put(x), u, 3, 11, 9, 5, k)
+    np.testing.assert_array_equal(d.get(u, expected.shape), expected)
+
+
+@pytest.mark.parametrize("tile_width", [8, 16, 32])
+@pytest.mark.parametrize("relu", [False, True])
+def test_gemm_kernel(gpu, rng, tile_width, relu):
+    from infer.gpu.launch import Gemm
+
+    m, n, k = 37, 53, 29
+    a, b = rand(rng, m, k), rand(rng, k, n)
+    d = Dev()
+    c = d.empty((m, n))
+    Gemm(build(gpu, tile_width))(None, d.put(a), d.put(b), c, m, n, k, relu)
+    expected = reference.relu(a @ b) if relu else a @ b
+    np.testing.assert_allclose(d.get(c, (m, n)), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_place_kernel(gpu, rng):
+    from infer.gpu.launch import Place
+
+    y = rand(rng, 37, 71)
+    d = Dev()
+    out = d.empty((71, 37))
+    Place(build(gpu))(None, d.put(y), out, 37, 71)
+    np.testing.assert_array_equal(d.get(out, (71, 37)), y.T)
+
+
+def test_pool_kernel_is_bit_identical(gpu, rng):
+    from infer.gpu.launch import Pool
+
+    x = rand(rng, 3, 9, 7, 5)
+    d = Dev()
+    out = d.empty((3, 4, 3, 5))
+    Pool(build(gpu))(None, d.put(x), out, 3, 9, 7, 5)
+    np.testing.assert_array_equal(d.get(out, (3, 4, 3, 5)), reference.avgpool2(x))
+
+
+def test_argmax_kernel_takes_the_first_maximum(gpu, rng):
+    from infer.gpu.launch import Argmax
+
+    s = rng.integers(0, 3, (301, 7)).astype(np.float32)
+    d = Dev()
+    labels = d.empty(301, np.int32, -1)
+    Argmax(build(gpu))(None, d.put(s), labels, 301, 7)
+    np.testing.assert_array_equal(d.get(labels, 301, np.int32), reference.argmax(s))
+
+
+class Weights:
+    def __init__(self, rng, g):
+        self.conv1 = rand(rng, g.k1, g.k1, g.c, g.c1) * 0.3
+        self.conv2 = rand(rng, g.k2, g.k2, g.c1, g.c2) * 0.1
+        self.fc1 = rand(rng, g.flat, g.hidden) * 0.05
+        self.fc2 = rand(rng, g.hidden, g.classes) * 0.1
+
+
+GEOMETRIES = [Geometry(28, 28, 1, 5, 32, 5, 64, 128, 10), Geometry(24, 24, 1, 5, 32, 3, 64, 128, 10),
+              Geometry(28, 28, 2, 5, 32, 5, 64, 96, 7)]
+
+
+@pytest.mark.parametrize("g", GEOMETRIES, ids=lambda g: f"{g.h}x{g.w}x{g.c}-k{g.k1}-{g.c1}-k{g.k2}-{g.c2}")
+def test_fused_conv_kernel(gpu, rng, g):
+    from infer.gpu.launch import Fused
+
+    n = 7  # not a multiple of the images per block: the last block is partial
+    x, w = rand(rng, n, g.h, g.w, g.c), Weights(rng, g)
+    expected = reference.avgpool2(reference.relu(reference.conv2d(
+        reference.avgpool2(reference.relu(reference.conv2d(x, w.conv1))), w.conv2)))
+    d = Dev()
+    k = Fused(build(gpu), g)
+    d.cuda.memcpy_htod(k.conv1_constant, w.conv1)
+    feat = d.empty((n + 1, g.flat))  # one row more than written: it must stay poisoned
+    k(None, d.put(x), d.put(w.conv2), feat, n)
+    out = d.get(feat, (n + 1, g.flat))
+    np.testing.assert_allclose(out[:n], expected.reshape(n, -1), rtol=1e-4, atol=1e-5)
+    assert np.isnan(out[n]).all()
+
+
+@pytest.mark.parametrize("g", GEOMETRIES[:1] + GEOMETRIES[2:], ids=["mnist", "odd"])
+def test_fused_fc_kernel(gpu, rng, g):
+    from infer.gpu.launch import FullyConnected
+
+    n = 45
+    feat, w = rand(rng, n, g.flat), Weights(rng, g)
+    d = Dev()
+    labels = d.empty(n + 1, np.int32, -1)
+    FullyConnected(build(gpu), g)(None, d.put(feat), d.put(w.fc1), d.put(w.fc2), labels, n)
+    out = d.get(labels, n + 1, np.int32)
+    np.testing.assert_array_equal(out[:n], reference.argmax(reference.fc(reference.relu(reference.fc(feat, w.fc1)), w.fc2)))
+    assert out[n] == -1
+
+
+@pytest.fixture(scope="module")
+def cpu_testfull(ece408):
+    return engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cpu").predictions
+
+
+CONFIGS = ([("fused", 16, s, None) for s in (1, 2, 4, 8)] + [("fused", 16, 3, 999)]
+           + [("unroll", tw, s, None) for tw in (8, 16, 32) for s in (1, 2, 4, 8)])
+
+
+@pytest.mark.parametrize("algo,tile_width,streams,chunk", CONFIGS)
+def test_testfull_on_the_gpu(ece408, cpu_testfull, algo, tile_width, streams, chunk):
+    r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo,
+                   tile_width=tile_width, streams=streams, chunk=chunk)
+    assert r.correct == 8722
+    assert np.count_nonzero(r.predictions == cpu_testfull) >= 9995
+
+
+def test_cli_profile_lists_kernels_and_copies(ece408):
+    from tests.conftest import invoke
+
+    r = invoke("run", ece408 / "test100.hdf5", ece408 / "model.hdf5", "--backend", "cuda", "--profile",
+               "--conv-algo", "unroll")
+    assert r.exit_code == 0, r.stderr
+    for name in ("unroll_kernel1", "gemm_kernel1", "place_kernel1", "pool_kernel1", "argmax_kernel1",
+                 "memcpy HtoD (images)", "context set-up", "compile / load kernels"):
+        assert name in r.stdout
