@@ -1,26 +1,29 @@
 // The classifier in one kernel: fc1 (FEAT -> HIDDEN) -> ReLU -> fc2 (HIDDEN -> CLASSES) -> argmax.
 // in: features (n, FEAT) float32; fc1 (FEAT, HIDDEN), fc2 (HIDDEN, CLASSES) row-major.
 // out: labels (n) int32, the first index of each image's maximum score.
-// fc_kernel1: block HIDDEN threads (one hidden unit each), FC_IMGS images per block held in
-//   registers (float4 broadcasts of a transposed feature tile in shared memory, fc1 read
-//   coalesced); then fc2 and the argmax from shared memory. grid ceil(n / FC_IMGS);
+// fc_kernel1: block HIDDEN threads (one hidden unit each) x FC_IMGS images in registers; fc1 and
+//   the features staged through shared memory FC_TILE rows at a time (float4, coalesced), the
+//   inner loop fully unrolled; then fc2 and the argmax from shared memory. grid ceil(n / FC_IMGS);
 //   2*(FEAT*HIDDEN + HIDDEN*CLASSES) FLOPs per image; fc1 read once per block (from L2).
 
 #ifndef FC_IMGS
-#define FC_IMGS 32
+#define FC_IMGS 16
 #endif
-#define FC_TILE 64
+#ifndef FC_TILE
+#define FC_TILE 32
+#endif
 
-static_assert(FC_IMGS % 4 == 0, "fc: FC_IMGS must be a multiple of 4");
-constexpr int FEAT_FLOATS = FC_TILE * FC_IMGS;
+static_assert(FC_IMGS % 4 == 0 && HIDDEN % 4 == 0, "fc: FC_IMGS and HIDDEN must be multiples of 4");
+constexpr int X_TILE = FC_TILE * FC_IMGS;
 constexpr int HID_STRIDE = HIDDEN + 1;  // odd stride: images of a warp hit different banks in fc2
 constexpr int HID_FLOATS = FC_IMGS * HID_STRIDE;
-constexpr int FC_SMEM = FEAT_FLOATS > HID_FLOATS ? FEAT_FLOATS : HID_FLOATS;
+constexpr int XH_FLOATS = X_TILE > HID_FLOATS ? X_TILE : HID_FLOATS;
 
 extern "C" __global__ void __launch_bounds__(HIDDEN)
 fc_kernel1(const float* __restrict__ feat, const float* __restrict__ fc1, const float* __restrict__ fc2,
            int* __restrict__ labels, int n) {
-    __shared__ __align__(16) float s[FC_SMEM];  // feature tile [f][img], then hidden [img][h]
+    __shared__ float4 w_s[FC_TILE * HIDDEN / 4];        // fc1 rows [f0, f0 + FC_TILE)
+    __shared__ __align__(16) float xh[XH_FLOATS];       // feature tile [f][img], then hidden [img][h]
     __shared__ float scores[FC_IMGS * CLASSES];
     const int j = threadIdx.x;
     const int img0 = blockIdx.x * FC_IMGS;
@@ -29,16 +32,20 @@ fc_kernel1(const float* __restrict__ feat, const float* __restrict__ fc1, const 
 #pragma unroll
     for (int i = 0; i < FC_IMGS; ++i) acc[i] = 0.0f;
 
+    const float4* fc1v = reinterpret_cast<const float4*>(fc1);
     for (int f0 = 0; f0 < FEAT; f0 += FC_TILE) {
-        const int width = min(FC_TILE, FEAT - f0);
-        for (int e = j; e < FC_IMGS * FC_TILE; e += HIDDEN) {
+        for (int e = j; e < FC_TILE * HIDDEN / 4; e += HIDDEN)
+            w_s[e] = f0 + e / (HIDDEN / 4) < FEAT ? __ldg(fc1v + (size_t)f0 * (HIDDEN / 4) + e) : make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int e = j; e < X_TILE; e += HIDDEN) {
             const int i = e / FC_TILE, f = e % FC_TILE;  // coalesced along f
-            s[f * FC_IMGS + i] = (i < imgs && f < width) ? feat[(size_t)(img0 + i) * FEAT + f0 + f] : 0.0f;
+            xh[f * FC_IMGS + i] = (i < imgs && f0 + f < FEAT) ? feat[(size_t)(img0 + i) * FEAT + f0 + f] : 0.0f;
         }
         __syncthreads();
-        for (int f = 0; f < width; ++f) {
-            const float w = __ldg(fc1 + (size_t)(f0 + f) * HIDDEN + j);
-            const float4* xs = reinterpret_cast<const float4*>(s + f * FC_IMGS);
+        const float* ws = reinterpret_cast<const float*>(w_s);
+#pragma unroll
+        for (int f = 0; f < FC_TILE; ++f) {
+            const float w = ws[f * HIDDEN + j];
+            const float4* xs = reinterpret_cast<const float4*>(xh + f * FC_IMGS);
 #pragma unroll
             for (int i4 = 0; i4 < FC_IMGS / 4; ++i4) {
                 const float4 v = xs[i4];
@@ -51,13 +58,13 @@ fc_kernel1(const float* __restrict__ feat, const float* __restrict__ fc1, const 
         __syncthreads();
     }
 #pragma unroll
-    for (int i = 0; i < FC_IMGS; ++i) s[i * HID_STRIDE + j] = fmaxf(acc[i], 0.0f);
+    for (int i = 0; i < FC_IMGS; ++i) xh[i * HID_STRIDE + j] = fmaxf(acc[i], 0.0f);
     __syncthreads();
 
     for (int o = j; o < FC_IMGS * CLASSES; o += HIDDEN) {
         const int i = o / CLASSES, k = o % CLASSES;
         float sum = 0.0f;
-        for (int h = 0; h < HIDDEN; ++h) sum = fmaf(s[i * HID_STRIDE + h], __ldg(fc2 + h * CLASSES + k), sum);
+        for (int h = 0; h < HIDDEN; ++h) sum = fmaf(xh[i * HID_STRIDE + h], __ldg(fc2 + h * CLASSES + k), sum);
         scores[o] = sum;
     }
     __syncthreads();

@@ -121,7 +121,7 @@ class Weights:
 
 
 GEOMETRIES = [Geometry(28, 28, 1, 5, 32, 5, 64, 128, 10), Geometry(24, 24, 1, 5, 32, 3, 64, 128, 10),
-              Geometry(28, 28, 2, 5, 32, 5, 64, 96, 7)]
+              Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7)]
 
 
 @pytest.mark.parametrize("g", GEOMETRIES, ids=lambda g: f"{g.h}x{g.w}x{g.c}-k{g.k1}-{g.c1}-k{g.k2}-{g.c2}")

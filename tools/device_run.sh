@@ -29,3 +29,16 @@ python3 -c "import json,sys; from infer import bench; print('\n'.join(bench.tabl
   | tee "$out/bench.txt" || cat "$out/bench.err"
 cubin=$(ls -t "$CNNINFER_CACHE"/kernels/fused-*.cubin | head -1)
 cuobjdump --dump-sass "$cubin" | grep -oE '^\s+/\*[0-9a-f]+\*/\s+[A-Z][A-Z0-9.]*' | awk '{print $2}' | sort | uniq -c | sort -rn | head -15 | tee "$out/fused-sass.txt"
+# A whole cold process with the kernels already in the disk cache: wall time and peak RSS.
+python3 - "$data" <<'PY' | tee "$out/cold.txt"
+import resource, subprocess, sys, time
+for i in range(3):
+    t = time.perf_counter()
+    r = subprocess.run(["cnninfer", "run", f"{sys.argv[1]}/testfull.hdf5", f"{sys.argv[1]}/model.hdf5", "10000", "--json"],
+                       capture_output=True, text=True)
+    print(f"cold process {i}: {time.perf_counter() - t:.3f} s wall, peak RSS "
+          f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024:.0f} MB (max so far), {r.stdout.strip()[:400]}")
+t = time.perf_counter()
+subprocess.run([sys.executable, "-c", "import infer.cli, pycuda.driver as d; d.init()"])
+print(f"imports + cuInit alone: {time.perf_counter() - t:.3f} s")
+PY

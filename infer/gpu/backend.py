@@ -1,7 +1,7 @@
 """The CUDA backend: weights uploaded once, images in page-locked host memory uploaded chunk by
 chunk over several streams so copies of one chunk overlap kernels of another, labels back."""
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pycuda.driver as cuda
@@ -20,6 +20,7 @@ class Build:
     fast_math: bool
     tile_width: int
     profiler: object
+    modules: dict = field(default_factory=dict)  # loaded modules of this context, by (source, defines)
 
 
 @dataclass

@@ -17,19 +17,23 @@ def ceil_div(a, b):
 
 
 @functools.lru_cache(maxsize=None)
-def _module(name, arch, defines, fast_math):
-    import pycuda.driver as cuda
-
-    return cuda.module_from_buffer(compiler.cubin(name, arch, dict(defines), fast_math))
+def _cubin(name, arch, defines, fast_math):
+    return compiler.cubin(name, arch, dict(defines), fast_math)
 
 
 class Launcher:
-    """A kernel of cuda/<source>.cu, compiled once per process for the build, prepared once."""
+    """A kernel of cuda/<source>.cu: compiled once per process, loaded once per context (a module
+    dies with its context), prepared once."""
     source = kernel = arg_types = None
 
     def __init__(self, build, **defines):
+        import pycuda.driver as cuda
+
         self.build = build
-        self.module = _module(self.source, build.arch, tuple(sorted(defines.items())), build.fast_math)
+        key = (self.source, tuple(sorted(defines.items())))
+        if key not in build.modules:
+            build.modules[key] = cuda.module_from_buffer(_cubin(self.source, build.arch, key[1], build.fast_math))
+        self.module = build.modules[key]
         self.function = self.module.get_function(self.kernel)
         self.function.prepare(self.arg_types)
 
@@ -142,14 +146,15 @@ class Fused(Launcher):
 class FullyConnected(Launcher):
     """fc1 -> ReLU -> fc2 -> argmax, FC_IMGS images per block of `hidden` threads."""
     source, kernel, arg_types = "fc", "fc_kernel1", "PPPPi"
-    IMGS = 32
+    IMGS, TILE = 16, 32
 
     @classmethod
     def defines(cls, g):
-        shared = 4 * (max(64 * cls.IMGS, cls.IMGS * (g.hidden + 1)) + cls.IMGS * g.classes)
-        if not 32 <= g.hidden <= 512 or shared > 48 * 1024:
-            raise ValueError(f"the fused fc kernel needs 32..512 hidden units and few classes; the model has {g.hidden} and {g.classes}")
-        return dict(FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes, FC_IMGS=cls.IMGS)
+        shared = 4 * (cls.TILE * g.hidden + max(cls.TILE * cls.IMGS, cls.IMGS * (g.hidden + 1)) + cls.IMGS * g.classes)
+        if not 32 <= g.hidden <= 512 or g.hidden % 4 or shared > 48 * 1024:
+            raise ValueError(f"the fused fc kernel needs 32..512 hidden units (a multiple of 4) and few classes; "
+                             f"the model has {g.hidden} and {g.classes}")
+        return dict(FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes, FC_IMGS=cls.IMGS, FC_TILE=cls.TILE)
 
     def __init__(self, build, g):
         super().__init__(build, **self.defines(g))
