@@ -65,7 +65,7 @@ def time_cnninfer(model, x_host_data, expected, algo, tile_width, streams, warmu
     try:
         x = b.host_buffer(x_host_data.shape)
         x[...] = x_host_data
-        b.prepare(model, x.shape[1:])
+        b.prepare(model, x.shape)
         labels = b.forward(x)
         identical = int(np.count_nonzero(labels == expected))
         if identical < MIN_IDENTICAL * len(x):

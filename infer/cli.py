@@ -75,6 +75,9 @@ def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, pre
             from .gpu.profile import table
 
             click.echo("\n".join(table(result.profile)) if result.profile else "(no GPU profile: the CPU backend ran)")
+            if result.profile and streams > 1:
+                click.echo(f"({streams} streams overlap: a kernel's time includes time shared with other streams' "
+                           "kernels; --streams 1 gives exclusive times)")
     if predictions_path:
         predictions.write(predictions_path, result.predictions)
     if expect_accuracy is not None and abs(result.accuracy - expect_accuracy) > tolerance:

@@ -63,7 +63,7 @@ def run(data_path, model_path, n=None, backend="auto", notice=print, **options):
             labels = loader.read_labels(data, n)
             load_ms += _ms(t)
             t = time.perf_counter()
-            engine.prepare(model, x.shape[1:])
+            engine.prepare(model, x.shape)
             prepare_ms = setup_ms + _ms(t)
             t = time.perf_counter()
             predictions = engine.forward(x)
