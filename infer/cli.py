@@ -4,8 +4,8 @@ import os
 
 import click
 
-from . import __version__, backends, engine, predictions
-from .errors import AccuracyMismatch
+from . import __version__, backends, defaults, engine, mnist, predictions
+from .errors import AccuracyMismatch, InputError
 from .gpu import compiler
 from .gpu.launch import TILE_WIDTHS
 from .gpu.pipelines import ALGORITHMS, DEFAULT
@@ -38,10 +38,25 @@ def cli():
     """cnninfer: inference of the ECE408 CNN on HDF5 data, on the GPU (PyCUDA) or the CPU (NumPy)."""
 
 
+def resolve(data, model, n):
+    """DATA and MODEL default to the bundled sample and model; `run DATA 100` means N = 100."""
+    if model is not None and n is None and model.lstrip("-").isdigit() and not os.path.exists(model):
+        model, n = None, model
+    if n is not None:
+        try:
+            n = int(n)
+        except ValueError:
+            raise InputError(f"N must be a whole number, got '{n}'") from None
+    try:
+        return data or str(defaults.sample()), model or str(defaults.model()), n
+    except FileNotFoundError as e:
+        raise InputError(str(e)) from None
+
+
 @cli.command()
-@click.argument("data", type=click.Path(dir_okay=False))
-@click.argument("model", type=click.Path(dir_okay=False))
-@click.argument("n", type=int, required=False)
+@click.argument("data", type=click.Path(dir_okay=False), required=False)
+@click.argument("model", type=click.Path(dir_okay=False), required=False)
+@click.argument("n", required=False)
 @click.option("--backend", type=click.Choice(backends.NAMES), default="auto", show_default=True,
               help="auto: CUDA when usable here, else the CPU.")
 @click.option("--chunk", type=click.IntRange(1), help="Images per chunk (default: the backend's).")
@@ -58,8 +73,11 @@ def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, pre
     """Classify the first N images of DATA (all by default) with MODEL and print the correctness.
 
     DATA holds x (N, H, W, C) and one-hot y (N, classes); MODEL holds conv1, conv2, fc1, fc2.
+    Without MODEL the bundled model (99.5% on MNIST) is used; without DATA, its bundled sample of
+    1,000 MNIST test images.
     `elapsed` is the forward pass from images in host memory to labels in host memory.
     """
+    data, model, n = resolve(data, model, n)
     if predictions_path:
         predictions.check_path(predictions_path)
     result = engine.run(data, model, n, backend=backend, notice=notice, chunk=chunk, streams=streams,
@@ -102,6 +120,19 @@ def bench(data, model, n, streams, warmup, repeats, as_json):
     create_cuda(chunk=None).close()  # one clear line when there is no usable GPU
     result = benchmark.bench(data, model, n, streams=streams, warmup=warmup, repeats=repeats)
     click.echo(json.dumps(result) if as_json else "\n".join(benchmark.table(result)))
+
+
+@cli.command("convert-mnist")
+@click.argument("images", type=click.Path(dir_okay=False))
+@click.argument("labels", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--limit", type=int, help="Convert only the first N images.")
+@click.option("--compress", is_flag=True, help="Write gzip-compressed, chunked datasets.")
+def convert_mnist(images, labels, out, limit, compress):
+    """Convert MNIST IDX files (gzip or raw) to cnninfer's HDF5 data format: x = pixels * float32(1/255),
+    NHWC (N, 28, 28, 1); y one-hot float64 (N, 10). OUT is written whole."""
+    n = mnist.convert(images, labels, out, limit=limit, compress=compress)
+    click.echo(f"wrote {n} images to {out}", err=True)
 
 
 @cli.command()

@@ -6,6 +6,7 @@ The data format: x = pixels as uint8 * float32(1/255), multiplied in float32, NH
 y = one-hot float64 (N, 10).
 """
 import gzip
+import math
 import os
 import struct
 
@@ -49,7 +50,7 @@ def read_idx(path, rank, limit=None):
                 raise InputError(f"{path}: IDX dimensions {dims} are empty")
             count = dims[0] if limit is None else min(limit, dims[0])
             shape = (count,) + dims[1:]
-            size = int(np.prod(shape, dtype=np.int64))
+            size = math.prod(shape)  # Python ints: a forged header cannot overflow
             if size > MAX_ELEMENTS:
                 raise InputError(f"{path}: IDX dimensions {dims} are too large")
             data = f.read(size)

@@ -1,0 +1,33 @@
+"""`pip wheel .` gives a wheel that carries the kernels, the default model and the sample; in a
+fresh virtual environment, run from another folder, `cnninfer run` works on the CPU backend."""
+import os
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+from tests.conftest import REPO
+
+
+def test_wheel_installs_and_runs_anywhere(tmp_path):
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, REPO], check=True)
+    (wheel,) = wheels.glob("cnninfer-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    for name in ("infer/kernels/fused.cu", "infer/kernels/gemm.cu", "infer/models/cnninfer-mnist.hdf5",
+                 "infer/models/mnist-sample.hdf5", "infer/gpu/backend.py"):
+        assert name in names
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    subprocess.run([python, "-m", "pip", "install", "-q", wheel], check=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    r = subprocess.run([env_dir / "bin" / "cnninfer", "run", "--backend", "cpu"], cwd=elsewhere, env=env,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "input dimensions = 1000 x 28 x 28 x 1"
+    assert float(r.stdout.split("Correctness: ")[1]) >= 0.98
+    assert not Path(elsewhere).joinpath("infer").exists()
