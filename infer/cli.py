@@ -66,9 +66,10 @@ def resolve(data, model, n):
 @click.option("--tolerance", type=click.FloatRange(0), default=0.0, show_default=True, metavar="T")
 @click.option("--predictions", "predictions_path", type=click.Path(dir_okay=False), metavar="PATH",
               help="Write the predicted labels to PATH (.npy or .csv), whole, after a successful run.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar (shown on a terminal for runs over 2 s).")
 @cuda_options
 @click.option("--profile", is_flag=True, help="CUDA: print GPU time per kernel and copy, and the set-up steps.")
-def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, predictions_path,
+def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, predictions_path, quiet,
         streams, tile_width, conv_algo, device_ordinal, fast_math, profile):
     """Classify the first N images of DATA (all by default) with MODEL and print the correctness.
 
@@ -80,7 +81,7 @@ def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, pre
     data, model, n = resolve(data, model, n)
     if predictions_path:
         predictions.check_path(predictions_path)
-    result = engine.run(data, model, n, backend=backend, notice=notice, chunk=chunk, streams=streams,
+    result = engine.run(data, model, n, backend=backend, notice=notice, progress=not quiet, chunk=chunk, streams=streams,
                         tile_width=int(tile_width), conv_algo=conv_algo, device=device_ordinal,
                         fast_math=fast_math, profile=profile)
     if as_json:

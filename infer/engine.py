@@ -1,10 +1,11 @@
 """One inference run as a library call: load and check the files, run a backend, score it."""
+import os
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import backends, loader
+from . import backends, loader, stream
 
 
 @dataclass
@@ -18,6 +19,7 @@ class Result:
     device: str
     timing: dict = field(default_factory=dict)  # milliseconds: load, prepare, forward
     profile: list = None
+    streamed: bool = False  # read from the file block by block, overlapped with compute
 
     @property
     def n(self):
@@ -35,7 +37,7 @@ class Result:
         d = dict(n=self.n, correct=self.correct, accuracy=self.accuracy,
                  elapsed_ms=self.timing["forward"], backend=self.backend, device=self.device,
                  input_shape=list(self.shape), data=self.data_path, model=self.model_path,
-                 timing_ms=dict(self.timing))
+                 streamed=self.streamed, timing_ms=dict(self.timing))
         if self.profile is not None:
             d["profile"] = self.profile
         return d
@@ -45,34 +47,57 @@ def _ms(start):
     return (time.perf_counter() - start) * 1e3
 
 
-def run(data_path, model_path, n=None, backend="auto", notice=print, **options):
-    """Classify the first n images of data_path with the model; `options` go to the backend."""
+def host_budget():
+    """Bytes of images read into host memory at once; larger inputs are streamed."""
+    return int(os.environ.get("CNNINFER_HOST_BUDGET_MB", 512)) * 2**20
+
+
+def run(data_path, model_path, n=None, backend="auto", notice=print, progress=False, **options):
+    """Classify the first n images of data_path with the model; `options` go to the backend.
+
+    Images that fit the host budget are read whole, then timed from host memory to labels in host
+    memory; larger inputs stream from the file through a ring of buffers, and `forward` then
+    includes the reading (timing read: the reader's busy time, wait: compute waiting for it)."""
     t = time.perf_counter()
     model = loader.load_model(model_path)
     data = loader.open_data(data_path, model)
     try:
         n = loader.check_count(data, n)
-        loader.check_memory(data, n)
+        loader.check_outputs(data, n)
+        x_shape = (n,) + data.x.shape[1:]
+        streamed = not loader.in_memory(data, n, host_budget())
         load_ms = _ms(t)
         t = time.perf_counter()
         engine = backends.create(backend, notice, **options)
         setup_ms = _ms(t)
+        bar = stream.Progress(n) if progress else stream.NoProgress()
         try:
+            if not streamed:
+                t = time.perf_counter()
+                x = loader.read_images(data, 0, n, engine.host_buffer(x_shape))
+                labels = loader.read_labels(data, 0, n)
+                load_ms += _ms(t)
             t = time.perf_counter()
-            x = loader.read_images(data, n, engine.host_buffer((n,) + data.x.shape[1:]))
-            labels = loader.read_labels(data, n)
-            load_ms += _ms(t)
+            engine.prepare(model, x_shape)
+            timing = dict(load=load_ms, prepare=setup_ms + _ms(t))
             t = time.perf_counter()
-            engine.prepare(model, x.shape)
-            prepare_ms = setup_ms + _ms(t)
-            t = time.perf_counter()
-            predictions = engine.forward(x)
-            forward_ms = _ms(t)
-            return Result(data_path=str(data_path), model_path=str(model_path), shape=x.shape,
-                          predictions=predictions, labels=labels, backend=engine.name,
-                          device=engine.device, profile=engine.profile,
-                          timing=dict(load=load_ms, prepare=prepare_ms, forward=forward_ms))
+            if streamed:
+                ring = stream.Ring(data, 0, n, [engine.host_buffer((engine.stream_block,) + x_shape[1:])
+                                                for _ in range(engine.ring_depth)])
+                try:
+                    predictions = engine.forward_stream(ring, bar)
+                finally:
+                    ring.close()
+                labels = ring.labels
+                timing.update(read=ring.read_s * 1e3, wait=ring.wait_s * 1e3)
+            else:
+                predictions = engine.forward(x, bar)
+            timing["forward"] = _ms(t)
+            return Result(data_path=str(data_path), model_path=str(model_path), shape=x_shape,
+                          predictions=predictions, labels=labels, backend=engine.name, device=engine.device,
+                          profile=engine.profile, timing=timing, streamed=streamed)
         finally:
+            bar.close()
             engine.close()
     finally:
         data.close()

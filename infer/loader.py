@@ -205,32 +205,43 @@ def check_count(data, n):
     return n
 
 
-def check_memory(data, n, limit=None):
-    """Refuse, before allocating, n images that would take more than half of this machine's memory."""
-    _, h, w, c = data.x.shape
-    need = n * h * w * c * 4
+OUTPUT_BYTES_PER_IMAGE = 24  # label and prediction (int64 each), labels on the device and back (int32)
+
+
+def check_outputs(data, n, limit=None):
+    """Refuse, before allocating, n images whose labels and predictions alone would not fit in
+    half of this machine's memory (the images themselves stream, so they never need to)."""
+    need = n * OUTPUT_BYTES_PER_IMAGE
     limit = limit or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
     if need > limit:
-        raise InputError(f"{where(data.path, 'x')}: {n} images of {h}x{w}x{c} need {need / 2**30:.1f} GiB, "
-                         f"more than the {limit / 2**30:.1f} GiB this machine allows; ask for fewer images (N)")
+        raise InputError(f"{where(data.path, 'x')}: {n} images need {need / 2**30:.1f} GiB for their labels and "
+                         f"predictions, more than the {limit / 2**30:.1f} GiB this machine allows; ask for fewer images (N)")
 
 
-def read_images(data, n, out):
-    """Read images [0, n) of x into `out` (n, H, W, C) float32, converting and checking as it goes."""
+def in_memory(data, n, limit):
+    """Whether n images fit the host-memory budget `limit` (bytes) for reading them all at once."""
+    _, h, w, c = data.x.shape
+    return n * h * w * c * 4 <= limit
+
+
+def read_images(data, start, stop, out):
+    """Read images [start, stop) of x into `out` (stop - start, H, W, C) float32, converting and
+    checking as it goes."""
     with _reading(data.path, "x"):
-        for start in range(0, n, READ_BLOCK):
-            stop = min(n, start + READ_BLOCK)
+        for lo in range(start, stop, READ_BLOCK):
+            hi = min(stop, lo + READ_BLOCK)
+            dest = out[lo - start:hi - start]
             if data.x.dtype == np.float32:
-                data.x.read_direct(out, np.s_[start:stop], np.s_[start:stop])
-                _finite_float32(out[start:stop], data.path, "x", start)
+                data.x.read_direct(dest, np.s_[lo:hi])
+                _check_finite(dest, dest, data.path, "x", lo)
             else:
-                out[start:stop] = _finite_float32(data.x[start:stop], data.path, "x", start)
+                dest[...] = _finite_float32(data.x[lo:hi], data.path, "x", lo)
     return out
 
 
-def read_labels(data, n):
-    """The labels of images [0, n): the first maximum of each row of y."""
+def read_labels(data, start, stop):
+    """The labels of images [start, stop): the first maximum of each row of y."""
     with _reading(data.path, "y"):
-        y = data.y[:n]
-    _check_finite(y, y, data.path, "y")
+        y = data.y[start:stop]
+    _check_finite(y, y, data.path, "y", start)
     return np.argmax(y, axis=1)

@@ -1,5 +1,6 @@
 """The CUDA backend: weights uploaded once, images in page-locked host memory uploaded chunk by
 chunk over several streams so copies of one chunk overlap kernels of another, labels back."""
+import collections
 import time
 from dataclasses import dataclass, field
 
@@ -66,7 +67,7 @@ class CudaBackend:
 
     def host_buffer(self, shape):
         """Page-locked host memory for the images, so uploads are asynchronous; freed by close()."""
-        buf = cuda.pagelocked_empty(shape, np.float32)
+        buf = cuda.pagelocked_empty(shape, np.float32, mem_flags=cuda.host_alloc_flags.PORTABLE)
         self.pinned.append(buf)
         return buf
 
@@ -141,7 +142,7 @@ class CudaBackend:
                             labels_dev=self._alloc(4 * n), labels=labels)
         return self._run
 
-    def forward(self, x):
+    def forward(self, x, progress=None):
         """Labels of images x (n, H, W, C) float32 in page-locked host memory."""
         run = self.buffers(len(x), x.shape[1:])
         self.enqueue(run, x)
@@ -150,22 +151,60 @@ class CudaBackend:
         return run.labels.astype(np.int64)
 
     def enqueue(self, run, x=None):
-        """Chunk i goes to stream i mod S: upload (unless x is None: already resident), the
-        network, labels back."""
+        """Chunk i goes to stream i mod S; x None means the images are already resident."""
         n = len(run.labels)
-        prof = self.profiler
         for i, start in enumerate(range(0, n, run.chunk)):
-            stop, s = min(n, start + run.chunk), i % len(self.streams)
-            stream = self.streams[s]
-            dst = int(run.staging[s]) if run.x_dev is None else int(run.x_dev) + start * run.image_bytes
-            if x is not None:
-                prof.start("memcpy HtoD (images)", stream)
-                cuda.memcpy_htod_async(dst, x[start:stop], stream)
-                prof.stop("memcpy HtoD (images)", stream)
-            self.pipeline.enqueue(stream, dst, stop - start, int(run.labels_dev) + 4 * start, int(run.scratch[s]))
-            prof.start("memcpy DtoH (labels)", stream)
-            cuda.memcpy_dtoh_async(run.labels[start:stop], int(run.labels_dev) + 4 * start, stream)
-            prof.stop("memcpy DtoH (labels)", stream)
+            stop = min(n, start + run.chunk)
+            self._enqueue_chunk(run, i, start, stop - start, None if x is None else x[start:stop])
+
+    def _enqueue_chunk(self, run, i, start, count, x=None):
+        """Upload images [start, start + count) unless x is None, the network, labels back; on
+        stream i mod S. Returns an event that completes when x may be overwritten."""
+        stream = self.streams[i % len(self.streams)]
+        dst = int(run.staging[i % len(self.streams)]) if run.x_dev is None else int(run.x_dev) + start * run.image_bytes
+        uploaded = None
+        if x is not None:
+            self.profiler.start("memcpy HtoD (images)", stream)
+            cuda.memcpy_htod_async(dst, x, stream)
+            self.profiler.stop("memcpy HtoD (images)", stream)
+            uploaded = cuda.Event(cuda.event_flags.DISABLE_TIMING)
+            uploaded.record(stream)
+        self.pipeline.enqueue(stream, dst, count, int(run.labels_dev) + 4 * start, int(run.scratch[i % len(self.streams)]))
+        self.profiler.start("memcpy DtoH (labels)", stream)
+        cuda.memcpy_dtoh_async(run.labels[start:start + count], int(run.labels_dev) + 4 * start, stream)
+        self.profiler.stop("memcpy DtoH (labels)", stream)
+        return uploaded
+
+    @property
+    def stream_block(self):
+        """Images per block when streaming: one chunk, so a block is one upload on one stream."""
+        return self._run.chunk
+
+    @property
+    def ring_depth(self):
+        return len(self.streams) + 2
+
+    def forward_stream(self, ring, progress):
+        """Labels of images streamed from `ring`; each buffer goes back to the reader as soon as
+        its upload is done, so reading, uploads and kernels of different blocks overlap."""
+        run = self._run
+        pending = collections.deque()
+
+        def hand_back():
+            uploaded, buf, count = pending.popleft()
+            uploaded.synchronize()
+            ring.release(buf)
+            progress.update(count)
+
+        for i, (start, x, buf) in enumerate(ring):
+            pending.append((self._enqueue_chunk(run, i, start - ring.start, len(x), x), buf, len(x)))
+            while pending and (len(pending) >= ring.depth - 1 or pending[0][0].query()):
+                hand_back()
+        while pending:
+            hand_back()
+        for s in self.streams:
+            s.synchronize()
+        return run.labels.astype(np.int64)
 
     def close(self):
         """Free device and page-locked memory, then release the context."""

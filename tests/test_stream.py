@@ -1,0 +1,94 @@
+"""Inputs over the host-memory budget stream from the file through a ring of buffers: the same
+predictions as reading everything, bounded buffers, and bad values still refused cleanly."""
+import h5py
+import numpy as np
+import pytest
+
+from infer import engine, loader, stream
+from tests.conftest import invoke
+from tests.test_bad_input import assert_refused
+
+
+@pytest.fixture
+def tiny_budget(monkeypatch):
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "1")  # 1 MiB: ~330 MNIST images
+
+
+def test_streamed_equals_in_memory(ece408, tiny_budget, monkeypatch):
+    streamed = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 5001, backend="cpu")
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "512")
+    whole = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 5001, backend="cpu")
+    assert streamed.streamed and not whole.streamed
+    assert (streamed.predictions == whole.predictions).all() and (streamed.labels == whole.labels).all()
+    assert set(streamed.timing) == {"load", "prepare", "forward", "read", "wait"}
+
+
+def test_streams_compressed_chunked_files(tmp_path, ece408, tiny_budget):
+    with h5py.File(ece408 / "test100.hdf5") as f:
+        x, y = f["x"][()], f["y"][()]
+    big = tmp_path / "big.h5"
+    with h5py.File(big, "w") as f:
+        f.create_dataset("x", data=np.concatenate([x] * 30), compression="gzip", chunks=(64, 28, 28, 1))
+        f.create_dataset("y", data=np.concatenate([y] * 30), compression="gzip", chunks=True)
+    r = engine.run(big, ece408 / "model.hdf5", backend="cpu")
+    assert r.streamed and r.n == 3000 and r.correct == 30 * 95
+
+
+def test_bad_value_deep_in_a_streamed_file(tmp_path, ece408, tiny_budget):
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:3000], f["y"][:3000]
+    x[2777, 3, 4, 0] = np.nan
+    bad = tmp_path / "bad.h5"
+    with h5py.File(bad, "w") as f:
+        f["x"], f["y"] = x, y
+    out = tmp_path / "p.npy"
+    r = invoke("run", bad, ece408 / "model.hdf5", "--backend", "cpu", "--predictions", out)
+    assert_refused(r, "bad.h5", "'x'", "(2777, 3, 4, 0)")
+    assert not out.exists()
+
+
+class CountingBackend:
+    """Records the host buffers asked for; classifies everything as 0."""
+    stream_block, ring_depth = 100, 3
+
+    def __init__(self):
+        self.buffers = []
+
+    def host_buffer(self, shape):
+        self.buffers.append(shape)
+        return np.empty(shape, np.float32)
+
+    def forward_stream(self, ring, progress):
+        for _, x, buf in ring:
+            ring.release(buf)
+            progress.update(len(x))
+        return np.zeros(ring.stop - ring.start, np.int64)
+
+
+def test_host_memory_is_the_ring_whatever_the_size(ece408):
+    model = loader.load_model(ece408 / "model.hdf5")
+    data = loader.open_data(ece408 / "testfull.hdf5", model)
+    try:
+        b = CountingBackend()
+        ring = stream.Ring(data, 0, 10000, [b.host_buffer((b.stream_block, 28, 28, 1)) for _ in range(b.ring_depth)])
+        try:
+            b.forward_stream(ring, stream.NoProgress())
+        finally:
+            ring.close()
+        assert b.buffers == [(100, 28, 28, 1)] * 3  # 3 blocks of 100 images for 10,000 images
+        assert ring.labels.shape == (10000,) and ring.read_s > 0
+    finally:
+        data.close()
+
+
+def test_progress_bar_only_on_a_terminal_after_the_delay(monkeypatch):
+    p = stream.Progress(10)
+    assert not p.enabled  # pytest's stderr is not a terminal
+    monkeypatch.setattr(stream.sys.stderr, "isatty", lambda: True, raising=False)
+    p = stream.Progress(10)
+    p.update(3)
+    assert p.bar is None  # not before 2 s
+    p.t0 -= 3
+    p.update(3)
+    assert p.bar is not None and p.done == 6
+    p.close()
