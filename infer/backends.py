@@ -8,12 +8,21 @@ from .errors import BackendUnavailable
 NAMES = ("auto", "cuda", "cpu")
 
 
-def create_cuda(**options):
-    """The CUDA backend, or BackendUnavailable saying why it cannot run here."""
+def create_cuda(devices=None, **options):
+    """The CUDA backend on one GPU, or on several (devices: a list of numbers, or "all"), or
+    BackendUnavailable saying why it cannot run here."""
     try:
         from .gpu.backend import CudaBackend
+        from .gpu.device import visible_devices
+        from .gpu.multi import MultiGpuBackend
     except ImportError as e:
         raise BackendUnavailable(f"the CUDA backend needs PyCUDA ({e}); install it with: pip install 'cnninfer[cuda]'") from None
+    if devices == "all":
+        devices = list(range(visible_devices()))
+    if devices and len(devices) > 1:
+        return MultiGpuBackend(devices, **options)
+    if devices:
+        options["device"] = devices[0]
     return CudaBackend(**options)
 
 

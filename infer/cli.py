@@ -11,6 +11,18 @@ from .gpu.launch import TILE_WIDTHS
 from .gpu.pipelines import ALGORITHMS, DEFAULT
 
 
+def parse_devices(ctx, param, value):
+    if value is None or value == "all":
+        return value
+    try:
+        devices = [int(v) for v in value.split(",")]
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of GPU numbers, such as 0,1, or 'all'") from None
+    if len(set(devices)) != len(devices) or min(devices) < 0:
+        raise click.BadParameter("GPU numbers must be distinct and not negative")
+    return devices
+
+
 def cuda_options(f):
     """The CUDA backend's options, shared by run and bench."""
     for option in reversed([
@@ -22,6 +34,8 @@ def cuda_options(f):
                      help="fused: one implicit-GEMM kernel for both convs and pools; unroll: the 2016 pipeline."),
         click.option("--device", "device_ordinal", type=click.IntRange(0), default=0, show_default=True,
                      help="CUDA device number."),
+        click.option("--devices", callback=parse_devices, metavar="LIST|all",
+                     help="Split the images over several GPUs: 0,1 or all (overrides --device)."),
         click.option("--fast-math", is_flag=True, help="Compile the kernels with --use_fast_math."),
     ]):
         f = option(f)
@@ -70,7 +84,7 @@ def resolve(data, model, n):
 @cuda_options
 @click.option("--profile", is_flag=True, help="CUDA: print GPU time per kernel and copy, and the set-up steps.")
 def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, predictions_path, quiet,
-        streams, tile_width, conv_algo, device_ordinal, fast_math, profile):
+        streams, tile_width, conv_algo, device_ordinal, devices, fast_math, profile):
     """Classify the first N images of DATA (all by default) with MODEL and print the correctness.
 
     DATA holds x (N, H, W, C) and one-hot y (N, classes); MODEL holds conv1, conv2, fc1, fc2.
@@ -82,7 +96,7 @@ def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, pre
     if predictions_path:
         predictions.check_path(predictions_path)
     result = engine.run(data, model, n, backend=backend, notice=notice, progress=not quiet, chunk=chunk, streams=streams,
-                        tile_width=int(tile_width), conv_algo=conv_algo, device=device_ordinal,
+                        tile_width=int(tile_width), conv_algo=conv_algo, devices=devices or [device_ordinal],
                         fast_math=fast_math, profile=profile)
     if as_json:
         click.echo(json.dumps(result.as_dict()))

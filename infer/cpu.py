@@ -6,7 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from . import reference
+from . import reference, stream
 
 DEFAULT_CHUNK = 32  # small chunks keep each thread's im2col buffer in cache
 
@@ -59,6 +59,10 @@ class CpuBackend:
             ring.release(buf)
             progress.update(len(x))
         return out
+
+    def stream(self, data, n, progress):
+        """Images [0, n) of an open data file, streamed: see stream.through."""
+        return stream.through(self, data, 0, n, progress)
 
     def close(self):
         pass

@@ -82,14 +82,8 @@ def run(data_path, model_path, n=None, backend="auto", notice=print, progress=Fa
             timing = dict(load=load_ms, prepare=setup_ms + _ms(t))
             t = time.perf_counter()
             if streamed:
-                ring = stream.Ring(data, 0, n, [engine.host_buffer((engine.stream_block,) + x_shape[1:])
-                                                for _ in range(engine.ring_depth)])
-                try:
-                    predictions = engine.forward_stream(ring, bar)
-                finally:
-                    ring.close()
-                labels = ring.labels
-                timing.update(read=ring.read_s * 1e3, wait=ring.wait_s * 1e3)
+                predictions, labels, read_s, wait_s = engine.stream(data, n, bar)
+                timing.update(read=read_s * 1e3, wait=wait_s * 1e3)
             else:
                 predictions = engine.forward(x, bar)
             timing["forward"] = _ms(t)

@@ -63,6 +63,18 @@ class Ring:
         self.thread.join()
 
 
+def through(backend, data, start, stop, progress):
+    """Images [start, stop) of `data` through `backend` via a ring of its own host buffers:
+    (predictions, labels, reader busy seconds, seconds compute waited for the reader)."""
+    shape = (backend.stream_block,) + data.x.shape[1:]
+    ring = Ring(data, start, stop, [backend.host_buffer(shape) for _ in range(backend.ring_depth)])
+    try:
+        predictions = backend.forward_stream(ring, progress)
+    finally:
+        ring.close()
+    return predictions, ring.labels, ring.read_s, ring.wait_s
+
+
 class Progress:
     """A progress bar on stderr, shown once a run has taken 2 s, only when stderr is a terminal."""
     DELAY_S = 2.0
@@ -71,8 +83,13 @@ class Progress:
         self.total, self.done, self.bar = total, 0, None
         self.enabled = enabled and sys.stderr.isatty()
         self.t0 = time.perf_counter()
+        self.lock = threading.Lock()  # several GPUs' threads report
 
     def update(self, count):
+        with self.lock:
+            self._update(count)
+
+    def _update(self, count):
         self.done += count
         if self.bar is not None:
             self.bar.update(count)

@@ -182,3 +182,27 @@ def test_cli_profile_lists_kernels_and_copies(ece408):
     for name in ("unroll_kernel1", "gemm_kernel1", "place_kernel1", "pool_kernel1", "argmax_kernel1",
                  "memcpy HtoD (images)", "context set-up", "compile / load kernels"):
         assert name in r.stdout
+
+
+@pytest.mark.parametrize("algo", ["fused", "unroll"])
+def test_streamed_equals_in_memory_on_the_gpu(ece408, cpu_testfull, monkeypatch, algo):
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "4")  # testfull (31 MB) streams through the ring
+    r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo, chunk=700)
+    assert r.streamed and r.correct == 8722
+    assert np.count_nonzero(r.predictions == cpu_testfull) >= 9995
+
+
+@pytest.mark.parametrize("budget", ["512", "4"])
+def test_split_over_gpus_equals_one_gpu(ece408, monkeypatch, budget):
+    """Two contexts on GPU 0 stand in for two GPUs where only one exists; --devices 0,1 on the real thing."""
+    from infer.gpu import device
+    from infer.gpu.multi import MultiGpuBackend
+
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)
+    devices = [0, 1] if device.visible_devices() > 1 else [0, 0]
+    one = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda")
+    monkeypatch.setattr("infer.backends.create_cuda", lambda devices=None, **o: MultiGpuBackend(devices_used, **o))
+    devices_used = devices
+    two = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda")
+    assert two.device.startswith("2 GPUs")
+    assert (two.predictions == one.predictions).all() and (two.labels == one.labels).all()

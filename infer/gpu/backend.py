@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pycuda.driver as cuda
 
+from .. import stream
 from ..errors import InputError
 from ..loader import geometry
 from . import pipelines
@@ -205,6 +206,10 @@ class CudaBackend:
         for s in self.streams:
             s.synchronize()
         return run.labels.astype(np.int64)
+
+    def stream(self, data, n, progress):
+        """Images [0, n) of an open data file, streamed: see stream.through."""
+        return stream.through(self, data, 0, n, progress)
 
     def close(self):
         """Free device and page-locked memory, then release the context."""

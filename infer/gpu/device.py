@@ -2,6 +2,17 @@
 from ..errors import BackendUnavailable, InputError
 
 
+def visible_devices():
+    """How many CUDA GPUs this process sees (BackendUnavailable without a driver)."""
+    import pycuda.driver as cuda
+
+    try:
+        cuda.init()
+        return cuda.Device.count()
+    except cuda.Error as e:
+        raise BackendUnavailable(f"the CUDA driver could not start: {e}") from None
+
+
 class Device:
     def __init__(self, ordinal=0):
         import pycuda.driver as cuda
