@@ -199,10 +199,9 @@ def test_split_over_gpus_equals_one_gpu(ece408, monkeypatch, budget):
     from infer.gpu.multi import MultiGpuBackend
 
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)
-    devices = [0, 1] if device.visible_devices() > 1 else [0, 0]
+    pair = [0, 1] if device.visible_devices() > 1 else [0, 0]
     one = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda")
-    monkeypatch.setattr("infer.backends.create_cuda", lambda devices=None, **o: MultiGpuBackend(devices_used, **o))
-    devices_used = devices
+    monkeypatch.setattr("infer.backends.create_cuda", lambda devices=None, **o: MultiGpuBackend(pair, **o))
     two = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda")
     assert two.device.startswith("2 GPUs")
     assert (two.predictions == one.predictions).all() and (two.labels == one.labels).all()
