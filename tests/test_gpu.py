@@ -205,3 +205,19 @@ def test_split_over_gpus_equals_one_gpu(ece408, monkeypatch, budget):
     two = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda")
     assert two.device.startswith("2 GPUs")
     assert (two.predictions == one.predictions).all() and (two.labels == one.labels).all()
+
+
+def test_out_of_device_memory_falls_back_to_smaller_chunks(ece408, cpu_testfull, monkeypatch):
+    """Allocations over 4 MB fail as if the GPU were full: the run still ends correctly."""
+    import pycuda.driver as cuda
+
+    real = cuda.mem_alloc
+
+    def small_only(nbytes):
+        if nbytes > 4 << 20:
+            raise cuda.MemoryError("cuMemAlloc failed: out of memory")
+        return real(nbytes)
+
+    monkeypatch.setattr(cuda, "mem_alloc", small_only)
+    r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo="unroll")
+    assert r.correct == 8722 and np.count_nonzero(r.predictions == cpu_testfull) >= 9995

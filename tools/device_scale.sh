@@ -45,5 +45,5 @@ gpus=$(nvidia-smi -L | wc -l)
     cnninfer run /tmp/big.hdf5 "$data/model.hdf5" 160000 --devices all -q --predictions /tmp/p2.npy >/dev/null
     python3 -c "import numpy as np; a, b = np.load('/tmp/p1.npy'), np.load('/tmp/p2.npy'); print('predictions 1 GPU vs all:', 'identical' if (a == b).all() else f'{(a != b).sum()} differ')"
   fi
-  [ "${1:-}" = cpu ] && measure "cpu 1M" /tmp/big.hdf5 "$data/model.hdf5" --backend cpu
+  if [ "${1:-}" = cpu ]; then measure "cpu 1M" /tmp/big.hdf5 "$data/model.hdf5" --backend cpu; fi
 } 2>&1 | tee "$out/scale.txt"

@@ -129,19 +129,47 @@ class CudaBackend:
         return chunk, resident
 
     def buffers(self, n, image_shape):
-        """Device and page-locked buffers for n images, kept for repeated runs of the same size."""
+        """Device and page-locked buffers for n images, kept for repeated runs of the same size.
+        If the device runs out of memory all the same, the images stop being resident, then
+        chunks halve, down to one image."""
         key = (n, tuple(image_shape))
-        if self._run is None or self._run.key != key:
-            image_bytes = 4 * int(np.prod(image_shape))
-            chunk, resident = self._plan(n, image_bytes)
-            labels = cuda.pagelocked_empty(n, np.int32)
-            self.pinned.append(labels)
-            self._run = Run(key=key, chunk=chunk, image_bytes=image_bytes,
-                            x_dev=self._alloc(n * image_bytes) if resident else None,
-                            staging=[None if resident else self._alloc(chunk * image_bytes) for _ in self.streams],
-                            scratch=[self._alloc(4 * self.pipeline.scratch_floats(chunk)) for _ in self.streams],
-                            labels_dev=self._alloc(4 * n), labels=labels)
-        return self._run
+        if self._run is not None and self._run.key == key:
+            return self._run
+        image_bytes = 4 * int(np.prod(image_shape))
+        chunk, resident = self._plan(n, image_bytes)
+        while True:
+            try:
+                self._run = self._allocate(key, n, image_bytes, chunk, resident)
+                return self._run
+            except cuda.MemoryError:
+                if resident:
+                    resident = False
+                elif chunk > 1:
+                    chunk //= 2
+                else:
+                    raise InputError("the GPU ran out of memory even for one image per chunk") from None
+
+    def _allocate(self, key, n, image_bytes, chunk, resident):
+        """A Run's buffers, all or none: on failure what was taken is given back."""
+        taken = []
+
+        def alloc(nbytes):
+            taken.append(cuda.mem_alloc(max(nbytes, 4)))
+            return taken[-1]
+
+        try:
+            run = Run(key=key, chunk=chunk, image_bytes=image_bytes,
+                      x_dev=alloc(n * image_bytes) if resident else None,
+                      staging=[None if resident else alloc(chunk * image_bytes) for _ in self.streams],
+                      scratch=[alloc(4 * self.pipeline.scratch_floats(chunk)) for _ in self.streams],
+                      labels_dev=alloc(4 * n), labels=cuda.pagelocked_empty(n, np.int32))
+        except BaseException:
+            for buf in taken:
+                buf.free()
+            raise
+        self.device_buffers += taken
+        self.pinned.append(run.labels)
+        return run
 
     def forward(self, x, progress=None):
         """Labels of images x (n, H, W, C) float32 in page-locked host memory."""
