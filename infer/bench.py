@@ -128,7 +128,7 @@ def bench(data_path, model_path, n=None, streams=4, warmup=5, repeats=20):
     data = loader.open_data(data_path, model)
     try:
         n = loader.check_count(data, n)
-        x = loader.read_images(data, n, np.empty((n,) + data.x.shape[1:], np.float32))
+        x = loader.read_images(data, 0, n, np.empty((n,) + data.x.shape[1:], np.float32))
     finally:
         data.close()
     g = loader.geometry(model, x.shape)

@@ -221,3 +221,17 @@ def test_out_of_device_memory_falls_back_to_smaller_chunks(ece408, cpu_testfull,
     monkeypatch.setattr(cuda, "mem_alloc", small_only)
     r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo="unroll")
     assert r.correct == 8722 and np.count_nonzero(r.predictions == cpu_testfull) >= 9995
+
+
+def test_bench_validates_and_times_every_algorithm(ece408):
+    import json
+
+    from tests.conftest import invoke
+
+    r = invoke("bench", ece408 / "test100.hdf5", ece408 / "model.hdf5", "--warmup", 1, "--repeats", 3, "--json")
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    names = [row["name"] for row in d["rows"]]
+    assert {"cnninfer fused", "cnninfer unroll tile 8", "cnninfer unroll tile 16", "cnninfer unroll tile 32"} <= set(names)
+    for row in d["rows"]:
+        assert row["gpu_ms"] > 0 and row["e2e_ms"] > 0 and row["identical"] >= 99
