@@ -24,7 +24,7 @@ def parse_devices(ctx, param, value):
 
 
 def cuda_options(f):
-    """The CUDA backend's options, shared by run and bench."""
+    """The CUDA backend's options of `run`."""
     for option in reversed([
         click.option("--streams", type=click.IntRange(1, 64), default=4, show_default=True,
                      help="CUDA streams that chunks of images are spread over."),

@@ -6,7 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from . import reference, stream
+from . import reference
+from .stream import through
 
 DEFAULT_CHUNK = 32  # small chunks keep each thread's im2col buffer in cache
 
@@ -62,7 +63,7 @@ class CpuBackend:
 
     def stream(self, data, n, progress):
         """Images [0, n) of an open data file, streamed: see stream.through."""
-        return stream.through(self, data, 0, n, progress)
+        return through(self, data, 0, n, progress)
 
     def close(self):
         pass

@@ -4,6 +4,9 @@ import numpy as np
 import pytest
 
 from infer import engine, reference
+from infer.bench import variants
+from infer.gpu.launch import TILE_WIDTHS
+from infer.gpu.pipelines import ALGORITHMS
 from infer.network import Geometry
 
 pytestmark = pytest.mark.gpu
@@ -68,7 +71,7 @@ def test_unroll_kernel(gpu, rng):
     np.testing.assert_array_equal(d.get(u, expected.shape), expected)
 
 
-@pytest.mark.parametrize("tile_width", [8, 16, 32])
+@pytest.mark.parametrize("tile_width", TILE_WIDTHS)
 @pytest.mark.parametrize("relu", [False, True])
 def test_gemm_kernel(gpu, rng, tile_width, relu):
     from infer.gpu.launch import Gemm
@@ -161,8 +164,7 @@ def cpu_testfull(ece408):
     return engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cpu").predictions
 
 
-CONFIGS = ([("fused", 16, s, None) for s in (1, 2, 4, 8)] + [("fused", 16, 3, 999)]
-           + [("unroll", tw, s, None) for tw in (8, 16, 32) for s in (1, 2, 4, 8)])
+CONFIGS = [(algo, tw, s, None) for algo, tw in variants() for s in (1, 2, 4, 8)] + [("fused", 16, 3, 999)]
 
 
 @pytest.mark.parametrize("algo,tile_width,streams,chunk", CONFIGS)
@@ -184,7 +186,7 @@ def test_cli_profile_lists_kernels_and_copies(ece408):
         assert name in r.stdout
 
 
-@pytest.mark.parametrize("algo", ["fused", "unroll"])
+@pytest.mark.parametrize("algo", list(ALGORITHMS))
 def test_streamed_equals_in_memory_on_the_gpu(ece408, cpu_testfull, monkeypatch, algo):
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "4")  # testfull (31 MB) streams through the ring
     r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo, chunk=700)

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pycuda.driver as cuda
 
-from .. import stream
 from ..errors import InputError
 from ..loader import geometry
+from ..stream import through
 from . import pipelines
 from .device import Device
 from .profile import NullProfiler, Profiler
@@ -72,14 +72,11 @@ class CudaBackend:
         self.pinned.append(buf)
         return buf
 
-    def _alloc(self, nbytes):
-        buf = cuda.mem_alloc(max(nbytes, 4))
-        self.device_buffers.append(buf)
-        return buf
-
     def to_device(self, array):
+        """A device copy of `array` as float32, freed by close()."""
         array = np.ascontiguousarray(array, np.float32)
-        buf = self._alloc(array.nbytes)
+        buf = cuda.mem_alloc(max(array.nbytes, 4))
+        self.device_buffers.append(buf)
         cuda.memcpy_htod(buf, array)
         return buf
 
@@ -93,7 +90,6 @@ class CudaBackend:
         why = algo.available(g)
         if why:
             raise InputError(f"--conv-algo {self.algo} cannot run this model: {why}; use --conv-algo unroll")
-        self.geometry = g
         self.pipeline = algo(self.build, g)
         self._host("compile / load kernels", t)
         t = time.perf_counter()
@@ -237,7 +233,7 @@ class CudaBackend:
 
     def stream(self, data, n, progress):
         """Images [0, n) of an open data file, streamed: see stream.through."""
-        return stream.through(self, data, 0, n, progress)
+        return through(self, data, 0, n, progress)
 
     def close(self):
         """Free device and page-locked memory, then release the context."""

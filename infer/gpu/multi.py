@@ -5,7 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .. import stream
+from ..stream import through
 from .backend import CudaBackend
 
 
@@ -50,7 +50,7 @@ class MultiGpuBackend:
         return np.concatenate(self._each(lambda i, g: g.forward(x[self.ranges[i][0]:self.ranges[i][1]])))
 
     def stream(self, data, n, progress):
-        parts = self._each(lambda i, g: stream.through(g, data, *self.ranges[i], progress))
+        parts = self._each(lambda i, g: through(g, data, *self.ranges[i], progress))
         predictions, labels, read_s, wait_s = zip(*parts)
         return np.concatenate(predictions), np.concatenate(labels), sum(read_s), max(wait_s)
 
