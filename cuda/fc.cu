@@ -1,6 +1,7 @@
 // The classifier in one kernel: fc1 (FEAT -> HIDDEN) -> ReLU -> fc2 (HIDDEN -> CLASSES) -> argmax.
 // in: features (n, FEAT) float32; fc1 (FEAT, HIDDEN), fc2 (HIDDEN, CLASSES) row-major.
-// out: labels (n) int32, the first index of each image's maximum score.
+// out: labels (n) int32, the first index of each image's maximum score; *overflow = min(*overflow,
+// image) for every image whose scores are not all finite (float32 overflow).
 // fc_kernel1: block HIDDEN threads (one hidden unit each) x FC_IMGS images in registers; fc1 and
 //   the features staged through shared memory FC_TILE rows at a time (float4, coalesced), the
 //   inner loop fully unrolled; then fc2 and the argmax from shared memory. grid ceil(n / FC_IMGS);
@@ -21,7 +22,7 @@ constexpr int XH_FLOATS = X_TILE > HID_FLOATS ? X_TILE : HID_FLOATS;
 
 extern "C" __global__ void __launch_bounds__(HIDDEN)
 fc_kernel1(const float* __restrict__ feat, const float* __restrict__ fc1, const float* __restrict__ fc2,
-           int* __restrict__ labels, int n) {
+           int* __restrict__ labels, int n, int* __restrict__ overflow) {
     __shared__ float4 w_s[FC_TILE * HIDDEN / 4];        // fc1 rows [f0, f0 + FC_TILE)
     __shared__ __align__(16) float xh[XH_FLOATS];       // feature tile [f][img], then hidden [img][h]
     __shared__ float scores[FC_IMGS * CLASSES];
@@ -72,8 +73,12 @@ fc_kernel1(const float* __restrict__ feat, const float* __restrict__ fc1, const 
     for (int i = j; i < imgs; i += HIDDEN) {
         const float* sc = scores + i * CLASSES;
         int best = 0;
-        for (int k = 1; k < CLASSES; ++k)
+        bool finite = isfinite(sc[0]);
+        for (int k = 1; k < CLASSES; ++k) {
+            finite = finite && isfinite(sc[k]);
             if (sc[k] > sc[best]) best = k;
+        }
         labels[img0 + i] = best;
+        if (!finite) atomicMin(overflow, img0 + i);
     }
 }

@@ -7,6 +7,7 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from . import reference
+from .errors import ScoresOverflow
 from .stream import through
 
 DEFAULT_CHUNK = 32  # small chunks keep each thread's im2col buffer in cache
@@ -37,8 +38,13 @@ class CpuBackend:
         starts = range(0, len(x), self.chunk)
 
         def one(start):
-            out[start:start + self.chunk] = reference.forward(x[start:start + self.chunk], self.model)
-            return min(self.chunk, len(x) - start)
+            with np.errstate(over="ignore", invalid="ignore"):
+                scores = reference.scores(x[start:start + self.chunk], self.model)
+            finite = np.isfinite(scores).all(axis=1)
+            if not finite.all():
+                raise ScoresOverflow(self.model.path, start + int(np.argmin(finite)))
+            out[start:start + self.chunk] = reference.argmax(scores)
+            return len(scores)
 
         # NumPy releases the GIL in its copies and BLAS calls: a thread per core, each with a
         # single-threaded BLAS, keeps every core busy, also through the im2col copies (measured
@@ -56,7 +62,10 @@ class CpuBackend:
         """Labels of images streamed block by block from `ring`."""
         out = np.empty(ring.stop - ring.start, np.int64)
         for start, x, buf in ring:
-            out[start - ring.start:start - ring.start + len(x)] = self.forward(x)
+            try:
+                out[start - ring.start:start - ring.start + len(x)] = self.forward(x)
+            except ScoresOverflow as e:
+                raise e.shifted(start) from None
             ring.release(buf)
             progress.update(len(x))
         return out

@@ -12,6 +12,19 @@ class BackendUnavailable(InputError):
     """A backend that was asked for cannot run on this machine: exit code 2."""
 
 
+class ScoresOverflow(InputError):
+    """The scores of an image are not finite: float32 overflowed on weights or images that are
+    finite but too large. Refused rather than reported as a silently wrong label."""
+
+    def __init__(self, model_path, image):
+        self.model_path, self.image = model_path, image
+        super().__init__(f"{model_path}: the scores of image {image} are not finite (float32 overflow): "
+                         f"the model's weights, or the images, are too large for float32 inference")
+
+    def shifted(self, offset):
+        return ScoresOverflow(self.model_path, self.image + offset)
+
+
 class AccuracyMismatch(click.ClickException):
     """The run worked but its accuracy is not the expected one (the CI regression check)."""
 

@@ -200,3 +200,17 @@ def test_bad_n(tmp_path, good, n, words):
 @pytest.mark.parametrize("name,words", [("p.txt", "not '.txt'"), ("missing/p.npy", "does not exist")])
 def test_bad_predictions_path(tmp_path, good, name, words):
     assert_refused(run(tmp_path, *good, "--predictions", tmp_path / name), words)
+
+
+def test_overflowing_weights_are_refused(tmp_path, good):
+    big = np.float32(1e20)  # every weight finite; their product through three layers is not
+    model = {**good[1], **{k: good[1][k] * big for k in ("conv1", "fc1", "fc2")}}
+    assert_refused(run(tmp_path, good[0], model), "model.h5", "image 0", "not finite")
+
+
+def test_overflowing_image_is_named(tmp_path, good, monkeypatch):
+    x = good[0]["x"].copy()
+    x[3] = 3e38
+    for budget in ("512", "0"):  # in memory, and streamed block by block
+        monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)
+        assert_refused(run(tmp_path, {**good[0], "x": x}, good[1]), "model.h5", "image 3", "float32 overflow")

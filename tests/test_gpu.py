@@ -109,10 +109,12 @@ def test_argmax_kernel_takes_the_first_maximum(gpu, rng):
     from infer.gpu.launch import Argmax
 
     s = rng.integers(0, 3, (301, 7)).astype(np.float32)
+    s[[200, 120], 3] = [np.inf, np.nan]
     d = Dev()
-    labels = d.empty(301, np.int32, -1)
-    Argmax(build(gpu))(None, d.put(s), labels, 301, 7)
-    np.testing.assert_array_equal(d.get(labels, 301, np.int32), reference.argmax(s))
+    labels, overflow = d.empty(301, np.int32, -1), d.put([2**31 - 1], np.int32)
+    Argmax(build(gpu))(None, d.put(s), labels, 301, 7, overflow)
+    np.testing.assert_array_equal(d.get(labels, 301, np.int32)[:120], reference.argmax(s)[:120])
+    assert d.get(overflow, 1, np.int32)[0] == 120
 
 
 class Weights:
@@ -152,11 +154,11 @@ def test_fused_fc_kernel(gpu, rng, g):
     n = 45
     feat, w = rand(rng, n, g.flat), Weights(rng, g)
     d = Dev()
-    labels = d.empty(n + 1, np.int32, -1)
-    FullyConnected(build(gpu), g)(None, d.put(feat), d.put(w.fc1), d.put(w.fc2), labels, n)
+    labels, overflow = d.empty(n + 1, np.int32, -1), d.put([2**31 - 1], np.int32)
+    FullyConnected(build(gpu), g)(None, d.put(feat), d.put(w.fc1), d.put(w.fc2), labels, n, overflow)
     out = d.get(labels, n + 1, np.int32)
     np.testing.assert_array_equal(out[:n], reference.argmax(reference.fc(reference.relu(reference.fc(feat, w.fc1)), w.fc2)))
-    assert out[n] == -1
+    assert out[n] == -1 and d.get(overflow, 1, np.int32)[0] == 2**31 - 1  # all finite: untouched
 
 
 @pytest.fixture(scope="module")
@@ -237,3 +239,23 @@ def test_bench_validates_and_times_every_algorithm(ece408):
     assert {"cnninfer fused", "cnninfer unroll tile 8", "cnninfer unroll tile 16", "cnninfer unroll tile 32"} <= set(names)
     for row in d["rows"]:
         assert row["gpu_ms"] > 0 and row["e2e_ms"] > 0 and row["identical"] >= 99
+
+
+@pytest.mark.parametrize("algo", list(ALGORITHMS))
+@pytest.mark.parametrize("budget", ["512", "1"])
+def test_overflowing_scores_are_refused(ece408, tmp_path, monkeypatch, algo, budget):
+    """Finite but huge pixels overflow float32 inside the network: refused, naming the image."""
+    import h5py
+
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:1000], f["y"][:1000]
+    x[777] = 3e38
+    bad = tmp_path / "bad.h5"
+    with h5py.File(bad, "w") as f:
+        f["x"], f["y"] = x, y
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)
+    from infer.errors import ScoresOverflow
+
+    with pytest.raises(ScoresOverflow) as e:
+        engine.run(bad, ece408 / "model.hdf5", backend="cuda", conv_algo=algo, chunk=300)
+    assert e.value.image == 777

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pycuda.driver as cuda
 
-from ..errors import InputError
+from ..errors import InputError, ScoresOverflow
 from ..loader import geometry
 from ..stream import through
 from . import pipelines
@@ -36,6 +36,11 @@ class Run:
     scratch: list
     labels_dev: object
     labels: np.ndarray
+    overflow_dev: object  # per chunk: its first image with non-finite scores, INT_MAX if none
+
+    @property
+    def chunks(self):
+        return -(-len(self.labels) // self.chunk)
 
 
 class CudaBackend:
@@ -85,6 +90,7 @@ class CudaBackend:
         the buffers for x_shape (n, H, W, C) and run the network once on zeros, so the timed
         forward pays neither allocation nor the first launch's module loading."""
         t = time.perf_counter()
+        self.model_path = model.path
         g = geometry(model, x_shape, "data")
         algo = pipelines.ALGORITHMS[self.algo]
         why = algo.available(g)
@@ -101,7 +107,8 @@ class CudaBackend:
         run = self.buffers(x_shape[0], x_shape[1:])
         first = run.staging[0] if run.x_dev is None else run.x_dev
         cuda.memset_d32(first, 0, run.chunk * run.image_bytes // 4)
-        self.pipeline.enqueue(self.streams[0], int(first), run.chunk, int(run.labels_dev), int(run.scratch[0]))
+        self.pipeline.enqueue(self.streams[0], int(first), run.chunk, int(run.labels_dev), int(run.scratch[0]),
+                              int(run.overflow_dev))
         cuda.Context.synchronize()
         self._host("buffers + warm-up", t)
 
@@ -158,7 +165,8 @@ class CudaBackend:
                       x_dev=alloc(n * image_bytes) if resident else None,
                       staging=[None if resident else alloc(chunk * image_bytes) for _ in self.streams],
                       scratch=[alloc(4 * self.pipeline.scratch_floats(chunk)) for _ in self.streams],
-                      labels_dev=alloc(4 * n), labels=cuda.pagelocked_empty(n, np.int32))
+                      labels_dev=alloc(4 * n), labels=cuda.pagelocked_empty(n, np.int32),
+                      overflow_dev=alloc(4 * -(-n // chunk)))
         except BaseException:
             for buf in taken:
                 buf.free()
@@ -170,10 +178,25 @@ class CudaBackend:
     def forward(self, x, progress=None):
         """Labels of images x (n, H, W, C) float32 in page-locked host memory."""
         run = self.buffers(len(x), x.shape[1:])
+        self._clear_overflow(run)
         self.enqueue(run, x)
         for s in self.streams:
             s.synchronize()
+        self._check_overflow(run)
         return run.labels.astype(np.int64)
+
+    INT_MAX = 2**31 - 1
+
+    def _clear_overflow(self, run):
+        cuda.memset_d32(run.overflow_dev, self.INT_MAX, run.chunks)
+
+    def _check_overflow(self, run):
+        """ScoresOverflow for the first image whose scores the kernels found not finite."""
+        first = np.empty(run.chunks, np.int32)
+        cuda.memcpy_dtoh(first, run.overflow_dev)
+        hit = np.flatnonzero(first != self.INT_MAX)
+        if len(hit):
+            raise ScoresOverflow(self.model_path, int(hit[0]) * run.chunk + int(first[hit[0]]))
 
     def enqueue(self, run, x=None):
         """Chunk i goes to stream i mod S; x None means the images are already resident."""
@@ -194,7 +217,8 @@ class CudaBackend:
             self.profiler.stop("memcpy HtoD (images)", stream)
             uploaded = cuda.Event(cuda.event_flags.DISABLE_TIMING)
             uploaded.record(stream)
-        self.pipeline.enqueue(stream, dst, count, int(run.labels_dev) + 4 * start, int(run.scratch[i % len(self.streams)]))
+        self.pipeline.enqueue(stream, dst, count, int(run.labels_dev) + 4 * start, int(run.scratch[i % len(self.streams)]),
+                              int(run.overflow_dev) + 4 * (start // run.chunk))
         self.profiler.start("memcpy DtoH (labels)", stream)
         cuda.memcpy_dtoh_async(run.labels[start:start + count], int(run.labels_dev) + 4 * start, stream)
         self.profiler.stop("memcpy DtoH (labels)", stream)
@@ -213,6 +237,7 @@ class CudaBackend:
         """Labels of images streamed from `ring`; each buffer goes back to the reader as soon as
         its upload is done, so reading, uploads and kernels of different blocks overlap."""
         run = self._run
+        self._clear_overflow(run)
         pending = collections.deque()
 
         def hand_back():
@@ -229,6 +254,10 @@ class CudaBackend:
             hand_back()
         for s in self.streams:
             s.synchronize()
+        try:
+            self._check_overflow(run)
+        except ScoresOverflow as e:
+            raise e.shifted(ring.start) from None
         return run.labels.astype(np.int64)
 
     def stream(self, data, n, progress):

@@ -91,10 +91,10 @@ class Pool(Launcher):
 
 
 class Argmax(Launcher):
-    source, kernel, arg_types = "argmax", "argmax_kernel1", "PPii"
+    source, kernel, arg_types = "argmax", "argmax_kernel1", "PPiiP"
 
-    def __call__(self, stream, scores, labels, n, classes):
-        self.launch(stream, (ceil_div(n, 128), 1), (128, 1, 1), scores, labels, n, classes)
+    def __call__(self, stream, scores, labels, n, classes, overflow):
+        self.launch(stream, (ceil_div(n, 128), 1), (128, 1, 1), scores, labels, n, classes, overflow)
 
 
 class Fused(Launcher):
@@ -145,7 +145,7 @@ class Fused(Launcher):
 
 class FullyConnected(Launcher):
     """fc1 -> ReLU -> fc2 -> argmax, FC_IMGS images per block of `hidden` threads."""
-    source, kernel, arg_types = "fc", "fc_kernel1", "PPPPi"
+    source, kernel, arg_types = "fc", "fc_kernel1", "PPPPiP"
     IMGS, TILE = 16, 32
 
     @classmethod
@@ -160,8 +160,8 @@ class FullyConnected(Launcher):
         super().__init__(build, **self.defines(g))
         self.hidden = g.hidden
 
-    def __call__(self, stream, feat, fc1, fc2, labels, n):
-        self.launch(stream, (ceil_div(n, self.IMGS), 1), (self.hidden, 1, 1), feat, fc1, fc2, labels, n)
+    def __call__(self, stream, feat, fc1, fc2, labels, n, overflow):
+        self.launch(stream, (ceil_div(n, self.IMGS), 1), (self.hidden, 1, 1), feat, fc1, fc2, labels, n, overflow)
 
 
 def as_f32(a):

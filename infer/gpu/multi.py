@@ -5,6 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from ..errors import ScoresOverflow
 from ..stream import through
 from .backend import CudaBackend
 
@@ -47,7 +48,14 @@ class MultiGpuBackend:
         self._each(lambda i, g: g.prepare(model, (self.ranges[i][1] - self.ranges[i][0],) + tuple(x_shape[1:])))
 
     def forward(self, x, progress=None):
-        return np.concatenate(self._each(lambda i, g: g.forward(x[self.ranges[i][0]:self.ranges[i][1]])))
+        def part(i, g):
+            lo, hi = self.ranges[i]
+            try:
+                return g.forward(x[lo:hi])
+            except ScoresOverflow as e:  # its image index counts from the start of x
+                raise e.shifted(lo) from None
+
+        return np.concatenate(self._each(part))
 
     def stream(self, data, n, progress):
         parts = self._each(lambda i, g: through(g, data, *self.ranges[i], progress))

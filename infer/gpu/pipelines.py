@@ -1,7 +1,9 @@
 """The network on the GPU, one class per algorithm; ALGORITHMS feeds --conv-algo and the tests.
 
 Each pipeline uploads the weights once (upload), says how much scratch memory a chunk of images
-needs (scratch_floats), and enqueues one chunk on a stream: images in, labels (int32) out.
+needs (scratch_floats), and enqueues one chunk on a stream: images in, labels (int32) out, and
+the chunk-relative index of its first image with non-finite scores atomically min'ed into
+*overflow.
 """
 from . import launch
 
@@ -51,7 +53,7 @@ class Unroll:
     def scratch_floats(self, chunk):
         return Scratch.floats(self._layout(chunk))
 
-    def enqueue(self, stream, x, n, labels, scratch_base):
+    def enqueue(self, stream, x, n, labels, scratch_base, overflow):
         g, s = self.g, Scratch(scratch_base, self._layout(n)).ptr
         (h1, w1), (p1h, p1w), (h2, w2) = g.conv1_out, g.pool1_out, g.conv2_out
         self.unroll(stream, x, s["u1"], n, g.h, g.w, g.c, g.k1)
@@ -64,7 +66,7 @@ class Unroll:
         self.pool(stream, s["a2"], s["feat"], n, h2, w2, g.c2)
         self.gemm(stream, s["feat"], self.fc1, s["hid"], n, g.hidden, g.flat, True)
         self.gemm(stream, s["hid"], self.fc2, s["scores"], n, g.classes, g.hidden, False)
-        self.argmax(stream, s["scores"], labels, n, g.classes)
+        self.argmax(stream, s["scores"], labels, n, g.classes, overflow)
 
 
 class Fused:
@@ -96,9 +98,9 @@ class Fused:
     def scratch_floats(self, chunk):
         return Scratch.floats([("feat", chunk * self.g.flat)])
 
-    def enqueue(self, stream, x, n, labels, scratch_base):
+    def enqueue(self, stream, x, n, labels, scratch_base, overflow):
         self.convs(stream, x, self.w2, scratch_base, n)
-        self.fcs(stream, scratch_base, self.fc1, self.fc2, labels, n)
+        self.fcs(stream, scratch_base, self.fc1, self.fc2, labels, n, overflow)
 
 
 ALGORITHMS = {"fused": Fused, "unroll": Unroll}
