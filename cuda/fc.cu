@@ -14,6 +14,8 @@
 #define FC_TILE 32
 #endif
 
+#include "common.cuh"
+
 static_assert(FC_IMGS % 4 == 0 && HIDDEN % 4 == 0, "fc: FC_IMGS and HIDDEN must be multiples of 4");
 constexpr int X_TILE = FC_TILE * FC_IMGS;
 constexpr int HID_STRIDE = HIDDEN + 1;  // odd stride: images of a warp hit different banks in fc2
@@ -59,7 +61,7 @@ fc_kernel1(const float* __restrict__ feat, const float* __restrict__ fc1, const 
         __syncthreads();
     }
 #pragma unroll
-    for (int i = 0; i < FC_IMGS; ++i) xh[i * HID_STRIDE + j] = fmaxf(acc[i], 0.0f);
+    for (int i = 0; i < FC_IMGS; ++i) xh[i * HID_STRIDE + j] = relu(acc[i]);
     __syncthreads();
 
     for (int o = j; o < FC_IMGS * CLASSES; o += HIDDEN) {

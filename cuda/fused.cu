@@ -43,6 +43,8 @@ static_assert(FUSED_THREADS % C1 == 0, "fused: conv1 channels must divide the bl
 static_assert(SLAB % (4 * FUSED_THREADS) == 0, "fused: w2 slab must split into float4 per thread");
 static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused: shared memory over the 227 KB a block may have");
 
+#include "common.cuh"
+
 __constant__ float c_w1[K1 * K1 * IN_C * C1];
 
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
@@ -84,7 +86,7 @@ fused_kernel1(const float* __restrict__ x, const float* __restrict__ w2, float* 
                                 v[dy][dx] = fmaf(xs[((kh + dy) * IN_W + kw + dx) * IN_C + ci], wk, v[dy][dx]);
                     }
             p1[img * ISTR + ph * RSTR + pw * PSTR + c] =
-                (((fmaxf(v[0][0], 0.0f) + fmaxf(v[0][1], 0.0f)) + fmaxf(v[1][0], 0.0f)) + fmaxf(v[1][1], 0.0f)) * 0.25f;
+                (((relu(v[0][0]) + relu(v[0][1])) + relu(v[1][0])) + relu(v[1][1])) * 0.25f;
         }
     }
     __syncthreads();  // p1 complete; the staged images are dead from here on
@@ -160,8 +162,8 @@ fused_kernel1(const float* __restrict__ x, const float* __restrict__ w2, float* 
             float o[8];
 #pragma unroll
             for (int m = 0; m < 8; ++m)
-                o[m] = (((fmaxf(acc[0][2 * pc][m], 0.0f) + fmaxf(acc[0][2 * pc + 1][m], 0.0f))
-                         + fmaxf(acc[1][2 * pc][m], 0.0f)) + fmaxf(acc[1][2 * pc + 1][m], 0.0f)) * 0.25f;
+                o[m] = (((relu(acc[0][2 * pc][m]) + relu(acc[0][2 * pc + 1][m]))
+                         + relu(acc[1][2 * pc][m])) + relu(acc[1][2 * pc + 1][m])) * 0.25f;
             reinterpret_cast<float4*>(out + pc * C2)[0] = make_float4(o[0], o[1], o[2], o[3]);
             reinterpret_cast<float4*>(out + pc * C2)[1] = make_float4(o[4], o[5], o[6], o[7]);
         }

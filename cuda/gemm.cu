@@ -1,5 +1,5 @@
 // Shared-memory tiled GEMM, the classic pipeline's workhorse for both convolutions and both fcs.
-// c (M, N) = a (M, K) . b (K, N), all row-major float32; relu != 0 applies max(0, .) on store.
+// c (M, N) = a (M, K) . b (K, N), all row-major float32; apply_relu != 0 applies ReLU on store.
 // conv: a = weights re-laid (C_out, K*K*C), b = unrolled input (K*K*C, P) -> c (C_out, P)
 // fc:   a = features (n, in), b = weights (in, out) -> c (n, out)
 // gemm_kernel1: TILE_WIDTH x TILE_WIDTH tiles of a and b staged in shared memory, one output per
@@ -10,8 +10,10 @@
 #define TILE_WIDTH 16
 #endif
 
+#include "common.cuh"
+
 extern "C" __global__ void gemm_kernel1(const float* __restrict__ a, const float* __restrict__ b,
-                                        float* __restrict__ c, int M, int N, int K, int relu) {
+                                        float* __restrict__ c, int M, int N, int K, int apply_relu) {
     __shared__ float as[TILE_WIDTH][TILE_WIDTH];
     __shared__ float bs[TILE_WIDTH][TILE_WIDTH];
     const int tx = threadIdx.x, ty = threadIdx.y;
@@ -25,5 +27,5 @@ extern "C" __global__ void gemm_kernel1(const float* __restrict__ a, const float
         for (int k = 0; k < TILE_WIDTH; ++k) acc = fmaf(as[ty][k], bs[k][tx], acc);
         __syncthreads();
     }
-    if (row < M && col < N) c[(size_t)row * N + col] = relu ? fmaxf(acc, 0.0f) : acc;
+    if (row < M && col < N) c[(size_t)row * N + col] = apply_relu ? relu(acc) : acc;
 }

@@ -55,8 +55,9 @@ def command(name, arch, defines, fast_math=False, output="-", extra=()):
 
 def cubin(name, arch, defines, fast_math=False):
     """The cubin of cuda/NAME.cu built with -D defines, from the disk cache or from nvcc."""
-    source = (kernel_dir() / f"{name}.cu").read_bytes()
-    key = hashlib.sha256(repr((source, arch, sorted(defines.items()), fast_math, NVCC_FLAGS)).encode()).hexdigest()[:20]
+    folder = kernel_dir()
+    sources = [(folder / f"{name}.cu").read_bytes()] + [h.read_bytes() for h in sorted(folder.glob("*.cuh"))]
+    key = hashlib.sha256(repr((sources, arch, sorted(defines.items()), fast_math, NVCC_FLAGS)).encode()).hexdigest()[:20]
     cached = cache_dir() / f"{name}-{arch}-{key}.cubin"
     try:
         return cached.read_bytes()
