@@ -4,7 +4,6 @@ import platform
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from threadpoolctl import threadpool_limits
 
 from . import reference
 from .errors import ScoresOverflow
@@ -49,6 +48,8 @@ class CpuBackend:
         # NumPy releases the GIL in its copies and BLAS calls: a thread per core, each with a
         # single-threaded BLAS, keeps every core busy, also through the im2col copies (measured
         # 2.4x faster than one thread driving a multi-threaded BLAS on 2 cores).
+        from threadpoolctl import threadpool_limits  # imported here: start-up of GPU runs skips it
+
         with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(self.threads) as pool:
             for done in pool.map(one, starts):
                 if progress is not None:

@@ -259,3 +259,10 @@ def test_overflowing_scores_are_refused(ece408, tmp_path, monkeypatch, algo, bud
     with pytest.raises(ScoresOverflow) as e:
         engine.run(bad, ece408 / "model.hdf5", backend="cuda", conv_algo=algo, chunk=300)
     assert e.value.image == 777
+
+
+@pytest.mark.parametrize("algo", list(ALGORITHMS))
+def test_fast_math_keeps_the_predictions(ece408, cpu_testfull, algo):
+    r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo, fast_math=True)
+    assert r.correct == 8722
+    assert np.count_nonzero(r.predictions == cpu_testfull) >= 9995
