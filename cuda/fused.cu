@@ -2,26 +2,45 @@
 // memory only: conv1 (K1xK1, IN_C -> C1) -> ReLU -> 2x2 avg pool -> conv2 (K2xK2, C1 -> C2) -> ReLU
 // -> 2x2 avg pool -> features (n, P2H, P2W, C2), NHWC, i.e. already flattened in (h, w, c) order.
 // in: x (n, IN_H, IN_W, IN_C) float32; conv1 weights in constant memory c_w1 (K1, K1, IN_C, C1);
-// w2 (K2, K2, C1, C2) in global memory, staged through shared memory one (kh, kw) slab at a time.
-// fused_kernel1: block FUSED_THREADS (256), grid ceil(n / IMGS).
-//   phase 1: one pooled conv1 output per thread-iteration, the thread's channel fixed so its
-//     K1*K1*IN_C weights sit in registers; 4 conv outputs, ReLU, ((a+b)+c)+d * 0.25.
-//   phase 2: implicit GEMM (the im2col gather is the shared-memory addressing), M = IMGS*H2*W2
-//     pixels, N = C2, K = K2*K2*C1; each thread a 2x4-pixel x 8-channel register micro-tile
-//     (float4 operands), then ReLU + 2x2 pool + NHWC store in registers.
-//   FLOPs per image: 2*(H1*W1*C1*K1*K1*IN_C + H2*W2*C2*K2*K2*C1); global bytes: the input once,
-//   the features once, w2 once per block (from L2).
+// conv2's weights in global memory, staged through shared memory one (kh, kw) slab at a time.
+// Both versions: block FUSED_THREADS (256), grid ceil(n / IMGS); phase 0 stages the images, phase 1
+// computes one pooled conv1 output per thread-iteration (the thread's channel fixed, its K1*K1*IN_C
+// weights in registers; 4 conv outputs, ReLU, ((a+b)+c)+d * 0.25); phase 2 is conv2 as an implicit
+// GEMM (the im2col gather is the shared-memory addressing), M = pixels, N = C2, K = K2*K2*C1, with
+// ReLU + 2x2 pool + NHWC store in registers. FLOPs per image: 2*(H1*W1*C1*K1*K1*IN_C +
+// H2*W2*C2*K2*K2*C1); global bytes: the input once, the features once, w2 once per block (from L2).
+// fused_kernel1 (FUSED_VERSION 1): FP32 FFMA, each thread a 2x4-pixel x 8-channel register
+//   micro-tile with float4 operands; w2 (K2, K2, C1, C2) as stored, slabs double-buffered.
+// fused_kernel2 (FUSED_VERSION 2, sm_80+): tensor cores, 3xTF32 (each operand split into a TF32
+//   part and a TF32 remainder; three mma.sync.m16n8k8 per product keep FP32-level accuracy); a warp
+//   per (image, half of C2): 4 m-tiles = the 4 positions of a 2x2 pool window over 16 windows, C2/16
+//   n-tiles of 8; w2 pre-split and laid out in fragment order by the host: (K2*K2, C1/8, C2/8, 32
+//   lanes, {hi k, hi k+4, lo k, lo k+4}).
 // Shapes arrive as -D options; the host checks the preconditions asserted below.
 
 #ifndef IMGS
 #define IMGS 4
 #endif
+#ifndef FUSED_VERSION
+#define FUSED_VERSION 1
+#endif
 #define FUSED_THREADS 256
+
+#include "common.cuh"
 
 constexpr int H1 = IN_H - K1 + 1, W1 = IN_W - K1 + 1;
 constexpr int P1H = H1 / 2, P1W = W1 / 2;
 constexpr int H2 = P1H - K2 + 1, W2 = P1W - K2 + 1;
 constexpr int P2H = H2 / 2, P2W = W2 / 2;
+constexpr int X_FLOATS = IMGS * IN_H * IN_W * IN_C;
+constexpr int SLAB = C1 * C2;  // one (kh, kw) slab of w2
+
+static_assert(FUSED_THREADS % C1 == 0, "fused: conv1 channels must divide the block");
+
+__constant__ float c_w1[K1 * K1 * IN_C * C1];
+
+#if FUSED_VERSION == 1
+
 constexpr int QUADS = P2W / 2;                    // 4-column groups of conv2 outputs per row pair
 constexpr int PIXEL_GROUPS = IMGS * P2H * QUADS;  // each 2 rows x 4 columns of conv2 outputs
 constexpr int CHANNEL_GROUPS = C2 / 8;
@@ -30,8 +49,6 @@ constexpr int CHANNEL_GROUPS = C2 / 8;
 constexpr int PSTR = C1 + 4, RSTR = P1W * PSTR;
 constexpr int ISTR = P1H * RSTR + ((36 - (P1H * RSTR) % 32) % 32);
 constexpr int P1_FLOATS = IMGS * ISTR;
-constexpr int X_FLOATS = IMGS * IN_H * IN_W * IN_C;
-constexpr int SLAB = C1 * C2;                     // one (kh, kw) slab of w2
 constexpr int STAGE_FLOATS = X_FLOATS > 2 * SLAB ? X_FLOATS : 2 * SLAB;
 constexpr int SLAB_F4_PER_THREAD = SLAB / 4 / FUSED_THREADS;
 
@@ -39,13 +56,8 @@ static_assert(P2W % 2 == 0, "fused: pooled conv2 width must be even");
 static_assert(C1 % 4 == 0 && C2 % 8 == 0, "fused: channel counts must be multiples of 4 and 8");
 static_assert(PIXEL_GROUPS * CHANNEL_GROUPS == FUSED_THREADS, "fused: IMGS must give 256 threads");
 static_assert(PIXEL_GROUPS % 16 == 0 && CHANNEL_GROUPS % 2 == 0, "fused: warp mapping");
-static_assert(FUSED_THREADS % C1 == 0, "fused: conv1 channels must divide the block");
 static_assert(SLAB % (4 * FUSED_THREADS) == 0, "fused: w2 slab must split into float4 per thread");
 static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused: shared memory over the 227 KB a block may have");
-
-#include "common.cuh"
-
-__constant__ float c_w1[K1 * K1 * IN_C * C1];
 
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
 fused_kernel1(const float* __restrict__ x, const float* __restrict__ w2, float* __restrict__ feat, int n) {
@@ -56,39 +68,7 @@ fused_kernel1(const float* __restrict__ x, const float* __restrict__ w2, float* 
     const int img0 = blockIdx.x * IMGS;
     const int imgs = min(IMGS, n - img0);
 
-    // Phase 0: this block's images into shared memory (zeros past the end of the batch).
-    const float* xb = x + (size_t)img0 * IN_H * IN_W * IN_C;
-    for (int i = t; i < X_FLOATS; i += FUSED_THREADS)
-        stage[i] = i < imgs * IN_H * IN_W * IN_C ? xb[i] : 0.0f;
-    __syncthreads();
-
-    // Phase 1: conv1 + ReLU + pool; this thread's conv1 channel is fixed, its weights in registers.
-    {
-        const int c = t % C1;
-        float w[K1 * K1 * IN_C];
-#pragma unroll
-        for (int i = 0; i < K1 * K1 * IN_C; ++i) w[i] = c_w1[i * C1 + c];
-        for (int pix = t / C1; pix < IMGS * P1H * P1W; pix += FUSED_THREADS / C1) {
-            const int img = pix / (P1H * P1W), ph = (pix / P1W) % P1H, pw = pix % P1W;
-            const float* xs = stage + ((img * IN_H + 2 * ph) * IN_W + 2 * pw) * IN_C;
-            float v[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
-#pragma unroll
-            for (int kh = 0; kh < K1; ++kh)
-#pragma unroll
-                for (int kw = 0; kw < K1; ++kw)
-#pragma unroll
-                    for (int ci = 0; ci < IN_C; ++ci) {
-                        const float wk = w[(kh * K1 + kw) * IN_C + ci];
-#pragma unroll
-                        for (int dy = 0; dy < 2; ++dy)
-#pragma unroll
-                            for (int dx = 0; dx < 2; ++dx)
-                                v[dy][dx] = fmaf(xs[((kh + dy) * IN_W + kw + dx) * IN_C + ci], wk, v[dy][dx]);
-                    }
-            p1[img * ISTR + ph * RSTR + pw * PSTR + c] =
-                (((relu(v[0][0]) + relu(v[0][1])) + relu(v[1][0])) + relu(v[1][1])) * 0.25f;
-        }
-    }
+#include "fused_prologue.cuh"
     __syncthreads();  // p1 complete; the staged images are dead from here on
 
     // Phase 2: conv2 as an implicit GEMM over (kh, kw, c), w2 slabs double-buffered.
@@ -169,3 +149,123 @@ fused_kernel1(const float* __restrict__ x, const float* __restrict__ w2, float* 
         }
     }
 }
+
+#elif FUSED_VERSION == 2
+
+constexpr int WINDOWS = P2H * P2W;  // pooled outputs per image: 16 of them make an m-tile's rows
+constexpr int NT = C2 / 16;         // n-tiles of 8 channels per warp (two warps per image)
+constexpr int KSTEPS = C1 / 8;
+// p1 strides for the A fragments' scalar loads: 8 pixels x 4 channels per load hit 32 banks when
+// the pixel stride is 4 mod 32 floats apart every 2 columns and the row stride 4 mod 32 every 2 rows.
+constexpr int PSTR = C1 + 4, RSTR = P1W * PSTR + 2, ISTR = P1H * RSTR;
+constexpr int P1_FLOATS = IMGS * ISTR;
+constexpr int SLAB2 = 2 * SLAB;  // TF32 parts and remainders of one (kh, kw) slab, fragment order
+constexpr int STAGE_FLOATS = X_FLOATS > SLAB2 ? X_FLOATS : SLAB2;
+
+static_assert(IMGS * 2 * 32 == FUSED_THREADS, "fused v2: two warps per image, four images");
+static_assert(WINDOWS % 16 == 0 && C2 % 16 == 0 && NT <= 4 && C1 % 8 == 0, "fused v2: tile shapes");
+static_assert(SLAB2 % (4 * FUSED_THREADS) == 0, "fused v2: w2 slab must split into float4 per thread");
+static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused v2: shared memory over 227 KB");
+
+__device__ __forceinline__ unsigned tf32(float f) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
+    return r;
+}
+
+// d += a . b for one m16n8k8 tile, TF32 operands, FP32 accumulators.
+__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
+fused_kernel2(const float* __restrict__ x, const float4* __restrict__ w2f, float* __restrict__ feat, int n) {
+    extern __shared__ float4 smem4[];
+    float* p1 = reinterpret_cast<float*>(smem4);
+    float* stage = p1 + P1_FLOATS;  // the input images in phase 1, then one w2 slab in phase 2
+    const int t = threadIdx.x;
+    const int img0 = blockIdx.x * IMGS;
+    const int imgs = min(IMGS, n - img0);
+
+#include "fused_prologue.cuh"
+
+    const int lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
+    const int img = warp >> 1, half = warp & 1;
+    const float* pimg = p1 + img * ISTR;
+    const float4* slab = reinterpret_cast<const float4*>(stage);
+
+    for (int mg = 0; mg < WINDOWS / 16; ++mg) {
+        // Rows g and g + 8 of m-tile q are pool windows mg*16 + g (+8) at position (q / 2, q % 2).
+        int off[4][2];
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int win = mg * 16 + g + 8 * h, py = win / P2W, px = win % P2W;
+                off[q][h] = (2 * py + q / 2) * RSTR + (2 * px + q % 2) * PSTR + tig;
+            }
+        float acc[4][NT][4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q)
+#pragma unroll
+            for (int j = 0; j < NT; ++j)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) acc[q][j][r] = 0.0f;
+
+        for (int s = 0; s < K2 * K2; ++s) {
+            __syncthreads();  // the previous slab (or, first, the staged images) is no longer read
+            const float4* src = w2f + (size_t)s * (SLAB2 / 4);
+            float4* dst = reinterpret_cast<float4*>(stage);
+#pragma unroll
+            for (int i = 0; i < SLAB2 / 4 / FUSED_THREADS; ++i) dst[t + i * FUSED_THREADS] = __ldg(src + t + i * FUSED_THREADS);
+            __syncthreads();
+            const float* as = pimg + (s / K2) * RSTR + (s % K2) * PSTR;
+#pragma unroll
+            for (int ks = 0; ks < KSTEPS; ++ks) {
+                float4 b[NT];
+#pragma unroll
+                for (int j = 0; j < NT; ++j) b[j] = slab[(ks * (C2 / 8) + half * NT + j) * 32 + lane];
+#pragma unroll
+                for (int q = 0; q < 4; ++q) {
+                    const float av[4] = {as[off[q][0] + ks * 8], as[off[q][1] + ks * 8],
+                                         as[off[q][0] + ks * 8 + 4], as[off[q][1] + ks * 8 + 4]};
+                    unsigned hi[4], lo[4];
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        hi[r] = tf32(av[r]);
+                        lo[r] = tf32(av[r] - __uint_as_float(hi[r]));
+                    }
+#pragma unroll
+                    for (int j = 0; j < NT; ++j) {
+                        mma(acc[q][j], lo, __float_as_uint(b[j].x), __float_as_uint(b[j].y));
+                        mma(acc[q][j], hi, __float_as_uint(b[j].z), __float_as_uint(b[j].w));
+                        mma(acc[q][j], hi, __float_as_uint(b[j].x), __float_as_uint(b[j].y));
+                    }
+                }
+            }
+        }
+
+        // Epilogue: accumulator r of m-tile q is window g (r < 2) or g + 8, channel 2*tig + r % 2.
+        if (img < imgs) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int win = mg * 16 + g + 8 * h;
+                float* out = feat + ((size_t)(img0 + img) * WINDOWS + win) * C2 + half * NT * 8 + 2 * tig;
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+                    float o[2];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int r = 2 * h + e;
+                        o[e] = (((relu(acc[0][j][r]) + relu(acc[1][j][r])) + relu(acc[2][j][r])) + relu(acc[3][j][r])) * 0.25f;
+                    }
+                    *reinterpret_cast<float2*>(out + j * 8) = make_float2(o[0], o[1]);
+                }
+            }
+        }
+    }
+}
+
+#endif

@@ -135,13 +135,12 @@ def bench(data_path, model_path, n=None, streams=4, warmup=5, repeats=20):
     expected = np.concatenate([reference.forward(x[i:i + 512], model) for i in range(0, n, 512)])
     gpu = Device(0)
     try:
-        peak, device = fp32_peak(gpu), gpu.describe()
+        peak, device, arch = fp32_peak(gpu), gpu.describe(), gpu.arch
     finally:
         gpu.close()
     rows = []
     for algo, tw in variants():
-        why = ALGORITHMS[algo].available(g)
-        if why is None:
+        if ALGORITHMS[algo].available(g, arch) is None:
             rows.append(time_cnninfer(model, x, expected, algo, tw, streams, warmup, repeats))
     torch_row = time_torch(model, x, warmup, repeats)
     if torch_row:

@@ -8,7 +8,7 @@ from . import __version__, backends, defaults, engine, mnist, predictions
 from .errors import AccuracyMismatch, InputError
 from .gpu import compiler
 from .gpu.launch import TILE_WIDTHS
-from .gpu.pipelines import ALGORITHMS, DEFAULT
+from .gpu.pipelines import ALGORITHMS, AUTO
 
 
 def parse_devices(ctx, param, value):
@@ -30,8 +30,10 @@ def cuda_options(f):
                      help="CUDA streams that chunks of images are spread over."),
         click.option("--tile-width", type=click.Choice([str(t) for t in TILE_WIDTHS]), default="16",
                      show_default=True, help="Tile width of the classic pipeline's shared-memory GEMM."),
-        click.option("--conv-algo", type=click.Choice(list(ALGORITHMS)), default=DEFAULT, show_default=True,
-                     help="fused: one implicit-GEMM kernel for both convs and pools; unroll: the 2016 pipeline."),
+        click.option("--conv-algo", type=click.Choice([AUTO, *ALGORITHMS]), default=AUTO, show_default=True,
+                     help="fused-tc: both convs and pools in one kernel, conv2 on the tensor cores in 3xTF32; "
+                          "fused: the same on FP32 cores; unroll: the 2016 pipeline; auto: the first of these "
+                          "that can run the model on this GPU."),
         click.option("--device", "device_ordinal", type=click.IntRange(0), default=0, show_default=True,
                      help="CUDA device number."),
         click.option("--devices", callback=parse_devices, metavar="LIST|all",

@@ -129,19 +129,25 @@ GEOMETRIES = [Geometry(28, 28, 1, 5, 32, 5, 64, 128, 10), Geometry(24, 24, 1, 5,
               Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7)]
 
 
+FUSED = [name for name in ALGORITHMS if name.startswith("fused")]
+
+
+@pytest.mark.parametrize("algo", FUSED)
 @pytest.mark.parametrize("g", GEOMETRIES, ids=lambda g: f"{g.h}x{g.w}x{g.c}-k{g.k1}-{g.c1}-k{g.k2}-{g.c2}")
-def test_fused_conv_kernel(gpu, rng, g):
+def test_fused_conv_kernel(gpu, rng, g, algo):
     from infer.gpu.launch import Fused
 
+    pipeline = ALGORITHMS[algo]
+    assert pipeline.available(g, gpu.arch) is None
     n = 7  # not a multiple of the images per block: the last block is partial
     x, w = rand(rng, n, g.h, g.w, g.c), Weights(rng, g)
     expected = reference.avgpool2(reference.relu(reference.conv2d(
         reference.avgpool2(reference.relu(reference.conv2d(x, w.conv1))), w.conv2)))
     d = Dev()
-    k = Fused(build(gpu), g)
+    k = Fused(build(gpu), g, pipeline.VERSION)
     d.cuda.memcpy_htod(k.conv1_constant, w.conv1)
     feat = d.empty((n + 1, g.flat))  # one row more than written: it must stay poisoned
-    k(None, d.put(x), d.put(w.conv2), feat, n)
+    k(None, d.put(x), d.put(pipeline.conv2_weights(w.conv2)), feat, n)
     out = d.get(feat, (n + 1, g.flat))
     np.testing.assert_allclose(out[:n], expected.reshape(n, -1), rtol=1e-4, atol=1e-5)
     assert np.isnan(out[n]).all()

@@ -12,7 +12,7 @@ from infer.network import Geometry
 
 MNIST = Geometry(h=28, w=28, c=1, k1=5, c1=32, k2=5, c2=64, hidden=128, classes=10)
 VARIANTS = ([("gemm", {"TILE_WIDTH": tw}) for tw in TILE_WIDTHS]
-            + [("fused", Fused.defines(MNIST)), ("fc", FullyConnected.defines(MNIST))]
+            + [("fused", Fused.defines(MNIST, version)) for version in (1, 2)] + [("fc", FullyConnected.defines(MNIST))]
             + [(name, {}) for name in ("unroll", "place", "pool", "argmax")])
 REPORT = []
 

@@ -46,7 +46,7 @@ class Run:
 class CudaBackend:
     name = "cuda"
 
-    def __init__(self, chunk=None, streams=4, tile_width=16, conv_algo=pipelines.DEFAULT, device=0,
+    def __init__(self, chunk=None, streams=4, tile_width=16, conv_algo=pipelines.AUTO, device=0,
                  fast_math=False, profile=False):
         t = time.perf_counter()
         if streams < 1:
@@ -65,7 +65,8 @@ class CudaBackend:
 
     @property
     def device(self):
-        return self.gpu.describe()
+        algo = "" if self.pipeline is None else f", --conv-algo {self.algo}"
+        return self.gpu.describe() + algo
 
     @property
     def profile(self):
@@ -92,10 +93,10 @@ class CudaBackend:
         t = time.perf_counter()
         self.model_path = model.path
         g = geometry(model, x_shape, "data")
-        algo = pipelines.ALGORITHMS[self.algo]
-        why = algo.available(g)
+        algo, why = pipelines.choose(self.algo, g, self.gpu.arch)
         if why:
-            raise InputError(f"--conv-algo {self.algo} cannot run this model: {why}; use --conv-algo unroll")
+            raise InputError(f"{model.path}: {why}; --conv-algo unroll runs any consistent shapes")
+        self.algo = next(name for name, a in pipelines.ALGORITHMS.items() if a is algo)
         self.pipeline = algo(self.build, g)
         self._host("compile / load kernels", t)
         t = time.perf_counter()

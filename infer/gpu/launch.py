@@ -98,42 +98,51 @@ class Argmax(Launcher):
 
 
 class Fused(Launcher):
-    """conv1 -> ReLU -> pool -> conv2 -> ReLU -> pool for IMGS images per 256-thread block."""
-    source, kernel, arg_types = "fused", "fused_kernel1", "PPPi"
+    """conv1 -> ReLU -> pool -> conv2 -> ReLU -> pool for IMGS images per 256-thread block;
+    version 1 on FP32 FFMA, version 2 on the tensor cores in 3xTF32 (sm_80 and later)."""
+    source, arg_types = "fused", "PPPi"
     THREADS = 256
     SMEM_LIMIT = 227 * 1024
 
     @classmethod
-    def plan(cls, g):
-        """(images per block, shared bytes) for geometry g, or the reason the kernel cannot run it."""
-        p1h, p1w = g.pool1_out
-        p2h, p2w = g.pool2_out
-        if p2w % 2 or g.c1 % 4 or g.c2 % 8 or cls.THREADS % g.c1 or (g.c1 * g.c2) % (4 * cls.THREADS):
-            return None, "it needs an even pooled conv2 width, conv1 channels dividing 256 and multiples of 4, conv2 channels a multiple of 8"
-        groups = p2h * (p2w // 2) * (g.c2 // 8)
-        if cls.THREADS % groups or (cls.THREADS // groups) * p2h * (p2w // 2) % 16 or (g.c2 // 8) % 2:
-            return None, f"its 256-thread micro-tiling does not divide {p2h}x{p2w}x{g.c2} pooled conv2 outputs"
-        imgs = cls.THREADS // groups
-        if g.k1 * g.k1 * g.c > 64:
-            return None, "conv1 has more than 64 weights per output channel for registers"
-        pstr, rstr = g.c1 + 4, p1w * (g.c1 + 4)
-        istr = p1h * rstr + (36 - p1h * rstr % 32) % 32
-        stage = max(imgs * g.h * g.w * g.c, 2 * g.c1 * g.c2)
+    def plan(cls, g, version=1):
+        """(images per block, shared bytes) for geometry g, or (None, why the kernel cannot run it)."""
+        (p1h, p1w), (p2h, p2w) = g.pool1_out, g.pool2_out
+        if g.k1 * g.k1 * g.c > 64 or cls.THREADS % g.c1:
+            return None, "it needs conv1 channels dividing 256 and at most 64 conv1 weights per channel"
+        if version == 1:
+            if p2w % 2 or g.c1 % 4 or g.c2 % 8 or (g.c1 * g.c2) % (4 * cls.THREADS):
+                return None, "it needs an even pooled conv2 width, conv1 channels a multiple of 4, conv2 channels of 8"
+            groups = p2h * (p2w // 2) * (g.c2 // 8)
+            if cls.THREADS % groups or (cls.THREADS // groups) * p2h * (p2w // 2) % 16 or (g.c2 // 8) % 2:
+                return None, f"its 256-thread micro-tiling does not divide {p2h}x{p2w}x{g.c2} pooled conv2 outputs"
+            imgs, pstr = cls.THREADS // groups, g.c1 + 4
+            rstr = p1w * pstr
+            istr = p1h * rstr + (36 - p1h * rstr % 32) % 32
+            stage = max(imgs * g.h * g.w * g.c, 2 * g.c1 * g.c2)
+        else:
+            if (p2h * p2w) % 16 or g.c2 % 16 or g.c2 > 64 or g.c1 % 8 or (2 * g.c1 * g.c2) % (4 * cls.THREADS):
+                return None, ("it needs pooled conv2 outputs in groups of 16, conv2 channels a multiple of 16 "
+                              "up to 64, conv1 channels a multiple of 8")
+            imgs, pstr = 4, g.c1 + 4
+            istr = p1h * (p1w * pstr + 2)
+            stage = max(imgs * g.h * g.w * g.c, 2 * g.c1 * g.c2)
         shared = 4 * (imgs * istr + stage)
         if shared > cls.SMEM_LIMIT:
             return None, f"it needs {shared} bytes of shared memory per block, more than {cls.SMEM_LIMIT}"
         return imgs, shared
 
     @classmethod
-    def defines(cls, g):
-        imgs, why = cls.plan(g)
+    def defines(cls, g, version=1):
+        imgs, why = cls.plan(g, version)
         if imgs is None:
             raise ValueError(f"the fused kernel cannot run this network: {why}")
-        return dict(IN_H=g.h, IN_W=g.w, IN_C=g.c, K1=g.k1, C1=g.c1, K2=g.k2, C2=g.c2, IMGS=imgs)
+        return dict(IN_H=g.h, IN_W=g.w, IN_C=g.c, K1=g.k1, C1=g.c1, K2=g.k2, C2=g.c2, IMGS=imgs, FUSED_VERSION=version)
 
-    def __init__(self, build, g):
-        super().__init__(build, **self.defines(g))
-        self.imgs, self.shared = self.plan(g)
+    def __init__(self, build, g, version=1):
+        self.kernel = f"fused_kernel{version}"
+        super().__init__(build, **self.defines(g, version))
+        self.imgs, self.shared = self.plan(g, version)
         import pycuda.driver as cuda
 
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)

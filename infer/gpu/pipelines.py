@@ -5,6 +5,8 @@ needs (scratch_floats), and enqueues one chunk on a stream: images in, labels (i
 the chunk-relative index of its first image with non-finite scores atomically min'ed into
 *overflow.
 """
+import numpy as np
+
 from . import launch
 
 
@@ -33,7 +35,7 @@ class Unroll:
         self.place, self.pool, self.argmax = launch.Place(build), launch.Pool(build), launch.Argmax(build)
 
     @staticmethod
-    def available(g):
+    def available(g, arch):
         return None
 
     def upload(self, model, to_device):
@@ -71,28 +73,36 @@ class Unroll:
 
 class Fused:
     """conv1 -> pool -> conv2 -> pool in one implicit-GEMM kernel per group of images (intermediates
-    in shared memory), then fc1 -> ReLU -> fc2 -> argmax in one kernel."""
+    in shared memory, FP32 FFMA), then fc1 -> ReLU -> fc2 -> argmax in one kernel."""
+    VERSION = 1
+    MIN_ARCH = 0
 
     def __init__(self, build, g):
         self.g = g
-        self.convs = launch.Fused(build, g)
+        self.convs = launch.Fused(build, g, self.VERSION)
         self.fcs = launch.FullyConnected(build, g)
 
-    @staticmethod
-    def available(g):
-        """None when the fused kernels can run geometry g, else why not."""
+    @classmethod
+    def available(cls, g, arch):
+        """None when the fused kernels can run geometry g on GPU architecture arch (sm_XY), else why not."""
+        if int(arch[3:]) < cls.MIN_ARCH:
+            return f"it needs sm_{cls.MIN_ARCH} or later, this GPU is {arch}"
         try:
-            launch.Fused.defines(g)
+            launch.Fused.defines(g, cls.VERSION)
             launch.FullyConnected.defines(g)
         except ValueError as e:
             return str(e)
         return None
 
+    @staticmethod
+    def conv2_weights(conv2):
+        return conv2
+
     def upload(self, model, to_device):
         import pycuda.driver as cuda
 
         cuda.memcpy_htod(self.convs.conv1_constant, launch.as_f32(model.conv1))
-        self.w2 = to_device(model.conv2)
+        self.w2 = to_device(self.conv2_weights(model.conv2))
         self.fc1, self.fc2 = to_device(model.fc1), to_device(model.fc2)
 
     def scratch_floats(self, chunk):
@@ -103,6 +113,44 @@ class Fused:
         self.fcs(stream, scratch_base, self.fc1, self.fc2, labels, n, overflow)
 
 
-ALGORITHMS = {"fused": Fused, "unroll": Unroll}
-DEFAULT = "fused"
-DEFAULT_CHUNK = {"fused": 2048, "unroll": 256}
+def tf32(a):
+    """a rounded to TF32 (10 mantissa bits; to nearest, ties away from zero), as float32."""
+    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+class FusedTensorCores(Fused):
+    """Fused with conv2 on the tensor cores in 3xTF32: operands split into a TF32 part and a TF32
+    remainder, three products each, FP32-level accuracy."""
+    VERSION = 2
+    MIN_ARCH = 80
+
+    @staticmethod
+    def conv2_weights(conv2):
+        """(K2, K2, C1, C2) split into TF32 parts and remainders and laid out in mma fragment order:
+        (K2*K2, C1/8, C2/8, 32 lanes, [part k, part k+4, remainder k, remainder k+4]) with k = 8*ks +
+        lane % 4 and channel 8*nt + lane / 4, as the B operand of mma.m16n8k8 wants them."""
+        k2, _, c1, c2 = conv2.shape
+        w = conv2.reshape(k2 * k2, c1, c2)
+        hi = tf32(w)
+        lo = tf32(w - hi)
+        lane = np.arange(32)
+        k = np.arange(c1 // 8)[:, None, None] * 8 + lane % 4
+        n = np.arange(c2 // 8)[None, :, None] * 8 + lane // 4
+        return np.stack([hi[:, k, n], hi[:, k + 4, n], lo[:, k, n], lo[:, k + 4, n]], axis=-1)
+
+
+ALGORITHMS = {"fused-tc": FusedTensorCores, "fused": Fused, "unroll": Unroll}
+AUTO = "auto"  # the first of ALGORITHMS that can run the model on the GPU at hand
+DEFAULT_CHUNK = {"fused-tc": 2048, "fused": 2048, "unroll": 256}
+
+
+def choose(name, g, arch):
+    """The algorithm class for --conv-algo name (or the first that fits, for auto), or the reason none can."""
+    if name != AUTO:
+        why = ALGORITHMS[name].available(g, arch)
+        return (ALGORITHMS[name], None) if why is None else (None, f"--conv-algo {name} cannot run this model: {why}")
+    for algo in ALGORITHMS.values():
+        if algo.available(g, arch) is None:
+            return algo, None
+    return None, "no GPU algorithm can run this model"
