@@ -10,9 +10,9 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv | te
 cnninfer info | tee -a "$out/gpu.txt"
 python3 -m pytest -q -m gpu -p no:cacheprovider --maxfail=10 2>&1 | tee "$out/gpu-tests.log" | tail -30
 {
-  for algo in fused unroll; do
+  for algo in fused-tc fused unroll; do
     for tw in 8 16 32; do
-      [ "$algo" = fused ] && [ "$tw" != 16 ] && continue
+      [ "$algo" != unroll ] && [ "$tw" != 16 ] && continue
       for s in 1 2 4 8; do
         printf '%-7s tile %-2s streams %s: ' "$algo" "$tw" "$s"
         cnninfer run "$data/testfull.hdf5" "$data/model.hdf5" 10000 --backend cuda --conv-algo "$algo" \
@@ -21,13 +21,13 @@ python3 -m pytest -q -m gpu -p no:cacheprovider --maxfail=10 2>&1 | tee "$out/gp
     done
   done
 } 2>&1 | tee "$out/runs.log"
-for algo in fused unroll; do
+for algo in fused-tc fused unroll; do
   cnninfer run "$data/testfull.hdf5" "$data/model.hdf5" 10000 --backend cuda --conv-algo "$algo" --profile
 done 2>&1 | tee "$out/profile.log"
 cnninfer bench "$data/testfull.hdf5" "$data/model.hdf5" --json > "$out/bench.json" 2> "$out/bench.err"
 python3 -c "import json,sys; from infer import bench; print('\n'.join(bench.table(json.load(open(sys.argv[1])))))" "$out/bench.json" \
   | tee "$out/bench.txt" || cat "$out/bench.err"
-cubin=$(ls -t "$CNNINFER_CACHE"/kernels/fused-*.cubin | head -1)
+cubin=$(ls -t "$CNNINFER_CACHE"/kernels/fused-*.cubin | head -1)  # the last built: fused-tc (auto)
 cuobjdump --dump-sass "$cubin" | grep -oE '^\s+/\*[0-9a-f]+\*/\s+[A-Z][A-Z0-9.]*' | awk '{print $2}' | sort | uniq -c | sort -rn | head -15 | tee "$out/fused-sass.txt"
 # A whole cold process with the kernels already in the disk cache: wall time and peak RSS.
 python3 - "$data" <<'PY' | tee "$out/cold.txt"
