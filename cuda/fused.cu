@@ -15,7 +15,7 @@
 //   part and a TF32 remainder; three mma.sync.m16n8k8 per product keep FP32-level accuracy); a warp
 //   per (image, half of C2): 4 m-tiles = the 4 positions of a 2x2 pool window over 16 windows, C2/16
 //   n-tiles of 8; w2 pre-split and laid out in fragment order by the host: (K2*K2, C1/8, C2/8, 32
-//   lanes, {hi k, hi k+4, lo k, lo k+4}).
+//   lanes, {hi k, hi k+4, lo k, lo k+4}), slabs double-buffered with cp.async, one barrier each.
 // Shapes arrive as -D options; the host checks the preconditions asserted below.
 
 #ifndef IMGS
@@ -155,16 +155,20 @@ fused_kernel1(const float* __restrict__ x, const float* __restrict__ w2, float* 
 constexpr int WINDOWS = P2H * P2W;  // pooled outputs per image: 16 of them make an m-tile's rows
 constexpr int NT = C2 / 16;         // n-tiles of 8 channels per warp (two warps per image)
 constexpr int KSTEPS = C1 / 8;
-// p1 strides for the A fragments' scalar loads: 8 pixels x 4 channels per load hit 32 banks when
-// the pixel stride is 4 mod 32 floats apart every 2 columns and the row stride 4 mod 32 every 2 rows.
-constexpr int PSTR = C1 + 4, RSTR = P1W * PSTR + 2, ISTR = P1H * RSTR;
+// p1 strides for the A fragments' scalar loads (8 pixels x 4 channels each): a pixel stride of
+// C1 + 2 puts columns 2 apart 4 banks apart, a row stride of 8 mod 16 puts rows 2 apart 16 banks
+// apart, so the 32 loads of a warp hit 32 banks (for 4x4 pooled outputs and C1 = 32).
+constexpr int PSTR = C1 + 2;
+constexpr int RSTR = P1W * PSTR + (24 - (P1W * PSTR) % 16) % 16;
+constexpr int ISTR = P1H * RSTR;
 constexpr int P1_FLOATS = IMGS * ISTR;
 constexpr int SLAB2 = 2 * SLAB;  // TF32 parts and remainders of one (kh, kw) slab, fragment order
-constexpr int STAGE_FLOATS = X_FLOATS > SLAB2 ? X_FLOATS : SLAB2;
+constexpr int STAGE_FLOATS = X_FLOATS > 2 * SLAB2 ? X_FLOATS : 2 * SLAB2;  // two slabs in flight
+constexpr int STEPS = WINDOWS / 16 * K2 * K2;  // (group of 16 windows, kh, kw)
 
 static_assert(IMGS * 2 * 32 == FUSED_THREADS, "fused v2: two warps per image, four images");
 static_assert(WINDOWS % 16 == 0 && C2 % 16 == 0 && NT <= 4 && C1 % 8 == 0, "fused v2: tile shapes");
-static_assert(SLAB2 % (4 * FUSED_THREADS) == 0, "fused v2: w2 slab must split into float4 per thread");
+static_assert(SLAB2 % (4 * FUSED_THREADS) == 0, "fused v2: w2 slab must split into 16 bytes per thread");
 static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused v2: shared memory over 227 KB");
 
 __device__ __forceinline__ unsigned tf32(float f) {
@@ -180,24 +184,48 @@ __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsig
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// Start copying slab s of w2f into shared memory at dst (16 bytes per thread per round, async).
+__device__ __forceinline__ void fetch_slab(float4* dst, const float4* __restrict__ w2f, int s) {
+    const float4* src = w2f + (size_t)s * (SLAB2 / 4);
+#pragma unroll
+    for (int i = 0; i < SLAB2 / 4 / FUSED_THREADS; ++i) {
+        const int e = threadIdx.x + i * FUSED_THREADS;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst + e)), "l"(src + e));
+    }
+    asm volatile("cp.async.commit_group;");
+}
+
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
 fused_kernel2(const float* __restrict__ x, const float4* __restrict__ w2f, float* __restrict__ feat, int n) {
     extern __shared__ float4 smem4[];
     float* p1 = reinterpret_cast<float*>(smem4);
-    float* stage = p1 + P1_FLOATS;  // the input images in phase 1, then one w2 slab in phase 2
+    float* stage = p1 + P1_FLOATS;  // the input images in phase 1, then two w2 slabs in phase 2
+    float4* slabs = reinterpret_cast<float4*>(stage);
     const int t = threadIdx.x;
     const int img0 = blockIdx.x * IMGS;
     const int imgs = min(IMGS, n - img0);
 
 #include "fused_prologue.cuh"
+    __syncthreads();  // p1 complete; the staged images are dead from here on
+    fetch_slab(slabs, w2f, 0);
 
     const int lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
     const int img = warp >> 1, half = warp & 1;
     const float* pimg = p1 + img * ISTR;
-    const float4* slab = reinterpret_cast<const float4*>(stage);
+    float acc[4][NT][4];
 
-    for (int mg = 0; mg < WINDOWS / 16; ++mg) {
-        // Rows g and g + 8 of m-tile q are pool windows mg*16 + g (+8) at position (q / 2, q % 2).
+    for (int u = 0; u < STEPS; ++u) {
+        const int mg = u / (K2 * K2), s = u % (K2 * K2);
+        if (s == 0) {
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+#pragma unroll
+                for (int j = 0; j < NT; ++j)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) acc[q][j][r] = 0.0f;
+        }
+        // Rows g and g + 8 of m-tile q are pool windows mg*16 + g (+8) at position (q / 2, q % 2);
+        // recomputed each step rather than held across the loop, to spare registers.
         int off[4][2];
 #pragma unroll
         for (int q = 0; q < 4; ++q)
@@ -206,49 +234,39 @@ fused_kernel2(const float* __restrict__ x, const float4* __restrict__ w2f, float
                 const int win = mg * 16 + g + 8 * h, py = win / P2W, px = win % P2W;
                 off[q][h] = (2 * py + q / 2) * RSTR + (2 * px + q % 2) * PSTR + tig;
             }
-        float acc[4][NT][4];
+        // Slab u has landed (ours; the barrier makes everyone's visible), and every warp is done
+        // with the other buffer, so slab u + 1 may start into it while we compute on slab u.
+        asm volatile("cp.async.wait_group 0;");
+        __syncthreads();
+        if (u + 1 < STEPS) fetch_slab(slabs + ((u + 1) % 2) * (SLAB2 / 4), w2f, (u + 1) % (K2 * K2));
+        const float4* slab = slabs + (u % 2) * (SLAB2 / 4);
+        const float* as = pimg + (s / K2) * RSTR + (s % K2) * PSTR;
 #pragma unroll
-        for (int q = 0; q < 4; ++q)
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            float4 b[NT];
 #pragma unroll
-            for (int j = 0; j < NT; ++j)
+            for (int j = 0; j < NT; ++j) b[j] = slab[(ks * (C2 / 8) + half * NT + j) * 32 + lane];
 #pragma unroll
-                for (int r = 0; r < 4; ++r) acc[q][j][r] = 0.0f;
-
-        for (int s = 0; s < K2 * K2; ++s) {
-            __syncthreads();  // the previous slab (or, first, the staged images) is no longer read
-            const float4* src = w2f + (size_t)s * (SLAB2 / 4);
-            float4* dst = reinterpret_cast<float4*>(stage);
+            for (int q = 0; q < 4; ++q) {
+                const float av[4] = {as[off[q][0] + ks * 8], as[off[q][1] + ks * 8],
+                                     as[off[q][0] + ks * 8 + 4], as[off[q][1] + ks * 8 + 4]};
+                unsigned hi[4], lo[4];
 #pragma unroll
-            for (int i = 0; i < SLAB2 / 4 / FUSED_THREADS; ++i) dst[t + i * FUSED_THREADS] = __ldg(src + t + i * FUSED_THREADS);
-            __syncthreads();
-            const float* as = pimg + (s / K2) * RSTR + (s % K2) * PSTR;
+                for (int r = 0; r < 4; ++r) {
+                    hi[r] = tf32(av[r]);
+                    lo[r] = tf32(av[r] - __uint_as_float(hi[r]));
+                }
 #pragma unroll
-            for (int ks = 0; ks < KSTEPS; ++ks) {
-                float4 b[NT];
-#pragma unroll
-                for (int j = 0; j < NT; ++j) b[j] = slab[(ks * (C2 / 8) + half * NT + j) * 32 + lane];
-#pragma unroll
-                for (int q = 0; q < 4; ++q) {
-                    const float av[4] = {as[off[q][0] + ks * 8], as[off[q][1] + ks * 8],
-                                         as[off[q][0] + ks * 8 + 4], as[off[q][1] + ks * 8 + 4]};
-                    unsigned hi[4], lo[4];
-#pragma unroll
-                    for (int r = 0; r < 4; ++r) {
-                        hi[r] = tf32(av[r]);
-                        lo[r] = tf32(av[r] - __uint_as_float(hi[r]));
-                    }
-#pragma unroll
-                    for (int j = 0; j < NT; ++j) {
-                        mma(acc[q][j], lo, __float_as_uint(b[j].x), __float_as_uint(b[j].y));
-                        mma(acc[q][j], hi, __float_as_uint(b[j].z), __float_as_uint(b[j].w));
-                        mma(acc[q][j], hi, __float_as_uint(b[j].x), __float_as_uint(b[j].y));
-                    }
+                for (int j = 0; j < NT; ++j) {
+                    mma(acc[q][j], lo, __float_as_uint(b[j].x), __float_as_uint(b[j].y));
+                    mma(acc[q][j], hi, __float_as_uint(b[j].z), __float_as_uint(b[j].w));
+                    mma(acc[q][j], hi, __float_as_uint(b[j].x), __float_as_uint(b[j].y));
                 }
             }
         }
 
         // Epilogue: accumulator r of m-tile q is window g (r < 2) or g + 8, channel 2*tig + r % 2.
-        if (img < imgs) {
+        if (s == K2 * K2 - 1 && img < imgs) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int win = mg * 16 + g + 8 * h;

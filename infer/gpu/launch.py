@@ -124,9 +124,9 @@ class Fused(Launcher):
             if (p2h * p2w) % 16 or g.c2 % 16 or g.c2 > 64 or g.c1 % 8 or (2 * g.c1 * g.c2) % (4 * cls.THREADS):
                 return None, ("it needs pooled conv2 outputs in groups of 16, conv2 channels a multiple of 16 "
                               "up to 64, conv1 channels a multiple of 8")
-            imgs, pstr = 4, g.c1 + 4
-            istr = p1h * (p1w * pstr + 2)
-            stage = max(imgs * g.h * g.w * g.c, 2 * g.c1 * g.c2)
+            imgs, row = 4, p1w * (g.c1 + 2)
+            istr = p1h * (row + (24 - row % 16) % 16)
+            stage = max(imgs * g.h * g.w * g.c, 4 * g.c1 * g.c2)
         shared = 4 * (imgs * istr + stage)
         if shared > cls.SMEM_LIMIT:
             return None, f"it needs {shared} bytes of shared memory per block, more than {cls.SMEM_LIMIT}"
