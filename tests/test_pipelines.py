@@ -1,0 +1,48 @@
+"""Choosing the GPU algorithm, and the tensor-core weight layout: pure host code, no GPU needed."""
+import numpy as np
+import pytest
+
+from infer.gpu.pipelines import ALGORITHMS, AUTO, Fused, FusedTensorCores, Unroll, choose, tf32
+from infer.network import Geometry
+
+MNIST = Geometry(28, 28, 1, 5, 32, 5, 64, 128, 10)
+ODD = Geometry(29, 29, 1, 5, 32, 5, 64, 128, 10)  # 25 -> 12 (floored) -> 8 -> 4x4 pooled: still fused-tc
+NO_FUSED = Geometry(30, 30, 1, 3, 32, 3, 64, 128, 10)  # 28 -> 14 -> 12 -> 6x6 pooled: fits neither tiling
+
+
+@pytest.mark.parametrize("g,arch,expected", [(MNIST, "sm_90", FusedTensorCores), (MNIST, "sm_80", FusedTensorCores),
+                                             (MNIST, "sm_75", Fused), (ODD, "sm_90", FusedTensorCores)])
+def test_auto_takes_the_first_that_runs(g, arch, expected):
+    assert choose(AUTO, g, arch) == (expected, None)
+
+
+def test_auto_falls_back_to_unroll_and_named_algorithms_say_why():
+    assert FusedTensorCores.available(NO_FUSED, "sm_90") is not None
+    assert Fused.available(NO_FUSED, "sm_90") is not None
+    assert choose(AUTO, NO_FUSED, "sm_90") == (Unroll, None)
+    algo, why = choose("fused-tc", MNIST, "sm_75")
+    assert algo is None and "sm_80" in why and "--conv-algo fused-tc" in why
+
+
+def test_every_algorithm_is_chosen_by_name():
+    for name, algo in ALGORITHMS.items():
+        assert choose(name, MNIST, "sm_90") == (algo, None)
+
+
+def test_tf32_split_keeps_fp32_accuracy(rng):
+    w = rng.standard_normal(100_000).astype(np.float32)
+    hi = tf32(w)
+    lo = tf32(w - hi)
+    assert not (hi.view(np.uint32) & 0x1FFF).any() and not (lo.view(np.uint32) & 0x1FFF).any()
+    assert np.max(np.abs(hi.astype(np.float64) + lo - w) / np.abs(w)) < 2**-21
+
+
+def test_conv2_weights_in_mma_fragment_order(rng):
+    w = rng.standard_normal((5, 5, 32, 64)).astype(np.float32)
+    f = FusedTensorCores.conv2_weights(w)
+    assert f.shape == (25, 4, 8, 32, 4)
+    hi = tf32(w).reshape(25, 32, 64)
+    lo = tf32(w - tf32(w)).reshape(25, 32, 64)
+    s, ks, nt, lane = 7, 2, 5, 13  # B fragment of mma.m16n8k8: rows k = lane % 4 (+4), column n = lane / 4
+    k, n = ks * 8 + lane % 4, nt * 8 + lane // 4
+    np.testing.assert_array_equal(f[s, ks, nt, lane], [hi[s, k, n], hi[s, k + 4, n], lo[s, k, n], lo[s, k + 4, n]])
