@@ -109,7 +109,12 @@ def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, pre
         if profile:
             from .gpu.profile import table
 
-            click.echo("\n".join(table(result.profile)) if result.profile else "(no GPU profile: the CPU backend ran)")
+            if result.profile:
+                click.echo("\n".join(table(result.profile)))
+            elif result.backend == "cpu":
+                click.echo("(no GPU profile: the CPU backend ran)")
+            else:
+                click.echo("(no profile: kernels are profiled on one GPU at a time; use --device N)")
             if result.profile and streams > 1:
                 click.echo(f"({streams} streams overlap: a kernel's time includes time shared with other streams' "
                            "kernels; --streams 1 gives exclusive times)")

@@ -95,3 +95,8 @@ def test_console_script(ece408):
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1].endswith("Correctness: 1")
+
+
+def test_profile_on_the_cpu_says_there_is_none(ece408):
+    r = invoke("run", *files(ece408, "test2.hdf5"), "--backend", "cpu", "--profile")
+    assert r.exit_code == 0 and r.stdout.splitlines()[-1] == "(no GPU profile: the CPU backend ran)"
