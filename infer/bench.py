@@ -9,13 +9,12 @@ import time
 
 import numpy as np
 
-from . import loader, reference
+from . import engine, loader, reference
 from .errors import InputError
 from .gpu.launch import TILE_WIDTHS
 from .gpu.pipelines import ALGORITHMS
 
 FP32_LANES_PER_SM = {(7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 7): 128, (8, 9): 128, (9, 0): 128}
-MIN_IDENTICAL = 0.9995  # predictions identical to the reference's, the CUDA backend's bar
 
 
 def variants():
@@ -68,7 +67,7 @@ def time_cnninfer(model, x_host_data, expected, algo, tile_width, streams, warmu
         b.prepare(model, x.shape)
         labels = b.forward(x)
         identical = int(np.count_nonzero(labels == expected))
-        if identical < MIN_IDENTICAL * len(x):
+        if identical < engine.MIN_AGREEMENT * len(x):
             raise InputError(f"bench: {algo} (tile {tile_width}) agrees with the reference on only "
                              f"{identical} of {len(x)} images; not timing it")
         run = b.buffers(len(x), x.shape[1:])

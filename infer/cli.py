@@ -83,9 +83,11 @@ def resolve(data, model, n):
 @click.option("--predictions", "predictions_path", type=click.Path(dir_okay=False), metavar="PATH",
               help="Write the predicted labels to PATH (.npy or .csv), whole, after a successful run.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar (shown on a terminal for runs over 2 s).")
+@click.option("--check", is_flag=True, help="Also run the NumPy reference on the same images; exit 1 unless at "
+              "least 99.95% of the predictions agree.")
 @cuda_options
 @click.option("--profile", is_flag=True, help="CUDA: print GPU time per kernel and copy, and the set-up steps.")
-def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, predictions_path, quiet,
+def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, predictions_path, quiet, check,
         streams, tile_width, conv_algo, device_ordinal, devices, fast_math, profile):
     """Classify the first N images of DATA (all by default) with MODEL and print the correctness.
 
@@ -120,6 +122,13 @@ def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, pre
                            "kernels; --streams 1 gives exclusive times)")
     if predictions_path:
         predictions.write(predictions_path, result.predictions)
+    if check:
+        reference = engine.run(data, model, n, backend="cpu", progress=not quiet)
+        same = int((reference.predictions == result.predictions).sum())
+        notice(f"check: {same} of {result.n} predictions equal the NumPy reference's "
+               f"({reference.correct} correct there)")
+        if same < engine.MIN_AGREEMENT * result.n:
+            raise AccuracyMismatch(f"only {same} of {result.n} predictions equal the NumPy reference's")
     if expect_accuracy is not None and abs(result.accuracy - expect_accuracy) > tolerance:
         raise AccuracyMismatch(f"accuracy {result.accuracy:g} differs from the expected {expect_accuracy:g} "
                                f"by {abs(result.accuracy - expect_accuracy):.6g}, more than the tolerance {tolerance:g}")

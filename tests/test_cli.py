@@ -100,3 +100,22 @@ def test_console_script(ece408):
 def test_profile_on_the_cpu_says_there_is_none(ece408):
     r = invoke("run", *files(ece408, "test2.hdf5"), "--backend", "cpu", "--profile")
     assert r.exit_code == 0 and r.stdout.splitlines()[-1] == "(no GPU profile: the CPU backend ran)"
+
+
+def test_check_compares_with_the_reference(ece408, monkeypatch):
+    r = invoke("run", *files(ece408), "--backend", "cpu", "--check")
+    assert r.exit_code == 0 and r.stderr.strip() == "check: 100 of 100 predictions equal the NumPy reference's (95 correct there)"
+    from infer import engine
+
+    real, calls = engine.run, []
+
+    def off_by_one(*a, **k):  # the run under test (the first call) gets image 0 wrong
+        result = real(*a, **k)
+        if not calls:
+            result.predictions[0] = (result.predictions[0] + 1) % 10
+        calls.append(k["backend"])
+        return result
+
+    monkeypatch.setattr(engine, "run", off_by_one)
+    r = invoke("run", *files(ece408), "--backend", "cpu", "--check")
+    assert r.exit_code == 1 and "only 99 of 100 predictions equal" in r.stderr
