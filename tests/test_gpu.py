@@ -272,3 +272,11 @@ def test_fast_math_keeps_the_predictions(ece408, cpu_testfull, algo):
     r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo, fast_math=True)
     assert r.correct == 8722
     assert np.count_nonzero(r.predictions == cpu_testfull) >= 9995
+
+
+def test_check_on_the_gpu(ece408):
+    from tests.conftest import invoke
+
+    r = invoke("run", ece408 / "test100.hdf5", ece408 / "model.hdf5", "--backend", "cuda", "--check", "--json")
+    assert r.exit_code == 0, r.stderr
+    assert "check: 100 of 100 predictions equal the NumPy reference's" in r.stderr
