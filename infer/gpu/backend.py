@@ -12,6 +12,7 @@ from ..loader import geometry
 from ..stream import through
 from . import pipelines
 from .device import Device
+from .launch import INT_MAX
 from .profile import NullProfiler, Profiler
 
 
@@ -65,7 +66,7 @@ class CudaBackend:
 
     @property
     def device(self):
-        algo = "" if self.pipeline is None else f", --conv-algo {self.algo}"
+        algo = "" if self.pipeline is None else f", --conv-algo {self.pipeline.NAME}"
         return self.gpu.describe() + algo
 
     @property
@@ -96,7 +97,6 @@ class CudaBackend:
         algo, why = pipelines.choose(self.algo, g, self.gpu.arch)
         if why:
             raise InputError(f"{model.path}: {why}; --conv-algo unroll runs any consistent shapes")
-        self.algo = next(name for name, a in pipelines.ALGORITHMS.items() if a is algo)
         self.pipeline = algo(self.build, g)
         self._host("compile / load kernels", t)
         t = time.perf_counter()
@@ -119,7 +119,7 @@ class CudaBackend:
         budget = int(free * 0.8)
         resident = n * image_bytes <= budget // 2
         # By default enough chunks that every stream has work and copies hide behind kernels.
-        chunk = self.chunk or min(pipelines.DEFAULT_CHUNK[self.algo], -(-n // self.n_streams))
+        chunk = self.chunk or min(self.pipeline.CHUNK, -(-n // self.n_streams))
 
         def need(c):
             per_stream = 4 * self.pipeline.scratch_floats(c) + (0 if resident else c * image_bytes)
@@ -186,16 +186,14 @@ class CudaBackend:
         self._check_overflow(run)
         return run.labels.astype(np.int64)
 
-    INT_MAX = 2**31 - 1
-
     def _clear_overflow(self, run):
-        cuda.memset_d32(run.overflow_dev, self.INT_MAX, run.chunks)
+        cuda.memset_d32(run.overflow_dev, INT_MAX, run.chunks)
 
     def _check_overflow(self, run):
         """ScoresOverflow for the first image whose scores the kernels found not finite."""
         first = np.empty(run.chunks, np.int32)
         cuda.memcpy_dtoh(first, run.overflow_dev)
-        hit = np.flatnonzero(first != self.INT_MAX)
+        hit = np.flatnonzero(first != INT_MAX)
         if len(hit):
             raise ScoresOverflow(self.model_path, int(hit[0]) * run.chunk + int(first[hit[0]]))
 

@@ -4,8 +4,6 @@ Every launch goes through Launcher.launch, which records CUDA events around it w
 """
 import functools
 
-import numpy as np
-
 from . import compiler
 
 INT_MAX = 2**31 - 1
@@ -171,7 +169,3 @@ class FullyConnected(Launcher):
 
     def __call__(self, stream, feat, fc1, fc2, labels, n, overflow):
         self.launch(stream, (ceil_div(n, self.IMGS), 1), (self.hidden, 1, 1), feat, fc1, fc2, labels, n, overflow)
-
-
-def as_f32(a):
-    return np.ascontiguousarray(a, np.float32)

@@ -28,6 +28,8 @@ class Scratch:
 class Unroll:
     """The 2016 course pipeline: per conv layer unroll -> tiled GEMM (+ReLU) -> placeIntoY -> pool;
     both fcs through the same tiled GEMM (ReLU on fc1), then argmax."""
+    NAME = "unroll"
+    CHUNK = 256  # default images per chunk: the unrolled conv2 input is 205 KB per image
 
     def __init__(self, build, g):
         self.g = g
@@ -74,6 +76,8 @@ class Unroll:
 class Fused:
     """conv1 -> pool -> conv2 -> pool in one implicit-GEMM kernel per group of images (intermediates
     in shared memory, FP32 FFMA), then fc1 -> ReLU -> fc2 -> argmax in one kernel."""
+    NAME = "fused"
+    CHUNK = 2048
     VERSION = 1
     MIN_ARCH = 0
 
@@ -101,7 +105,7 @@ class Fused:
     def upload(self, model, to_device):
         import pycuda.driver as cuda
 
-        cuda.memcpy_htod(self.convs.conv1_constant, launch.as_f32(model.conv1))
+        cuda.memcpy_htod(self.convs.conv1_constant, np.ascontiguousarray(model.conv1, np.float32))
         self.w2 = to_device(self.conv2_weights(model.conv2))
         self.fc1, self.fc2 = to_device(model.fc1), to_device(model.fc2)
 
@@ -122,6 +126,7 @@ def tf32(a):
 class FusedTensorCores(Fused):
     """Fused with conv2 on the tensor cores in 3xTF32: operands split into a TF32 part and a TF32
     remainder, three products each, FP32-level accuracy."""
+    NAME = "fused-tc"
     VERSION = 2
     MIN_ARCH = 80
 
@@ -140,9 +145,8 @@ class FusedTensorCores(Fused):
         return np.stack([hi[:, k, n], hi[:, k + 4, n], lo[:, k, n], lo[:, k + 4, n]], axis=-1)
 
 
-ALGORITHMS = {"fused-tc": FusedTensorCores, "fused": Fused, "unroll": Unroll}
+ALGORITHMS = {algo.NAME: algo for algo in (FusedTensorCores, Fused, Unroll)}  # auto's order of preference
 AUTO = "auto"  # the first of ALGORITHMS that can run the model on the GPU at hand
-DEFAULT_CHUNK = {"fused-tc": 2048, "fused": 2048, "unroll": 256}
 
 
 def choose(name, g, arch):
