@@ -1,4 +1,7 @@
-"""Backends behind one interface: host_buffer(shape), prepare(model), forward(x) -> labels, close().
+"""Backends behind one interface: wire_dtype(stored type) (the type images travel in),
+host_buffers(shape, dtype, count), reader (a reader.Reader), checks_values (whether the backend
+checks float32 images itself), prepare(model, x_shape, scores), forward(x) -> (labels, scores),
+stream(data, start, stop, progress), close().
 
 `auto` takes CUDA when it is usable here, else the CPU with one notice line.
 """
@@ -26,14 +29,14 @@ def create_cuda(devices=None, **options):
     return CudaBackend(**options)
 
 
-def create(name, notice, chunk=None, **cuda_options):
+def create(name, notice, chunk=None, readers=None, **cuda_options):
     """A ready backend by name; `notice` takes the one line said when `auto` falls back to the CPU."""
     if name == "cpu":
-        return CpuBackend(chunk=chunk)
+        return CpuBackend(chunk=chunk, readers=readers)
     try:
-        return create_cuda(chunk=chunk, **cuda_options)
+        return create_cuda(chunk=chunk, readers=readers, **cuda_options)
     except BackendUnavailable as e:
         if name == "cuda":
             raise
         notice(f"cnninfer: CUDA backend not usable ({e.message}); using the CPU backend")
-        return CpuBackend(chunk=chunk)
+        return CpuBackend(chunk=chunk, readers=readers)

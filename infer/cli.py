@@ -1,4 +1,5 @@
 """The command line: thin click commands over the library (engine, loader, mnist, bench)."""
+import glob
 import json
 import os
 
@@ -54,60 +55,75 @@ def cli():
     """cnninfer: inference of the ECE408 CNN on HDF5 data, on the GPU (PyCUDA) or the CPU (NumPy)."""
 
 
-def resolve(data, model, n):
-    """DATA and MODEL default to the bundled sample and model; `run DATA 100` means N = 100."""
-    if model is not None and n is None and model.lstrip("-").isdigit() and not os.path.exists(model):
-        model, n = None, model
+def resolve(args):
+    """[DATA...] [MODEL] [N]: a last argument that is a whole number (and no file) is N; of the
+    files, the last is MODEL when there are two or more; DATA and MODEL default to the bundled
+    sample and model. So `run DATA`, `run DATA 100`, `run DATA MODEL 100`, `run A B C MODEL`."""
+    args, n = list(args), None
+    if args and args[-1].lstrip("-").isdigit() and not os.path.exists(args[-1]):
+        n = args.pop()
+    elif len(args) >= 3 and not os.path.exists(args[-1]) and not glob.has_magic(args[-1]):
+        raise InputError(f"N must be a whole number, got '{args[-1]}'")
     if n is not None:
-        try:
-            n = int(n)
-        except ValueError:
-            raise InputError(f"N must be a whole number, got '{n}'") from None
+        n = int(n)
+    model = args.pop() if len(args) >= 2 else None
     try:
-        return data or str(defaults.sample()), model or str(defaults.model()), n
+        return args or [str(defaults.sample())], model or str(defaults.model()), n
     except FileNotFoundError as e:
         raise InputError(str(e)) from None
 
 
 @cli.command()
-@click.argument("data", type=click.Path(dir_okay=False), required=False)
-@click.argument("model", type=click.Path(dir_okay=False), required=False)
-@click.argument("n", required=False)
+@click.argument("args", nargs=-1, metavar="[DATA]... [MODEL] [N]")
 @click.option("--backend", type=click.Choice(backends.NAMES), default="auto", show_default=True,
               help="auto: CUDA when usable here, else the CPU.")
 @click.option("--chunk", type=click.IntRange(1), help="Images per chunk (default: the backend's).")
+@click.option("--readers", type=click.IntRange(1, 256), help="Threads reading the data files (default: one per "
+              "core, at most 16).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of the two lines.")
+@click.option("--per-class", is_flag=True, help="Also print each class's images, correct answers, accuracy and "
+              "the class it is most often mistaken for.")
 @click.option("--expect-accuracy", type=click.FloatRange(0, 1), metavar="A",
               help="Exit with code 1 when |accuracy - A| > the tolerance: a regression check for CI.")
 @click.option("--tolerance", type=click.FloatRange(0), default=0.0, show_default=True, metavar="T")
 @click.option("--predictions", "predictions_path", type=click.Path(dir_okay=False), metavar="PATH",
               help="Write the predicted labels to PATH (.npy or .csv), whole, after a successful run.")
+@click.option("--scores", "scores_path", type=click.Path(dir_okay=False), metavar="PATH",
+              help="Write the class scores (N, classes) float32 to PATH (.npy), whole, after a successful run.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar (shown on a terminal for runs over 2 s).")
 @click.option("--check", is_flag=True, help="Also run the NumPy reference on the same images; exit 1 unless at "
               "least 99.95% of the predictions agree.")
 @cuda_options
 @click.option("--profile", is_flag=True, help="CUDA: print GPU time per kernel and copy, and the set-up steps.")
-def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, predictions_path, quiet, check,
-        streams, tile_width, conv_algo, device_ordinal, devices, fast_math, profile):
+def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tolerance, predictions_path, scores_path,
+        quiet, check, streams, tile_width, conv_algo, device_ordinal, devices, fast_math, profile):
     """Classify the first N images of DATA (all by default) with MODEL and print the correctness.
 
     DATA holds x (N, H, W, C) and one-hot y (N, classes); MODEL holds conv1, conv2, fc1, fc2.
-    Without MODEL the bundled model (99.5% on MNIST) is used; without DATA, its bundled sample of
-    1,000 MNIST test images.
+    Several DATA files (or a quoted glob such as 'shards/*.h5') are taken in order as one data
+    set; with two or more files the last is MODEL. Without MODEL the bundled model (99.5% on
+    MNIST) is used; without DATA, its bundled sample of 1,000 MNIST test images.
     `elapsed` is the forward pass from images in host memory to labels in host memory.
     """
-    data, model, n = resolve(data, model, n)
+    data, model, n = resolve(args)
     if predictions_path:
         predictions.check_path(predictions_path)
-    result = engine.run(data, model, n, backend=backend, notice=notice, progress=not quiet, chunk=chunk, streams=streams,
-                        tile_width=int(tile_width), conv_algo=conv_algo, devices=devices or [device_ordinal],
-                        fast_math=fast_math, profile=profile)
+    if scores_path:
+        predictions.check_path(scores_path, formats=(".npy",))
+    result = engine.run(data, model, n, backend=backend, notice=notice, progress=not quiet, scores=bool(scores_path),
+                        chunk=chunk, readers=readers, streams=streams, tile_width=int(tile_width), conv_algo=conv_algo,
+                        devices=devices or [device_ordinal], fast_math=fast_math, profile=profile)
     if as_json:
         click.echo(json.dumps(result.as_dict()))
     else:
         click.echo("input dimensions = " + " x ".join(map(str, result.shape)))
         click.echo(f"Done with {result.n} queries in elapsed = {result.timing['forward']:.1f} milliseconds. "
                    f"Correctness: {result.accuracy:g}")
+        if len(result.shards) > 1:
+            for shard in result.per_shard():
+                click.echo(f"  {shard['data']}: {shard['correct']} of {shard['n']} correct ({shard['accuracy']:g})")
+        if per_class:
+            click.echo("\n".join(result.per_class_table()))
         if profile:
             from .gpu.profile import table
 
@@ -122,6 +138,8 @@ def run(data, model, n, backend, chunk, as_json, expect_accuracy, tolerance, pre
                            "kernels; --streams 1 gives exclusive times)")
     if predictions_path:
         predictions.write(predictions_path, result.predictions)
+    if scores_path:
+        predictions.write_array(scores_path, result.scores)
     if check:
         reference = engine.run(data, model, n, backend="cpu", progress=not quiet)
         same = int((reference.predictions == result.predictions).sum())

@@ -7,33 +7,43 @@ import numpy as np
 
 from . import reference
 from .errors import ScoresOverflow
-from .stream import through
+from .stream import HostSide
 
 DEFAULT_CHUNK = 32  # small chunks keep each thread's im2col buffer in cache
 
 
-class CpuBackend:
+class CpuBackend(HostSide):
     name = "cpu"
     profile = None  # the CPU backend keeps no per-kernel timings
+    checks_values = False  # the reader checks the images on its threads
+    stream_block = 4096  # images per block when streaming from the file
+    ring_depth = 3
 
-    def __init__(self, chunk=None):
+    def __init__(self, chunk=None, readers=None):
         self.chunk = chunk or DEFAULT_CHUNK
         self.threads = os.cpu_count() or 1
+        self.readers = readers
         self.model = None
 
     @property
     def device(self):
         return f"CPU ({platform.machine()}, {self.threads} threads, NumPy {np.__version__})"
 
-    def host_buffer(self, shape):
-        return np.empty(shape, np.float32)
+    @staticmethod
+    def wire_dtype(stored):
+        return np.dtype(np.float32)
 
-    def prepare(self, model, x_shape):
-        self.model = model
+    @staticmethod
+    def new_host_buffer(shape, dtype):
+        return np.empty(shape, dtype)
+
+    def prepare(self, model, x_shape, scores=False):
+        self.model, self.keep_scores = model, scores
 
     def forward(self, x, progress=None):
-        """Predicted class of each image of x (N, H, W, C) float32."""
+        """(predicted class, scores or None) of each image of x (N, H, W, C) float32."""
         out = np.empty(len(x), np.int64)
+        kept = np.empty((len(x), self.model.fc2.shape[1]), np.float32) if self.keep_scores else None
         starts = range(0, len(x), self.chunk)
 
         def one(start):
@@ -43,6 +53,8 @@ class CpuBackend:
             if not finite.all():
                 raise ScoresOverflow(self.model.path, start + int(np.argmin(finite)))
             out[start:start + self.chunk] = reference.argmax(scores)
+            if kept is not None:
+                kept[start:start + self.chunk] = scores
             return len(scores)
 
         # NumPy releases the GIL in its copies and BLAS calls: a thread per core, each with a
@@ -54,26 +66,25 @@ class CpuBackend:
             for done in pool.map(one, starts):
                 if progress is not None:
                     progress.update(done)
-        return out
-
-    stream_block = 4096  # images per block when streaming from the file
-    ring_depth = 3
+        return out, kept
 
     def forward_stream(self, ring, progress):
-        """Labels of images streamed block by block from `ring`."""
-        out = np.empty(ring.stop - ring.start, np.int64)
+        """(labels, scores or None) of images streamed block by block from `ring`."""
+        n = ring.stop - ring.start
+        out = np.empty(n, np.int64)
+        kept = np.empty((n, self.model.fc2.shape[1]), np.float32) if self.keep_scores else None
         for start, x, buf in ring:
+            at = start - ring.start
             try:
-                out[start - ring.start:start - ring.start + len(x)] = self.forward(x)
+                labels, scores = self.forward(x)
             except ScoresOverflow as e:
                 raise e.shifted(start) from None
+            out[at:at + len(x)] = labels
+            if kept is not None:
+                kept[at:at + len(x)] = scores
             ring.release(buf)
             progress.update(len(x))
-        return out
-
-    def stream(self, data, n, progress):
-        """Images [0, n) of an open data file, streamed: see stream.through."""
-        return through(self, data, 0, n, progress)
+        return out, kept
 
     def close(self):
-        pass
+        self.close_host()

@@ -2,8 +2,9 @@
 import click
 
 
-class InputError(click.ClickException):
-    """Bad input from the user (a file, a dataset, an option): exit code 2."""
+class InputError(click.ClickException, ValueError):
+    """Bad input from the user (a file, a dataset, an option, an array): exit code 2 on the
+    command line; a ValueError to Python callers."""
 
     exit_code = 2
 
@@ -34,3 +35,15 @@ class AccuracyMismatch(click.ClickException):
 def where(path, dataset=None):
     """The prefix every loader message starts with: the file, then the dataset."""
     return f"{path}: dataset '{dataset}'" if dataset else f"{path}"
+
+
+class BadValue(Exception):
+    """The GPU found a value that is not finite in image `image` (numbered from the start of the
+    images it was given); the caller reads that image again for the message (dataset.bad_value)."""
+
+    def __init__(self, image):
+        super().__init__(image)
+        self.image = image
+
+    def shifted(self, offset):
+        return BadValue(self.image + offset)

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import reader
 from .errors import InputError, where
+from .reader import check_finite
 from .network import MAX_CHANNELS, MAX_KERNEL, MAX_SIDE, MAX_WEIGHT_ELEMENTS, Geometry
 
 MODEL_DATASETS = ("conv1", "conv2", "fc1", "fc2")
-READ_BLOCK = 4096  # images converted and checked per read, so a float64 file needs little extra memory
 
 
 @dataclass(frozen=True)
@@ -29,17 +30,19 @@ class Model:
 
 @dataclass
 class Data:
-    """An open data file: shapes known and checked, images not read yet."""
+    """An open data file: shapes known and checked, readers for x and y chosen, nothing read yet."""
     path: str
     file: object
-    x: object
-    y: object
+    x: object  # reader.Rows of the images
+    y: object  # reader.Rows of the one-hot labels
 
     @property
     def size(self):
         return self.x.shape[0]
 
     def close(self):
+        self.x.close()
+        self.y.close()
         self.file.close()
 
 
@@ -104,29 +107,20 @@ def _describe(dt):
     return f"{kinds.get(dt.kind, dt.kind)} ({dt})"
 
 
-def _finite_float32(values, path, name, offset=0):
+def _finite_float32(values, label):
     """`values` as float32, refused if any is not a finite float32 (NaN, Inf or out of range)."""
     with np.errstate(over="ignore", invalid="ignore"):
         out = values.astype(np.float32, copy=False)
-    _check_finite(out, values, path, name, offset)
+    check_finite(out, values, label, 0)
     return out
 
 
-def _check_finite(checked, original, path, name, offset=0):
-    bad = ~np.isfinite(checked)
-    if bad.any():
-        first = np.unravel_index(np.argmax(bad), checked.shape)
-        index = (int(first[0]) + offset,) + tuple(int(i) for i in first[1:])
-        raise InputError(f"{where(path, name)}: value at index {index} is {original[first].item()!r}, "
-                         f"not a finite {checked.dtype} number")
-
-
-def _square_kernel(ds, path, name):
-    k, k_, cin, cout = ds.shape
+def _square_kernel(shape, path, name):
+    k, k_, cin, cout = shape
     if k != k_:
         raise InputError(f"{where(path, name)}: kernel {k}x{k_} is not square")
     if k > MAX_KERNEL or cin > MAX_CHANNELS or cout > MAX_CHANNELS:
-        raise InputError(f"{where(path, name)}: shape {ds.shape} is larger than cnninfer supports "
+        raise InputError(f"{where(path, name)}: shape {tuple(shape)} is larger than cnninfer supports "
                          f"(kernel <= {MAX_KERNEL}, channels <= {MAX_CHANNELS})")
     return k, cin, cout
 
@@ -137,21 +131,44 @@ def load_model(path):
     f = _open(path)
     with f:
         ds = {name: _dataset(f, path, name, rank) for name, rank in zip(MODEL_DATASETS, (4, 4, 2, 2))}
-        for name in ("fc1", "fc2"):
-            if ds[name].size > MAX_WEIGHT_ELEMENTS:
-                raise InputError(f"{where(path, name)}: shape {ds[name].shape} is larger than cnninfer supports")
-        _, _, c1 = _square_kernel(ds["conv1"], path, "conv1")
-        _, c1_, _ = _square_kernel(ds["conv2"], path, "conv2")
-        if c1_ != c1:
-            raise InputError(f"{where(path, 'conv2')}: takes {c1_} input channels but conv1 makes {c1}")
-        if ds["fc2"].shape[0] != ds["fc1"].shape[1]:
-            raise InputError(f"{where(path, 'fc2')}: takes {ds['fc2'].shape[0]} inputs but fc1 makes {ds['fc1'].shape[1]}")
+        _check_model_shapes({name: d.shape for name, d in ds.items()}, path)
         weights = {}
         for name in MODEL_DATASETS:
             with _reading(path, name):
                 values = ds[name][()]
-            weights[name] = np.ascontiguousarray(_finite_float32(values, path, name))
+            weights[name] = np.ascontiguousarray(_finite_float32(values, where(path, name)))
     return Model(path=path, **weights)
+
+
+def model_from_arrays(weights, label="model"):
+    """A Model from a mapping of the four weight arrays (any integer or float type), checked like a
+    file's datasets; `label` stands for the file's name in messages."""
+    missing = [name for name in MODEL_DATASETS if name not in weights]
+    if missing:
+        raise InputError(f"{label}: no weights named {', '.join(missing)} (a model needs {', '.join(MODEL_DATASETS)})")
+    arrays = {}
+    for name, rank in zip(MODEL_DATASETS, (4, 4, 2, 2)):
+        a = np.asarray(weights[name])
+        if a.dtype.kind not in "iuf":
+            raise InputError(f"{where(label, name)}: type {_describe(a.dtype)} is not a number type (integer or float)")
+        if a.ndim != rank or 0 in a.shape:
+            raise InputError(f"{where(label, name)}: shape {a.shape}, expected a non-empty array of rank {rank}")
+        arrays[name] = a
+    _check_model_shapes({name: a.shape for name, a in arrays.items()}, label)
+    return Model(path=label, **{name: np.ascontiguousarray(_finite_float32(a, where(label, name)))
+                                for name, a in arrays.items()})
+
+
+def _check_model_shapes(shapes, path):
+    for name in ("fc1", "fc2"):
+        if np.prod(shapes[name], dtype=np.int64) > MAX_WEIGHT_ELEMENTS:
+            raise InputError(f"{where(path, name)}: shape {shapes[name]} is larger than cnninfer supports")
+    _, _, c1 = _square_kernel(shapes["conv1"], path, "conv1")
+    _, c1_, _ = _square_kernel(shapes["conv2"], path, "conv2")
+    if c1_ != c1:
+        raise InputError(f"{where(path, 'conv2')}: takes {c1_} input channels but conv1 makes {c1}")
+    if shapes["fc2"][0] != shapes["fc1"][1]:
+        raise InputError(f"{where(path, 'fc2')}: takes {shapes['fc2'][0]} inputs but fc1 makes {shapes['fc1'][1]}")
 
 
 def open_data(path, model):
@@ -166,10 +183,18 @@ def open_data(path, model):
         if y.shape != (x.shape[0], classes):
             raise InputError(f"{where(path, 'y')}: shape {y.shape}, expected ({x.shape[0]}, {classes}): "
                              f"one row per image of x, one column per class of the model's fc2")
+        with _reading(path, "x"):
+            x_rows = reader.rows(path, x, where(path, "x"))
+        try:
+            with _reading(path, "y"):
+                y_rows = reader.rows(path, y, where(path, "y"))
+        except BaseException:
+            x_rows.close()
+            raise
     except BaseException:
         f.close()
         raise
-    return Data(path=path, file=f, x=x, y=y)
+    return Data(path=path, file=f, x=x_rows, y=y_rows)
 
 
 def geometry(model, x_shape, path="data"):
@@ -192,56 +217,3 @@ def geometry(model, x_shape, path="data"):
         raise InputError(f"{where(path, 'x')}: images of {h}x{w} flatten to {p2[0]}x{p2[1]}x{c2} = {g.flat} "
                          f"values before fc1, but the model's fc1 takes {model.fc1.shape[0]}")
     return g
-
-
-def check_count(data, n):
-    """The number of images to use: all by default, else 1..size."""
-    if n is None:
-        return data.size
-    if n <= 0:
-        raise InputError(f"N must be positive, got {n}")
-    if n > data.size:
-        raise InputError(f"{where(data.path, 'x')}: holds {data.size} images, fewer than the {n} asked for")
-    return n
-
-
-OUTPUT_BYTES_PER_IMAGE = 24  # label and prediction (int64 each), labels on the device and back (int32)
-
-
-def check_outputs(data, n, limit=None):
-    """Refuse, before allocating, n images whose labels and predictions alone would not fit in
-    half of this machine's memory (the images themselves stream, so they never need to)."""
-    need = n * OUTPUT_BYTES_PER_IMAGE
-    limit = limit or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
-    if need > limit:
-        raise InputError(f"{where(data.path, 'x')}: {n} images need {need / 2**30:.1f} GiB for their labels and "
-                         f"predictions, more than the {limit / 2**30:.1f} GiB this machine allows; ask for fewer images (N)")
-
-
-def in_memory(data, n, limit):
-    """Whether n images fit the host-memory budget `limit` (bytes) for reading them all at once."""
-    _, h, w, c = data.x.shape
-    return n * h * w * c * 4 <= limit
-
-
-def read_images(data, start, stop, out):
-    """Read images [start, stop) of x into `out` (stop - start, H, W, C) float32, converting and
-    checking as it goes."""
-    with _reading(data.path, "x"):
-        for lo in range(start, stop, READ_BLOCK):
-            hi = min(stop, lo + READ_BLOCK)
-            dest = out[lo - start:hi - start]
-            if data.x.dtype == np.float32:
-                data.x.read_direct(dest, np.s_[lo:hi])
-                _check_finite(dest, dest, data.path, "x", lo)
-            else:
-                dest[...] = _finite_float32(data.x[lo:hi], data.path, "x", lo)
-    return out
-
-
-def read_labels(data, start, stop):
-    """The labels of images [start, stop): the first maximum of each row of y."""
-    with _reading(data.path, "y"):
-        y = data.y[start:stop]
-    _check_finite(y, y, data.path, "y", start)
-    return np.argmax(y, axis=1)

@@ -1,4 +1,4 @@
-"""Data sets larger than the host-memory budget: a reader thread fills a ring of host buffers
+"""Data sets larger than the host-memory budget: reader threads fill a ring of host buffers
 (page-locked for CUDA) block by block while the backend computes on earlier blocks, so file
 reading, upload and compute overlap and host memory stays bounded whatever the file's size."""
 import queue
@@ -9,36 +9,38 @@ import time
 import click
 import numpy as np
 
-from . import loader
+from . import reader
 
 
 class Ring:
-    """Blocks of images [start, stop) of `data`, read ahead into `buffers`; iterate for
-    (first image, images, buffer) and hand each buffer back with release() once uploaded."""
+    """Blocks of images [start, stop) of a data set, read ahead into `buffers` by the reader's
+    threads (several blocks in flight); iterate for (first image, images, buffer) in order and
+    hand each buffer back with release() once it has been consumed."""
 
-    def __init__(self, data, start, stop, buffers):
-        self.data, self.start, self.stop = data, start, stop
+    def __init__(self, data, start, stop, buffers, pool, check):
+        self.data, self.start, self.stop, self.pool, self.check = data, start, stop, pool, check
         self.block, self.depth = len(buffers[0]), len(buffers)
         self.labels = np.empty(stop - start, np.int64)
-        self.read_s = self.wait_s = 0.0  # reader busy; consumer waiting for the reader
+        self.wait_s = 0.0  # the consumer waiting for reads
         self.free, self.filled = queue.Queue(), queue.Queue()
         for b in buffers:
             self.free.put(b)
-        self.thread = threading.Thread(target=self._read, name="cnninfer-reader", daemon=True)
+        self.thread = threading.Thread(target=self._schedule, name="cnninfer-ring", daemon=True)
         self.thread.start()
 
-    def _read(self):
+    def _schedule(self):
+        """Submit each block's reads as soon as a buffer is free; blocks complete in any order."""
         try:
             for lo in range(self.start, self.stop, self.block):
                 buf = self.free.get()
                 if buf is None:  # the consumer gave up
                     return
                 hi = min(self.stop, lo + self.block)
-                t = time.perf_counter()
-                loader.read_images(self.data, lo, hi, buf[:hi - lo])
-                self.labels[lo - self.start:hi - self.start] = loader.read_labels(self.data, lo, hi)
-                self.read_s += time.perf_counter() - t
-                self.filled.put((lo, buf[:hi - lo], buf))
+                x = buf[:hi - lo]
+                futures = self.data.submit_images(self.pool, lo, hi, x, self.check)
+                if self.data.classes is not None:
+                    futures += self.data.submit_labels(self.pool, lo, hi, self.labels[lo - self.start:hi - self.start])
+                self.filled.put((lo, x, buf, futures))
             self.filled.put(None)
         except BaseException as e:  # re-raised in the consumer's thread
             self.filled.put(e)
@@ -47,32 +49,77 @@ class Ring:
         while True:
             t = time.perf_counter()
             item = self.filled.get()
-            self.wait_s += time.perf_counter() - t
             if item is None:
                 return
             if isinstance(item, BaseException):
                 raise item
-            yield item
+            lo, x, buf, futures = item
+            reader.wait(futures)
+            self.wait_s += time.perf_counter() - t
+            yield lo, x, buf
 
     def release(self, buf):
         self.free.put(buf)
 
     def close(self):
-        """Stop the reader (it finishes the block in hand) and wait for it."""
+        """Stop scheduling and wait for every read in flight: no thread writes into the buffers
+        once this returns."""
         self.free.put(None)
         self.thread.join()
+        while not self.filled.empty():
+            item = self.filled.get()
+            if isinstance(item, tuple):
+                for f in item[3]:
+                    f.exception()
 
 
-def through(backend, data, start, stop, progress):
-    """Images [start, stop) of `data` through `backend` via a ring of its own host buffers:
-    (predictions, labels, reader busy seconds, seconds compute waited for the reader)."""
-    shape = (backend.stream_block,) + data.x.shape[1:]
-    ring = Ring(data, start, stop, [backend.host_buffer(shape) for _ in range(backend.ring_depth)])
-    try:
-        predictions = backend.forward_stream(ring, progress)
-    finally:
-        ring.close()
-    return predictions, ring.labels, ring.read_s, ring.wait_s
+class HostSide:
+    """What the CPU and CUDA backends share on the host: buffers kept for repeated runs of the same
+    shape, a pool of reader threads, and streaming a data set through a ring of those buffers."""
+    readers = None  # reader threads (None: reader.default_threads())
+    ring_depth = 4
+
+    def host_buffers(self, shape, dtype, count=1):
+        """`count` host buffers of shape and dtype, the same ones again for the same request."""
+        key = (tuple(shape), np.dtype(dtype).str, count)
+        cache = self.__dict__.get("_host_buffers", {})
+        if key not in cache:
+            self.free_host_buffers()  # one shape in use at a time
+            cache = self._host_buffers = {key: [self.new_host_buffer(shape, dtype) for _ in range(count)]}
+        return cache[key]
+
+    def free_host_buffers(self):
+        for buffers in self.__dict__.pop("_host_buffers", {}).values():
+            for b in buffers:
+                self.free_host_buffer(b)
+
+    def free_host_buffer(self, buf):
+        pass
+
+    @property
+    def reader(self):
+        if self.__dict__.get("_reader") is None:
+            self._reader = reader.Reader(self.readers)
+        return self._reader
+
+    def stream(self, data, start, stop, progress):
+        """Images [start, stop) of `data` streamed through a ring of this backend's host buffers:
+        (labels found, true labels, scores or None, reader busy seconds, seconds compute waited)."""
+        shape = (min(self.stream_block, stop - start),) + tuple(data.image_shape)
+        buffers = self.host_buffers(shape, self.wire_dtype(data.dtype), self.ring_depth)
+        busy = self.reader.busy_s
+        ring = Ring(data, start, stop, buffers, self.reader, check=not self.checks_values)
+        try:
+            labels, scores = self.forward_stream(ring, progress)
+        finally:
+            ring.close()
+        return labels, ring.labels, scores, (self.reader.busy_s - busy) / self.reader.threads, ring.wait_s
+
+    def close_host(self):
+        if self.__dict__.get("_reader") is not None:
+            self._reader.close()
+            self._reader = None
+        self.free_host_buffers()
 
 
 class Progress:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from infer import engine, loader, stream
+from infer.dataset import DataSet
 from tests.conftest import invoke
 from tests.test_bad_input import assert_refused
 
@@ -47,37 +48,40 @@ def test_bad_value_deep_in_a_streamed_file(tmp_path, ece408, tiny_budget):
     assert not out.exists()
 
 
-class CountingBackend:
-    """Records the host buffers asked for; classifies everything as 0."""
-    stream_block, ring_depth = 100, 3
+class CountingBackend(stream.HostSide):
+    """Records the host buffers it allocates; classifies everything as 0."""
+    stream_block, ring_depth, checks_values = 100, 3, False
 
-    def __init__(self):
-        self.buffers = []
+    def __init__(self, readers=None):
+        self.buffers, self.readers = [], readers
 
-    def host_buffer(self, shape):
+    @staticmethod
+    def wire_dtype(stored):
+        return np.dtype(np.float32)
+
+    def new_host_buffer(self, shape, dtype):
         self.buffers.append(shape)
-        return np.empty(shape, np.float32)
+        return np.empty(shape, dtype)
 
     def forward_stream(self, ring, progress):
         for _, x, buf in ring:
             ring.release(buf)
             progress.update(len(x))
-        return np.zeros(ring.stop - ring.start, np.int64)
+        return np.zeros(ring.stop - ring.start, np.int64), None
 
 
 def test_host_memory_is_the_ring_whatever_the_size(ece408):
     model = loader.load_model(ece408 / "model.hdf5")
-    data = loader.open_data(ece408 / "testfull.hdf5", model)
+    data = DataSet.open([ece408 / "testfull.hdf5"], model)
+    b = CountingBackend()
     try:
-        b = CountingBackend()
-        ring = stream.Ring(data, 0, 10000, [b.host_buffer((b.stream_block, 28, 28, 1)) for _ in range(b.ring_depth)])
-        try:
-            b.forward_stream(ring, stream.NoProgress())
-        finally:
-            ring.close()
+        _, labels, _, read_s, _ = b.stream(data, 0, 10000, stream.NoProgress())
         assert b.buffers == [(100, 28, 28, 1)] * 3  # 3 blocks of 100 images for 10,000 images
-        assert ring.labels.shape == (10000,) and ring.read_s > 0
+        assert labels.shape == (10000,) and read_s > 0
+        again = b.stream(data, 0, 10000, stream.NoProgress())[1]
+        assert len(b.buffers) == 3 and (again == labels).all()  # the same shape again: nothing new
     finally:
+        b.close_host()
         data.close()
 
 

@@ -1,0 +1,145 @@
+"""A data set as the engine reads it: the first n images of one or more data files (shards) taken
+in order as one, or a NumPy array of images (the Python API). Images and labels are read by a
+reader.Reader's threads; ranges of images may span shards."""
+import glob
+import os
+import re
+
+import numpy as np
+
+from . import loader, reader
+from .errors import InputError, where
+
+OUTPUT_BYTES_PER_IMAGE = 24  # label and prediction (int64 each), labels on the device and back (int32)
+
+
+def expand(paths):
+    """Data file arguments with glob patterns expanded (in natural order: shard2 before shard10);
+    a pattern that matches nothing is an InputError."""
+    def natural(p):
+        return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", p)]
+
+    out = []
+    for p in map(str, paths):
+        if glob.has_magic(p) and not os.path.exists(p):
+            matches = sorted(glob.glob(p), key=natural)
+            if not matches:
+                raise InputError(f"{p}: no file matches this pattern")
+            out += matches
+        else:
+            out.append(p)
+    return out
+
+
+class DataSet:
+    """Images [0, size) over parts (label for messages, x rows, y rows or None, first image)."""
+
+    def __init__(self, parts, files=()):
+        self.parts, self.files = parts, list(files)
+        self.size = sum(count for *_, count in parts)
+        x = parts[0][1]
+        self.image_shape, self.classes = x.shape[1:], None if parts[0][2] is None else parts[0][2].shape[1]
+        dtypes = {p[1].dtype for p in parts}
+        self.dtype = dtypes.pop() if len(dtypes) == 1 else None  # a common stored type, if any
+        self.kind = "+".join(sorted({p[1].kind for p in parts}))
+
+    @classmethod
+    def open(cls, paths, model, n=None):
+        """The first n images (all by default) of the data files, checked against the model and
+        against each other before anything is read."""
+        if n is not None and n <= 0:
+            raise InputError(f"N must be positive, got {n}")
+        files = []
+        try:
+            parts, total = [], 0
+            for path in paths:
+                if n is not None and total >= n:
+                    break
+                d = loader.open_data(path, model)
+                files.append(d)
+                if parts and d.x.shape[1:] != parts[0][1].shape[1:]:
+                    raise InputError(f"{where(path, 'x')}: images of shape {d.x.shape[1:]}, but {paths[0]} has "
+                                     f"{parts[0][1].shape[1:]}: the shards of one data set must agree")
+                count = d.size if n is None else min(d.size, n - total)
+                parts.append((d.path, d.x, d.y, count))
+                total += count
+            if n is not None and total < n:
+                held = f"{where(paths[0], 'x')}: holds" if len(paths) == 1 else f"the {len(paths)} data files hold"
+                raise InputError(f"{held} {total} images, fewer than the {n} asked for")
+            _check_outputs(paths[0], total)
+            return cls(parts, files)
+        except BaseException:
+            for d in files:
+                d.close()
+            raise
+
+    @classmethod
+    def from_array(cls, x, label="x"):
+        return cls([(label, reader.ArrayRows(x, label), None, len(x))])
+
+    @property
+    def shards(self):
+        """[(file, first image, end)] in the data set's numbering."""
+        out, lo = [], 0
+        for label, _, _, count in self.parts:
+            out.append((label, lo, lo + count))
+            lo += count
+        return out
+
+    def _segments(self, lo, hi):
+        """(part, first row in the part, rows, offset into [lo, hi)) covering images [lo, hi)."""
+        base = 0
+        for part in self.parts:
+            count = part[3]
+            a, b = max(lo, base), min(hi, base + count)
+            if a < b:
+                yield part, a - base, b - a, a - lo
+            base += count
+
+    def image_bytes(self, dtype):
+        return int(np.prod(self.image_shape)) * np.dtype(dtype).itemsize
+
+    def submit_images(self, pool, lo, hi, out, check):
+        """Futures filling out (hi - lo images, in out's type) from images [lo, hi)."""
+        futures = []
+        for (_, x, _, _), row, count, at in self._segments(lo, hi):
+            futures += pool.submit(x, row, row + count, out[at:at + count], check)
+        return futures
+
+    def submit_labels(self, pool, lo, hi, out):
+        """Futures filling out (hi - lo) int64 with the labels of images [lo, hi)."""
+        return [pool.call(_labels, y, row, row + count, out[at:at + count])
+                for (_, _, y, _), row, count, at in self._segments(lo, hi)]
+
+    def bad_value(self, image):
+        """The InputError for image `image`, which the GPU found to hold a value that is not finite:
+        the image read again and checked on the host, for the message the host check gives."""
+        for (_, x, _, _), row, _, _ in self._segments(image, image + 1):
+            one = np.empty((1,) + self.image_shape, np.float32)
+            try:
+                reader.fill(x, row, row + 1, one, check=True)
+            except InputError as e:
+                return e
+        return InputError(f"{self.parts[0][0]}: image {image} changed while it was read (a value was not finite)")
+
+    def close(self):
+        for d in self.files:
+            d.close()
+        self.files = []
+
+
+def _labels(y, lo, hi, out):
+    raw = np.empty((hi - lo, y.shape[1]), y.dtype)
+    y.read(lo, hi, raw)
+    reader.check_finite(raw, raw, y.label, lo)
+    out[:] = np.argmax(raw, axis=1)
+
+
+def _check_outputs(path, n, limit=None):
+    """Refuse, before allocating, n images whose labels and predictions alone would not fit in
+    half of this machine's memory (the images themselves stream, so they never need to)."""
+    need = n * OUTPUT_BYTES_PER_IMAGE
+    limit = limit or os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    if need > limit:
+        raise InputError(f"{where(path, 'x')}: {n} images need {need / 2**30:.1f} GiB for their labels and "
+                         f"predictions, more than the {limit / 2**30:.1f} GiB this machine allows; ask for fewer images (N)")

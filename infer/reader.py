@@ -1,0 +1,279 @@
+"""Rows of a dataset (images or labels) read into the caller's buffers on several threads.
+
+HDF5 through h5py serializes on one global lock, so a single reader tops out near 6 GB/s. Where
+the layout allows, the dataset's bytes are read straight from the file instead, with calls that
+release the GIL, so reader threads run in parallel:
+- `pread`: a contiguous dataset is one run of bytes at a known file offset: os.preadv into the
+  destination (page-locked memory for the GPU), no intermediate copy;
+- `chunks`: a chunked dataset whose chunks hold whole rows, raw or compressed with deflate
+  (optionally after shuffle): each chunk's bytes read with os.pread and inflated by zlib on the
+  reading thread;
+- `h5py`: any other layout (other filters, partial-row chunks, unallocated or non-native data),
+  through h5py, one thread at a time;
+- `array`: rows of a NumPy array (the Python API), copied on threads.
+Every row is read in the dataset's own type; converting to float32 and checking values is the
+caller's choice (see `fill`).
+"""
+import os
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .errors import InputError
+
+PIECE_BYTES = 4 << 20  # bytes per read call and thread: large enough to amortize the call
+_H5PY = threading.Lock()  # h5py is thread-safe, but serial: one caller at a time, in order
+
+
+def default_threads():
+    """Reader threads: one per core, at most 16 (where parallel reads of cached files level off)."""
+    return max(1, min(16, os.cpu_count() or 1))
+
+
+class Rows:
+    """Rows [lo, hi) of one dataset; `read(lo, hi, out)` fills out (hi - lo, ...) in the stored type."""
+    kind = None
+    align = 1  # pieces start on multiples of this many rows (a chunk's rows)
+
+    def __init__(self, label, shape, dtype):
+        self.label, self.shape, self.dtype = label, tuple(shape), np.dtype(dtype)
+        self.row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+
+    def close(self):
+        pass
+
+
+class ArrayRows(Rows):
+    kind = "array"
+
+    def __init__(self, array, label):
+        super().__init__(label, array.shape, array.dtype)
+        self.array = array
+
+    def read(self, lo, hi, out):
+        np.copyto(out, self.array[lo:hi])  # releases the GIL
+
+
+class H5pyRows(Rows):
+    kind = "h5py"
+
+    def __init__(self, ds, label):
+        super().__init__(label, ds.shape, ds.dtype.newbyteorder("="))
+        self.ds = ds
+
+    def read(self, lo, hi, out):
+        with _H5PY:
+            try:
+                self.ds.read_direct(out, np.s_[lo:hi])
+            except Exception as e:  # h5py raises OSError, ValueError... on damaged files
+                raise InputError(f"{self.label}: cannot read: {' '.join(str(e).split()) or type(e).__name__}") from None
+
+
+class _FileRows(Rows):
+    """A dataset read from the file's bytes on a descriptor of our own (pread: no shared position)."""
+
+    def __init__(self, path, ds, label):
+        super().__init__(label, ds.shape, ds.dtype)
+        self.fd = os.open(path, os.O_RDONLY)
+        self.file_size = os.fstat(self.fd).st_size
+
+    def _pread(self, view, offset):
+        """Fill the byte view from the file at offset; a short file is an InputError."""
+        done = 0
+        while done < len(view):
+            got = os.preadv(self.fd, [view[done:]], offset + done)
+            if got == 0:
+                raise InputError(f"{self.label}: the file is truncated: its values need bytes up to "
+                                 f"{offset + len(view)}, but the file has {self.file_size}")
+            done += got
+
+    def close(self):
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class ContiguousRows(_FileRows):
+    kind = "pread"
+
+    def __init__(self, path, ds, label):
+        super().__init__(path, ds, label)
+        self.offset = ds.id.get_offset()
+        end = self.offset + self.shape[0] * self.row_bytes
+        if end > self.file_size:
+            self.close()
+            raise InputError(f"{label}: the file is truncated: the dataset's values need bytes up to {end}, "
+                             f"but the file has {self.file_size}")
+
+    def read(self, lo, hi, out):
+        self._pread(memoryview(out).cast("B"), self.offset + lo * self.row_bytes)
+
+
+class ChunkedRows(_FileRows):
+    kind = "chunks"
+
+    def __init__(self, path, ds, label, chunk_rows, index, filters):
+        import h5py
+
+        super().__init__(path, ds, label)
+        self.align, self.index = chunk_rows, index
+        # Bit i of a chunk's filter mask set: filter i was skipped for that chunk.
+        self.shuffle = h5py.h5z.FILTER_SHUFFLE in filters
+        self.deflate_bit = 1 << filters.index(h5py.h5z.FILTER_DEFLATE) if h5py.h5z.FILTER_DEFLATE in filters else None
+        for offset, size, _ in index:
+            if offset + size > self.file_size:
+                self.close()
+                raise InputError(f"{label}: the file is truncated: a chunk needs bytes up to {offset + size}, "
+                                 f"but the file has {self.file_size}")
+
+    def _chunk(self, j):
+        """Chunk j's rows, decoded: deflate undone, then shuffle (unless this chunk skipped them)."""
+        offset, size, mask = self.index[j]
+        raw = bytearray(size)
+        self._pread(memoryview(raw), offset)
+        if self.deflate_bit is not None and not mask & self.deflate_bit:
+            try:
+                raw = zlib.decompress(raw)  # releases the GIL
+            except zlib.error as e:
+                raise InputError(f"{self.label}: chunk {j} cannot be decompressed: {e}") from None
+        rows = self.align
+        if len(raw) != rows * self.row_bytes:
+            raise InputError(f"{self.label}: chunk {j} holds {len(raw)} bytes, expected {rows * self.row_bytes}")
+        values = np.frombuffer(raw, np.uint8)
+        if self.shuffle and not mask & 1:  # shuffle stores byte k of every value together
+            values = values.reshape(self.dtype.itemsize, -1).T
+        return values
+
+    def read(self, lo, hi, out):
+        flat = out.reshape(len(out), -1).view(np.uint8).reshape(len(out), self.row_bytes)
+        j = lo // self.align
+        while lo < hi:
+            first = j * self.align
+            take = min(hi, first + self.align) - lo
+            rows = self._chunk(j).reshape(self.align, self.row_bytes)
+            flat[:take] = rows[lo - first:lo - first + take]
+            flat, lo, j = flat[take:], lo + take, j + 1
+
+
+def _chunk_index(ds):
+    """[(file offset, stored size, filter mask)] of every chunk in row order, or None if any
+    chunk was never written (its rows are fill values: h5py knows them)."""
+    d = ds.id
+    rows = ds.chunks[0]
+    count = -(-ds.shape[0] // rows)
+    if d.get_num_chunks() < count:
+        return None
+    index = [None] * count
+    if hasattr(d, "chunk_iter"):
+        infos = []
+        d.chunk_iter(infos.append)
+    else:
+        infos = [d.get_chunk_info(i) for i in range(d.get_num_chunks())]
+    for info in infos:
+        index[info.chunk_offset[0] // rows] = (info.byte_offset, info.size, info.filter_mask)
+    return None if None in index else index
+
+
+def rows(path, ds, label):
+    """The fastest reader this dataset's layout allows (see the module's doc)."""
+    import h5py
+
+    path = str(path)
+    native = ds.dtype.isnative or ds.dtype.itemsize == 1
+    plist = ds.id.get_create_plist()
+    layout = plist.get_layout()
+    if native and layout == h5py.h5d.CONTIGUOUS and ds.id.get_offset() is not None:
+        return ContiguousRows(path, ds, label)
+    if native and layout == h5py.h5d.CHUNKED and tuple(ds.chunks[1:]) == tuple(ds.shape[1:]):
+        filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+        if filters in ([], [h5py.h5z.FILTER_DEFLATE], [h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_DEFLATE]):
+            index = _chunk_index(ds)
+            if index is not None:
+                return ChunkedRows(path, ds, label, ds.chunks[0], index, filters)
+    return H5pyRows(ds, label)
+
+
+def pieces(lo, hi, row_bytes, align, threads):
+    """[lo, hi) cut into about one piece per thread (none over PIECE_BYTES), on multiples of align."""
+    per = max(1, min(-(-(hi - lo) // threads), PIECE_BYTES // max(row_bytes, 1)))
+    per = -(-per // align) * align
+    cuts = list(range(lo - lo % align + per, hi, per))
+    return list(zip([lo] + cuts, cuts + [hi]))
+
+
+def check_finite(values, original, label, offset):
+    """Refuse any value of `values` that is not a finite number, naming the first (row offset added)."""
+    bad = ~np.isfinite(values)
+    if bad.any():
+        first = np.unravel_index(np.argmax(bad), values.shape)
+        index = (int(first[0]) + offset,) + tuple(int(i) for i in first[1:])
+        raise InputError(f"{label}: value at index {index} is {original[first].item()!r}, "
+                         f"not a finite {values.dtype} number")
+
+
+def fill(rows, lo, hi, out, check):
+    """Rows [lo, hi) into out: in the stored type, or converted to out's type (float32) and checked
+    to be finite there; `check` also checks float32 rows stored as such."""
+    if out.dtype == rows.dtype:
+        rows.read(lo, hi, out)
+        if check and out.dtype.kind == "f":
+            check_finite(out, out, rows.label, lo)
+        return
+    raw = np.empty((hi - lo,) + rows.shape[1:], rows.dtype)
+    rows.read(lo, hi, raw)
+    with np.errstate(over="ignore", invalid="ignore"):
+        out[...] = raw
+    if raw.dtype.kind == "f" or out.dtype.kind != "f":  # integers are always finite in float32
+        check_finite(out, raw, rows.label, lo)
+
+
+class Reader:
+    """A pool of reader threads; `submit` cuts a read into pieces, `read` also waits for them.
+    `busy_s` adds up the threads' reading time."""
+
+    def __init__(self, threads=None):
+        self.threads = threads or default_threads()
+        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="cnninfer-reader")
+        self.busy_s = 0.0
+        self._lock = threading.Lock()
+
+    def _timed(self, fn, *args):
+        t = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            with self._lock:
+                self.busy_s += time.perf_counter() - t
+
+    def submit(self, rows, lo, hi, out, check):
+        """Futures filling out (hi - lo rows) from rows [lo, hi), in row order."""
+        return [self.pool.submit(self._timed, fill, rows, a, b, out[a - lo:b - lo], check)
+                for a, b in pieces(lo, hi, rows.row_bytes, rows.align, self.threads)]
+
+    def call(self, fn, *args):
+        return self.pool.submit(self._timed, fn, *args)
+
+    def read(self, rows, lo, hi, out, check):
+        wait(self.submit(rows, lo, hi, out, check))
+        return out
+
+    def close(self):
+        self.pool.shutdown(wait=True, cancel_futures=True)
+
+
+def wait(futures):
+    """Results of futures in order; the first failure (in order, so the first bad row) is raised
+    once every future has finished, so no thread still writes into a buffer being reused."""
+    error = None
+    results = []
+    for f in futures:
+        try:
+            results.append(f.result())
+        except BaseException as e:
+            error = error or e
+    if error is not None:
+        raise error
+    return results
