@@ -1,7 +1,8 @@
 // The classifier in one kernel: fc1 (FEAT -> HIDDEN) -> ReLU -> fc2 (HIDDEN -> CLASSES) -> argmax.
 // in: features (n, FEAT) float32; fc1 (FEAT, HIDDEN), fc2 (HIDDEN, CLASSES) row-major.
 // out: labels (n) int32, the first index of each image's maximum score; *overflow = min(*overflow,
-// image) for every image whose scores are not all finite (float32 overflow).
+// image) for every image whose scores are not all finite (float32 overflow); the scores (n, CLASSES)
+// float32 too unless `scores_out` is null.
 // fc_kernel1: block HIDDEN threads (one hidden unit each) x FC_IMGS images in registers; fc1 and
 //   the features staged through shared memory FC_TILE rows at a time (float4, coalesced), the
 //   inner loop fully unrolled; then fc2 and the argmax from shared memory. grid ceil(n / FC_IMGS);
@@ -24,7 +25,7 @@ constexpr int XH_FLOATS = X_TILE > HID_FLOATS ? X_TILE : HID_FLOATS;
 
 extern "C" __global__ void __launch_bounds__(HIDDEN)
 fc_kernel1(const float* __restrict__ feat, const float* __restrict__ fc1, const float* __restrict__ fc2,
-           int* __restrict__ labels, int n, int* __restrict__ overflow) {
+           int* __restrict__ labels, int n, int* __restrict__ overflow, float* __restrict__ scores_out) {
     __shared__ float4 w_s[FC_TILE * HIDDEN / 4];        // fc1 rows [f0, f0 + FC_TILE)
     __shared__ __align__(16) float xh[XH_FLOATS];       // feature tile [f][img], then hidden [img][h]
     __shared__ float scores[FC_IMGS * CLASSES];
@@ -83,4 +84,6 @@ fc_kernel1(const float* __restrict__ feat, const float* __restrict__ fc1, const 
         labels[img0 + i] = best;
         if (!finite) atomicMin(overflow, img0 + i);
     }
+    if (scores_out != nullptr)
+        for (int o = j; o < imgs * CLASSES; o += HIDDEN) scores_out[(size_t)img0 * CLASSES + o] = scores[o];
 }

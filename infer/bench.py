@@ -10,6 +10,8 @@ import time
 import numpy as np
 
 from . import engine, loader, reference
+from .dataset import DataSet
+from .reader import Reader, wait
 from .errors import InputError
 from .gpu.launch import TILE_WIDTHS
 from .gpu.pipelines import ALGORITHMS
@@ -62,15 +64,15 @@ def time_cnninfer(model, x_host_data, expected, algo, tile_width, streams, warmu
 
     b = CudaBackend(streams=streams, tile_width=tile_width, conv_algo=algo)
     try:
-        x = b.host_buffer(x_host_data.shape)
+        x = b.host_buffers(x_host_data.shape, np.float32)[0]
         x[...] = x_host_data
         b.prepare(model, x.shape)
-        labels = b.forward(x)
+        labels, _ = b.forward(x)
         identical = int(np.count_nonzero(labels == expected))
         if identical < engine.MIN_AGREEMENT * len(x):
             raise InputError(f"bench: {algo} (tile {tile_width}) agrees with the reference on only "
                              f"{identical} of {len(x)} images; not timing it")
-        run = b.buffers(len(x), x.shape[1:])
+        run = b._run
         if run.x_dev is None:
             raise InputError(f"bench: {len(x)} images do not fit on the GPU at once; use a smaller N")
         gpu_ms = _median_events(lambda: b.enqueue(run), warmup, repeats)
@@ -119,17 +121,26 @@ def time_torch(model, x_host, warmup, repeats):
                 e2e_ms=e2e, labels=labels)
 
 
+def read_all(data_path, model, n=None):
+    """The first n images of a data file as float32, checked."""
+    data = DataSet.open([data_path], model, n)
+    pool = Reader()
+    try:
+        x = np.empty((data.size,) + data.image_shape, np.float32)
+        wait(data.submit_images(pool, 0, data.size, x, check=True))
+        return x
+    finally:
+        pool.close()
+        data.close()
+
+
 def bench(data_path, model_path, n=None, streams=4, warmup=5, repeats=20):
     """Rows of the benchmark table, best first, and facts about the device."""
     from .gpu.device import Device
 
     model = loader.load_model(model_path)
-    data = loader.open_data(data_path, model)
-    try:
-        n = loader.check_count(data, n)
-        x = loader.read_images(data, 0, n, np.empty((n,) + data.x.shape[1:], np.float32))
-    finally:
-        data.close()
+    x = read_all(data_path, model, n)
+    n = len(x)
     g = loader.geometry(model, x.shape)
     expected = np.concatenate([reference.forward(x[i:i + 512], model) for i in range(0, n, 512)])
     gpu = Device(0)

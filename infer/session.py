@@ -151,7 +151,7 @@ class Session:
         loader.geometry(self.model, x_shape, data.parts[0][0])
         wire = backend.wire_dtype(data.dtype)
         t = time.perf_counter()
-        backend.prepare(self.model, x_shape, scores)
+        backend.prepare(self.model, x_shape, scores, wire)
         timing = dict(load=0.0, prepare=_ms(t))
         try:
             if n * data.image_bytes(wire) > host_budget():

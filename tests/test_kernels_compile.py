@@ -13,7 +13,8 @@ from infer.network import Geometry
 MNIST = Geometry(h=28, w=28, c=1, k1=5, c1=32, k2=5, c2=64, hidden=128, classes=10)
 VARIANTS = ([("gemm", {"TILE_WIDTH": tw}) for tw in TILE_WIDTHS]
             + [("fused", Fused.defines(MNIST, version)) for version in (1, 2)] + [("fc", FullyConnected.defines(MNIST))]
-            + [(name, {}) for name in ("unroll", "place", "pool", "argmax")])
+            + [(name, {}) for name in ("unroll", "place", "pool", "argmax")]
+            + [("stage", {"SRC_T": t}) for t in ("unsigned char", "short", "long long")])
 REPORT = []
 
 
@@ -23,7 +24,7 @@ def test_every_kernel_file_is_covered():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("name,defines", VARIANTS, ids=[f"{n}-{'-'.join(map(str, d.values())) or 'plain'}" for n, d in VARIANTS])
+@pytest.mark.parametrize("name,defines", VARIANTS, ids=[f"{n}-{'-'.join(map(str, d.values())).replace(' ', '_') or 'plain'}" for n, d in VARIANTS])
 def test_kernel_compiles_without_spills(tmp_path, name, defines, arch):
     cmd = compiler.command(name, arch, defines, output=tmp_path / "k.cubin", extra=("-Xptxas", "-v"))
     r = subprocess.run(cmd, capture_output=True, text=True)

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pycuda.driver as cuda
 
-from ..errors import InputError, ScoresOverflow
+from ..errors import BadValue, InputError, ScoresOverflow
 from ..loader import geometry
-from ..stream import through
-from . import pipelines
+from ..stream import HostSide
+from . import launch, pipelines
 from .device import Device
 from .launch import INT_MAX
 from .profile import NullProfiler, Profiler
@@ -28,36 +28,52 @@ class Build:
 
 @dataclass
 class Run:
-    """The buffers of one batch size: images (resident, or per-stream staging), scratch, labels."""
+    """The buffers of one batch: images as uploaded (resident, or per-stream staging) in the wire
+    type, per-stream float32 images where the wire type is an integer, scratch, labels, scores,
+    and per chunk two flags: its first image with non-finite scores, its first image holding a
+    non-finite value (INT_MAX if none)."""
     key: tuple
     chunk: int
-    image_bytes: int
+    elems: int  # values per image
+    wire: np.dtype
     x_dev: object
     staging: list
+    floats: list
     scratch: list
     labels_dev: object
     labels: np.ndarray
-    overflow_dev: object  # per chunk: its first image with non-finite scores, INT_MAX if none
+    scores_dev: object
+    scores: np.ndarray
+    flags_dev: object
+    buffers: list  # every device allocation above, freed when the run is replaced
 
     @property
     def chunks(self):
         return -(-len(self.labels) // self.chunk)
 
+    @property
+    def wire_bytes(self):
+        return self.elems * self.wire.itemsize
 
-class CudaBackend:
+
+class CudaBackend(HostSide):
     name = "cuda"
+    checks_values = True  # check_kernel1 checks float32 images on the GPU
+    STREAM_IMAGES = 8192  # about the images per streamed block (a whole number of chunks)
 
     def __init__(self, chunk=None, streams=4, tile_width=16, conv_algo=pipelines.AUTO, device=0,
-                 fast_math=False, profile=False):
+                 fast_math=False, profile=False, readers=None):
         t = time.perf_counter()
         if streams < 1:
             raise InputError(f"--streams must be at least 1, got {streams}")
         self.gpu = Device(device)
         self.profiler = Profiler() if profile else NullProfiler()
         self.build = Build(self.gpu.arch, fast_math, tile_width, self.profiler)
-        self.algo, self.chunk, self.n_streams = conv_algo, chunk, streams
-        self.pinned, self.device_buffers = [], []
-        self.pipeline = self._run = None
+        self.algo, self.chunk, self.n_streams, self.readers = conv_algo, chunk, streams, readers
+        self.weights, self.converters = [], {}
+        self.pipeline = self._run = self.model = None
+        self.streams = [cuda.Stream() for _ in range(self.n_streams)]
+        self.check = launch.Check(self.build)
         self._host("context set-up", t)
 
     def _host(self, step, since):
@@ -73,57 +89,79 @@ class CudaBackend:
     def profile(self):
         return self.profiler.rows() if isinstance(self.profiler, Profiler) else None
 
-    def host_buffer(self, shape):
-        """Page-locked host memory for the images, so uploads are asynchronous; freed by close()."""
-        buf = cuda.pagelocked_empty(shape, np.float32, mem_flags=cuda.host_alloc_flags.PORTABLE)
-        self.pinned.append(buf)
-        return buf
+    @staticmethod
+    def wire_dtype(stored):
+        """Integer images travel in their own type and are converted on the GPU; float32 as it is;
+        other floats are converted (and checked) by the reader threads."""
+        if stored is not None and stored.kind in "iu" and stored.isnative:
+            return np.dtype(stored)
+        return np.dtype(np.float32)
 
-    def to_device(self, array):
-        """A device copy of `array` as float32, freed by close()."""
+    @staticmethod
+    def new_host_buffer(shape, dtype):
+        """Page-locked host memory, so uploads are asynchronous (portable: any context may copy)."""
+        return cuda.pagelocked_empty(shape, dtype, mem_flags=cuda.host_alloc_flags.PORTABLE)
+
+    @staticmethod
+    def free_host_buffer(buf):
+        buf.base.free()
+
+    def _to_device(self, array):
+        """A device copy of `array` as float32, freed with the weights."""
         array = np.ascontiguousarray(array, np.float32)
         buf = cuda.mem_alloc(max(array.nbytes, 4))
-        self.device_buffers.append(buf)
+        self.weights.append(buf)
         cuda.memcpy_htod(buf, array)
         return buf
 
-    def prepare(self, model, x_shape):
-        """Compile (or load cached) kernels for this network, upload the weights once, allocate
-        the buffers for x_shape (n, H, W, C) and run the network once on zeros, so the timed
-        forward pays neither allocation nor the first launch's module loading."""
+    def prepare(self, model, x_shape, scores=False, wire=np.float32):
+        """Compile (or load cached) kernels for this network and upload the weights (once per
+        model and image shape), allocate the buffers for x_shape (n, H, W, C) images of type wire
+        (once per batch shape) and run the network once, so the timed forward pays neither
+        allocation nor the first launch's module loading."""
         t = time.perf_counter()
-        self.model_path = model.path
         g = geometry(model, x_shape, "data")
-        algo, why = pipelines.choose(self.algo, g, self.gpu.arch)
-        if why:
-            raise InputError(f"{model.path}: {why}; --conv-algo unroll runs any consistent shapes")
-        self.pipeline = algo(self.build, g)
-        self._host("compile / load kernels", t)
+        if self.model is not model or self.pipeline.g != g:  # a new model or image shape
+            algo, why = pipelines.choose(self.algo, g, self.gpu.arch)
+            if why:
+                raise InputError(f"{model.path}: {why}; --conv-algo unroll runs any consistent shapes")
+            self.pipeline = algo(self.build, g)
+            self._host("compile / load kernels", t)
+            t = time.perf_counter()
+            for buf in self.weights:
+                buf.free()
+            self.weights = []
+            self.pipeline.upload(model, self._to_device)
+            cuda.Context.synchronize()
+            self.model, self._run = model, None
+            self._host("weights upload", t)
         t = time.perf_counter()
-        self.pipeline.upload(model, self.to_device)
-        cuda.Context.synchronize()
-        self._host("weights upload", t)
-        t = time.perf_counter()
-        self.streams = [cuda.Stream() for _ in range(self.n_streams)]
-        run = self.buffers(x_shape[0], x_shape[1:])
-        first = run.staging[0] if run.x_dev is None else run.x_dev
-        cuda.memset_d32(first, 0, run.chunk * run.image_bytes // 4)
-        self.pipeline.enqueue(self.streams[0], int(first), run.chunk, int(run.labels_dev), int(run.scratch[0]),
-                              int(run.overflow_dev))
-        cuda.Context.synchronize()
+        wire = np.dtype(wire)
+        if wire != np.float32 and wire not in self.converters:
+            self.converters[wire] = launch.Convert(self.build, wire)
+        key = (x_shape[0], tuple(x_shape[1:]), wire.str, scores)
+        if self._run is None or self._run.key != key:
+            run = self.buffers(key)
+            count = min(run.chunk, x_shape[0])
+            cuda.memset_d8(run.staging[0] if run.x_dev is None else run.x_dev, 0, count * run.wire_bytes)
+            self._clear_flags(run)
+            self._enqueue_chunk(run, 0, 0, count)
+            cuda.Context.synchronize()
         self._host("buffers + warm-up", t)
 
-    def _plan(self, n, image_bytes):
+    def _plan(self, n, wire_bytes, float_bytes, scores):
         """(chunk, inputs resident): the whole input on the device when it fits, chunks that fit."""
         free, _ = cuda.mem_get_info()
         budget = int(free * 0.8)
-        resident = n * image_bytes <= budget // 2
+        resident = n * wire_bytes <= budget // 2
         # By default enough chunks that every stream has work and copies hide behind kernels.
         chunk = self.chunk or min(self.pipeline.CHUNK, -(-n // self.n_streams))
+        converts = wire_bytes != float_bytes
 
         def need(c):
-            per_stream = 4 * self.pipeline.scratch_floats(c) + (0 if resident else c * image_bytes)
-            return self.n_streams * per_stream + (n * image_bytes if resident else 0) + 4 * n
+            per_stream = (4 * self.pipeline.scratch_floats(c) + (0 if resident else c * wire_bytes)
+                          + (c * float_bytes if converts else 0))
+            return self.n_streams * per_stream + (n * wire_bytes if resident else 0) + 4 * n * (1 + scores * self.pipeline.g.classes)
 
         chunk = min(chunk, n)
         while chunk > 1 and need(chunk) > budget:
@@ -132,18 +170,20 @@ class CudaBackend:
             raise InputError(f"the GPU has {free / 2**20:.0f} MiB free, too little for even one image per chunk")
         return chunk, resident
 
-    def buffers(self, n, image_shape):
-        """Device and page-locked buffers for n images, kept for repeated runs of the same size.
-        If the device runs out of memory all the same, the images stop being resident, then
-        chunks halve, down to one image."""
-        key = (n, tuple(image_shape))
+    def buffers(self, key):
+        """Device and page-locked buffers for a batch (n, image shape, wire type, scores), kept for
+        repeated runs of the same key. If the device runs out of memory all the same, the images
+        stop being resident, then chunks halve, down to one image."""
         if self._run is not None and self._run.key == key:
             return self._run
-        image_bytes = 4 * int(np.prod(image_shape))
-        chunk, resident = self._plan(n, image_bytes)
+        n, image_shape, wire, scores = key
+        wire = np.dtype(wire)
+        elems = int(np.prod(image_shape))
+        self._free_run()
+        chunk, resident = self._plan(n, elems * wire.itemsize, 4 * elems, scores)
         while True:
             try:
-                self._run = self._allocate(key, n, image_bytes, chunk, resident)
+                self._run = self._allocate(key, n, elems, wire, chunk, resident, scores)
                 return self._run
             except cuda.MemoryError:
                 if resident:
@@ -153,49 +193,76 @@ class CudaBackend:
                 else:
                     raise InputError("the GPU ran out of memory even for one image per chunk") from None
 
-    def _allocate(self, key, n, image_bytes, chunk, resident):
+    def _allocate(self, key, n, elems, wire, chunk, resident, scores):
         """A Run's buffers, all or none: on failure what was taken is given back."""
-        taken = []
+        taken, pinned = [], []
 
         def alloc(nbytes):
             taken.append(cuda.mem_alloc(max(nbytes, 4)))
             return taken[-1]
 
+        def host(shape, dtype):
+            pinned.append(cuda.pagelocked_empty(shape, dtype))
+            return pinned[-1]
+
+        classes = self.pipeline.g.classes
         try:
-            run = Run(key=key, chunk=chunk, image_bytes=image_bytes,
-                      x_dev=alloc(n * image_bytes) if resident else None,
-                      staging=[None if resident else alloc(chunk * image_bytes) for _ in self.streams],
-                      scratch=[alloc(4 * self.pipeline.scratch_floats(chunk)) for _ in self.streams],
-                      labels_dev=alloc(4 * n), labels=cuda.pagelocked_empty(n, np.int32),
-                      overflow_dev=alloc(4 * -(-n // chunk)))
+            return Run(key=key, chunk=chunk, elems=elems, wire=wire,
+                       x_dev=alloc(n * elems * wire.itemsize) if resident else None,
+                       staging=[None if resident else alloc(chunk * elems * wire.itemsize) for _ in self.streams],
+                       floats=[alloc(4 * chunk * elems) if wire != np.float32 else None for _ in self.streams],
+                       scratch=[alloc(4 * self.pipeline.scratch_floats(chunk)) for _ in self.streams],
+                       labels_dev=alloc(4 * n), labels=host(n, np.int32),
+                       scores_dev=alloc(4 * n * classes) if scores else None,
+                       scores=host((n, classes), np.float32) if scores else None,
+                       flags_dev=alloc(8 * -(-n // chunk)), buffers=taken + pinned)
         except BaseException:
             for buf in taken:
                 buf.free()
+            for buf in pinned:
+                buf.base.free()
             raise
-        self.device_buffers += taken
-        self.pinned.append(run.labels)
-        return run
+
+    def _free_run(self):
+        if self._run is not None:
+            cuda.Context.synchronize()
+            for buf in self._run.buffers:
+                if isinstance(buf, np.ndarray):
+                    buf.base.free()
+                else:
+                    buf.free()
+            self._run = None
 
     def forward(self, x, progress=None):
-        """Labels of images x (n, H, W, C) float32 in page-locked host memory."""
-        run = self.buffers(len(x), x.shape[1:])
-        self._clear_overflow(run)
+        """(labels, scores or None) of images x (n, H, W, C) in page-locked host memory, of the
+        wire type prepare() was given."""
+        run = self._run
+        assert run is not None and run.key[:3] == (len(x), tuple(x.shape[1:]), x.dtype.str), "prepare() first"
+        self._clear_flags(run)
         self.enqueue(run, x)
         for s in self.streams:
             s.synchronize()
-        self._check_overflow(run)
-        return run.labels.astype(np.int64)
+        self._check_flags(run)
+        if progress is not None:
+            progress.update(len(x))
+        return self._outputs(run)
 
-    def _clear_overflow(self, run):
-        cuda.memset_d32(run.overflow_dev, INT_MAX, run.chunks)
+    @staticmethod
+    def _outputs(run):
+        return run.labels.astype(np.int64), None if run.scores is None else run.scores.copy()
 
-    def _check_overflow(self, run):
-        """ScoresOverflow for the first image whose scores the kernels found not finite."""
-        first = np.empty(run.chunks, np.int32)
-        cuda.memcpy_dtoh(first, run.overflow_dev)
-        hit = np.flatnonzero(first != INT_MAX)
-        if len(hit):
-            raise ScoresOverflow(self.model_path, int(hit[0]) * run.chunk + int(first[hit[0]]))
+    def _clear_flags(self, run):
+        cuda.memset_d32(run.flags_dev, INT_MAX, 2 * run.chunks)
+
+    def _check_flags(self, run):
+        """BadValue for the first image holding a non-finite value, else ScoresOverflow for the
+        first image whose scores the kernels found not finite."""
+        flags = np.empty((2, run.chunks), np.int32)
+        cuda.memcpy_dtoh(flags, run.flags_dev)
+        for row, error in ((1, BadValue), (0, lambda i: ScoresOverflow(self.model.path, i))):
+            hit = np.flatnonzero(flags[row] != INT_MAX)
+            if len(hit):
+                raise error(int(hit[0]) * run.chunk + int(flags[row, hit[0]]))
 
     def enqueue(self, run, x=None):
         """Chunk i goes to stream i mod S; x None means the images are already resident."""
@@ -205,38 +272,52 @@ class CudaBackend:
             self._enqueue_chunk(run, i, start, stop - start, None if x is None else x[start:stop])
 
     def _enqueue_chunk(self, run, i, start, count, x=None):
-        """Upload images [start, start + count) unless x is None, the network, labels back; on
-        stream i mod S. Returns an event that completes when x may be overwritten."""
-        stream = self.streams[i % len(self.streams)]
-        dst = int(run.staging[i % len(self.streams)]) if run.x_dev is None else int(run.x_dev) + start * run.image_bytes
+        """Upload images [start, start + count) unless x is None, convert or check them, the
+        network, labels (and scores) back; on stream i mod S. Returns an event that completes when
+        x may be overwritten."""
+        s = i % len(self.streams)
+        stream = self.streams[s]
+        src = int(run.staging[s]) if run.x_dev is None else int(run.x_dev) + start * run.wire_bytes
         uploaded = None
         if x is not None:
             self.profiler.start("memcpy HtoD (images)", stream)
-            cuda.memcpy_htod_async(dst, x, stream)
+            cuda.memcpy_htod_async(src, x, stream)
             self.profiler.stop("memcpy HtoD (images)", stream)
             uploaded = cuda.Event(cuda.event_flags.DISABLE_TIMING)
             uploaded.record(stream)
-        self.pipeline.enqueue(stream, dst, count, int(run.labels_dev) + 4 * start, int(run.scratch[i % len(self.streams)]),
-                              int(run.overflow_dev) + 4 * (start // run.chunk))
+        chunk_index = start // run.chunk
+        if run.floats[s] is None:
+            images = src
+            self.check(stream, src, count, run.elems, int(run.flags_dev) + 4 * (run.chunks + chunk_index))
+        else:
+            images = int(run.floats[s])
+            self.converters[run.wire](stream, src, images, count * run.elems)
+        scores = 0 if run.scores is None else int(run.scores_dev) + 4 * start * self.pipeline.g.classes
+        self.pipeline.enqueue(stream, images, count, int(run.labels_dev) + 4 * start, int(run.scratch[s]),
+                              int(run.flags_dev) + 4 * chunk_index, scores)
         self.profiler.start("memcpy DtoH (labels)", stream)
         cuda.memcpy_dtoh_async(run.labels[start:start + count], int(run.labels_dev) + 4 * start, stream)
+        if scores:
+            cuda.memcpy_dtoh_async(run.scores[start:start + count], scores, stream)
         self.profiler.stop("memcpy DtoH (labels)", stream)
         return uploaded
 
     @property
     def stream_block(self):
-        """Images per block when streaming: one chunk, so a block is one upload on one stream."""
-        return self._run.chunk
+        """Images per streamed block: whole chunks (each one upload on one stream), about
+        STREAM_IMAGES, so each block amortizes the reads and the Python work around it."""
+        chunk = self._run.chunk
+        return chunk * max(1, self.STREAM_IMAGES // chunk)
 
     @property
     def ring_depth(self):
         return len(self.streams) + 2
 
     def forward_stream(self, ring, progress):
-        """Labels of images streamed from `ring`; each buffer goes back to the reader as soon as
-        its upload is done, so reading, uploads and kernels of different blocks overlap."""
+        """(labels, scores or None) of images streamed from `ring`; each buffer goes back to the
+        reader as soon as its uploads are done, so reading, uploads and kernels overlap."""
         run = self._run
-        self._clear_overflow(run)
+        self._clear_flags(run)
         pending = collections.deque()
 
         def hand_back():
@@ -245,8 +326,13 @@ class CudaBackend:
             ring.release(buf)
             progress.update(count)
 
-        for i, (start, x, buf) in enumerate(ring):
-            pending.append((self._enqueue_chunk(run, i, start - ring.start, len(x), x), buf, len(x)))
+        for start, x, buf in ring:
+            at = start - ring.start
+            for offset in range(0, len(x), run.chunk):
+                count = min(run.chunk, len(x) - offset)
+                uploaded = self._enqueue_chunk(run, (at + offset) // run.chunk, at + offset, count,
+                                               x[offset:offset + count])
+            pending.append((uploaded, buf, len(x)))
             while pending and (len(pending) >= ring.depth - 1 or pending[0][0].query()):
                 hand_back()
         while pending:
@@ -254,25 +340,20 @@ class CudaBackend:
         for s in self.streams:
             s.synchronize()
         try:
-            self._check_overflow(run)
-        except ScoresOverflow as e:
+            self._check_flags(run)
+        except (ScoresOverflow, BadValue) as e:
             raise e.shifted(ring.start) from None
-        return run.labels.astype(np.int64)
-
-    def stream(self, data, n, progress):
-        """Images [0, n) of an open data file, streamed: see stream.through."""
-        return through(self, data, 0, n, progress)
+        return self._outputs(run)
 
     def close(self):
-        """Free device and page-locked memory, then release the context."""
+        """Free device and page-locked memory, stop the readers, then release the context."""
         if self.gpu.context is None:
             return
-        if self.pipeline is not None:
-            cuda.Context.synchronize()
-        for buf in self.device_buffers:
+        cuda.Context.synchronize()
+        self._free_run()
+        self.close_host()
+        for buf in self.weights:
             buf.free()
-        for buf in self.pinned:
-            buf.base.free()
-        self.device_buffers, self.pinned, self.streams, self._run = [], [], [], None
+        self.weights, self.streams = [], []
         self.profiler = self.build.profiler = NullProfiler()  # its events die while the context lives
         self.gpu.close()

@@ -95,6 +95,27 @@ class Argmax(Launcher):
         self.launch(stream, (ceil_div(n, 128), 1), (128, 1, 1), scores, labels, n, classes, overflow)
 
 
+class Convert(Launcher):
+    """Integer images (as uploaded) to float32 on the GPU, exactly as NumPy's astype."""
+    source, kernel, arg_types = "stage", "convert_kernel1", "PPq"
+    TYPES = {"u1": "unsigned char", "i1": "signed char", "u2": "unsigned short", "i2": "short",
+             "u4": "unsigned int", "i4": "int", "u8": "unsigned long long", "i8": "long long"}
+
+    def __init__(self, build, dtype):
+        super().__init__(build, SRC_T=self.TYPES[dtype.kind + str(dtype.itemsize)])
+
+    def __call__(self, stream, src, dst, n):
+        self.launch(stream, (min(ceil_div(n, 256), 4096), 1), (256, 1, 1), src, dst, n)
+
+
+class Check(Launcher):
+    """*bad = min(*bad, first image holding a value that is not finite) over float32 images."""
+    source, kernel, arg_types = "stage", "check_kernel1", "PiiP"
+
+    def __call__(self, stream, x, n, per_image, bad):
+        self.launch(stream, (min(ceil_div(n * per_image, 256), 4096), 1), (256, 1, 1), x, n, per_image, bad)
+
+
 class Fused(Launcher):
     """conv1 -> ReLU -> pool -> conv2 -> ReLU -> pool for IMGS images per 256-thread block;
     version 1 on FP32 FFMA, version 2 on the tensor cores in 3xTF32 (sm_80 and later)."""
@@ -152,7 +173,7 @@ class Fused(Launcher):
 
 class FullyConnected(Launcher):
     """fc1 -> ReLU -> fc2 -> argmax, FC_IMGS images per block of `hidden` threads."""
-    source, kernel, arg_types = "fc", "fc_kernel1", "PPPPiP"
+    source, kernel, arg_types = "fc", "fc_kernel1", "PPPPiPP"
     IMGS, TILE = 16, 32
 
     @classmethod
@@ -167,5 +188,6 @@ class FullyConnected(Launcher):
         super().__init__(build, **self.defines(g))
         self.hidden = g.hidden
 
-    def __call__(self, stream, feat, fc1, fc2, labels, n, overflow):
-        self.launch(stream, (ceil_div(n, self.IMGS), 1), (self.hidden, 1, 1), feat, fc1, fc2, labels, n, overflow)
+    def __call__(self, stream, feat, fc1, fc2, labels, n, overflow, scores=0):
+        """scores: a device pointer for the (n, classes) scores, or 0 for none."""
+        self.launch(stream, (ceil_div(n, self.IMGS), 1), (self.hidden, 1, 1), feat, fc1, fc2, labels, n, overflow, scores)

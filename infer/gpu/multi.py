@@ -5,8 +5,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from ..errors import ScoresOverflow
-from ..stream import through
+from ..errors import BadValue, ScoresOverflow
 from .backend import CudaBackend
 
 
@@ -19,6 +18,8 @@ def split(n, parts):
 class MultiGpuBackend:
     name = "cuda"
     profile = None  # per-kernel profiles are per GPU: profile one device at a time
+    checks_values = True
+    wire_dtype = staticmethod(CudaBackend.wire_dtype)
 
     def __init__(self, devices, **options):
         self.workers = [ThreadPoolExecutor(1, thread_name_prefix=f"cnninfer-gpu{d}") for d in devices]
@@ -39,28 +40,39 @@ class MultiGpuBackend:
     def device(self):
         return f"{len(self.gpus)} GPUs: " + "; ".join(f"{g.gpu.ordinal}: {g.device}" for g in self.gpus)
 
-    def host_buffer(self, shape):
-        """Portable page-locked memory (every context can copy from it), owned by the first GPU."""
-        return self.workers[0].submit(self.gpus[0].host_buffer, shape).result()
+    @property
+    def reader(self):
+        return self.gpus[0].reader
 
-    def prepare(self, model, x_shape):
+    def host_buffers(self, shape, dtype, count=1):
+        """Portable page-locked memory (every context can copy from it), owned by the first GPU."""
+        return self.workers[0].submit(self.gpus[0].host_buffers, shape, dtype, count).result()
+
+    def prepare(self, model, x_shape, scores=False, wire=np.float32):
         self.ranges = split(x_shape[0], len(self.gpus))
-        self._each(lambda i, g: g.prepare(model, (self.ranges[i][1] - self.ranges[i][0],) + tuple(x_shape[1:])))
+        self._each(lambda i, g: g.prepare(model, (self.ranges[i][1] - self.ranges[i][0],) + tuple(x_shape[1:]),
+                                          scores, wire))
+
+    def _gather(self, parts):
+        labels, scores = zip(*parts)
+        return np.concatenate(labels), None if scores[0] is None else np.concatenate(scores)
 
     def forward(self, x, progress=None):
         def part(i, g):
             lo, hi = self.ranges[i]
             try:
-                return g.forward(x[lo:hi])
-            except ScoresOverflow as e:  # its image index counts from the start of x
+                return g.forward(x[lo:hi], progress)
+            except (ScoresOverflow, BadValue) as e:  # its image index counts from the start of x
                 raise e.shifted(lo) from None
 
-        return np.concatenate(self._each(part))
+        return self._gather(self._each(part))
 
-    def stream(self, data, n, progress):
-        parts = self._each(lambda i, g: through(g, data, *self.ranges[i], progress))
-        predictions, labels, read_s, wait_s = zip(*parts)
-        return np.concatenate(predictions), np.concatenate(labels), sum(read_s), max(wait_s)
+    def stream(self, data, start, stop, progress):
+        """Each GPU streams its own range with its own reader threads and ring."""
+        parts = self._each(lambda i, g: g.stream(data, start + self.ranges[i][0], start + self.ranges[i][1], progress))
+        predictions, labels, scores, read_s, wait_s = zip(*parts)
+        predictions, scores = self._gather(zip(predictions, scores))
+        return predictions, np.concatenate(labels), scores, max(read_s), max(wait_s)
 
     def close(self):
         for g, w in zip(self.gpus, self.workers):

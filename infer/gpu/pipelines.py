@@ -1,9 +1,9 @@
 """The network on the GPU, one class per algorithm; ALGORITHMS feeds --conv-algo and the tests.
 
 Each pipeline uploads the weights once (upload), says how much scratch memory a chunk of images
-needs (scratch_floats), and enqueues one chunk on a stream: images in, labels (int32) out, and
-the chunk-relative index of its first image with non-finite scores atomically min'ed into
-*overflow.
+needs (scratch_floats), and enqueues one chunk on a stream: images in, labels (int32) out (and the
+class scores, float32, where a scores pointer is given), and the chunk-relative index of its
+first image with non-finite scores atomically min'ed into *overflow.
 """
 import numpy as np
 
@@ -57,7 +57,7 @@ class Unroll:
     def scratch_floats(self, chunk):
         return Scratch.floats(self._layout(chunk))
 
-    def enqueue(self, stream, x, n, labels, scratch_base, overflow):
+    def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0):
         g, s = self.g, Scratch(scratch_base, self._layout(n)).ptr
         (h1, w1), (p1h, p1w), (h2, w2) = g.conv1_out, g.pool1_out, g.conv2_out
         self.unroll(stream, x, s["u1"], n, g.h, g.w, g.c, g.k1)
@@ -71,6 +71,10 @@ class Unroll:
         self.gemm(stream, s["feat"], self.fc1, s["hid"], n, g.hidden, g.flat, True)
         self.gemm(stream, s["hid"], self.fc2, s["scores"], n, g.classes, g.hidden, False)
         self.argmax(stream, s["scores"], labels, n, g.classes, overflow)
+        if scores:
+            import pycuda.driver as cuda
+
+            cuda.memcpy_dtod_async(scores, s["scores"], 4 * n * g.classes, stream)
 
 
 class Fused:
@@ -112,9 +116,9 @@ class Fused:
     def scratch_floats(self, chunk):
         return Scratch.floats([("feat", chunk * self.g.flat)])
 
-    def enqueue(self, stream, x, n, labels, scratch_base, overflow):
+    def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0):
         self.convs(stream, x, self.w2, scratch_base, n)
-        self.fcs(stream, scratch_base, self.fc1, self.fc2, labels, n, overflow)
+        self.fcs(stream, scratch_base, self.fc1, self.fc2, labels, n, overflow, scores)
 
 
 def tf32(a):
