@@ -159,15 +159,26 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
 @click.option("--streams", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True)
 @click.option("--repeats", type=click.IntRange(1), default=20, show_default=True)
+@click.option("--stream", "streamed", is_flag=True, help="Instead: stream the whole of DATA and compare the rate "
+              "with the raw parallel read of its bytes and with the GPU on resident images.")
+@click.option("--readers", type=click.IntRange(1, 256), help="--stream: reader threads (default: one per core, at most 16).")
+@click.option("--devices", callback=parse_devices, metavar="LIST|all", help="--stream: GPUs to split the images over.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object.")
-def bench(data, model, n, streams, warmup, repeats, as_json):
+def bench(data, model, n, streams, warmup, repeats, streamed, readers, devices, as_json):
     """Validate every GPU algorithm against the NumPy reference, then time each (and PyTorch/cuDNN
-    FP32 when importable) on the first N images of DATA: GPU time and end to end."""
-    from . import bench as benchmark
+    FP32 when importable) on the first N images of DATA: GPU time and end to end. With --stream,
+    the streamed run's images/s beside its two ceilings."""
     from .backends import create_cuda
 
     create_cuda(chunk=None).close()  # one clear line when there is no usable GPU
-    result = benchmark.bench(data, model, n, streams=streams, warmup=warmup, repeats=repeats)
+    if streamed:
+        from . import bench_stream as benchmark
+
+        result = benchmark.stream_bench(data, model, readers=readers, devices=devices)
+    else:
+        from . import bench as benchmark
+
+        result = benchmark.bench(data, model, n, streams=streams, warmup=warmup, repeats=repeats)
     click.echo(json.dumps(result) if as_json else "\n".join(benchmark.table(result)))
 
 

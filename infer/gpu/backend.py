@@ -29,7 +29,8 @@ class Build:
 @dataclass
 class Run:
     """The buffers of one batch: images as uploaded (resident, or per-stream staging) in the wire
-    type, per-stream float32 images where the wire type is an integer, scratch, labels, scores,
+    type, per-stream float32 images where the wire type is an integer, scratch, labels, scores
+    (40 bytes an image for 10 classes: always there, copied back only when asked for),
     and per chunk two flags: its first image with non-finite scores, its first image holding a
     non-finite value (INT_MAX if none)."""
     key: tuple
@@ -72,6 +73,7 @@ class CudaBackend(HostSide):
         self.algo, self.chunk, self.n_streams, self.readers = conv_algo, chunk, streams, readers
         self.weights, self.converters = [], {}
         self.pipeline = self._run = self.model = None
+        self.keep_scores = False
         self.streams = [cuda.Stream() for _ in range(self.n_streams)]
         self.check = launch.Check(self.build)
         self._host("context set-up", t)
@@ -139,7 +141,8 @@ class CudaBackend(HostSide):
         wire = np.dtype(wire)
         if wire != np.float32 and wire not in self.converters:
             self.converters[wire] = launch.Convert(self.build, wire)
-        key = (x_shape[0], tuple(x_shape[1:]), wire.str, scores)
+        self.keep_scores = scores
+        key = (x_shape[0], tuple(x_shape[1:]), wire.str)
         if self._run is None or self._run.key != key:
             run = self.buffers(key)
             count = min(run.chunk, x_shape[0])
@@ -149,7 +152,7 @@ class CudaBackend(HostSide):
             cuda.Context.synchronize()
         self._host("buffers + warm-up", t)
 
-    def _plan(self, n, wire_bytes, float_bytes, scores):
+    def _plan(self, n, wire_bytes, float_bytes):
         """(chunk, inputs resident): the whole input on the device when it fits, chunks that fit."""
         free, _ = cuda.mem_get_info()
         budget = int(free * 0.8)
@@ -161,7 +164,7 @@ class CudaBackend(HostSide):
         def need(c):
             per_stream = (4 * self.pipeline.scratch_floats(c) + (0 if resident else c * wire_bytes)
                           + (c * float_bytes if converts else 0))
-            return self.n_streams * per_stream + (n * wire_bytes if resident else 0) + 4 * n * (1 + scores * self.pipeline.g.classes)
+            return self.n_streams * per_stream + (n * wire_bytes if resident else 0) + 4 * n * (1 + self.pipeline.g.classes)
 
         chunk = min(chunk, n)
         while chunk > 1 and need(chunk) > budget:
@@ -171,19 +174,19 @@ class CudaBackend(HostSide):
         return chunk, resident
 
     def buffers(self, key):
-        """Device and page-locked buffers for a batch (n, image shape, wire type, scores), kept for
+        """Device and page-locked buffers for a batch (n, image shape, wire type), kept for
         repeated runs of the same key. If the device runs out of memory all the same, the images
         stop being resident, then chunks halve, down to one image."""
         if self._run is not None and self._run.key == key:
             return self._run
-        n, image_shape, wire, scores = key
+        n, image_shape, wire = key
         wire = np.dtype(wire)
         elems = int(np.prod(image_shape))
         self._free_run()
-        chunk, resident = self._plan(n, elems * wire.itemsize, 4 * elems, scores)
+        chunk, resident = self._plan(n, elems * wire.itemsize, 4 * elems)
         while True:
             try:
-                self._run = self._allocate(key, n, elems, wire, chunk, resident, scores)
+                self._run = self._allocate(key, n, elems, wire, chunk, resident)
                 return self._run
             except cuda.MemoryError:
                 if resident:
@@ -193,7 +196,7 @@ class CudaBackend(HostSide):
                 else:
                     raise InputError("the GPU ran out of memory even for one image per chunk") from None
 
-    def _allocate(self, key, n, elems, wire, chunk, resident, scores):
+    def _allocate(self, key, n, elems, wire, chunk, resident):
         """A Run's buffers, all or none: on failure what was taken is given back."""
         taken, pinned = [], []
 
@@ -213,8 +216,7 @@ class CudaBackend(HostSide):
                        floats=[alloc(4 * chunk * elems) if wire != np.float32 else None for _ in self.streams],
                        scratch=[alloc(4 * self.pipeline.scratch_floats(chunk)) for _ in self.streams],
                        labels_dev=alloc(4 * n), labels=host(n, np.int32),
-                       scores_dev=alloc(4 * n * classes) if scores else None,
-                       scores=host((n, classes), np.float32) if scores else None,
+                       scores_dev=alloc(4 * n * classes), scores=host((n, classes), np.float32),
                        flags_dev=alloc(8 * -(-n // chunk)), buffers=taken + pinned)
         except BaseException:
             for buf in taken:
@@ -247,9 +249,8 @@ class CudaBackend(HostSide):
             progress.update(len(x))
         return self._outputs(run)
 
-    @staticmethod
-    def _outputs(run):
-        return run.labels.astype(np.int64), None if run.scores is None else run.scores.copy()
+    def _outputs(self, run):
+        return run.labels.astype(np.int64), run.scores.copy() if self.keep_scores else None
 
     def _clear_flags(self, run):
         cuda.memset_d32(run.flags_dev, INT_MAX, 2 * run.chunks)
@@ -292,7 +293,7 @@ class CudaBackend(HostSide):
         else:
             images = int(run.floats[s])
             self.converters[run.wire](stream, src, images, count * run.elems)
-        scores = 0 if run.scores is None else int(run.scores_dev) + 4 * start * self.pipeline.g.classes
+        scores = int(run.scores_dev) + 4 * start * self.pipeline.g.classes if self.keep_scores else 0
         self.pipeline.enqueue(stream, images, count, int(run.labels_dev) + 4 * start, int(run.scratch[s]),
                               int(run.flags_dev) + 4 * chunk_index, scores)
         self.profiler.start("memcpy DtoH (labels)", stream)

@@ -1,0 +1,100 @@
+"""`cnninfer bench --stream`: how close a streamed run over a large file comes to its limits, in one
+process: the raw parallel read of the same bytes into page-locked memory (the reader's ceiling),
+the GPU on resident images (the compute ceiling), and `cnninfer run` itself (streamed: reading,
+upload and compute overlapped), each in images/s, with the ratios."""
+import os
+import time
+
+import numpy as np
+
+from . import engine, loader
+from .dataset import DataSet
+from .reader import Reader, wait
+
+
+def raw_read(data_path, model, readers, block):
+    """Images/s reading every image of the file, in its stored type, into a ring of 4 page-locked
+    blocks on `readers` threads (no compute, no checks): the reader's ceiling."""
+    import pycuda.driver as cuda
+
+    data = DataSet.open([data_path], model)
+    pool = Reader(readers)
+    buffers = [cuda.pagelocked_empty((block,) + data.image_shape, data.dtype or np.float32) for _ in range(4)]
+    try:
+        t = time.perf_counter()
+        inflight = []
+        for i, lo in enumerate(range(0, data.size, block)):
+            if len(inflight) == len(buffers):
+                wait(inflight.pop(0))
+            hi = min(data.size, lo + block)
+            inflight.append(data.submit_images(pool, lo, hi, buffers[i % len(buffers)][:hi - lo], check=False))
+        for f in inflight:
+            wait(f)
+        return data.size / (time.perf_counter() - t), data.kind
+    finally:
+        pool.close()
+        data.close()
+        for b in buffers:
+            b.base.free()
+
+
+def gpu_resident(data_path, model, n, conv_algo, warmup=3, repeats=20):
+    """Images/s of the GPU alone on n images already on it (CUDA events, median)."""
+    from .bench import _median_events, read_all
+    from .gpu.backend import CudaBackend
+
+    x = read_all(data_path, model, n)
+    b = CudaBackend(conv_algo=conv_algo)
+    try:
+        host = b.host_buffers(x.shape, np.float32)[0]
+        host[...] = x
+        b.prepare(model, x.shape)
+        b.forward(host)
+        run = b._run
+        ms = _median_events(lambda: b.enqueue(run), warmup, repeats)
+        return len(x) / ms * 1e3
+    finally:
+        b.close()
+
+
+def stream_bench(data_path, model_path, readers=None, devices=None, conv_algo="auto", resident_images=200_000):
+    model = loader.load_model(model_path)
+    rows = {}
+    rate, layout = raw_read(data_path, model, readers, 8192)
+    rows["raw parallel read (page-locked ring)"] = rate
+    rows["GPU alone, images resident"] = gpu_resident(data_path, model, None if _size(data_path, model) <= resident_images
+                                                      else resident_images, conv_algo)
+    budget = os.environ.get("CNNINFER_HOST_BUDGET_MB")
+    os.environ["CNNINFER_HOST_BUDGET_MB"] = "0"  # stream whatever the file's size
+    try:
+        r = engine.run(data_path, model, backend="cuda", readers=readers, devices=devices, conv_algo=conv_algo)
+    finally:
+        if budget is None:
+            os.environ.pop("CNNINFER_HOST_BUDGET_MB")
+        else:
+            os.environ["CNNINFER_HOST_BUDGET_MB"] = budget
+    rows["cnninfer run (streamed)"] = r.n / r.timing["forward"] * 1e3
+    return dict(data=str(data_path), n=r.n, correct=r.correct, layout=layout, readers=r.reader["threads"],
+                device=r.device, timing_ms=r.timing, rates=rows)
+
+
+def _size(data_path, model):
+    data = DataSet.open([data_path], model)
+    try:
+        return data.size
+    finally:
+        data.close()
+
+
+def table(result):
+    rates = result["rates"]
+    run = rates["cnninfer run (streamed)"]
+    lines = [f"{result['data']}: {result['n']} images ({result['layout']}, {result['readers']} reader threads), "
+             f"{result['correct']} correct; {result['device']}",
+             f"{'':40} {'images/s':>12} {'run / this':>11}"]
+    for name, rate in rates.items():
+        lines.append(f"{name:40} {rate:12,.0f} {run / rate:11.2f}")
+    t = result["timing_ms"]
+    lines.append(f"forward {t['forward']:.0f} ms; reader threads busy {t.get('read', 0):.0f} ms on average; "
+                 f"compute waited {t.get('wait', 0):.0f} ms for reads")
+    return lines

@@ -1,0 +1,120 @@
+"""The GPU's side of reading: integer images converted on the GPU exactly as on the host, float32
+values checked there, scores out, the Session's buffers kept between calls. Needs a GPU."""
+import h5py
+import numpy as np
+import pytest
+
+from infer import Session, engine, reference
+from infer.errors import InputError
+from tests.conftest import invoke
+from tests.test_bad_input import assert_refused
+from tests.test_gpu import Dev, build, gpu  # noqa: F401  (the module-scoped GPU fixture)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("dtype", ["u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8"])
+def test_convert_kernel_equals_numpys_astype(gpu, rng, dtype):
+    from infer.gpu.launch import Convert
+
+    info = np.iinfo(dtype)
+    values = rng.integers(info.min, info.max, 10007, dtype=dtype, endpoint=True)
+    values[:4] = [info.min, info.max, 0, (1 << 24) + 1 if info.bits > 24 else 1]  # extremes; a rounding case
+    d = Dev()
+    out = d.empty(len(values))
+    Convert(build(gpu), np.dtype(dtype))(None, d.put(values, dtype), out, len(values))
+    np.testing.assert_array_equal(d.get(out, len(values)), values.astype(np.float32))
+
+
+def test_check_kernel_finds_the_first_bad_image(gpu, rng):
+    from infer.gpu.launch import Check
+
+    x = rng.standard_normal((37, 5, 3, 1)).astype(np.float32)
+    x[30, 4, 2, 0], x[11, 0, 1, 0], x[12, 2, 2, 0] = np.nan, -np.inf, np.inf
+    d = Dev()
+    bad = d.put([2**31 - 1], np.int32)
+    Check(build(gpu))(None, d.put(x), 37, 15, bad)
+    assert d.get(bad, 1, np.int32)[0] == 11
+
+
+@pytest.fixture(scope="module")
+def testfull_u8(ece408, tmp_path_factory):
+    """testfull as uint8 pixels (0..255), contiguous and gzip-chunked."""
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = np.rint(f["x"][()] * 255).astype(np.uint8), f["y"][()]
+    folder = tmp_path_factory.mktemp("u8")
+    with h5py.File(folder / "plain.h5", "w") as f:
+        f["x"], f["y"] = x, y
+    with h5py.File(folder / "gzip.h5", "w") as f:
+        f.create_dataset("x", data=x, chunks=(100, 28, 28, 1), compression="gzip", shuffle=True)
+        f["y"] = y
+    return folder
+
+
+@pytest.mark.parametrize("name", ["plain.h5", "gzip.h5"])
+@pytest.mark.parametrize("budget", ["512", "2"])
+def test_uint8_images_on_the_gpu_equal_the_host_conversion(ece408, testfull_u8, monkeypatch, name, budget):
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)  # 2 MiB: 7.8 MB of uint8 images stream
+    gpu_run = engine.run(testfull_u8 / name, ece408 / "model.hdf5", backend="cuda")
+    cpu_run = engine.run(testfull_u8 / name, ece408 / "model.hdf5", backend="cpu")
+    assert gpu_run.streamed == (budget == "2")
+    assert gpu_run.reader["layout"] == ("pread" if name == "plain.h5" else "chunks")
+    assert np.count_nonzero(gpu_run.predictions == cpu_run.predictions) >= 9995
+    assert (gpu_run.labels == cpu_run.labels).all()
+
+
+@pytest.mark.parametrize("budget", ["512", "4"])
+def test_a_nan_in_the_last_block_is_refused_on_the_gpu(ece408, tmp_path, monkeypatch, budget):
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][()], f["y"][()]
+    x[9998, 27, 3, 0] = np.nan
+    bad = tmp_path / "bad.h5"
+    with h5py.File(bad, "w") as f:
+        f["x"], f["y"] = x, y
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)
+    out = tmp_path / "p.npy"
+    r = invoke("run", bad, ece408 / "model.hdf5", "--backend", "cuda", "--predictions", out, "-q")
+    assert_refused(r, "bad.h5", "'x'", "(9998, 27, 3, 0)", "nan")
+    assert not out.exists()
+
+
+def test_session_keeps_its_buffers_and_gives_the_references_scores(ece408, monkeypatch):
+    import pycuda.driver as cuda
+
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x = f["x"][:3001]
+    with Session(ece408 / "model.hdf5", backend="cuda") as s:
+        first = s.scores(x)
+        allocations = []
+        for name in ("mem_alloc", "pagelocked_empty"):
+            real = getattr(cuda, name)
+            monkeypatch.setattr(cuda, name, lambda *a, _real=real, **k: allocations.append(a) or _real(*a, **k))
+        again, labels = s.scores(x), s.predict(x)
+        assert allocations == []
+    expected = reference.scores(x, s.model)
+    np.testing.assert_allclose(first, expected, rtol=1e-4, atol=1e-4)
+    assert (again == first).all() and (labels == reference.argmax(expected)).all()
+
+
+def test_session_refuses_a_nan_naming_the_array_index(ece408):
+    x = np.ones((50, 28, 28, 1), np.float32)
+    x[42, 1, 2, 0] = np.nan
+    with Session(ece408 / "model.hdf5", backend="cuda") as s:
+        with pytest.raises(InputError, match=r"value at index \(42, 1, 2, 0\) is nan"):
+            s.predict(x)
+        assert s.predict(x[:42]).shape == (42,)  # the session still works
+
+
+def test_scores_file_on_the_gpu_equals_the_cpus(ece408, tmp_path):
+    for backend in ("cuda", "cpu"):
+        r = invoke("run", ece408 / "test100.hdf5", ece408 / "model.hdf5", "--backend", backend,
+                   "--scores", tmp_path / f"{backend}.npy")
+        assert r.exit_code == 0, r.stderr
+    np.testing.assert_allclose(np.load(tmp_path / "cuda.npy"), np.load(tmp_path / "cpu.npy"), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("algo", ["unroll", "fused-tc"])
+def test_scores_from_every_algorithm(ece408, algo):
+    r = engine.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo, scores=True)
+    c = engine.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu", scores=True)
+    np.testing.assert_allclose(r.scores, c.scores, rtol=1e-4, atol=1e-4)
