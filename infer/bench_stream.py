@@ -17,6 +17,9 @@ def raw_read(data_path, model, readers, block):
     blocks on `readers` threads (no compute, no checks): the reader's ceiling."""
     import pycuda.driver as cuda
 
+    from .gpu.device import Device
+
+    gpu = Device(0)  # page-locked memory needs a context
     data = DataSet.open([data_path], model)
     pool = Reader(readers)
     buffers = [cuda.pagelocked_empty((block,) + data.image_shape, data.dtype or np.float32) for _ in range(4)]
@@ -36,6 +39,7 @@ def raw_read(data_path, model, readers, block):
         data.close()
         for b in buffers:
             b.base.free()
+        gpu.close()
 
 
 def gpu_resident(data_path, model, n, conv_algo, warmup=3, repeats=20):

@@ -14,6 +14,7 @@ release the GIL, so reader threads run in parallel:
 Every row is read in the dataset's own type; converting to float32 and checking values is the
 caller's choice (see `fill`).
 """
+import functools
 import os
 import threading
 import time
@@ -120,6 +121,7 @@ class ChunkedRows(_FileRows):
 
         super().__init__(path, ds, label)
         self.align, self.index = chunk_rows, index
+        self._local = threading.local()
         # Bit i of a chunk's filter mask set: filter i was skipped for that chunk.
         self.shuffle = h5py.h5z.FILTER_SHUFFLE in filters
         self.deflate_bit = 1 << filters.index(h5py.h5z.FILTER_DEFLATE) if h5py.h5z.FILTER_DEFLATE in filters else None
@@ -129,23 +131,36 @@ class ChunkedRows(_FileRows):
                 raise InputError(f"{label}: the file is truncated: a chunk needs bytes up to {offset + size}, "
                                  f"but the file has {self.file_size}")
 
-    def _chunk(self, j):
-        """Chunk j's rows, decoded: deflate undone, then shuffle (unless this chunk skipped them)."""
+    def _scratch(self, name, nbytes):
+        """A buffer of this thread's, reused: large allocations per chunk would serialize the
+        threads on the kernel's memory-map lock (mmap, page faults, munmap)."""
+        buf = getattr(self._local, name, None)
+        if buf is None or len(buf) < nbytes:
+            buf = np.empty(nbytes, np.uint8)
+            setattr(self._local, name, buf)
+        return buf[:nbytes]
+
+    def _chunk(self, j, dest=None):
+        """Chunk j's bytes, decoded (deflate undone, then shuffle, unless this chunk skipped them),
+        written into dest (uint8, the chunk's size) when given, else into a scratch buffer."""
         offset, size, mask = self.index[j]
-        raw = bytearray(size)
-        self._pread(memoryview(raw), offset)
-        if self.deflate_bit is not None and not mask & self.deflate_bit:
-            try:
-                raw = zlib.decompress(raw)  # releases the GIL
-            except zlib.error as e:
-                raise InputError(f"{self.label}: chunk {j} cannot be decompressed: {e}") from None
-        rows = self.align
-        if len(raw) != rows * self.row_bytes:
-            raise InputError(f"{self.label}: chunk {j} holds {len(raw)} bytes, expected {rows * self.row_bytes}")
-        values = np.frombuffer(raw, np.uint8)
-        if self.shuffle and not mask & 1:  # shuffle stores byte k of every value together
-            values = values.reshape(self.dtype.itemsize, -1).T
-        return values
+        nbytes = self.align * self.row_bytes
+        shuffled = self.shuffle and not mask & 1
+        out = dest if dest is not None and not shuffled else self._scratch("out", nbytes)
+        if self.deflate_bit is None or mask & self.deflate_bit:
+            if size != nbytes:
+                raise InputError(f"{self.label}: chunk {j} holds {size} bytes, expected {nbytes}")
+            self._pread(memoryview(out), offset)
+        else:
+            raw = self._scratch("raw", size)
+            self._pread(memoryview(raw), offset)
+            _inflate(raw, out, f"{self.label}: chunk {j}")
+        if shuffled:  # shuffle stored byte k of every value together
+            values = out.reshape(self.dtype.itemsize, -1).T
+            if dest is None:
+                return values.reshape(-1)
+            dest.reshape(-1, self.dtype.itemsize)[...] = values
+        return out
 
     def read(self, lo, hi, out):
         flat = out.reshape(len(out), -1).view(np.uint8).reshape(len(out), self.row_bytes)
@@ -153,9 +168,48 @@ class ChunkedRows(_FileRows):
         while lo < hi:
             first = j * self.align
             take = min(hi, first + self.align) - lo
-            rows = self._chunk(j).reshape(self.align, self.row_bytes)
-            flat[:take] = rows[lo - first:lo - first + take]
+            if take == self.align:  # a whole chunk: decoded straight into the destination
+                self._chunk(j, flat[:take].reshape(-1))
+            else:
+                rows = self._chunk(j).reshape(self.align, self.row_bytes)
+                flat[:take] = rows[lo - first:lo - first + take]
             flat, lo, j = flat[take:], lo + take, j + 1
+
+
+@functools.lru_cache(maxsize=None)
+def _libz():
+    """zlib's uncompress() through ctypes (which releases the GIL): it inflates into a buffer we
+    own; Python's zlib module returns a new bytes object each time. None where libz is missing."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("z")
+    if not name:
+        return None
+    lib = ctypes.CDLL(name)
+    lib.uncompress.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_ulong]
+    lib.uncompress.restype = ctypes.c_int
+    return lib
+
+
+def _inflate(src, dst, label):
+    """Inflate the zlib stream src into dst (both uint8 arrays), which it must fill exactly."""
+    lib = _libz()
+    if lib is None:
+        try:
+            data = zlib.decompress(src)
+        except zlib.error as e:
+            raise InputError(f"{label} cannot be decompressed: {e}") from None
+        if len(data) != len(dst):
+            raise InputError(f"{label} holds {len(data)} bytes once decompressed, expected {len(dst)}")
+        dst[...] = np.frombuffer(data, np.uint8)
+        return
+    import ctypes
+
+    length = ctypes.c_ulong(len(dst))
+    status = lib.uncompress(dst.ctypes.data, ctypes.byref(length), src.ctypes.data, len(src))
+    if status != 0 or length.value != len(dst):
+        raise InputError(f"{label} cannot be decompressed (zlib status {status}, {length.value} of {len(dst)} bytes)")
 
 
 def _chunk_index(ds):

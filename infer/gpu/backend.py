@@ -75,6 +75,7 @@ class CudaBackend(HostSide):
         self.pipeline = self._run = self.model = None
         self.keep_scores = False
         self.streams = [cuda.Stream() for _ in range(self.n_streams)]
+        self.copies = cuda.Stream()  # streamed uploads to resident images: never queued behind kernels
         self.check = launch.Check(self.build)
         self._host("context set-up", t)
 
@@ -272,20 +273,24 @@ class CudaBackend(HostSide):
             stop = min(n, start + run.chunk)
             self._enqueue_chunk(run, i, start, stop - start, None if x is None else x[start:stop])
 
-    def _enqueue_chunk(self, run, i, start, count, x=None):
+    def _enqueue_chunk(self, run, i, start, count, x=None, ahead=False):
         """Upload images [start, start + count) unless x is None, convert or check them, the
         network, labels (and scores) back; on stream i mod S. Returns an event that completes when
-        x may be overwritten."""
+        x may be overwritten. ahead: resident images are uploaded on a stream of their own, so the
+        upload (and the host buffer's release) does not wait for earlier chunks' kernels."""
         s = i % len(self.streams)
         stream = self.streams[s]
         src = int(run.staging[s]) if run.x_dev is None else int(run.x_dev) + start * run.wire_bytes
         uploaded = None
         if x is not None:
-            self.profiler.start("memcpy HtoD (images)", stream)
-            cuda.memcpy_htod_async(src, x, stream)
-            self.profiler.stop("memcpy HtoD (images)", stream)
+            copies = self.copies if ahead and run.x_dev is not None else stream
+            self.profiler.start("memcpy HtoD (images)", copies)
+            cuda.memcpy_htod_async(src, x, copies)
+            self.profiler.stop("memcpy HtoD (images)", copies)
             uploaded = cuda.Event(cuda.event_flags.DISABLE_TIMING)
-            uploaded.record(stream)
+            uploaded.record(copies)
+            if copies is not stream:
+                stream.wait_for_event(uploaded)
         chunk_index = start // run.chunk
         if run.floats[s] is None:
             images = src
@@ -332,7 +337,7 @@ class CudaBackend(HostSide):
             for offset in range(0, len(x), run.chunk):
                 count = min(run.chunk, len(x) - offset)
                 uploaded = self._enqueue_chunk(run, (at + offset) // run.chunk, at + offset, count,
-                                               x[offset:offset + count])
+                                               x[offset:offset + count], ahead=True)
             pending.append((uploaded, buf, len(x)))
             while pending and (len(pending) >= ring.depth - 1 or pending[0][0].query()):
                 hand_back()
@@ -355,6 +360,6 @@ class CudaBackend(HostSide):
         self.close_host()
         for buf in self.weights:
             buf.free()
-        self.weights, self.streams = [], []
+        self.weights, self.streams, self.copies = [], [], None
         self.profiler = self.build.profiler = NullProfiler()  # its events die while the context lives
         self.gpu.close()

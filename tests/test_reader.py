@@ -1,0 +1,103 @@
+"""The parallel reader: every layout read on several threads equals h5py's own read, whatever the
+range (pieces and chunk edges), in the stored type or converted; damage is one InputError."""
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from infer import reader
+from infer.errors import InputError
+
+LAYOUTS = {  # dataset options -> the read path they must take
+    "contiguous": ({}, "pread"),
+    "chunked": (dict(chunks=(7, 5, 3, 2)), "chunks"),
+    "gzip": (dict(chunks=(7, 5, 3, 2), compression="gzip"), "chunks"),
+    "shuffle+gzip": (dict(chunks=(7, 5, 3, 2), compression="gzip", shuffle=True), "chunks"),
+    "partial-row chunks": (dict(chunks=(7, 5, 3, 1)), "h5py"),
+    "lzf": (dict(chunks=(7, 5, 3, 2), compression="lzf"), "h5py"),
+    "big-endian": (dict(big_endian=True), "h5py"),
+}
+
+
+@pytest.fixture
+def pool():
+    p = reader.Reader(3)
+    yield p
+    p.close()
+
+
+def write(path, values, **options):
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=values, **options)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", ["f4", "u1", "i2", "f8"])
+def test_every_layout_reads_what_h5py_reads(tmp_path, rng, pool, layout, dtype):
+    options, kind = dict(LAYOUTS[layout][0]), LAYOUTS[layout][1]
+    values = (rng.random((1003, 5, 3, 2)) * 200).astype(dtype)
+    if options.pop("big_endian", False):
+        values = values.astype(values.dtype.newbyteorder(">"))
+        kind = "h5py" if values.dtype.itemsize > 1 else "pread"  # one byte has no order
+    write(tmp_path / "d.h5", values, **options)
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        try:
+            assert rows.kind == kind
+            for lo, hi in [(0, 1003), (5, 900), (14, 21), (1000, 1003), (3, 4)]:
+                stored = np.empty((hi - lo, 5, 3, 2), rows.dtype)
+                pool.read(rows, lo, hi, stored, check=True)
+                np.testing.assert_array_equal(stored, values[lo:hi])
+                converted = np.empty((hi - lo, 5, 3, 2), np.float32)
+                pool.read(rows, lo, hi, converted, check=True)
+                np.testing.assert_array_equal(converted, values[lo:hi].astype(np.float32))
+        finally:
+            rows.close()
+
+
+def test_pieces_cover_the_range_on_chunk_edges():
+    cuts = reader.pieces(5, 1003, 120, 7, 4)
+    assert cuts[0][0] == 5 and cuts[-1][1] == 1003
+    assert all(a == b for (_, a), (b, _) in zip(cuts, cuts[1:]))
+    assert all(a % 7 == 0 for a, _ in cuts[1:])
+
+
+def test_the_first_bad_value_in_row_order_is_named(tmp_path, pool):
+    values = np.ones((5000, 4, 4, 1), np.float32)
+    values[4321, 1, 2, 0], values[4999, 0, 0, 0] = np.inf, np.nan
+    write(tmp_path / "d.h5", values)
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "d.h5: dataset 'x'")
+        with pytest.raises(InputError, match=r"index \(4321, 1, 2, 0\) is inf"):
+            pool.read(rows, 0, 5000, np.empty((5000, 4, 4, 1), np.float32), check=True)
+        rows.close()
+
+
+def test_a_file_truncated_under_us_is_refused(tmp_path, pool):
+    """h5py refuses a file truncated before it opens; this one shrinks after."""
+    write(tmp_path / "d.h5", np.ones((1000, 8, 8, 1), np.float32))
+    size = (tmp_path / "d.h5").stat().st_size
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        os.truncate(tmp_path / "d.h5", size // 2)
+        with pytest.raises(InputError, match="truncated"):
+            pool.read(rows, 0, 1000, np.empty((1000, 8, 8, 1), np.float32), check=True)
+        with pytest.raises(InputError, match="truncated"):
+            reader.rows(tmp_path / "d.h5", f["x"], "x")
+        rows.close()
+
+
+def test_a_corrupted_chunk_is_refused(tmp_path, pool):
+    write(tmp_path / "d.h5", np.arange(700 * 16, dtype=np.float32).reshape(700, 4, 4, 1), chunks=(100, 4, 4, 1),
+          compression="gzip")
+    with h5py.File(tmp_path / "d.h5") as f:
+        offset, size, _ = reader.rows(tmp_path / "d.h5", f["x"], "x").index[3]
+    with open(tmp_path / "d.h5", "r+b") as f:
+        f.seek(offset + size // 2)
+        f.write(b"\xff" * 16)
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        with pytest.raises(InputError, match="chunk 3 cannot be decompressed"):
+            pool.read(rows, 0, 700, np.empty((700, 4, 4, 1), np.float32), check=True)
+        rows.close()
