@@ -1,0 +1,130 @@
+"""The Python API (Session) and the command line's new outputs: arrays of any number type, the
+same validation as files, buffers kept between calls, shards, scores, per-class results."""
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+import cnninfer
+from infer import engine, reference
+from infer.errors import InputError
+from tests.conftest import invoke
+
+
+@pytest.fixture(scope="module")
+def images(ece408):
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        return f["x"][:300], np.argmax(f["y"][:300], axis=1)
+
+
+@pytest.fixture
+def session(ece408):
+    with cnninfer.Session(ece408 / "model.hdf5", backend="cpu") as s:
+        yield s
+
+
+def test_three_lines_do_what_run_does(ece408, images, session):
+    x, labels = images
+    run = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 300, backend="cpu")
+    assert (session.predict(x) == run.predictions).all()
+    np.testing.assert_array_equal(session.scores(x), reference.scores(x, session.model))
+    assert session.evaluate(ece408 / "testfull.hdf5", 300).as_dict()["correct"] == run.correct
+
+
+@pytest.mark.parametrize("dtype", ["u1", "i2", "i8", "f2", "f8", ">f4"])
+def test_any_number_type_is_converted_as_numpy_does(session, rng, dtype):
+    x = (rng.random((37, 28, 28, 1)) * 100).astype(dtype)
+    assert (session.predict(x) == reference.forward(x.astype(np.float32), session.model)).all()
+
+
+@pytest.mark.parametrize("x,words", [
+    (np.ones((2, 28, 28), np.float32), "shape (2, 28, 28), expected (N, H, W, C)"),
+    (np.ones((2, 28, 28, 1), bool), "not a number type"),
+    (np.ones((2, 28, 28, 3), np.float32), "3 channels"),
+    (np.full((2, 28, 28, 1), 1e39), "(0, 0, 0, 0) is 1e+39, not a finite float32"),
+])
+def test_bad_arrays_raise_one_line(session, x, words):
+    with pytest.raises(InputError) as e:
+        session.predict(x)
+    assert words in e.value.message and "\n" not in e.value.message
+    assert isinstance(e.value, ValueError)
+
+
+def test_no_images_no_work(session):
+    assert session.predict(np.empty((0, 28, 28, 1))).shape == (0,)
+    assert session.scores(np.empty((0, 28, 28, 1))).shape == (0, 10)
+
+
+def test_repeated_calls_allocate_no_new_buffers(session, images):
+    session.predict(images[0])
+    buffers = dict(session.backend._host_buffers)
+    session.predict(images[0])
+    session.scores(images[0])
+    assert session.backend._host_buffers == buffers
+
+
+def test_a_model_from_arrays(ece408, images):
+    with h5py.File(ece408 / "model.hdf5") as f:
+        weights = {k: f[k][()] for k in ("conv1", "conv2", "fc1", "fc2")}
+    with cnninfer.Session(weights, backend="cpu") as s:
+        assert (s.predict(images[0][:50]) == reference.forward(images[0][:50], s.model)).all()
+    del weights["fc2"]
+    with pytest.raises(InputError, match="no weights named fc2"):
+        cnninfer.Session(weights, backend="cpu")
+
+
+def test_a_closed_session_says_so(session, images):
+    session.close()
+    with pytest.raises(InputError, match="closed"):
+        session.predict(images[0])
+
+
+@pytest.fixture(scope="module")
+def shards(ece408, tmp_path_factory):
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:700], f["y"][:700]
+    folder = tmp_path_factory.mktemp("shards")
+    for i, (lo, hi) in enumerate([(0, 250), (250, 251), (251, 700)]):
+        with h5py.File(folder / f"s{i}.h5", "w") as f:
+            f["x"], f["y"] = x[lo:hi].astype(np.float64), y[lo:hi]
+    return folder
+
+
+def test_several_files_are_one_data_set(ece408, shards):
+    whole = json.loads(invoke("run", ece408 / "testfull.hdf5", ece408 / "model.hdf5", 700, "--backend", "cpu", "--json").stdout)
+    r = invoke("run", shards / "s*.h5", ece408 / "model.hdf5", "--backend", "cpu", "--json")
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert (d["n"], d["correct"]) == (700, whole["correct"])
+    assert [(s["n"], s["data"].endswith(f"s{i}.h5")) for i, s in enumerate(d["shards"])] == [(250, True), (1, True), (449, True)]
+    assert sum(s["correct"] for s in d["shards"]) == d["correct"]
+    r = invoke("run", shards / "s0.h5", shards / "s2.h5", ece408 / "model.hdf5", 300, "--backend", "cpu", "--json")
+    assert [s["n"] for s in json.loads(r.stdout)["shards"]] == [250, 50]
+
+
+def test_shards_that_disagree_or_match_nothing_are_refused(ece408, shards, tmp_path):
+    with h5py.File(tmp_path / "odd.h5", "w") as f:
+        f["x"], f["y"] = np.ones((3, 32, 32, 1), np.float32), np.eye(10)[:3]
+    r = invoke("run", shards / "s0.h5", tmp_path / "odd.h5", ece408 / "model.hdf5", "--backend", "cpu")
+    assert r.exit_code == 2 and "odd.h5: dataset 'x'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = invoke("run", tmp_path / "none*.h5", ece408 / "model.hdf5", "--backend", "cpu")
+    assert r.exit_code == 2 and "no file matches" in r.stderr
+
+
+def test_scores_file_and_per_class_table(ece408, tmp_path):
+    out = tmp_path / "s.npy"
+    r = invoke("run", ece408 / "test100.hdf5", ece408 / "model.hdf5", "--backend", "cpu", "--scores", out, "--per-class")
+    assert r.exit_code == 0, r.stderr
+    scores = np.load(out)
+    assert scores.shape == (100, 10) and scores.dtype == np.float32
+    table = r.stdout.splitlines()[2:]
+    assert table[0].startswith("class") and len(table) == 11
+    d = json.loads(invoke("run", ece408 / "test100.hdf5", ece408 / "model.hdf5", "--backend", "cpu", "--json").stdout)
+    confusion = np.array(d["confusion"])
+    assert confusion.sum() == 100 and np.trace(confusion) == d["correct"] == 95
+    assert [c["correct"] for c in d["per_class"]] == list(np.diag(confusion))
+    run = engine.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu")
+    assert (np.argmax(scores, axis=1) == run.predictions).all()
+    r = invoke("run", ece408 / "test2.hdf5", ece408 / "model.hdf5", "--backend", "cpu", "--scores", tmp_path / "s.csv")
+    assert r.exit_code == 2 and "written as .npy" in r.stderr
