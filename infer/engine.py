@@ -1,5 +1,4 @@
 """One inference run as a library call: a Session made, one evaluation, the session closed."""
-from .result import Result  # noqa: F401  (the type run returns)
 from .session import Session
 
 MIN_AGREEMENT = 0.9995  # share of predictions a GPU run must share with the NumPy reference

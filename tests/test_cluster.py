@@ -1,7 +1,6 @@
 """Dask scale-out on a LocalCluster of two worker processes with the CPU backend: the same
 predictions as one process on the same shards."""
 import h5py
-import numpy as np
 import pytest
 
 from infer import engine
