@@ -171,18 +171,7 @@ static_assert(WINDOWS % 16 == 0 && C2 % 16 == 0 && NT <= 4 && C1 % 8 == 0, "fuse
 static_assert(SLAB2 % (4 * FUSED_THREADS) == 0, "fused v2: w2 slab must split into 16 bytes per thread");
 static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused v2: shared memory over 227 KB");
 
-__device__ __forceinline__ unsigned tf32(float f) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
-    return r;
-}
-
-// d += a . b for one m16n8k8 tile, TF32 operands, FP32 accumulators.
-__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
+#include "mma.cuh"
 
 // Start copying slab s of w2f into shared memory at dst (16 bytes per thread per round, async).
 __device__ __forceinline__ void fetch_slab(float4* dst, const float4* __restrict__ w2f, int s) {

@@ -1,16 +1,29 @@
-// Shared-memory tiled GEMM, the classic pipeline's workhorse for both convolutions and both fcs.
+// The classic pipeline's GEMM, for both convolutions and both fcs.
 // c (M, N) = a (M, K) . b (K, N), all row-major float32; apply_relu != 0 applies ReLU on store.
 // conv: a = weights re-laid (C_out, K*K*C), b = unrolled input (K*K*C, P) -> c (C_out, P)
 // fc:   a = features (n, in), b = weights (in, out) -> c (n, out)
-// gemm_kernel1: TILE_WIDTH x TILE_WIDTH tiles of a and b staged in shared memory, one output per
-//   thread; block TILE_WIDTH^2, grid (ceil(N/TW), ceil(M/TW)); 2*M*N*K FLOPs,
-//   4*(M*K*N/TW + K*N*M/TW + M*N) bytes from global memory.
+// 2*M*N*K FLOPs in every version; GEMM_VERSION picks the kernel compiled, TILE_WIDTH its tile.
+// gemm_kernel1: TILE_WIDTH x TILE_WIDTH (8, 16, 32) tiles of a and b in shared memory, one output
+//   per thread; block TILE_WIDTH^2, grid (ceil(N/TW), ceil(M/TW)); reads a and b N/TW and M/TW times.
+// gemm_kernel2: register-blocked FP32: block tile TILE_WIDTH (32, 64, 128) x 128, k-tiles of 16;
+//   256 threads, each a (TW/16) x 8 micro-tile (two float4 column groups); a staged transposed,
+//   b with float4 loads where N % 4 == 0; the next k-tile prefetched into registers while this one
+//   is used (double-buffered shared memory, one barrier per k-tile); grid (ceil(N/128), ceil(M/TW));
+//   reads a N/128 times and b M/TW times.
+// gemm_kernel3 (sm_80+): the same block tiles on the tensor cores in 3xTF32 (FP32-level accuracy):
+//   8 warps of (TW/2 or 32) x (32 or 16) warp tiles of mma.m16n8k8, k-tiles of 16 through a
+//   3-stage cp.async pipeline (zero-filled past the edges), operands split at fragment load.
 
+#ifndef GEMM_VERSION
+#define GEMM_VERSION 1
+#endif
 #ifndef TILE_WIDTH
 #define TILE_WIDTH 16
 #endif
 
 #include "common.cuh"
+
+#if GEMM_VERSION == 1
 
 extern "C" __global__ void gemm_kernel1(const float* __restrict__ a, const float* __restrict__ b,
                                         float* __restrict__ c, int M, int N, int K, int apply_relu) {
@@ -29,3 +42,230 @@ extern "C" __global__ void gemm_kernel1(const float* __restrict__ a, const float
     }
     if (row < M && col < N) c[(size_t)row * N + col] = apply_relu ? relu(acc) : acc;
 }
+
+#else
+
+constexpr int TM = TILE_WIDTH, BN = 128, BK = 16, THREADS = 256;
+static_assert(TM == 32 || TM == 64 || TM == 128, "gemm: block tiles are 32, 64 or 128 rows");
+
+// One output pair or quad (ReLU'd if asked), guarded against the right and bottom edges.
+__device__ __forceinline__ void store_row(float* __restrict__ c, int M, int N, int row, int col,
+                                          const float* v, int count, bool apply_relu) {
+    if (row >= M) return;
+    float o[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[j] = j < count ? (apply_relu ? relu(v[j]) : v[j]) : 0.0f;
+    float* dst = c + (size_t)row * N + col;
+    if (count == 4 && N % 4 == 0 && col + 3 < N) {
+        *reinterpret_cast<float4*>(dst) = make_float4(o[0], o[1], o[2], o[3]);
+    } else if (count == 2 && N % 2 == 0 && col + 1 < N) {
+        *reinterpret_cast<float2*>(dst) = make_float2(o[0], o[1]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (j < count && col + j < N) dst[j] = o[j];
+    }
+}
+
+#if GEMM_VERSION == 2
+
+constexpr int RM = TM / 16;  // rows of a thread's micro-tile
+constexpr int A_PER_THREAD = TM * BK / THREADS;
+constexpr int AST = TM + 4;  // transposed a tile: k rows of TM (+4 against store conflicts)
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+gemm_kernel2(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
+             int M, int N, int K, int apply_relu) {
+    __shared__ __align__(16) float as[2][BK * AST];
+    __shared__ __align__(16) float bs[2][BK * BN];
+    const int t = threadIdx.x, tx = t % 16, ty = t / 16;
+    const int m0 = blockIdx.y * TM, n0 = blockIdx.x * BN;
+    const bool vec_b = N % 4 == 0;  // rows of b start 16-byte aligned
+    float ra[A_PER_THREAD], rb[8];
+
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < A_PER_THREAD; ++i) {
+            const int e = t + i * THREADS, row = m0 + e / BK, k = k0 + e % BK;
+            ra[i] = row < M && k < K ? __ldg(a + (size_t)row * K + k) : 0.0f;
+        }
+        if (vec_b) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int e = t + i * THREADS, k = k0 + e / (BN / 4), col = n0 + 4 * (e % (BN / 4));
+                const float4 v = k < K && col < N ? __ldg(reinterpret_cast<const float4*>(b + (size_t)k * N + col))
+                                                  : make_float4(0.f, 0.f, 0.f, 0.f);
+                rb[4 * i] = v.x, rb[4 * i + 1] = v.y, rb[4 * i + 2] = v.z, rb[4 * i + 3] = v.w;
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                const int e = t + i * THREADS, k = k0 + e / BN, col = n0 + e % BN;
+                rb[i] = k < K && col < N ? __ldg(b + (size_t)k * N + col) : 0.0f;
+            }
+        }
+    };
+    auto store = [&](int buf) {
+#pragma unroll
+        for (int i = 0; i < A_PER_THREAD; ++i) {
+            const int e = t + i * THREADS;
+            as[buf][(e % BK) * AST + e / BK] = ra[i];
+        }
+        if (vec_b) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int e = t + i * THREADS;
+                *reinterpret_cast<float4*>(&bs[buf][(e / (BN / 4)) * BN + 4 * (e % (BN / 4))]) =
+                    make_float4(rb[4 * i], rb[4 * i + 1], rb[4 * i + 2], rb[4 * i + 3]);
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) bs[buf][t + i * THREADS] = rb[i];
+        }
+    };
+
+    float acc[RM][8];
+#pragma unroll
+    for (int i = 0; i < RM; ++i)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[i][j] = 0.0f;
+
+    const int tiles = (K + BK - 1) / BK;
+    load(0);
+    store(0);
+    __syncthreads();
+    for (int tile = 0; tile < tiles; ++tile) {
+        const int buf = tile & 1;
+        if (tile + 1 < tiles) load((tile + 1) * BK);  // global loads in flight during the math
+#pragma unroll
+        for (int k = 0; k < BK; ++k) {
+            float av[RM];
+#pragma unroll
+            for (int i = 0; i < RM; i += 2) {
+                const float2 v = *reinterpret_cast<const float2*>(&as[buf][k * AST + ty * RM + i]);
+                av[i] = v.x, av[i + 1] = v.y;
+            }
+            const float4 b0 = *reinterpret_cast<const float4*>(&bs[buf][k * BN + 4 * tx]);
+            const float4 b1 = *reinterpret_cast<const float4*>(&bs[buf][k * BN + 64 + 4 * tx]);
+            const float bv[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+            for (int i = 0; i < RM; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+        }
+        if (tile + 1 < tiles) store(buf ^ 1);  // buf ^ 1 was last read before the previous barrier
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < RM; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            store_row(c, M, N, m0 + ty * RM + i, n0 + 64 * h + 4 * tx, &acc[i][4 * h], 4, apply_relu);
+}
+
+#elif GEMM_VERSION == 3
+
+#include "mma.cuh"
+
+constexpr int STAGES = 3;
+constexpr int WARPS_M = TM >= 64 ? 2 : 1, WARPS_N = 8 / WARPS_M;
+constexpr int WTM = TM / WARPS_M, WTN = BN / WARPS_N, MT = WTM / 16, NT = WTN / 8;
+// Row strides of the a tile (k contiguous) and b tile (n contiguous): BK + 4 and BN + 8 floats put
+// the 32 lanes' fragment loads on 32 different banks.
+constexpr int AST = BK + 4, BST = BN + 8;
+constexpr int A_FLOATS = TM * AST, STAGE_FLOATS = A_FLOATS + BK * BST;
+
+// Start the async copy of k-tile k0 of a and b into one pipeline stage (zeros past the edges).
+__device__ __forceinline__ void fetch(float* stage, const float* __restrict__ a, const float* __restrict__ b,
+                                      int M, int N, int K, int m0, int n0, int k0) {
+    const int t = threadIdx.x;
+    float* as = stage;
+    float* bs = stage + A_FLOATS;
+#pragma unroll
+    for (int i = 0; i < TM * BK / THREADS; ++i) {
+        const int e = t + i * THREADS, row = e / BK, k = e % BK;
+        const bool ok = m0 + row < M && k0 + k < K;
+        cp_async4(as + row * AST + k, ok ? a + (size_t)(m0 + row) * K + k0 + k : a, ok);
+    }
+    if (N % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < BK * BN / 4 / THREADS; ++i) {
+            const int e = t + i * THREADS, k = e / (BN / 4), col = 4 * (e % (BN / 4));
+            const bool ok = k0 + k < K && n0 + col < N;
+            cp_async16(bs + k * BST + col, ok ? b + (size_t)(k0 + k) * N + n0 + col : b, ok);
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < BK * BN / THREADS; ++i) {
+            const int e = t + i * THREADS, k = e / BN, col = e % BN;
+            const bool ok = k0 + k < K && n0 + col < N;
+            cp_async4(bs + k * BST + col, ok ? b + (size_t)(k0 + k) * N + n0 + col : b, ok);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS)
+gemm_kernel3(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ c,
+             int M, int N, int K, int apply_relu) {
+    extern __shared__ float4 smem4[];
+    float* smem = reinterpret_cast<float*>(smem4);
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, tig = lane % 4;
+    const int wm = warp / WARPS_N, wn = warp % WARPS_N;
+    const int m0 = blockIdx.y * TM, n0 = blockIdx.x * BN;
+    const int tiles = (K + BK - 1) / BK;
+
+    float acc[MT][NT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[i][j][r] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < tiles) fetch(smem + s * STAGE_FLOATS, a, b, M, N, K, m0, n0, s * BK);
+        cp_async_commit();
+    }
+    for (int tile = 0; tile < tiles; ++tile) {
+        cp_async_wait<STAGES - 2>();  // this thread's copies of k-tile `tile` have landed
+        __syncthreads();              // everyone's have, and everyone is done with tile - 1's stage
+        const int next = tile + STAGES - 1;
+        if (next < tiles) fetch(smem + (next % STAGES) * STAGE_FLOATS, a, b, M, N, K, m0, n0, next * BK);
+        cp_async_commit();
+        const float* as = smem + (tile % STAGES) * STAGE_FLOATS + (wm * WTM + g) * AST + tig;
+        const float* bs = smem + (tile % STAGES) * STAGE_FLOATS + A_FLOATS + tig * BST + wn * WTN + g;
+#pragma unroll
+        for (int ks = 0; ks < BK; ks += 8) {
+            unsigned bhi[NT][2], blo[NT][2];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                split(bs[ks * BST + j * 8], bhi[j][0], blo[j][0]);
+                split(bs[(ks + 4) * BST + j * 8], bhi[j][1], blo[j][1]);
+            }
+#pragma unroll
+            for (int i = 0; i < MT; ++i) {
+                const float* ai = as + i * 16 * AST + ks;
+                const float v[4] = {ai[0], ai[8 * AST], ai[4], ai[8 * AST + 4]};
+                unsigned ahi[4], alo[4];
+#pragma unroll
+                for (int r = 0; r < 4; ++r) split(v[r], ahi[r], alo[r]);
+#pragma unroll
+                for (int j = 0; j < NT; ++j) mma3(acc[i][j], ahi, alo, bhi[j][0], bhi[j][1], blo[j][0], blo[j][1]);
+            }
+        }
+    }
+    cp_async_wait<0>();
+    // Accumulator r of tile (i, j): row g (r < 2) or g + 8, column 2 * tig + r % 2.
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                store_row(c, M, N, m0 + wm * WTM + i * 16 + g + 8 * h, n0 + wn * WTN + j * 8 + 2 * tig,
+                          &acc[i][j][2 * h], 2, apply_relu);
+}
+
+#endif
+#endif

@@ -29,12 +29,24 @@ def create_cuda(devices=None, **options):
     return CudaBackend(**options)
 
 
+def once(notice):
+    """notice, saying each distinct line only the first time (several GPUs, one message)."""
+    said = set()
+
+    def say(line):
+        if line not in said:
+            said.add(line)
+            notice(line)
+    return say
+
+
 def create(name, notice, chunk=None, readers=None, **cuda_options):
-    """A ready backend by name; `notice` takes the one line said when `auto` falls back to the CPU."""
+    """A ready backend by name; `notice` takes the one-line notices: when `auto` falls back to the
+    CPU, when an option has no effect on the algorithm that runs."""
     if name == "cpu":
         return CpuBackend(chunk=chunk, readers=readers)
     try:
-        return create_cuda(chunk=chunk, readers=readers, **cuda_options)
+        return create_cuda(chunk=chunk, readers=readers, notice=once(notice), **cuda_options)
     except BackendUnavailable as e:
         if name == "cuda":
             raise

@@ -1,9 +1,12 @@
 """`cnninfer bench`: validate every GPU algorithm against the NumPy reference, then time each in
-one process on one GPU, beside the same network in PyTorch/cuDNN FP32 (TF32 off) when importable.
+one process on one GPU, beside the same network in PyTorch FP32 (TF32 off) when importable: eager
+(cuDNN) and torch.compile (inductor) replayed as a CUDA graph, the fastest a user could deploy.
 
 GPU time: CUDA events around the forward on device-resident images (warm-up, then the median of
 `repeats`). End to end: host clock from page-locked host images to labels in host memory.
+`random_case` makes a model and images of any geometry (He-initialized weights, uniform pixels).
 """
+import re
 import statistics
 import time
 
@@ -13,15 +16,48 @@ from . import engine, loader, reference
 from .dataset import DataSet
 from .reader import Reader, wait
 from .errors import InputError
-from .gpu.launch import TILE_WIDTHS
+from .gpu.launch import GEMMS
 from .gpu.pipelines import ALGORITHMS
+
+GEOMETRY = re.compile(r"^(\d+)x(\d+)x(\d+),(\d+):(\d+),(\d+):(\d+),(\d+)(?:,(\d+))?$")
 
 FP32_LANES_PER_SM = {(7, 0): 64, (7, 5): 64, (8, 0): 64, (8, 6): 128, (8, 7): 128, (8, 9): 128, (9, 0): 128}
 
 
-def variants():
-    """(algorithm, tile width) pairs: the tile width matters only where a tiled GEMM runs."""
-    return [(a, tw) for a in ALGORITHMS for tw in (TILE_WIDTHS if a == "unroll" else (16,))]
+def variants(arch):
+    """(algorithm, GEMM, tile width) of every variant that runs on arch: the GEMM and its tile
+    matter only to unroll."""
+    rows = []
+    for algo in ALGORITHMS:
+        if algo != "unroll":
+            rows.append((algo, None, None))
+            continue
+        for gemm, (_, tiles, min_arch) in GEMMS.items():
+            if int(arch[3:]) >= min_arch:
+                rows += [(algo, gemm, tile) for tile in tiles]
+    return rows
+
+
+def random_case(spec, n, seed=0):
+    """(model, images) for a geometry "HxWxC,K1:C1,K2:C2,HIDDEN[,CLASSES]" such as
+    "32x32x3,5:32,5:64,256": He-initialized weights and uniform [0, 1) pixels, seeded."""
+    m = GEOMETRY.match(spec.replace(" ", ""))
+    if not m:
+        raise InputError(f"--random {spec!r}: expected HxWxC,K1:C1,K2:C2,HIDDEN[,CLASSES], e.g. 32x32x3,5:32,5:64,256")
+    h, w, c, k1, c1, k2, c2, hidden = map(int, m.groups()[:8])
+    classes = int(m.group(9) or 10)
+    rng = np.random.default_rng(seed)
+    p2h, p2w = ((h - k1 + 1) // 2 - k2 + 1) // 2, ((w - k1 + 1) // 2 - k2 + 1) // 2
+    if min(h, w, c, k1, c1, k2, c2, hidden, classes, n) < 1 or p2h < 1 or p2w < 1:
+        raise InputError(f"--random {spec!r}: the layers leave no output (or a size is 0)")
+
+    def he(shape, fan_in):
+        return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+
+    model = loader.model_from_arrays(dict(conv1=he((k1, k1, c, c1), k1 * k1 * c), conv2=he((k2, k2, c1, c2), k2 * k2 * c1),
+                                          fc1=he((p2h * p2w * c2, hidden), p2h * p2w * c2), fc2=he((hidden, classes), hidden)),
+                                     label=f"random {spec}")
+    return model, rng.random((n, h, w, c), dtype=np.float32)
 
 
 def fp32_peak(gpu):
@@ -59,10 +95,10 @@ def _median_host(fn, warmup, repeats):
     return statistics.median(times)
 
 
-def time_cnninfer(model, x_host_data, expected, algo, tile_width, streams, warmup, repeats):
+def time_cnninfer(model, x_host_data, expected, algo, gemm, tile_width, streams, warmup, repeats):
     from .gpu.backend import CudaBackend
 
-    b = CudaBackend(streams=streams, tile_width=tile_width, conv_algo=algo)
+    b = CudaBackend(streams=streams, tile_width=tile_width, gemm_algo=gemm or "auto", conv_algo=algo)
     try:
         x = b.host_buffers(x_host_data.shape, np.float32)[0]
         x[...] = x_host_data
@@ -70,25 +106,26 @@ def time_cnninfer(model, x_host_data, expected, algo, tile_width, streams, warmu
         labels, _ = b.forward(x)
         identical = int(np.count_nonzero(labels == expected))
         if identical < engine.MIN_AGREEMENT * len(x):
-            raise InputError(f"bench: {algo} (tile {tile_width}) agrees with the reference on only "
+            raise InputError(f"bench: {algo} {gemm or ''} (tile {tile_width}) agrees with the reference on only "
                              f"{identical} of {len(x)} images; not timing it")
         run = b._run
         if run.x_dev is None:
             raise InputError(f"bench: {len(x)} images do not fit on the GPU at once; use a smaller N")
         gpu_ms = _median_events(lambda: b.enqueue(run), warmup, repeats)
         e2e_ms = _median_host(lambda: b.forward(x), warmup, repeats)
-        return dict(name=f"cnninfer {algo}" + (f" tile {tile_width}" if algo == "unroll" else ""),
+        return dict(name=f"cnninfer {algo}" + (f" {gemm} tile {tile_width}" if gemm else ""),
                     gpu_ms=gpu_ms, e2e_ms=e2e_ms, identical=identical, labels=labels)
     finally:
         b.close()
 
 
-def time_torch(model, x_host, warmup, repeats):
-    """The same network in PyTorch FP32, TF32 off (cuDNN convolutions), or None without torch."""
+def time_torch(model, x_host, warmup, repeats, compiled=True):
+    """The same network in PyTorch FP32, TF32 off: eager (cuDNN convolutions), and unless
+    compiled=False torch.compile (inductor) captured in a CUDA graph and replayed. [] without torch."""
     try:
         import torch
     except ImportError:
-        return None
+        return []
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
@@ -100,25 +137,51 @@ def time_torch(model, x_host, warmup, repeats):
     pinned = torch.from_numpy(x_host).pin_memory()
 
     def net(x):
-        with torch.no_grad():
-            a = F.avg_pool2d(F.relu(F.conv2d(x.permute(0, 3, 1, 2), w1)), 2)
-            a = F.avg_pool2d(F.relu(F.conv2d(a, w2)), 2)
-            return (F.relu(a.permute(0, 2, 3, 1).flatten(1) @ f1) @ f2).argmax(1)
+        a = F.avg_pool2d(F.relu(F.conv2d(x.permute(0, 3, 1, 2), w1)), 2)
+        a = F.avg_pool2d(F.relu(F.conv2d(a, w2)), 2)
+        return (F.relu(a.permute(0, 2, 3, 1).flatten(1) @ f1) @ f2).argmax(1)
 
-    x_dev = pinned.to(dev)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for i in range(warmup + repeats):
-        start.record()
-        net(x_dev)
-        end.record()
-        end.synchronize()
-        if i >= warmup:
-            times.append(start.elapsed_time(end))
-    e2e = _median_host(lambda: net(pinned.to(dev, non_blocking=True)).cpu(), warmup, repeats)
-    labels = net(x_dev).cpu().numpy()
-    return dict(name=f"PyTorch {torch.__version__} FP32 (cuDNN, TF32 off)", gpu_ms=statistics.median(times),
-                e2e_ms=e2e, labels=labels)
+    def timed(fn, x_dev):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for i in range(warmup + repeats):
+            start.record()
+            fn(x_dev)
+            end.record()
+            end.synchronize()
+            if i >= warmup:
+                times.append(start.elapsed_time(end))
+        return statistics.median(times)
+
+    version = torch.__version__
+    rows = []
+    with torch.no_grad():
+        x_dev = pinned.to(dev)
+        rows.append(dict(name=f"PyTorch {version} eager (cuDNN, TF32 off)", gpu_ms=timed(net, x_dev),
+                         e2e_ms=_median_host(lambda: net(pinned.to(dev, non_blocking=True)).cpu(), warmup, repeats),
+                         labels=net(x_dev).cpu().numpy()))
+        if compiled:
+            fast = torch.compile(net, dynamic=False)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # compile and warm up off the capture's stream
+                for _ in range(3):
+                    fast(x_dev)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                labels_dev = fast(x_dev)
+
+            def replay(x_new=None):
+                if x_new is not None:
+                    x_dev.copy_(x_new, non_blocking=True)
+                graph.replay()
+                return labels_dev
+
+            rows.append(dict(name=f"PyTorch {version} compiled + CUDA graph", gpu_ms=timed(lambda x: graph.replay(), x_dev),
+                             e2e_ms=_median_host(lambda: replay(pinned).cpu(), warmup, repeats),
+                             labels=replay().cpu().numpy()))
+    return rows
 
 
 def read_all(data_path, model, n=None):
@@ -134,12 +197,20 @@ def read_all(data_path, model, n=None):
         data.close()
 
 
-def bench(data_path, model_path, n=None, streams=4, warmup=5, repeats=20):
-    """Rows of the benchmark table, best first, and facts about the device."""
+def bench(data_path, model_path, n=None, streams=4, warmup=5, repeats=20, random=None, torch_compile=True):
+    """Rows of the benchmark table, best first, and facts about the device: on the first n images
+    of a data file, or (random: a geometry, see random_case) on n random images and weights."""
+    if random:
+        model, x = random_case(random, n or 10000)
+    else:
+        model = loader.load_model(model_path)
+        x = read_all(data_path, model, n)
+    return bench_arrays(model, x, streams, warmup, repeats, torch_compile)
+
+
+def bench_arrays(model, x, streams=4, warmup=5, repeats=20, torch_compile=True):
     from .gpu.device import Device
 
-    model = loader.load_model(model_path)
-    x = read_all(data_path, model, n)
     n = len(x)
     g = loader.geometry(model, x.shape)
     expected = np.concatenate([reference.forward(x[i:i + 512], model) for i in range(0, n, 512)])
@@ -149,30 +220,34 @@ def bench(data_path, model_path, n=None, streams=4, warmup=5, repeats=20):
     finally:
         gpu.close()
     rows = []
-    for algo, tw in variants():
+    for algo, gemm, tile in variants(arch):
         if ALGORITHMS[algo].available(g, arch) is None:
-            rows.append(time_cnninfer(model, x, expected, algo, tw, streams, warmup, repeats))
-    torch_row = time_torch(model, x, warmup, repeats)
-    if torch_row:
-        torch_row["identical"] = int(np.count_nonzero(torch_row["labels"] == expected))
-        rows.append(torch_row)
+            rows.append(time_cnninfer(model, x, expected, algo, gemm, tile, streams, warmup, repeats))
+    torch_rows = time_torch(model, x, warmup, repeats, torch_compile)
+    for r in torch_rows:
+        r["identical"] = int(np.count_nonzero(r["labels"] == expected))
+    rows += torch_rows
+    eager = torch_rows[0]["gpu_ms"] if torch_rows else None
+    best = min(r["gpu_ms"] for r in torch_rows) if torch_rows else None
     flops = g.flops_per_image * n
     for r in rows:
         r.pop("labels")
         r.update(images_per_s=n / r["gpu_ms"] * 1e3, gflops=flops / r["gpu_ms"] / 1e6,
                  peak_share=flops / (r["gpu_ms"] * 1e-3) / peak,
-                 vs_torch=torch_row["gpu_ms"] / r["gpu_ms"] if torch_row else None)
+                 vs_eager=eager / r["gpu_ms"] if eager else None, vs_best=best / r["gpu_ms"] if best else None)
     rows.sort(key=lambda r: r["gpu_ms"])
-    return dict(n=n, device=device, fp32_peak_tflops=peak / 1e12, mflop_per_image=g.flops_per_image / 1e6,
-                warmup=warmup, repeats=repeats, streams=streams, rows=rows)
+    return dict(n=n, model=model.path, geometry=g.__dict__, device=device, fp32_peak_tflops=peak / 1e12,
+                mflop_per_image=g.flops_per_image / 1e6, warmup=warmup, repeats=repeats, streams=streams, rows=rows)
 
 
 def table(result):
-    lines = [f"{result['n']} images on {result['device']}; FP32 peak {result['fp32_peak_tflops']:.1f} TFLOP/s; "
-             f"{result['mflop_per_image']:.2f} MFLOP/image; median of {result['repeats']} after {result['warmup']} warm-up",
-             f"{'':44} {'GPU ms':>8} {'e2e ms':>8} {'images/s':>11} {'GFLOP/s':>9} {'% peak':>7} {'x PyTorch':>9} {'same':>6}"]
+    lines = [f"{result['n']} images, {result['model']}, on {result['device']}; FP32 peak "
+             f"{result['fp32_peak_tflops']:.1f} TFLOP/s; {result['mflop_per_image']:.2f} MFLOP/image; "
+             f"median of {result['repeats']} after {result['warmup']} warm-up",
+             f"{'':46} {'GPU ms':>8} {'e2e ms':>8} {'images/s':>11} {'GFLOP/s':>9} {'% peak':>7} "
+             f"{'x eager':>8} {'x best PT':>9} {'same':>6}"]
     for r in result["rows"]:
-        ratio = f"{r['vs_torch']:9.2f}" if r["vs_torch"] else f"{'-':>9}"
-        lines.append(f"{r['name']:44} {r['gpu_ms']:8.3f} {r['e2e_ms']:8.3f} {r['images_per_s']:11.0f} "
-                     f"{r['gflops']:9.0f} {100 * r['peak_share']:6.1f}% {ratio} {r['identical']:6d}")
+        ratios = "".join(f"{r[k]:{w}.2f}" if r[k] else f"{'-':>{w}}" for k, w in (("vs_eager", 9), ("vs_best", 10)))
+        lines.append(f"{r['name']:46} {r['gpu_ms']:8.3f} {r['e2e_ms']:8.3f} {r['images_per_s']:11.0f} "
+                     f"{r['gflops']:9.0f} {100 * r['peak_share']:6.1f}%{ratios} {r['identical']:6d}")
     return lines

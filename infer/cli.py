@@ -8,7 +8,7 @@ import click
 from . import __version__, backends, defaults, engine, mnist, predictions
 from .errors import AccuracyMismatch, InputError
 from .gpu import compiler
-from .gpu.launch import TILE_WIDTHS
+from .gpu.launch import GEMMS, TILE_WIDTHS
 from .gpu.pipelines import ALGORITHMS, AUTO
 
 
@@ -29,11 +29,18 @@ def cuda_options(f):
     for option in reversed([
         click.option("--streams", type=click.IntRange(1, 64), default=4, show_default=True,
                      help="CUDA streams that chunks of images are spread over."),
-        click.option("--tile-width", type=click.Choice([str(t) for t in TILE_WIDTHS]), default="16",
-                     show_default=True, help="Tile width of the classic pipeline's shared-memory GEMM."),
+        click.option("--tile-width", type=click.Choice([str(t) for t in TILE_WIDTHS]),
+                     help="--conv-algo unroll: the GEMM's tile: the square tile of 'tiled' (8, 16, 32), the "
+                          "rows of the TW x 128 block tile of 'blocked' and 'tf32x3' (32, 64, 128). Default: "
+                          "per layer, the smallest block tile covering its output channels (16 for 'tiled')."),
+        click.option("--gemm-algo", type=click.Choice(["auto", *GEMMS]), default="auto", show_default=True,
+                     help="--conv-algo unroll: tf32x3: tensor cores in 3xTF32 (sm_80+); blocked: register-blocked "
+                          "FP32; tiled: the 2016 one-output-per-thread kernel; auto: the first of these that runs "
+                          "here with --tile-width."),
         click.option("--conv-algo", type=click.Choice([AUTO, *ALGORITHMS]), default=AUTO, show_default=True,
                      help="fused-tc: both convs and pools in one kernel, conv2 on the tensor cores in 3xTF32; "
-                          "fused: the same on FP32 cores; unroll: the 2016 pipeline; auto: the first of these "
+                          "implicit-tc: each conv + ReLU + pool one implicit-GEMM kernel in 3xTF32, any shapes; "
+                          "fused: fused-tc on FP32 cores; unroll: the 2016 pipeline; auto: the first of these "
                           "that can run the model on this GPU."),
         click.option("--device", "device_ordinal", type=click.IntRange(0), default=0, show_default=True,
                      help="CUDA device number."),
@@ -96,7 +103,7 @@ def resolve(args):
 @cuda_options
 @click.option("--profile", is_flag=True, help="CUDA: print GPU time per kernel and copy, and the set-up steps.")
 def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tolerance, predictions_path, scores_path,
-        quiet, check, streams, tile_width, conv_algo, device_ordinal, devices, fast_math, profile):
+        quiet, check, streams, tile_width, gemm_algo, conv_algo, device_ordinal, devices, fast_math, profile):
     """Classify the first N images of DATA (all by default) with MODEL and print the correctness.
 
     DATA holds x (N, H, W, C) and one-hot y (N, classes); MODEL holds conv1, conv2, fc1, fc2.
@@ -111,7 +118,8 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
     if scores_path:
         predictions.check_path(scores_path, formats=(".npy",))
     result = engine.run(data, model, n, backend=backend, notice=notice, progress=not quiet, scores=bool(scores_path),
-                        chunk=chunk, readers=readers, streams=streams, tile_width=int(tile_width), conv_algo=conv_algo,
+                        chunk=chunk, readers=readers, streams=streams, tile_width=tile_width and int(tile_width),
+                        gemm_algo=gemm_algo, conv_algo=conv_algo,
                         devices=devices or [device_ordinal], fast_math=fast_math, profile=profile)
     if as_json:
         click.echo(json.dumps(result.as_dict()))
@@ -153,23 +161,35 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
 
 
 @cli.command()
-@click.argument("data", type=click.Path(dir_okay=False))
-@click.argument("model", type=click.Path(dir_okay=False))
-@click.argument("n", type=int, required=False)
+@click.argument("args", nargs=-1, metavar="[DATA] [MODEL] [N]")
+@click.option("--random", "random_geometry", metavar="HxWxC,K1:C1,K2:C2,HIDDEN",
+              help="Instead of DATA and MODEL: N (default 10000) random images and He-initialized weights of this "
+                   "geometry, e.g. 32x32x3,5:32,5:64,256 (5x5 convs 3->32->64, fc 256 hidden, 10 classes).")
 @click.option("--streams", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True)
 @click.option("--repeats", type=click.IntRange(1), default=20, show_default=True)
+@click.option("--torch-compile/--no-torch-compile", default=True, show_default=True,
+              help="Also time torch.compile (inductor) replayed as a CUDA graph (compiling takes a while).")
 @click.option("--stream", "streamed", is_flag=True, help="Instead: stream the whole of DATA and compare the rate "
               "with the raw parallel read of its bytes and with the GPU on resident images.")
 @click.option("--readers", type=click.IntRange(1, 256), help="--stream: reader threads (default: one per core, at most 16).")
 @click.option("--devices", callback=parse_devices, metavar="LIST|all", help="--stream: GPUs to split the images over.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object.")
-def bench(data, model, n, streams, warmup, repeats, streamed, readers, devices, as_json):
-    """Validate every GPU algorithm against the NumPy reference, then time each (and PyTorch/cuDNN
-    FP32 when importable) on the first N images of DATA: GPU time and end to end. With --stream,
-    the streamed run's images/s beside its two ceilings."""
+def bench(args, random_geometry, streams, warmup, repeats, torch_compile, streamed, readers, devices, as_json):
+    """Validate every GPU algorithm against the NumPy reference, then time each (and PyTorch FP32,
+    eager and compiled, when importable) on the first N images of DATA: GPU time and end to end.
+    With --stream, the streamed run's images/s beside its two ceilings."""
     from .backends import create_cuda
 
+    if random_geometry:
+        if len(args) > 1 or (args and not args[0].isdigit()) or streamed:
+            raise InputError("bench --random takes only N (no DATA, MODEL or --stream)")
+        data, model, n = None, None, int(args[0]) if args else None
+    else:
+        paths, model, n = resolve(args)
+        if len(paths) > 1:
+            raise InputError("bench takes one DATA file")
+        data = paths[0]
     create_cuda(chunk=None).close()  # one clear line when there is no usable GPU
     if streamed:
         from . import bench_stream as benchmark
@@ -178,7 +198,8 @@ def bench(data, model, n, streams, warmup, repeats, streamed, readers, devices, 
     else:
         from . import bench as benchmark
 
-        result = benchmark.bench(data, model, n, streams=streams, warmup=warmup, repeats=repeats)
+        result = benchmark.bench(data, model, n, streams=streams, warmup=warmup, repeats=repeats,
+                                 random=random_geometry, torch_compile=torch_compile)
     click.echo(json.dumps(result) if as_json else "\n".join(benchmark.table(result)))
 
 

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from infer.gpu.pipelines import ALGORITHMS, AUTO, Fused, FusedTensorCores, Unroll, choose, tf32
+from infer.gpu.launch import GEMMS, gemm_choice
+from infer.gpu.pipelines import ALGORITHMS, AUTO, Fused, FusedTensorCores, Implicit, Unroll, choose, tf32
 from infer.network import Geometry
 
 MNIST = Geometry(28, 28, 1, 5, 32, 5, 64, 128, 10)
@@ -16,10 +17,11 @@ def test_auto_takes_the_first_that_runs(g, arch, expected):
     assert choose(AUTO, g, arch) == (expected, None)
 
 
-def test_auto_falls_back_to_unroll_and_named_algorithms_say_why():
+def test_auto_falls_back_to_implicit_then_unroll_and_named_algorithms_say_why():
     assert FusedTensorCores.available(NO_FUSED, "sm_90") is not None
     assert Fused.available(NO_FUSED, "sm_90") is not None
-    assert choose(AUTO, NO_FUSED, "sm_90") == (Unroll, None)
+    assert choose(AUTO, NO_FUSED, "sm_90") == (Implicit, None)
+    assert choose(AUTO, NO_FUSED, "sm_75") == (Unroll, None)
     algo, why = choose("fused-tc", MNIST, "sm_75")
     assert algo is None and "sm_80" in why and "--conv-algo fused-tc" in why
 
@@ -46,3 +48,25 @@ def test_conv2_weights_in_mma_fragment_order(rng):
     s, ks, nt, lane = 7, 2, 5, 13  # B fragment of mma.m16n8k8: rows k = lane % 4 (+4), column n = lane / 4
     k, n = ks * 8 + lane % 4, nt * 8 + lane // 4
     np.testing.assert_array_equal(f[s, ks, nt, lane], [hi[s, k, n], hi[s, k + 4, n], lo[s, k, n], lo[s, k + 4, n]])
+
+
+@pytest.mark.parametrize("name,tile,arch,expected", [
+    ("auto", None, "sm_90", ("tf32x3", 3)), ("auto", None, "sm_75", ("blocked", 2)),
+    ("auto", 16, "sm_90", ("tiled", 1)), ("auto", 64, "sm_75", ("blocked", 2)),
+    ("blocked", 128, "sm_90", ("blocked", 2)), ("tiled", None, "sm_90", ("tiled", 1))])
+def test_gemm_choice_takes_the_fastest_with_the_tile(name, tile, arch, expected):
+    assert gemm_choice(name, tile, arch) == expected
+
+
+@pytest.mark.parametrize("name,tile,arch,message", [
+    ("tf32x3", 16, "sm_90", "tile widths 32, 64, 128, not 16"), ("tf32x3", None, "sm_75", "needs sm_80"),
+    ("tiled", 128, "sm_90", "tile widths 8, 16, 32, not 128")])
+def test_gemm_choice_says_why_not(name, tile, arch, message):
+    with pytest.raises(ValueError, match=message):
+        gemm_choice(name, tile, arch)
+
+
+def test_every_gemm_tile_is_a_tile_width_choice():
+    from infer.gpu.launch import TILE_WIDTHS
+
+    assert set(TILE_WIDTHS) == {t for _, tiles, _ in GEMMS.values() for t in tiles}

@@ -21,8 +21,10 @@ class Build:
     """What every kernel of one run is compiled and launched with."""
     arch: str
     fast_math: bool
-    tile_width: int
+    tile_width: object  # --tile-width, or None for each GEMM's own choice
     profiler: object
+    gemm: str = "auto"  # --gemm-algo
+    l2_bytes: int = 32 << 20
     modules: dict = field(default_factory=dict)  # loaded modules of this context, by (source, defines)
 
 
@@ -62,14 +64,15 @@ class CudaBackend(HostSide):
     checks_values = True  # check_kernel1 checks float32 images on the GPU
     STREAM_IMAGES = 8192  # about the images per streamed block (a whole number of chunks)
 
-    def __init__(self, chunk=None, streams=4, tile_width=16, conv_algo=pipelines.AUTO, device=0,
-                 fast_math=False, profile=False, readers=None):
+    def __init__(self, chunk=None, streams=4, tile_width=None, conv_algo=pipelines.AUTO, device=0,
+                 fast_math=False, profile=False, readers=None, gemm_algo="auto", notice=None):
         t = time.perf_counter()
         if streams < 1:
             raise InputError(f"--streams must be at least 1, got {streams}")
         self.gpu = Device(device)
         self.profiler = Profiler() if profile else NullProfiler()
-        self.build = Build(self.gpu.arch, fast_math, tile_width, self.profiler)
+        self.build = Build(self.gpu.arch, fast_math, tile_width, self.profiler, gemm_algo, self.gpu.l2_bytes)
+        self.notice = notice
         self.algo, self.chunk, self.n_streams, self.readers = conv_algo, chunk, streams, readers
         self.weights, self.converters = [], {}
         self.pipeline = self._run = self.model = None
@@ -86,6 +89,8 @@ class CudaBackend(HostSide):
     @property
     def device(self):
         algo = "" if self.pipeline is None else f", --conv-algo {self.pipeline.NAME}"
+        if hasattr(self.pipeline, "describe"):
+            algo += f" ({self.pipeline.describe})"
         return self.gpu.describe() + algo
 
     @property
@@ -128,7 +133,15 @@ class CudaBackend(HostSide):
             algo, why = pipelines.choose(self.algo, g, self.gpu.arch)
             if why:
                 raise InputError(f"{model.path}: {why}; --conv-algo unroll runs any consistent shapes")
-            self.pipeline = algo(self.build, g)
+            if algo is not pipelines.Unroll and self.notice is not None:
+                for name, value in (("--tile-width", self.build.tile_width), ("--gemm-algo", self.build.gemm)):
+                    if value not in (None, "auto"):
+                        self.notice(f"cnninfer: {name} {value} has no effect: --conv-algo {algo.NAME} has no "
+                                    f"tiled GEMM (it shapes --conv-algo unroll's)")
+            try:
+                self.pipeline = algo(self.build, g)
+            except ValueError as e:
+                raise InputError(f"--conv-algo {algo.NAME}: {e}") from None
             self._host("compile / load kernels", t)
             t = time.perf_counter()
             for buf in self.weights:

@@ -39,6 +39,10 @@ class Device:
         return self.dev.name()
 
     @property
+    def l2_bytes(self):
+        return self.dev.get_attribute(self.cuda.device_attribute.L2_CACHE_SIZE)
+
+    @property
     def memory(self):
         return self.dev.total_memory()
 

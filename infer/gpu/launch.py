@@ -7,7 +7,11 @@ import functools
 from . import compiler
 
 INT_MAX = 2**31 - 1
-TILE_WIDTHS = (8, 16, 32)
+# The classic pipeline's GEMMs (--gemm-algo), auto's order of preference: version, tile shapes
+# (--tile-width: the square tile of version 1; the rows of the TW x 128 block tile of 2 and 3),
+# the oldest architecture each runs on.
+GEMMS = {"tf32x3": (3, (32, 64, 128), 80), "blocked": (2, (32, 64, 128), 0), "tiled": (1, (8, 16, 32), 0)}
+TILE_WIDTHS = tuple(sorted({t for _, tiles, _ in GEMMS.values() for t in tiles}))
 
 
 def ceil_div(a, b):
@@ -56,20 +60,74 @@ class Unroll(Launcher):
         self.launch(stream, (min(ceil_div(total, 256), 65535 * 8), 1), (256, 1, 1), x, u, n, h, w, c, k)
 
 
-class Gemm(Launcher):
-    source, kernel, arg_types = "gemm", "gemm_kernel1", "PPPiiii"
+def gemm_choice(name, tile_width, arch):
+    """The GEMM (name, version) that --gemm-algo name (auto: the fastest here) and --tile-width
+    (None: any) select on architecture arch, or raise ValueError saying why none can."""
+    for candidate in (GEMMS if name == "auto" else [name]):
+        version, tiles, min_arch = GEMMS[candidate]
+        if int(arch[3:]) >= min_arch and (tile_width is None or tile_width in tiles):
+            return candidate, version
+    if name == "auto":
+        raise ValueError(f"no GEMM has tile width {tile_width} on {arch}")
+    version, tiles, min_arch = GEMMS[name]
+    if int(arch[3:]) < min_arch:
+        raise ValueError(f"the {name} GEMM needs sm_{min_arch} or later, this GPU is {arch}")
+    raise ValueError(f"the {name} GEMM has tile widths {', '.join(map(str, tiles))}, not {tile_width}")
 
-    def __init__(self, build):
-        if build.tile_width not in TILE_WIDTHS:
-            raise ValueError(f"tile width {build.tile_width} is not one of {TILE_WIDTHS}")
-        super().__init__(build, TILE_WIDTH=build.tile_width)
+
+class Gemm(Launcher):
+    """c = a . b (+ReLU) in one of the GEMM versions; `tile` None picks, for version 2 and 3, the
+    smallest block tile covering `rows` (all of M in one block row where it fits), 16 for version 1."""
+    source, arg_types = "gemm", "PPPiiii"
+    BN, THREADS, STAGES = 128, 256, 3
+
+    def __init__(self, build, version, tile=None, rows=None):
+        tiles = next(t for v, t, _ in GEMMS.values() if v == version)
+        if tile is None:
+            tile = 16 if version == 1 else next((t for t in tiles if rows is not None and t >= rows), tiles[-1])
+        if tile not in tiles:
+            raise ValueError(f"GEMM version {version} has tile widths {tiles}, not {tile}")
+        self.kernel, self.version, self.tile = f"gemm_kernel{version}", version, tile
+        super().__init__(build, GEMM_VERSION=version, TILE_WIDTH=tile)
+        self.shared = 4 * self.STAGES * (tile * 20 + 16 * (self.BN + 8)) if version == 3 else 0
+        if self.shared:
+            import pycuda.driver as cuda
+
+            self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)
 
     def __call__(self, stream, a, b, c, m, n, k, relu):
         _check_int32(a_elements=m * k, b_elements=k * n, c_elements=m * n)
-        tw = self.build.tile_width
-        if ceil_div(m, tw) > 65535:
+        if self.version == 1:
+            grid, block = (ceil_div(n, self.tile), ceil_div(m, self.tile)), (self.tile, self.tile, 1)
+        else:
+            grid, block = (ceil_div(n, self.BN), ceil_div(m, self.tile)), (self.THREADS, 1, 1)
+        if grid[1] > 65535:
             raise ValueError(f"GEMM with {m} rows needs more than 65535 row tiles; use a smaller --chunk")
-        self.launch(stream, (ceil_div(n, tw), ceil_div(m, tw)), (tw, tw, 1), a, b, c, m, n, k, int(relu))
+        self.launch(stream, grid, block, a, b, c, m, n, k, int(relu), shared=self.shared)
+
+
+class Conv(Launcher):
+    """One conv layer -> ReLU -> 2x2 average pool of any geometry, an implicit GEMM on the tensor
+    cores in 3xTF32 (sm_80 and later): x (n, h, w, c) -> (n, (h-k+1)//2, (w-k+1)//2, c_out)."""
+    source, kernel, arg_types = "conv", "conv_kernel1", "PPPi"
+    THREADS, BK = 256, 16
+
+    def __init__(self, build, h, w, c, k, c_out):
+        bn = 32 if c_out <= 32 else 64 if c_out <= 64 else 128
+        super().__init__(build, IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn)
+        self.bn, self.c_out, self.image = bn, c_out, h * w * c
+        self.windows = ((h - k + 1) // 2) * ((w - k + 1) // 2)
+        self.block_windows = 16 * (8 // (bn // 32))
+        rows, stages = 4 * self.block_windows, 2 if bn == 32 else 3
+        self.shared = 4 * (rows + stages * (rows * (self.BK + 4) + self.BK * (bn + 8)))
+        import pycuda.driver as cuda
+
+        self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)
+
+    def __call__(self, stream, x, w, out, n):
+        _check_int32(conv_inputs=n * self.image, conv_outputs=n * self.windows * self.c_out)
+        grid = (ceil_div(n * self.windows, self.block_windows), ceil_div(self.c_out, self.bn))
+        self.launch(stream, grid, (self.THREADS, 1, 1), x, w, out, n, shared=self.shared)
 
 
 class Place(Launcher):

@@ -26,19 +26,35 @@ class Scratch:
 
 
 class Unroll:
-    """The 2016 course pipeline: per conv layer unroll -> tiled GEMM (+ReLU) -> placeIntoY -> pool;
-    both fcs through the same tiled GEMM (ReLU on fc1), then argmax."""
+    """The 2016 course pipeline: per conv layer unroll -> GEMM (+ReLU) -> placeIntoY -> pool; both
+    fcs through the same GEMM (ReLU on fc1), then argmax. The GEMM is --gemm-algo's (the 3xTF32
+    tensor-core one where the GPU has them), its block tile --tile-width's or sized to the layer."""
     NAME = "unroll"
-    CHUNK = 256  # default images per chunk: the unrolled conv2 input is 205 KB per image
+    MAX_CHUNK = 2048
 
     def __init__(self, build, g):
         self.g = g
-        self.unroll, self.gemm = launch.Unroll(build), launch.Gemm(build)
-        self.place, self.pool, self.argmax = launch.Place(build), launch.Pool(build), launch.Argmax(build)
+        self.gemm_name, version = launch.gemm_choice(build.gemm, build.tile_width, build.arch)
+        tile = build.tile_width
+        self.gemm1 = launch.Gemm(build, version, tile, rows=g.c1)
+        self.gemm2 = launch.Gemm(build, version, tile, rows=g.c2)
+        self.gemm_fc = launch.Gemm(build, version, tile, rows=self.MAX_CHUNK)
+        self.unroll, self.place = launch.Unroll(build), launch.Place(build)
+        self.pool, self.argmax = launch.Pool(build), launch.Argmax(build)
+        # Chunks small enough that the larger unrolled matrix stays in half the L2 cache between the
+        # unroll that writes it and the GEMM that reads it.
+        (h1, w1), (h2, w2) = g.conv1_out, g.conv2_out
+        unrolled = 4 * max(g.k1 * g.k1 * g.c * h1 * w1, g.k2 * g.k2 * g.c1 * h2 * w2)
+        self.CHUNK = max(16, min(self.MAX_CHUNK, build.l2_bytes // 2 // unrolled))
 
     @staticmethod
     def available(g, arch):
         return None
+
+    @property
+    def describe(self):
+        tiles = sorted({self.gemm1.tile, self.gemm2.tile, self.gemm_fc.tile})
+        return f"{self.gemm_name} GEMM, tile {'/'.join(map(str, tiles))}"
 
     def upload(self, model, to_device):
         # Weights re-laid once for the GEMM: (K, K, C, M) -> (M, K*K*C), rows in the unroll's order.
@@ -61,15 +77,73 @@ class Unroll:
         g, s = self.g, Scratch(scratch_base, self._layout(n)).ptr
         (h1, w1), (p1h, p1w), (h2, w2) = g.conv1_out, g.pool1_out, g.conv2_out
         self.unroll(stream, x, s["u1"], n, g.h, g.w, g.c, g.k1)
-        self.gemm(stream, self.w1, s["u1"], s["y1"], g.c1, n * h1 * w1, g.k1 * g.k1 * g.c, True)
+        self.gemm1(stream, self.w1, s["u1"], s["y1"], g.c1, n * h1 * w1, g.k1 * g.k1 * g.c, True)
         self.place(stream, s["y1"], s["a1"], g.c1, n * h1 * w1)
         self.pool(stream, s["a1"], s["p1"], n, h1, w1, g.c1)
         self.unroll(stream, s["p1"], s["u2"], n, p1h, p1w, g.c1, g.k2)
-        self.gemm(stream, self.w2, s["u2"], s["y2"], g.c2, n * h2 * w2, g.k2 * g.k2 * g.c1, True)
+        self.gemm2(stream, self.w2, s["u2"], s["y2"], g.c2, n * h2 * w2, g.k2 * g.k2 * g.c1, True)
         self.place(stream, s["y2"], s["a2"], g.c2, n * h2 * w2)
         self.pool(stream, s["a2"], s["feat"], n, h2, w2, g.c2)
-        self.gemm(stream, s["feat"], self.fc1, s["hid"], n, g.hidden, g.flat, True)
-        self.gemm(stream, s["hid"], self.fc2, s["scores"], n, g.classes, g.hidden, False)
+        self.gemm_fc(stream, s["feat"], self.fc1, s["hid"], n, g.hidden, g.flat, True)
+        self.gemm_fc(stream, s["hid"], self.fc2, s["scores"], n, g.classes, g.hidden, False)
+        self.argmax(stream, s["scores"], labels, n, g.classes, overflow)
+        if scores:
+            import pycuda.driver as cuda
+
+            cuda.memcpy_dtod_async(scores, s["scores"], 4 * n * g.classes, stream)
+
+
+class Implicit:
+    """Each conv layer -> ReLU -> pool as one implicit-GEMM kernel on the tensor cores in 3xTF32,
+    for any geometry (the pooled conv1 output goes through global memory, L2-resident per chunk);
+    then fc1 -> ReLU -> fc2 -> argmax in one kernel where it fits the hidden size, else two 3xTF32
+    GEMMs and argmax."""
+    NAME = "implicit-tc"
+    MIN_ARCH = 80
+    SCRATCH_BYTES = 64 << 20  # per stream: sets the chunk for large images
+
+    def __init__(self, build, g):
+        self.g = g
+        (p1h, p1w) = g.pool1_out
+        self.conv1 = launch.Conv(build, g.h, g.w, g.c, g.k1, g.c1)
+        self.conv2 = launch.Conv(build, p1h, p1w, g.c1, g.k2, g.c2)
+        try:
+            self.fcs = launch.FullyConnected(build, g)
+        except ValueError:
+            self.fcs = None
+            self.gemm_fc = launch.Gemm(build, 3, rows=2048)
+            self.argmax = launch.Argmax(build)
+        per_image = 4 * (p1h * p1w * g.c1 + g.flat + g.hidden + g.classes)
+        self.CHUNK = max(1, min(2048, self.SCRATCH_BYTES // per_image, (2**31 - 1) // (g.h * g.w * g.c)))
+
+    @classmethod
+    def available(cls, g, arch):
+        if int(arch[3:]) < cls.MIN_ARCH:
+            return f"it needs sm_{cls.MIN_ARCH} or later, this GPU is {arch}"
+        return None
+
+    def upload(self, model, to_device):
+        self.w1, self.w2 = to_device(model.conv1), to_device(model.conv2)  # (K, K, C, M) is (KKC, M)
+        self.fc1, self.fc2 = to_device(model.fc1), to_device(model.fc2)
+
+    def _layout(self, chunk):
+        g = self.g
+        p1h, p1w = g.pool1_out
+        return [("p1", chunk * p1h * p1w * g.c1), ("feat", chunk * g.flat), ("hid", chunk * g.hidden),
+                ("scores", chunk * g.classes)]
+
+    def scratch_floats(self, chunk):
+        return Scratch.floats(self._layout(chunk))
+
+    def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0):
+        g, s = self.g, Scratch(scratch_base, self._layout(n)).ptr
+        self.conv1(stream, x, self.w1, s["p1"], n)
+        self.conv2(stream, s["p1"], self.w2, s["feat"], n)
+        if self.fcs is not None:
+            self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, overflow, scores)
+            return
+        self.gemm_fc(stream, s["feat"], self.fc1, s["hid"], n, g.hidden, g.flat, True)
+        self.gemm_fc(stream, s["hid"], self.fc2, s["scores"], n, g.classes, g.hidden, False)
         self.argmax(stream, s["scores"], labels, n, g.classes, overflow)
         if scores:
             import pycuda.driver as cuda
@@ -149,7 +223,7 @@ class FusedTensorCores(Fused):
         return np.stack([hi[:, k, n], hi[:, k + 4, n], lo[:, k, n], lo[:, k + 4, n]], axis=-1)
 
 
-ALGORITHMS = {algo.NAME: algo for algo in (FusedTensorCores, Fused, Unroll)}  # auto's order of preference
+ALGORITHMS = {algo.NAME: algo for algo in (FusedTensorCores, Implicit, Fused, Unroll)}  # auto's order of preference
 AUTO = "auto"  # the first of ALGORITHMS that can run the model on the GPU at hand
 
 

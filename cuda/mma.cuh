@@ -1,0 +1,49 @@
+// Tensor-core and async-copy helpers for the 3xTF32 kernels (sm_80 and later): each FP32 operand
+// v is split into hi = tf32(v) and lo = tf32(v - hi); a.b ~ lo(a).hi(b) + hi(a).lo(b) + hi(a).hi(b)
+// keeps FP32-level accuracy (the dropped lo.lo term is below FP32 rounding).
+#pragma once
+
+__device__ __forceinline__ unsigned tf32(float f) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(f));
+    return r;
+}
+
+// v as its TF32 part and TF32 remainder.
+__device__ __forceinline__ void split(float v, unsigned& hi, unsigned& lo) {
+    hi = tf32(v);
+    lo = tf32(v - __uint_as_float(hi));
+}
+
+// d += a . b for one m16n8k8 tile, TF32 operands, FP32 accumulators.
+__device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += a . b in 3xTF32, smallest products first.
+__device__ __forceinline__ void mma3(float (&d)[4], const unsigned (&ahi)[4], const unsigned (&alo)[4],
+                                     unsigned bhi0, unsigned bhi1, unsigned blo0, unsigned blo1) {
+    mma(d, alo, bhi0, bhi1);
+    mma(d, ahi, blo0, blo1);
+    mma(d, ahi, bhi0, bhi1);
+}
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+// Asynchronous global -> shared copies; `valid` false writes zeros and reads nothing.
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" :: "r"(smem_addr(dst)), "l"(src), "r"(valid ? 4 : 0));
+}
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" :: "n"(N)); }
