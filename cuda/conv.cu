@@ -13,6 +13,9 @@
 //   (ceil(windows / (16 * warps_m)), ceil(C_OUT / BN)); 2 * 4 * windows * C_OUT * KTOT FLOPs;
 //   x read once per column block (through L1/L2, KS*KS-fold reuse), w once per block from L2.
 
+#ifndef CONV_MIN_BLOCKS
+#define CONV_MIN_BLOCKS 1
+#endif
 #ifndef BN
 #define BN 64
 #endif
@@ -77,7 +80,7 @@ __device__ __forceinline__ void fetch(float* stage, const int* rowbase, const fl
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
+extern "C" __global__ void __launch_bounds__(THREADS, CONV_MIN_BLOCKS)
 conv_kernel1(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int n) {
     extern __shared__ float4 smem4[];
     int* rowbase = reinterpret_cast<int*>(smem4);  // ROWS ints, then the pipeline stages
@@ -132,7 +135,7 @@ conv_kernel1(const float* __restrict__ x, const float* __restrict__ w, float* __
 #pragma unroll
                 for (int r = 0; r < 4; ++r) split(v[r], ahi[r], alo[r]);
 #pragma unroll
-                for (int j = 0; j < 4; ++j) mma3(acc[q][j], ahi, alo, bhi[j][0], bhi[j][1], blo[j][0], blo[j][1]);
+                for (int j = 0; j < 4; ++j) mma3_add(acc[q][j], ahi, alo, bhi[j][0], bhi[j][1], blo[j][0], blo[j][1]);
             }
         }
     }

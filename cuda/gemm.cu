@@ -251,7 +251,7 @@ gemm_kernel3(const float* __restrict__ a, const float* __restrict__ b, float* __
 #pragma unroll
                 for (int r = 0; r < 4; ++r) split(v[r], ahi[r], alo[r]);
 #pragma unroll
-                for (int j = 0; j < NT; ++j) mma3(acc[i][j], ahi, alo, bhi[j][0], bhi[j][1], blo[j][0], blo[j][1]);
+                for (int j = 0; j < NT; ++j) mma3_add(acc[i][j], ahi, alo, bhi[j][0], bhi[j][1], blo[j][0], blo[j][1]);
             }
         }
     }

@@ -30,6 +30,17 @@ __device__ __forceinline__ void mma3(float (&d)[4], const unsigned (&ahi)[4], co
     mma(d, ahi, bhi0, bhi1);
 }
 
+// acc += a . b in 3xTF32 through fresh accumulators, added to acc with an IEEE FP32 add: the tensor
+// cores add into their accumulators rounding toward zero, a bias that grows with the length of the
+// sum (relative 2^-23 per mma); starting each k-step from zero keeps long sums (large K) at FP32 level.
+__device__ __forceinline__ void mma3_add(float (&acc)[4], const unsigned (&ahi)[4], const unsigned (&alo)[4],
+                                         unsigned bhi0, unsigned bhi1, unsigned blo0, unsigned blo1) {
+    float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    mma3(d, ahi, alo, bhi0, bhi1, blo0, blo1);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) acc[r] += d[r];
+}
+
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return (unsigned)__cvta_generic_to_shared(p);
 }

@@ -70,18 +70,29 @@ def fp32_peak(gpu):
     return 2 * sms * lanes * clock_hz
 
 
+WARM_S = 0.3  # warm-up lasts at least this long, so the GPU's clocks have ramped up before timing
+
+
+def _warm_up(fn, warmup, sync):
+    t, i = time.perf_counter(), 0
+    while i < warmup or time.perf_counter() - t < WARM_S:
+        fn()
+        sync()
+        i += 1
+
+
 def _median_events(enqueue, warmup, repeats):
     import pycuda.driver as cuda
 
     start, end = cuda.Event(), cuda.Event()
+    _warm_up(enqueue, warmup, cuda.Context.synchronize)
     times = []
-    for i in range(warmup + repeats):
+    for _ in range(repeats):
         start.record()  # legacy default stream: waits for, and is waited on by, the work streams
         enqueue()
         end.record()
         end.synchronize()
-        if i >= warmup:
-            times.append(end.time_since(start))
+        times.append(end.time_since(start))
     return statistics.median(times)
 
 
@@ -143,14 +154,14 @@ def time_torch(model, x_host, warmup, repeats, compiled=True):
 
     def timed(fn, x_dev):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _warm_up(lambda: fn(x_dev), warmup, torch.cuda.synchronize)
         times = []
-        for i in range(warmup + repeats):
+        for _ in range(repeats):
             start.record()
             fn(x_dev)
             end.record()
             end.synchronize()
-            if i >= warmup:
-                times.append(start.elapsed_time(end))
+            times.append(start.elapsed_time(end))
         return statistics.median(times)
 
     version = torch.__version__

@@ -381,3 +381,33 @@ def test_tile_width_the_gemm_lacks_exits_2(ece408):
     r = invoke("run", ece408 / "test100.hdf5", ece408 / "model.hdf5", "--backend", "cuda", "--conv-algo", "unroll",
                "--gemm-algo", "tf32x3", "--tile-width", "8")
     assert r.exit_code == 2 and "tile widths 32, 64, 128, not 8" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("algo", ["unroll", "implicit-tc"])
+def test_graph_replay_equals_kernel_by_kernel(ece408, cpu_testfull, monkeypatch, algo):
+    """The recorded graph replays the same work: equal labels and scores, with and without graphs,
+    and a second forward on the same buffers replays (no new graph)."""
+    from infer.bench import read_all
+    from infer import loader
+    from infer.gpu.backend import CudaBackend
+
+    model = loader.load_model(ece408 / "model.hdf5")
+    x = read_all(ece408 / "testfull.hdf5", model, 3000)
+    outputs = []
+    for graphs in ("1", "0"):
+        monkeypatch.setenv("CNNINFER_GRAPHS", graphs)
+        b = CudaBackend(conv_algo=algo, chunk=250)
+        try:
+            host = b.host_buffers(x.shape, np.float32)[0]
+            host[...] = x
+            b.prepare(model, x.shape, scores=True)
+            first = b.forward(host)
+            second = b.forward(host)
+            assert len(b.graphs) == (graphs == "1") and b.use_graphs == (graphs == "1")
+        finally:
+            b.close()
+        np.testing.assert_array_equal(first[0], second[0])
+        outputs.append(second)
+    np.testing.assert_array_equal(outputs[0][0], outputs[1][0])
+    np.testing.assert_array_equal(outputs[0][1], outputs[1][1])
+    assert np.count_nonzero(outputs[0][0] == cpu_testfull[:3000]) >= 2998

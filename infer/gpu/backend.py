@@ -10,7 +10,7 @@ import pycuda.driver as cuda
 from ..errors import BadValue, InputError, ScoresOverflow
 from ..loader import geometry
 from ..stream import HostSide
-from . import launch, pipelines
+from . import graph, launch, pipelines
 from .device import Device
 from .launch import INT_MAX
 from .profile import NullProfiler, Profiler
@@ -77,6 +77,8 @@ class CudaBackend(HostSide):
         self.weights, self.converters = [], {}
         self.pipeline = self._run = self.model = None
         self.keep_scores = False
+        self.graphs = {}  # (x's address or None, scores kept) -> the Run's recorded enqueue
+        self.use_graphs = graph.enabled() and not profile
         self.streams = [cuda.Stream() for _ in range(self.n_streams)]
         self.copies = cuda.Stream()  # streamed uploads to resident images: never queued behind kernels
         self.check = launch.Check(self.build)
@@ -150,6 +152,7 @@ class CudaBackend(HostSide):
             self.pipeline.upload(model, self._to_device)
             cuda.Context.synchronize()
             self.model, self._run = model, None
+            self._drop_graphs()
             self._host("weights upload", t)
         t = time.perf_counter()
         wire = np.dtype(wire)
@@ -239,7 +242,13 @@ class CudaBackend(HostSide):
                 buf.base.free()
             raise
 
+    def _drop_graphs(self):
+        for g in self.graphs.values():
+            g.close()
+        self.graphs = {}
+
     def _free_run(self):
+        self._drop_graphs()
         if self._run is not None:
             cuda.Context.synchronize()
             for buf in self._run.buffers:
@@ -280,7 +289,21 @@ class CudaBackend(HostSide):
                 raise error(int(hit[0]) * run.chunk + int(flags[row, hit[0]]))
 
     def enqueue(self, run, x=None):
-        """Chunk i goes to stream i mod S; x None means the images are already resident."""
+        """Chunk i goes to stream i mod S; x None means the images are already resident. Replayed
+        from a CUDA graph recorded on the first call for these host buffers, where graphs work."""
+        if self.use_graphs:
+            key = (None if x is None else x.ctypes.data, self.keep_scores)
+            try:
+                if key not in self.graphs:
+                    self.graphs[key] = graph.Graph(self.streams[0], self.streams[1:], lambda: self._enqueue_all(run, x))
+                self.graphs[key].launch(self.streams[0])
+                return
+            except (graph.GraphError, AttributeError, OSError):
+                self.use_graphs = False  # launch kernel by kernel from now on
+                cuda.Context.synchronize()
+        self._enqueue_all(run, x)
+
+    def _enqueue_all(self, run, x):
         n = len(run.labels)
         for i, start in enumerate(range(0, n, run.chunk)):
             stop = min(n, start + run.chunk)
@@ -370,6 +393,7 @@ class CudaBackend(HostSide):
             return
         cuda.Context.synchronize()
         self._free_run()
+        self._drop_graphs()
         self.close_host()
         for buf in self.weights:
             buf.free()
