@@ -43,7 +43,7 @@ class Graph:
         import pycuda.driver as cuda
 
         lib = _lib()
-        handle = ctypes.c_void_p(origin.handle_int)
+        handle = ctypes.c_void_p(origin.handle)
         _check(lib.cuStreamBeginCapture_v2(handle, CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
         graph = ctypes.c_void_p()
         try:
@@ -66,7 +66,7 @@ class Graph:
             lib.cuGraphDestroy(graph)
 
     def launch(self, stream):
-        _check(_lib().cuGraphLaunch(self.exec, ctypes.c_void_p(stream.handle_int)), "cuGraphLaunch")
+        _check(_lib().cuGraphLaunch(self.exec, ctypes.c_void_p(stream.handle)), "cuGraphLaunch")
 
     def close(self):
         if self.exec:

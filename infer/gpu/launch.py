@@ -39,10 +39,12 @@ class Launcher:
         self.function = self.module.get_function(self.kernel)
         self.function.prepare(self.arg_types)
 
-    def launch(self, stream, grid, block, *args, shared=0):
-        self.build.profiler.start(self.kernel, stream)
-        self.function.prepared_async_call(grid, block, stream, *args, shared_size=shared)
-        self.build.profiler.stop(self.kernel, stream)
+    def launch(self, stream, grid, block, *args, shared=0, function=None, name=None):
+        """Launch the kernel (or another `function` of the module, named `name`) on stream."""
+        name = name or self.kernel
+        self.build.profiler.start(name, stream)
+        (function or self.function).prepared_async_call(grid, block, stream, *args, shared_size=shared)
+        self.build.profiler.stop(name, stream)
 
 
 def _check_int32(**counts):
@@ -230,9 +232,12 @@ class Fused(Launcher):
 
 
 class FullyConnected(Launcher):
-    """fc1 -> ReLU -> fc2 -> argmax, FC_IMGS images per block of `hidden` threads."""
+    """fc1 -> ReLU -> fc2 -> argmax, FC_IMGS images per block of `hidden` threads; for large
+    feature counts fc1 split over blocks (fc_kernel2) and the splits added in order (fc_kernel3)."""
     source, kernel, arg_types = "fc", "fc_kernel1", "PPPPiPP"
     IMGS, TILE = 16, 32
+    SPLIT_FEATURES = 4096  # from here on fc1 (at least 4096 x hidden) is split when blocks are few
+    TARGET_BLOCKS = 264  # two per SM on an H100
 
     @classmethod
     def defines(cls, g):
@@ -244,8 +249,31 @@ class FullyConnected(Launcher):
 
     def __init__(self, build, g):
         super().__init__(build, **self.defines(g))
-        self.hidden = g.hidden
+        self.hidden, self.flat = g.hidden, g.flat
+        self.split_sum, self.add_splits = self.module.get_function("fc_kernel2"), self.module.get_function("fc_kernel3")
+        self.split_sum.prepare("PPPii")
+        self.add_splits.prepare("PPPiPPi")
 
-    def __call__(self, stream, feat, fc1, fc2, labels, n, overflow, scores=0):
-        """scores: a device pointer for the (n, classes) scores, or 0 for none."""
-        self.launch(stream, (ceil_div(n, self.IMGS), 1), (self.hidden, 1, 1), feat, fc1, fc2, labels, n, overflow, scores)
+    def splits(self, n):
+        """Feature splits for n images: enough blocks to fill the GPU, each at least 4 tiles long."""
+        if self.flat < self.SPLIT_FEATURES:
+            return 1
+        return max(1, min(self.flat // (4 * self.TILE), ceil_div(self.TARGET_BLOCKS, ceil_div(n, self.IMGS))))
+
+    def partial_floats(self, chunk):
+        """Scratch for the splits' partial sums of up to `chunk` images (splits * n <= IMGS * TARGET + n)."""
+        return 0 if self.flat < self.SPLIT_FEATURES else (self.IMGS * self.TARGET_BLOCKS + chunk) * self.hidden
+
+    def __call__(self, stream, feat, fc1, fc2, labels, n, overflow, scores=0, partial=0):
+        """scores: a device pointer for the (n, classes) scores, or 0 for none; partial: scratch of
+        partial_floats(n) floats."""
+        blocks, splits = ceil_div(n, self.IMGS), self.splits(n)
+        if splits == 1:
+            self.launch(stream, (blocks, 1), (self.hidden, 1, 1), feat, fc1, fc2, labels, n, overflow, scores)
+            return
+        per_split = ceil_div(ceil_div(self.flat, splits), self.TILE) * self.TILE
+        splits = ceil_div(self.flat, per_split)
+        self.launch(stream, (blocks, splits), (self.hidden, 1, 1), feat, fc1, partial, n, per_split,
+                    function=self.split_sum, name="fc_kernel2")
+        self.launch(stream, (blocks, 1), (self.hidden, 1, 1), partial, fc2, labels, n, overflow, scores, splits,
+                    function=self.add_splits, name="fc_kernel3")

@@ -129,6 +129,8 @@ class Implicit:
     def _layout(self, chunk):
         g = self.g
         p1h, p1w = g.pool1_out
+        if self.fcs is not None:
+            return [("p1", chunk * p1h * p1w * g.c1), ("feat", chunk * g.flat), ("partial", self.fcs.partial_floats(chunk))]
         return [("p1", chunk * p1h * p1w * g.c1), ("feat", chunk * g.flat), ("hid", chunk * g.hidden),
                 ("scores", chunk * g.classes)]
 
@@ -140,7 +142,7 @@ class Implicit:
         self.conv1(stream, x, self.w1, s["p1"], n)
         self.conv2(stream, s["p1"], self.w2, s["feat"], n)
         if self.fcs is not None:
-            self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, overflow, scores)
+            self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, overflow, scores, s["partial"])
             return
         self.gemm_fc(stream, s["feat"], self.fc1, s["hid"], n, g.hidden, g.flat, True)
         self.gemm_fc(stream, s["hid"], self.fc2, s["scores"], n, g.classes, g.hidden, False)
@@ -187,12 +189,16 @@ class Fused:
         self.w2 = to_device(self.conv2_weights(model.conv2))
         self.fc1, self.fc2 = to_device(model.fc1), to_device(model.fc2)
 
+    def _layout(self, chunk):
+        return [("feat", chunk * self.g.flat), ("partial", self.fcs.partial_floats(chunk))]
+
     def scratch_floats(self, chunk):
-        return Scratch.floats([("feat", chunk * self.g.flat)])
+        return Scratch.floats(self._layout(chunk))
 
     def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0):
-        self.convs(stream, x, self.w2, scratch_base, n)
-        self.fcs(stream, scratch_base, self.fc1, self.fc2, labels, n, overflow, scores)
+        s = Scratch(scratch_base, self._layout(n)).ptr
+        self.convs(stream, x, self.w2, s["feat"], n)
+        self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, overflow, scores, s["partial"])
 
 
 def tf32(a):
