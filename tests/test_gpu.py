@@ -28,7 +28,7 @@ def build(gpu, tile_width=None, gemm="auto"):
     from infer.gpu.backend import Build
     from infer.gpu.profile import NullProfiler
 
-    return Build(gpu.arch, False, tile_width, NullProfiler(), gemm, gpu.l2_bytes)
+    return Build(gpu.arch, False, tile_width, NullProfiler(), gemm, gpu.l2_bytes, gpu.sms)
 
 
 def needs_arch(gpu, min_arch):

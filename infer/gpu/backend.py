@@ -25,6 +25,7 @@ class Build:
     profiler: object
     gemm: str = "auto"  # --gemm-algo
     l2_bytes: int = 32 << 20
+    sms: int = 108
     modules: dict = field(default_factory=dict)  # loaded modules of this context, by (source, defines)
 
 
@@ -71,7 +72,8 @@ class CudaBackend(HostSide):
             raise InputError(f"--streams must be at least 1, got {streams}")
         self.gpu = Device(device)
         self.profiler = Profiler() if profile else NullProfiler()
-        self.build = Build(self.gpu.arch, fast_math, tile_width, self.profiler, gemm_algo, self.gpu.l2_bytes)
+        self.build = Build(self.gpu.arch, fast_math, tile_width, self.profiler, gemm_algo, self.gpu.l2_bytes,
+                           self.gpu.sms)
         self.notice = notice
         self.algo, self.chunk, self.n_streams, self.readers = conv_algo, chunk, streams, readers
         self.weights, self.converters = [], {}

@@ -43,6 +43,10 @@ class Device:
         return self.dev.get_attribute(self.cuda.device_attribute.L2_CACHE_SIZE)
 
     @property
+    def sms(self):
+        return self.dev.get_attribute(self.cuda.device_attribute.MULTIPROCESSOR_COUNT)
+
+    @property
     def memory(self):
         return self.dev.total_memory()
 

@@ -42,10 +42,14 @@ class Unroll:
         self.unroll, self.place = launch.Unroll(build), launch.Place(build)
         self.pool, self.argmax = launch.Pool(build), launch.Argmax(build)
         # Chunks small enough that the larger unrolled matrix stays in half the L2 cache between the
-        # unroll that writes it and the GEMM that reads it.
+        # unroll that writes it and the GEMM that reads it, unless conv2's GEMM would then have too
+        # few blocks to fill the GPU (two per SM): filling the GPU matters more.
         (h1, w1), (h2, w2) = g.conv1_out, g.conv2_out
         unrolled = 4 * max(g.k1 * g.k1 * g.c * h1 * w1, g.k2 * g.k2 * g.c1 * h2 * w2)
-        self.CHUNK = max(16, min(self.MAX_CHUNK, build.l2_bytes // 2 // unrolled))
+        in_l2 = build.l2_bytes // 2 // unrolled
+        row_blocks = -(-g.c2 // self.gemm2.tile)
+        filled = -(-2 * build.sms * launch.Gemm.BN // (h2 * w2 * row_blocks))
+        self.CHUNK = max(16, min(self.MAX_CHUNK, max(in_l2, filled)))
 
     @staticmethod
     def available(g, arch):
