@@ -38,18 +38,27 @@ def variants(arch):
     return rows
 
 
-def random_case(spec, n, seed=0):
-    """(model, images) for a geometry "HxWxC,K1:C1,K2:C2,HIDDEN[,CLASSES]" such as
-    "32x32x3,5:32,5:64,256": He-initialized weights and uniform [0, 1) pixels, seeded."""
+def parse_geometry(spec):
+    """(h, w, c, k1, c1, k2, c2, hidden, classes) of "HxWxC,K1:C1,K2:C2,HIDDEN[,CLASSES]", checked."""
     m = GEOMETRY.match(spec.replace(" ", ""))
     if not m:
         raise InputError(f"--random {spec!r}: expected HxWxC,K1:C1,K2:C2,HIDDEN[,CLASSES], e.g. 32x32x3,5:32,5:64,256")
-    h, w, c, k1, c1, k2, c2, hidden = map(int, m.groups()[:8])
-    classes = int(m.group(9) or 10)
+    sizes = tuple(int(v) for v in m.groups()[:8]) + (int(m.group(9) or 10),)
+    h, w, c, k1, c1, k2, c2, hidden, classes = sizes
+    p2h, p2w = ((h - k1 + 1) // 2 - k2 + 1) // 2, ((w - k1 + 1) // 2 - k2 + 1) // 2
+    if min(sizes) < 1 or p2h < 1 or p2w < 1:
+        raise InputError(f"--random {spec!r}: the layers leave no output (or a size is 0)")
+    return sizes
+
+
+def random_case(spec, n, seed=0):
+    """(model, images) for a geometry "HxWxC,K1:C1,K2:C2,HIDDEN[,CLASSES]" such as
+    "32x32x3,5:32,5:64,256": He-initialized weights and uniform [0, 1) pixels, seeded."""
+    h, w, c, k1, c1, k2, c2, hidden, classes = parse_geometry(spec)
+    if n < 1:
+        raise InputError(f"--random: N must be at least 1, got {n}")
     rng = np.random.default_rng(seed)
     p2h, p2w = ((h - k1 + 1) // 2 - k2 + 1) // 2, ((w - k1 + 1) // 2 - k2 + 1) // 2
-    if min(h, w, c, k1, c1, k2, c2, hidden, classes, n) < 1 or p2h < 1 or p2w < 1:
-        raise InputError(f"--random {spec!r}: the layers leave no output (or a size is 0)")
 
     def he(shape, fan_in):
         return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)

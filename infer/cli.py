@@ -184,6 +184,9 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
     if random_geometry:
         if len(args) > 1 or (args and not args[0].isdigit()) or streamed:
             raise InputError("bench --random takes only N (no DATA, MODEL or --stream)")
+        from .bench import parse_geometry
+
+        parse_geometry(random_geometry)
         data, model, n = None, None, int(args[0]) if args else None
     else:
         paths, model, n = resolve(args)

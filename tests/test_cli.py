@@ -119,3 +119,22 @@ def test_check_compares_with_the_reference(ece408, monkeypatch):
     monkeypatch.setattr(engine, "run", off_by_one)
     r = invoke("run", *files(ece408), "--backend", "cpu", "--check")
     assert r.exit_code == 1 and "only 99 of 100 predictions equal" in r.stderr
+
+
+@pytest.mark.parametrize("spec,message", [("32x32x3,5:32", "expected HxWxC,K1:C1,K2:C2,HIDDEN"),
+                                          ("8x8x1,5:4,5:4,16", "the layers leave no output"),
+                                          ("28x28x0,5:32,5:64,128", "a size is 0")])
+def test_bench_random_geometry_is_checked_before_the_gpu(spec, message):
+    r = invoke("bench", "--random", spec)
+    assert r.exit_code == 2 and message in r.stderr and "Traceback" not in r.stderr
+
+
+def test_random_case_is_seeded_and_has_the_geometry():
+    from infer import loader
+    from infer.bench import random_case
+
+    model, x = random_case("29x31x3,7:12,3:20,50,7", 5)
+    again, y = random_case("29x31x3,7:12,3:20,50,7", 5)
+    g = loader.geometry(model, x.shape)
+    assert (g.h, g.w, g.c, g.k1, g.c1, g.k2, g.c2, g.hidden, g.classes) == (29, 31, 3, 7, 12, 3, 20, 50, 7)
+    assert (x == y).all() and (model.conv2 == again.conv2).all() and x.dtype == np.float32
