@@ -25,6 +25,19 @@ class Scratch:
         return sum((f + 63) // 64 * 64 for _, f in layout)
 
 
+def classify(stream, pipeline, s, n, labels, overflow, scores):
+    """fc1 -> ReLU -> fc2 through the pipeline's gemm_fc, then argmax: scratch s has feat, hid and
+    scores; the scores are copied out where a pointer is given."""
+    g = pipeline.g
+    pipeline.gemm_fc(stream, s["feat"], pipeline.fc1, s["hid"], n, g.hidden, g.flat, True)
+    pipeline.gemm_fc(stream, s["hid"], pipeline.fc2, s["scores"], n, g.classes, g.hidden, False)
+    pipeline.argmax(stream, s["scores"], labels, n, g.classes, overflow)
+    if scores:
+        import pycuda.driver as cuda
+
+        cuda.memcpy_dtod_async(scores, s["scores"], 4 * n * g.classes, stream)
+
+
 class Unroll:
     """The 2016 course pipeline: per conv layer unroll -> GEMM (+ReLU) -> placeIntoY -> pool; both
     fcs through the same GEMM (ReLU on fc1), then argmax. The GEMM is --gemm-algo's (the 3xTF32
@@ -88,13 +101,7 @@ class Unroll:
         self.gemm2(stream, self.w2, s["u2"], s["y2"], g.c2, n * h2 * w2, g.k2 * g.k2 * g.c1, True)
         self.place(stream, s["y2"], s["a2"], g.c2, n * h2 * w2)
         self.pool(stream, s["a2"], s["feat"], n, h2, w2, g.c2)
-        self.gemm_fc(stream, s["feat"], self.fc1, s["hid"], n, g.hidden, g.flat, True)
-        self.gemm_fc(stream, s["hid"], self.fc2, s["scores"], n, g.classes, g.hidden, False)
-        self.argmax(stream, s["scores"], labels, n, g.classes, overflow)
-        if scores:
-            import pycuda.driver as cuda
-
-            cuda.memcpy_dtod_async(scores, s["scores"], 4 * n * g.classes, stream)
+        classify(stream, self, s, n, labels, overflow, scores)
 
 
 class Implicit:
@@ -142,19 +149,13 @@ class Implicit:
         return Scratch.floats(self._layout(chunk))
 
     def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0):
-        g, s = self.g, Scratch(scratch_base, self._layout(n)).ptr
+        s = Scratch(scratch_base, self._layout(n)).ptr
         self.conv1(stream, x, self.w1, s["p1"], n)
         self.conv2(stream, s["p1"], self.w2, s["feat"], n)
         if self.fcs is not None:
             self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, overflow, scores, s["partial"])
-            return
-        self.gemm_fc(stream, s["feat"], self.fc1, s["hid"], n, g.hidden, g.flat, True)
-        self.gemm_fc(stream, s["hid"], self.fc2, s["scores"], n, g.classes, g.hidden, False)
-        self.argmax(stream, s["scores"], labels, n, g.classes, overflow)
-        if scores:
-            import pycuda.driver as cuda
-
-            cuda.memcpy_dtod_async(scores, s["scores"], 4 * n * g.classes, stream)
+        else:
+            classify(stream, self, s, n, labels, overflow, scores)
 
 
 class Fused:
