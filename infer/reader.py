@@ -3,8 +3,9 @@
 HDF5 through h5py serializes on one global lock, so a single reader tops out near 6 GB/s. Where
 the layout allows, the dataset's bytes are read straight from the file instead, with calls that
 release the GIL, so reader threads run in parallel:
-- `pread`: a contiguous dataset is one run of bytes at a known file offset: os.preadv into the
-  destination (page-locked memory for the GPU), no intermediate copy;
+- `pread`: a contiguous dataset is one run of bytes at a known file offset, read straight into the
+  destination (page-locked memory for the GPU), no intermediate copy: by the native read pool
+  (native.py: threads that never need the interpreter lock) where it builds, else os.preadv;
 - `chunks`: a chunked dataset whose chunks hold whole rows, raw or compressed with deflate
   (optionally after shuffle): each chunk's bytes read with os.pread and inflated by zlib on the
   reading thread;
@@ -23,9 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from . import native
 from .errors import InputError
 
 PIECE_BYTES = 4 << 20  # bytes per read call and thread: large enough to amortize the call
+NATIVE_PIECE_MIN = 1 << 20  # pieces of a native read: about one per thread, at least this
 _H5PY = threading.Lock()  # h5py is thread-safe, but serial: one caller at a time, in order
 
 
@@ -87,9 +90,12 @@ class _FileRows(Rows):
         while done < len(view):
             got = os.preadv(self.fd, [view[done:]], offset + done)
             if got == 0:
-                raise InputError(f"{self.label}: the file is truncated: its values need bytes up to "
-                                 f"{offset + len(view)}, but the file has {self.file_size}")
+                raise self.truncated(offset + len(view))
             done += got
+
+    def truncated(self, end):
+        return InputError(f"{self.label}: the file is truncated: its values need bytes up to {end}, "
+                          f"but the file has {os.fstat(self.fd).st_size}")
 
     def close(self):
         if self.fd is not None:
@@ -111,6 +117,12 @@ class ContiguousRows(_FileRows):
 
     def read(self, lo, hi, out):
         self._pread(memoryview(out).cast("B"), self.offset + lo * self.row_bytes)
+
+    def submit(self, pool, lo, hi, out):
+        """Rows [lo, hi) into out (C-contiguous, the stored type) on the native pool: a Ticket."""
+        offset, nbytes = self.offset + lo * self.row_bytes, (hi - lo) * self.row_bytes
+        piece = min(PIECE_BYTES, max(NATIVE_PIECE_MIN, -(-nbytes // pool.threads)))
+        return Ticket(pool, pool.submit(self.fd, out.ctypes.data, nbytes, offset, piece), self, offset + nbytes)
 
 
 class ChunkedRows(_FileRows):
@@ -284,15 +296,50 @@ def fill(rows, lo, hi, out, check):
         check_finite(out, raw, rows.label, lo)
 
 
+class Ticket:
+    """A read on the native pool, waited for as a future is (result, exception)."""
+
+    def __init__(self, pool, ticket, rows, end):
+        self.pool, self.ticket, self.rows, self.end = pool, ticket, rows, end
+        self.status = None
+
+    def result(self):
+        if self.status is None:
+            self.status = self.pool.wait(self.ticket)  # exactly once: it frees the ticket
+        if self.status == native.EOF:
+            raise self.rows.truncated(self.end)
+        if self.status < 0:
+            raise InputError(f"{self.rows.label}: cannot read: {os.strerror(-self.status)}")
+
+    def exception(self):
+        try:
+            self.result()
+        except BaseException as e:
+            return e
+        return None
+
+
 class Reader:
     """A pool of reader threads; `submit` cuts a read into pieces, `read` also waits for them.
-    `busy_s` adds up the threads' reading time."""
+    Contiguous rows read in their stored type, unchecked (what the GPU takes) go to the native
+    pool where it builds (`pool` says which ran). `busy_s` adds up the threads' reading time."""
 
-    def __init__(self, threads=None):
+    def __init__(self, threads=None, use_native=True):
         self.threads = threads or default_threads()
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="cnninfer-reader")
-        self.busy_s = 0.0
+        lib = native.library() if use_native else None
+        self.native = native.ReadPool(lib, self.threads) if lib is not None else None
+        self.python_busy_s = 0.0
+        self.used_native = False
         self._lock = threading.Lock()
+
+    @property
+    def busy_s(self):
+        return self.python_busy_s + (self.native.busy_s if self.native is not None else 0.0)
+
+    @property
+    def kind(self):
+        return "native threads" if self.used_native else "python threads"
 
     def _timed(self, fn, *args):
         t = time.perf_counter()
@@ -300,10 +347,14 @@ class Reader:
             return fn(*args)
         finally:
             with self._lock:
-                self.busy_s += time.perf_counter() - t
+                self.python_busy_s += time.perf_counter() - t
 
     def submit(self, rows, lo, hi, out, check):
         """Futures filling out (hi - lo rows) from rows [lo, hi), in row order."""
+        if (self.native is not None and isinstance(rows, ContiguousRows) and out.dtype == rows.dtype
+                and not check and out.flags.c_contiguous and hi > lo):
+            self.used_native = True
+            return [rows.submit(self.native, lo, hi, out)]
         return [self.pool.submit(self._timed, fill, rows, a, b, out[a - lo:b - lo], check)
                 for a, b in pieces(lo, hi, rows.row_bytes, rows.align, self.threads)]
 
@@ -316,6 +367,8 @@ class Reader:
 
     def close(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
+        if self.native is not None:
+            self.native.close()
 
 
 def wait(futures):

@@ -6,7 +6,7 @@ import h5py
 import numpy as np
 import pytest
 
-from infer import reader
+from infer import native, reader
 from infer.errors import InputError
 
 LAYOUTS = {  # dataset options -> the read path they must take
@@ -20,11 +20,43 @@ LAYOUTS = {  # dataset options -> the read path they must take
 }
 
 
-@pytest.fixture
-def pool():
-    p = reader.Reader(3)
+@pytest.fixture(params=["native", "python"])
+def pool(request):
+    p = reader.Reader(3, use_native=request.param == "native")
+    if request.param == "native" and p.native is None:
+        p.close()
+        pytest.skip("no C compiler here: the native read pool cannot be built")
     yield p
     p.close()
+
+
+def test_the_native_pool_builds_wherever_there_is_a_compiler():
+    """Where a C compiler exists a failed build would silently fall back to Python threads."""
+    if native.compiler() is None:
+        pytest.skip("no C compiler here")
+    assert native.library() is not None
+
+
+def test_the_native_pool_reads_many_small_pieces_and_tickets(tmp_path, rng):
+    """More pieces than the queue's first capacity, several tickets in flight, waited out of order."""
+    lib = native.library()
+    if lib is None:
+        pytest.skip("no native read pool here")
+    data = rng.integers(0, 256, 1 << 20, dtype=np.uint8)
+    (tmp_path / "f").write_bytes(data.tobytes())
+    fd = os.open(tmp_path / "f", os.O_RDONLY)
+    pool = native.ReadPool(lib, 4)
+    try:
+        out = np.zeros_like(data)
+        spans = [(0, 300_001), (300_001, 700_000), (700_000, 1 << 20)]
+        tickets = [pool.submit(fd, out[a:].ctypes.data, b - a, a, 999) for a, b in spans]
+        assert [pool.wait(t) for t in reversed(tickets)] == [0, 0, 0]
+        np.testing.assert_array_equal(out, data)
+        assert pool.wait(pool.submit(fd, out.ctypes.data, 100, (1 << 20) - 50, 7)) == native.EOF
+        assert pool.busy_s > 0
+    finally:
+        pool.close()
+        os.close(fd)
 
 
 def write(path, values, **options):
@@ -46,12 +78,14 @@ def test_every_layout_reads_what_h5py_reads(tmp_path, rng, pool, layout, dtype):
         try:
             assert rows.kind == kind
             for lo, hi in [(0, 1003), (5, 900), (14, 21), (1000, 1003), (3, 4)]:
-                stored = np.empty((hi - lo, 5, 3, 2), rows.dtype)
-                pool.read(rows, lo, hi, stored, check=True)
-                np.testing.assert_array_equal(stored, values[lo:hi])
+                for check in (True, False):  # unchecked in the stored type: what the GPU reads
+                    stored = np.empty((hi - lo, 5, 3, 2), rows.dtype)
+                    pool.read(rows, lo, hi, stored, check=check)
+                    np.testing.assert_array_equal(stored, values[lo:hi])
                 converted = np.empty((hi - lo, 5, 3, 2), np.float32)
                 pool.read(rows, lo, hi, converted, check=True)
                 np.testing.assert_array_equal(converted, values[lo:hi].astype(np.float32))
+            assert pool.used_native == (pool.native is not None and kind == "pread")
         finally:
             rows.close()
 
@@ -81,8 +115,10 @@ def test_a_file_truncated_under_us_is_refused(tmp_path, pool):
     with h5py.File(tmp_path / "d.h5") as f:
         rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
         os.truncate(tmp_path / "d.h5", size // 2)
-        with pytest.raises(InputError, match="truncated"):
-            pool.read(rows, 0, 1000, np.empty((1000, 8, 8, 1), np.float32), check=True)
+        for check in (True, False):
+            with pytest.raises(InputError, match=r"^x: the file is truncated: its values need bytes up to \d+, "
+                                                 rf"but the file has {size // 2}$"):
+                pool.read(rows, 0, 1000, np.empty((1000, 8, 8, 1), np.float32), check=check)
         with pytest.raises(InputError, match="truncated"):
             reader.rows(tmp_path / "d.h5", f["x"], "x")
         rows.close()

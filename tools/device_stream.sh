@@ -7,32 +7,7 @@ set -uo pipefail
 out="${OUT:-device-out}"; mkdir -p "$out"
 data="$CNNINFER_DATA"
 export CNNINFER_CACHE=/tmp/cnninfer-cache
-python3 - "$data" <<'PY' 2>&1 | tee "$out/files.txt"
-import sys, time, zlib, h5py, numpy as np
-from concurrent.futures import ThreadPoolExecutor
-t = time.perf_counter()
-with h5py.File(f"{sys.argv[1]}/testfull.hdf5") as src:
-    x, y = src["x"][()], src["y"][()]
-u8 = np.rint(x * 255).astype(np.uint8)
-for name, images in (("big", x), ("big_u8", u8)):
-    with h5py.File(f"/tmp/{name}.hdf5", "w") as f:
-        dx = f.create_dataset("x", (100 * len(x),) + x.shape[1:], images.dtype)
-        dy = f.create_dataset("y", (100 * len(y), y.shape[1]), "f8")
-        for i in range(100):
-            dx[i * len(x):(i + 1) * len(x)] = images
-            dy[i * len(y):(i + 1) * len(y)] = y
-# gzip: 1000-image chunks; testfull's 10 distinct chunks compressed once (on threads), written 100 times
-rows = 1000
-with ThreadPoolExecutor(16) as pool:
-    packed = list(pool.map(lambda j: zlib.compress(x[j * rows:(j + 1) * rows].tobytes(), 4), range(10)))
-with h5py.File("/tmp/big_gz.hdf5", "w") as f:
-    dx = f.create_dataset("x", (100 * len(x),) + x.shape[1:], "f4", chunks=(rows,) + x.shape[1:], compression="gzip")
-    for i in range(1000):
-        dx.id.write_direct_chunk((i * rows, 0, 0, 0), packed[i % 10])
-    f.create_dataset("y", data=np.tile(y, (100, 1)))
-    ratio = dx.id.get_storage_size() / (dx.size * 4)
-print(f"wrote /tmp/big.hdf5, big_u8.hdf5, big_gz.hdf5 (1,000,000 images each; gzip at {ratio:.2f} of raw) in {time.perf_counter() - t:.1f} s")
-PY
+python3 tools/make_big.py "$data" /tmp 2>&1 | tee "$out/files.txt"
 for f in big big_u8 big_gz; do
   cnninfer bench --stream /tmp/$f.hdf5 "$data/model.hdf5" 2>&1 | tee "$out/stream-$f.txt"
 done

@@ -311,24 +311,36 @@ class CudaBackend(HostSide):
             stop = min(n, start + run.chunk)
             self._enqueue_chunk(run, i, start, stop - start, None if x is None else x[start:stop])
 
-    def _enqueue_chunk(self, run, i, start, count, x=None, ahead=False):
+    def _enqueue_chunk(self, run, i, start, count, x=None):
         """Upload images [start, start + count) unless x is None, convert or check them, the
-        network, labels (and scores) back; on stream i mod S. Returns an event that completes when
-        x may be overwritten. ahead: resident images are uploaded on a stream of their own, so the
-        upload (and the host buffer's release) does not wait for earlier chunks' kernels."""
+        network, labels (and scores) back; all on stream i mod S."""
+        stream = self.streams[i % len(self.streams)]
+        if x is not None:
+            self._upload(run, stream, i, start, x)
+        self._compute(run, i, start, count)
+        self._download(run, stream, start, count)
+
+    def _images(self, run, i, start):
+        """Where chunk i's images (from image start) are on the device, in the wire type."""
+        if run.x_dev is None:
+            return int(run.staging[i % len(self.streams)])
+        return int(run.x_dev) + start * run.wire_bytes
+
+    def _upload(self, run, stream, i, start, x):
+        """Copy images x (from image start; chunk i's, or whole chunks from chunk i where resident)
+        to the device on stream; the event that completes with the copy."""
+        self.profiler.start("memcpy HtoD (images)", stream)
+        cuda.memcpy_htod_async(self._images(run, i, start), x, stream)
+        self.profiler.stop("memcpy HtoD (images)", stream)
+        uploaded = cuda.Event(cuda.event_flags.DISABLE_TIMING)
+        uploaded.record(stream)
+        return uploaded
+
+    def _compute(self, run, i, start, count):
+        """Check or convert chunk i's images, then the network, on stream i mod S."""
         s = i % len(self.streams)
         stream = self.streams[s]
-        src = int(run.staging[s]) if run.x_dev is None else int(run.x_dev) + start * run.wire_bytes
-        uploaded = None
-        if x is not None:
-            copies = self.copies if ahead and run.x_dev is not None else stream
-            self.profiler.start("memcpy HtoD (images)", copies)
-            cuda.memcpy_htod_async(src, x, copies)
-            self.profiler.stop("memcpy HtoD (images)", copies)
-            uploaded = cuda.Event(cuda.event_flags.DISABLE_TIMING)
-            uploaded.record(copies)
-            if copies is not stream:
-                stream.wait_for_event(uploaded)
+        src = self._images(run, i, start)
         chunk_index = start // run.chunk
         if run.floats[s] is None:
             images = src
@@ -336,15 +348,20 @@ class CudaBackend(HostSide):
         else:
             images = int(run.floats[s])
             self.converters[run.wire](stream, src, images, count * run.elems)
-        scores = int(run.scores_dev) + 4 * start * self.pipeline.g.classes if self.keep_scores else 0
+        scores = self._scores(run, start)
         self.pipeline.enqueue(stream, images, count, int(run.labels_dev) + 4 * start, int(run.scratch[s]),
                               int(run.flags_dev) + 4 * chunk_index, scores)
+
+    def _scores(self, run, start):
+        return int(run.scores_dev) + 4 * start * self.pipeline.g.classes if self.keep_scores else 0
+
+    def _download(self, run, stream, start, count):
+        """Labels (and scores) of images [start, start + count) back to the host."""
         self.profiler.start("memcpy DtoH (labels)", stream)
         cuda.memcpy_dtoh_async(run.labels[start:start + count], int(run.labels_dev) + 4 * start, stream)
-        if scores:
-            cuda.memcpy_dtoh_async(run.scores[start:start + count], scores, stream)
+        if self.keep_scores:
+            cuda.memcpy_dtoh_async(run.scores[start:start + count], self._scores(run, start), stream)
         self.profiler.stop("memcpy DtoH (labels)", stream)
-        return uploaded
 
     @property
     def stream_block(self):
@@ -359,25 +376,34 @@ class CudaBackend(HostSide):
 
     def forward_stream(self, ring, progress):
         """(labels, scores or None) of images streamed from `ring`; each buffer goes back to the
-        reader as soon as its uploads are done, so reading, uploads and kernels overlap."""
+        reader as soon as its upload is done, so reading, uploads and kernels overlap. Where the
+        images are resident a block is one upload on its own stream and its chunks' kernels wait
+        for it; the labels come back once, at the end: little Python work per block."""
         run = self._run
         self._clear_flags(run)
         pending = collections.deque()
 
         def hand_back():
-            uploaded, buf, count = pending.popleft()
-            uploaded.synchronize()
+            uploads, buf, count = pending.popleft()
+            for e in uploads:
+                e.synchronize()
             ring.release(buf)
             progress.update(count)
 
         for start, x, buf in ring:
             at = start - ring.start
+            first = at // run.chunk
+            uploads = [self._upload(run, self.copies, first, at, x)] if run.x_dev is not None else []
             for offset in range(0, len(x), run.chunk):
-                count = min(run.chunk, len(x) - offset)
-                uploaded = self._enqueue_chunk(run, (at + offset) // run.chunk, at + offset, count,
-                                               x[offset:offset + count], ahead=True)
-            pending.append((uploaded, buf, len(x)))
-            while pending and (len(pending) >= ring.depth - 1 or pending[0][0].query()):
+                i, count = first + offset // run.chunk, min(run.chunk, len(x) - offset)
+                stream = self.streams[i % len(self.streams)]
+                if run.x_dev is None:  # through the stream's staging buffer, chunk by chunk
+                    uploads.append(self._upload(run, stream, i, at + offset, x[offset:offset + count]))
+                else:
+                    stream.wait_for_event(uploads[0])
+                self._compute(run, i, at + offset, count)
+            pending.append((uploads, buf, len(x)))
+            while pending and (len(pending) >= ring.depth - 1 or all(e.query() for e in pending[0][0])):
                 hand_back()
         while pending:
             hand_back()
@@ -387,6 +413,9 @@ class CudaBackend(HostSide):
             self._check_flags(run)
         except (ScoresOverflow, BadValue) as e:
             raise e.shifted(ring.start) from None
+        n = ring.stop - ring.start
+        self._download(run, self.streams[0], 0, n)
+        self.streams[0].synchronize()
         return self._outputs(run)
 
     def close(self):
