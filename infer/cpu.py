@@ -37,7 +37,7 @@ class CpuBackend(HostSide):
     def new_host_buffer(shape, dtype):
         return np.empty(shape, dtype)
 
-    def prepare(self, model, x_shape, scores=False, wire=np.float32):
+    def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False):
         self.model, self.keep_scores = model, scores
 
     def forward(self, x, progress=None):

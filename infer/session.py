@@ -150,11 +150,12 @@ class Session:
         x_shape = (n,) + tuple(data.image_shape)
         loader.geometry(self.model, x_shape, data.parts[0][0])
         wire = backend.wire_dtype(data.dtype)
+        streamed = n * data.image_bytes(wire) > host_budget()
         t = time.perf_counter()
-        backend.prepare(self.model, x_shape, scores, wire)
+        backend.prepare(self.model, x_shape, scores, wire, streamed)
         timing = dict(load=0.0, prepare=_ms(t))
         try:
-            if n * data.image_bytes(wire) > host_budget():
+            if streamed:
                 t = time.perf_counter()
                 predictions, labels, kept, read_s, wait_s = backend.stream(data, 0, n, progress)
                 timing.update(read=read_s * 1e3, wait=wait_s * 1e3, forward=_ms(t))

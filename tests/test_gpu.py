@@ -281,6 +281,29 @@ def test_streamed_equals_in_memory_on_the_gpu(ece408, cpu_testfull, monkeypatch,
     assert np.count_nonzero(r.predictions == cpu_testfull) >= 9995
 
 
+@pytest.mark.parametrize("images", ["device ring", "staging"])
+def test_streamed_blocks_wrap_around_the_device_ring(ece408, monkeypatch, images):
+    """12 blocks of 900 images through 6 device slots (each slot reused twice), or, with the GPU
+    too full for the ring, through the streams' staging buffers: labels and scores equal the
+    in-memory run's, bit for bit."""
+    import pycuda.driver as cuda
+
+    from infer.gpu.backend import CudaBackend
+
+    data, model = ece408 / "testfull.hdf5", ece408 / "model.hdf5"
+    whole = engine.run(data, model, backend="cuda", chunk=300, scores=True)
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "1")
+    monkeypatch.setattr(CudaBackend, "STREAM_IMAGES", 1000)
+    if images == "staging":
+        real = cuda.mem_alloc
+        monkeypatch.setattr(cuda, "mem_alloc", lambda n: real(n) if n <= 4 << 20 else (_ for _ in ()).throw(
+            cuda.MemoryError("cuMemAlloc failed: out of memory")))
+    streamed = engine.run(data, model, backend="cuda", chunk=300, scores=True)
+    assert streamed.streamed and not whole.streamed
+    np.testing.assert_array_equal(streamed.predictions, whole.predictions)
+    np.testing.assert_array_equal(streamed.scores, whole.scores)
+
+
 @pytest.mark.parametrize("budget", ["512", "4"])
 def test_split_over_gpus_equals_one_gpu(ece408, monkeypatch, budget):
     """Two contexts on GPU 0 stand in for two GPUs where only one exists; --devices 0,1 on the real thing."""

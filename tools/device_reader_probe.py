@@ -84,11 +84,12 @@ def native_read(path, offset, nbytes, threads, ring, block=64 << 20, busy_main=F
     return rate
 
 
-def upload(nbytes, src, dev, stream, piece=32 << 20):
+def upload(nbytes, src, dev, stream, piece=32 << 20, whole=False):
+    """GB/s copying nbytes from src in pieces, to the same device window (or across all of dev)."""
     t = time.perf_counter()
     for lo in range(0, nbytes, piece):
         n = min(piece, nbytes - lo)
-        cuda.memcpy_htod_async(int(dev) + lo % (len(src) // piece * piece), src[:n], stream)
+        cuda.memcpy_htod_async(int(dev) + (lo if whole else lo % (len(src) // piece * piece)), src[:n], stream)
     stream.synchronize()
     return nbytes / (time.perf_counter() - t) / 1e9
 
@@ -140,6 +141,10 @@ def main(path):
         rates = [read(path, offset, nbytes, t, piece, ring) for t in (1, 4, 8, 16)]
         print(f"read, {piece >> 20:2d} MB pieces, 1/4/8/16 threads: " + " ".join(f"{r:5.1f}" for r in rates) + " GB/s")
     print(f"upload alone (32 MB pieces): {upload(nbytes, src, dev, stream):.1f} GB/s")
+    fresh = cuda.mem_alloc(nbytes)
+    first, again = (upload(nbytes, src, fresh, stream, whole=True) for _ in range(2))
+    print(f"upload into {nbytes >> 20} MiB of fresh device memory: first pass {first:.1f} GB/s, again {again:.1f}")
+    fresh.free()
     up = {}
     r = read(path, offset, nbytes, 16, 4 << 20, ring, during=lambda: up.setdefault("u", upload(nbytes, src, dev, stream)))
     print(f"both at once: read {r:.1f} GB/s (16 threads, 4 MB), upload {up['u']:.1f} GB/s")

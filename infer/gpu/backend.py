@@ -32,12 +32,16 @@ class Build:
 @dataclass
 class Run:
     """The buffers of one batch: images as uploaded (resident, or per-stream staging) in the wire
-    type, per-stream float32 images where the wire type is an integer, scratch, labels, scores
+    type; resident images of a streamed batch are a ring of `slots` blocks of `block` images, a
+    block of images [b * block, (b + 1) * block) in slot b mod slots (one slot of all images
+    otherwise), per-stream float32 images where the wire type is an integer, scratch, labels, scores
     (40 bytes an image for 10 classes: always there, copied back only when asked for),
     and per chunk two flags: its first image with non-finite scores, its first image holding a
     non-finite value (INT_MAX if none)."""
     key: tuple
     chunk: int
+    block: int
+    slots: int
     elems: int  # values per image
     wire: np.dtype
     x_dev: object
@@ -126,11 +130,12 @@ class CudaBackend(HostSide):
         cuda.memcpy_htod(buf, array)
         return buf
 
-    def prepare(self, model, x_shape, scores=False, wire=np.float32):
+    def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False):
         """Compile (or load cached) kernels for this network and upload the weights (once per
         model and image shape), allocate the buffers for x_shape (n, H, W, C) images of type wire
-        (once per batch shape) and run the network once, so the timed forward pays neither
-        allocation nor the first launch's module loading."""
+        (once per batch shape; streamed: the images arrive block by block, see forward_stream) and
+        run the network once, so the timed forward pays neither allocation, first touch of the
+        memory, nor the first launch's module loading."""
         t = time.perf_counter()
         g = geometry(model, x_shape, "data")
         if self.model is not model or self.pipeline.g != g:  # a new model or image shape
@@ -161,36 +166,46 @@ class CudaBackend(HostSide):
         if wire != np.float32 and wire not in self.converters:
             self.converters[wire] = launch.Convert(self.build, wire)
         self.keep_scores = scores
-        key = (x_shape[0], tuple(x_shape[1:]), wire.str)
+        key = (x_shape[0], tuple(x_shape[1:]), wire.str, bool(streamed))
         if self._run is None or self._run.key != key:
             run = self.buffers(key)
             count = min(run.chunk, x_shape[0])
-            cuda.memset_d8(run.staging[0] if run.x_dev is None else run.x_dev, 0, count * run.wire_bytes)
+            for buf in [run.x_dev] if run.x_dev is not None else run.staging:
+                cuda.memset_d8(buf, 0, (run.block * run.slots if run.x_dev is not None else run.chunk) * run.wire_bytes)
             self._clear_flags(run)
             self._enqueue_chunk(run, 0, 0, count)
             cuda.Context.synchronize()
         self._host("buffers + warm-up", t)
 
-    def _plan(self, n, wire_bytes, float_bytes):
-        """(chunk, inputs resident): the whole input on the device when it fits, chunks that fit."""
+    def _plan(self, n, wire_bytes, float_bytes, streamed):
+        """(chunk, images per resident block, blocks, inputs resident): the whole input on the
+        device when it fits (streamed: a ring of blocks), chunks that fit."""
         free, _ = cuda.mem_get_info()
         budget = int(free * 0.8)
-        resident = n * wire_bytes <= budget // 2
         # By default enough chunks that every stream has work and copies hide behind kernels.
         chunk = self.chunk or min(self.pipeline.CHUNK, -(-n // self.n_streams))
+        chunk = min(chunk, n)
+        block, slots = n, 1
+        if streamed:
+            block = min(n, chunk * max(1, self.STREAM_IMAGES // chunk))
+            slots = min(self.ring_depth, -(-n // block))
+        resident = block * slots * wire_bytes <= budget // 2
         converts = wire_bytes != float_bytes
 
         def need(c):
             per_stream = (4 * self.pipeline.scratch_floats(c) + (0 if resident else c * wire_bytes)
                           + (c * float_bytes if converts else 0))
-            return self.n_streams * per_stream + (n * wire_bytes if resident else 0) + 4 * n * (1 + self.pipeline.g.classes)
+            return (self.n_streams * per_stream + (block * slots * wire_bytes if resident else 0)
+                    + 4 * n * (1 + self.pipeline.g.classes))
 
-        chunk = min(chunk, n)
         while chunk > 1 and need(chunk) > budget:
             chunk //= 2
         if need(chunk) > budget:
             raise InputError(f"the GPU has {free / 2**20:.0f} MiB free, too little for even one image per chunk")
-        return chunk, resident
+        if block % chunk:  # blocks of whole chunks
+            block = min(n, chunk * max(1, block // chunk))
+            slots = min(self.ring_depth, -(-n // block))
+        return chunk, block, slots, resident
 
     def buffers(self, key):
         """Device and page-locked buffers for a batch (n, image shape, wire type), kept for
@@ -198,24 +213,25 @@ class CudaBackend(HostSide):
         stop being resident, then chunks halve, down to one image."""
         if self._run is not None and self._run.key == key:
             return self._run
-        n, image_shape, wire = key
+        n, image_shape, wire, streamed = key
         wire = np.dtype(wire)
         elems = int(np.prod(image_shape))
         self._free_run()
-        chunk, resident = self._plan(n, elems * wire.itemsize, 4 * elems)
+        chunk, block, slots, resident = self._plan(n, elems * wire.itemsize, 4 * elems, streamed)
         while True:
             try:
-                self._run = self._allocate(key, n, elems, wire, chunk, resident)
+                self._run = self._allocate(key, n, elems, wire, chunk, block, slots, resident)
                 return self._run
             except cuda.MemoryError:
                 if resident:
                     resident = False
                 elif chunk > 1:
                     chunk //= 2
+                    block = min(n, chunk * max(1, block // chunk))
                 else:
                     raise InputError("the GPU ran out of memory even for one image per chunk") from None
 
-    def _allocate(self, key, n, elems, wire, chunk, resident):
+    def _allocate(self, key, n, elems, wire, chunk, block, slots, resident):
         """A Run's buffers, all or none: on failure what was taken is given back."""
         taken, pinned = [], []
 
@@ -229,8 +245,8 @@ class CudaBackend(HostSide):
 
         classes = self.pipeline.g.classes
         try:
-            return Run(key=key, chunk=chunk, elems=elems, wire=wire,
-                       x_dev=alloc(n * elems * wire.itemsize) if resident else None,
+            return Run(key=key, chunk=chunk, block=block, slots=slots, elems=elems, wire=wire,
+                       x_dev=alloc(block * slots * elems * wire.itemsize) if resident else None,
                        staging=[None if resident else alloc(chunk * elems * wire.itemsize) for _ in self.streams],
                        floats=[alloc(4 * chunk * elems) if wire != np.float32 else None for _ in self.streams],
                        scratch=[alloc(4 * self.pipeline.scratch_floats(chunk)) for _ in self.streams],
@@ -324,7 +340,7 @@ class CudaBackend(HostSide):
         """Where chunk i's images (from image start) are on the device, in the wire type."""
         if run.x_dev is None:
             return int(run.staging[i % len(self.streams)])
-        return int(run.x_dev) + start * run.wire_bytes
+        return int(run.x_dev) + ((start // run.block) % run.slots * run.block + start % run.block) * run.wire_bytes
 
     def _upload(self, run, stream, i, start, x):
         """Copy images x (from image start; chunk i's, or whole chunks from chunk i where resident)
@@ -332,9 +348,7 @@ class CudaBackend(HostSide):
         self.profiler.start("memcpy HtoD (images)", stream)
         cuda.memcpy_htod_async(self._images(run, i, start), x, stream)
         self.profiler.stop("memcpy HtoD (images)", stream)
-        uploaded = cuda.Event(cuda.event_flags.DISABLE_TIMING)
-        uploaded.record(stream)
-        return uploaded
+        return _event(stream)
 
     def _compute(self, run, i, start, count):
         """Check or convert chunk i's images, then the network, on stream i mod S."""
@@ -365,10 +379,10 @@ class CudaBackend(HostSide):
 
     @property
     def stream_block(self):
-        """Images per streamed block: whole chunks (each one upload on one stream), about
-        STREAM_IMAGES, so each block amortizes the reads and the Python work around it."""
-        chunk = self._run.chunk
-        return chunk * max(1, self.STREAM_IMAGES // chunk)
+        """Images per streamed block: whole chunks, about STREAM_IMAGES, so each block amortizes
+        the reads and the Python work around it (see _plan)."""
+        assert self._run.key[3], "prepare(..., streamed=True) first"
+        return self._run.block
 
     @property
     def ring_depth(self):
@@ -382,6 +396,7 @@ class CudaBackend(HostSide):
         run = self._run
         self._clear_flags(run)
         pending = collections.deque()
+        computed = collections.deque()  # per block: events after its kernels, on every stream used
 
         def hand_back():
             uploads, buf, count = pending.popleft()
@@ -393,7 +408,12 @@ class CudaBackend(HostSide):
         for start, x, buf in ring:
             at = start - ring.start
             first = at // run.chunk
-            uploads = [self._upload(run, self.copies, first, at, x)] if run.x_dev is not None else []
+            uploads = []
+            if run.x_dev is not None:
+                if len(computed) == run.slots:  # the slot's previous block must be computed
+                    for e in computed.popleft():
+                        self.copies.wait_for_event(e)
+                uploads.append(self._upload(run, self.copies, first, at, x))
             for offset in range(0, len(x), run.chunk):
                 i, count = first + offset // run.chunk, min(run.chunk, len(x) - offset)
                 stream = self.streams[i % len(self.streams)]
@@ -402,6 +422,9 @@ class CudaBackend(HostSide):
                 else:
                     stream.wait_for_event(uploads[0])
                 self._compute(run, i, at + offset, count)
+            if run.x_dev is not None:
+                used = min(len(self.streams), -(-len(x) // run.chunk))
+                computed.append([_event(self.streams[(first + j) % len(self.streams)]) for j in range(used)])
             pending.append((uploads, buf, len(x)))
             while pending and (len(pending) >= ring.depth - 1 or all(e.query() for e in pending[0][0])):
                 hand_back()
@@ -431,3 +454,10 @@ class CudaBackend(HostSide):
         self.weights, self.streams, self.copies = [], [], None
         self.profiler = self.build.profiler = NullProfiler()  # its events die while the context lives
         self.gpu.close()
+
+
+def _event(stream):
+    """An event recorded on stream now (no timing: the cheapest kind)."""
+    e = cuda.Event(cuda.event_flags.DISABLE_TIMING)
+    e.record(stream)
+    return e
