@@ -139,7 +139,7 @@ class Session:
                           predictions=predictions, labels=labels, scores=kept, classes=self.classes,
                           shards=dataset.shards, backend=backend.name, device=backend.device,
                           profile=backend.profile, timing=timing, streamed="read" in timing,
-                          reader=dict(layout=dataset.kind, threads=backend.reader.threads, pool=backend.reader.kind))
+                          reader=dict(layout=dataset.kind, threads=backend.reader.threads_used, pool=backend.reader.kind))
         finally:
             dataset.close()
 

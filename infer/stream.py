@@ -113,7 +113,7 @@ class HostSide:
             labels, scores = self.forward_stream(ring, progress)
         finally:
             ring.close()
-        return labels, ring.labels, scores, (self.reader.busy_s - busy) / self.reader.threads, ring.wait_s
+        return labels, ring.labels, scores, (self.reader.busy_s - busy) / self.reader.threads_used, ring.wait_s
 
     def close_host(self):
         if self.__dict__.get("_reader") is not None:
