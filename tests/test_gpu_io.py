@@ -118,3 +118,28 @@ def test_scores_from_every_algorithm(ece408, algo):
     r = engine.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo, scores=True)
     c = engine.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu", scores=True)
     np.testing.assert_allclose(r.scores, c.scores, rtol=1e-4, atol=1e-4)
+
+
+def test_a_file_truncated_while_it_streams_is_refused(ece408, tmp_path, monkeypatch):
+    """The file loses its last quarter after it was opened and checked: the native readers hit its
+    end mid-dataset and the run ends with one line, exit 2, nothing written."""
+    import os
+    import shutil
+
+    from infer.dataset import DataSet
+
+    data = tmp_path / "cut.h5"
+    shutil.copy(ece408 / "testfull.hdf5", data)
+    real = DataSet.open.__func__
+
+    def open_then_truncate(cls, paths, model, n=None):
+        opened = real(cls, paths, model, n)
+        os.truncate(data, data.stat().st_size * 3 // 4)
+        return opened
+
+    monkeypatch.setattr(DataSet, "open", classmethod(open_then_truncate))
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "4")
+    out = tmp_path / "p.npy"
+    r = invoke("run", data, ece408 / "model.hdf5", "--backend", "cuda", "--predictions", out, "-q")
+    assert_refused(r, "cut.h5", "'x'", "truncated")
+    assert not out.exists()
