@@ -185,7 +185,8 @@ class CudaBackend(HostSide):
         free, _ = cuda.mem_get_info()
         budget = int(free * 0.8)
         # By default enough chunks that every stream has work and copies hide behind kernels.
-        chunk = self.chunk or min(self.pipeline.CHUNK, -(-n // self.n_streams))
+        best = getattr(self.pipeline, "STREAM_CHUNK", self.pipeline.CHUNK) if streamed else self.pipeline.CHUNK
+        chunk = self.chunk or min(best, -(-n // self.n_streams))
         chunk = min(chunk, n)
         block, slots = n, 1
         if streamed:
