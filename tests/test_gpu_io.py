@@ -121,8 +121,8 @@ def test_scores_from_every_algorithm(ece408, algo):
 
 
 def test_a_file_truncated_while_it_streams_is_refused(ece408, tmp_path, monkeypatch):
-    """The file loses its last quarter after it was opened and checked: the native readers hit its
-    end mid-dataset and the run ends with one line, exit 2, nothing written."""
+    """The file is cut after image 1000 once opened and checked: the native readers hit its end
+    mid-dataset and the run ends with one line naming x, exit 2, nothing written."""
     import os
     import shutil
 
@@ -132,9 +132,12 @@ def test_a_file_truncated_while_it_streams_is_refused(ece408, tmp_path, monkeypa
     shutil.copy(ece408 / "testfull.hdf5", data)
     real = DataSet.open.__func__
 
+    with h5py.File(data) as f:  # cut inside the first block's images (the labels are cut too)
+        end = f["x"].id.get_offset() + 1000 * f["x"][0].nbytes
+
     def open_then_truncate(cls, paths, model, n=None):
         opened = real(cls, paths, model, n)
-        os.truncate(data, data.stat().st_size * 3 // 4)
+        os.truncate(data, end)
         return opened
 
     monkeypatch.setattr(DataSet, "open", classmethod(open_then_truncate))

@@ -29,4 +29,10 @@ for name in ("big", "big_u8"):
         medians[devices] = statistics.median(rates) if rates else float("nan")
     same = (np.load(f"/tmp/p_{name}_0.npy") == np.load(f"/tmp/p_{name}_all.npy")).sum()
     print(f"{name}: all GPUs / one GPU = {medians['all'] / medians['0']:.2f}x (medians of 3); predictions identical: {same} of 1000000")
+for readers in (12, 16):
+    for i in range(3):
+        r = subprocess.run(["cnninfer", "run", "/tmp/big.hdf5", model, "--devices", "all", "--readers", str(readers), "--json", "-q"],
+                           capture_output=True, text=True)
+        d = json.loads(r.stdout); t = d["timing_ms"]
+        print(f"big --devices all --readers {readers}: forward {t['forward']:.0f} ms = {d['n'] / t['forward'] * 1e3:,.0f} images/s, busy {t['read']:.0f} ms")
 PY

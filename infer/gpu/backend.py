@@ -175,8 +175,9 @@ class CudaBackend(HostSide):
             self._clear_flags(run)
             self._enqueue_chunk(run, 0, 0, count)
             cuda.Context.synchronize()
-        if streamed:  # the ring's page-locked buffers: pinning 150 MB takes tens of ms
+        if streamed:  # the ring's page-locked buffers (pinning 150 MB takes tens of ms), the readers
             self.host_buffers((self.stream_block,) + tuple(x_shape[1:]), wire, self.ring_depth)
+            _ = self.reader
         self._host("buffers + warm-up", t)
 
     def _plan(self, n, wire_bytes, float_bytes, streamed):
