@@ -46,6 +46,7 @@ class Graph:
         handle = ctypes.c_void_p(origin.handle)
         _check(lib.cuStreamBeginCapture_v2(handle, CAPTURE_THREAD_LOCAL), "cuStreamBeginCapture")
         graph = ctypes.c_void_p()
+        failed = None
         try:
             fork = cuda.Event(cuda.event_flags.DISABLE_TIMING)
             fork.record(origin)
@@ -56,8 +57,14 @@ class Graph:
                 join = cuda.Event(cuda.event_flags.DISABLE_TIMING)
                 join.record(s)
                 origin.wait_for_event(join)
+        except cuda.Error as e:  # the capture was invalidated (seen with two contexts on one GPU)
+            failed = e
         finally:
             rc = lib.cuStreamEndCapture(handle, ctypes.byref(graph))
+        if failed is not None:
+            if graph:
+                lib.cuGraphDestroy(graph)
+            raise GraphError(f"stream capture failed: {failed}")
         _check(rc, "cuStreamEndCapture")
         self.exec = ctypes.c_void_p()
         try:
