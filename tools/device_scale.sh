@@ -6,18 +6,7 @@ set -uo pipefail
 out="${OUT:-device-out}"; mkdir -p "$out"
 data="$CNNINFER_DATA"
 export CNNINFER_CACHE=/tmp/cnninfer-cache
-python3 - "$data" <<'PY'
-import sys, time, h5py, numpy as np
-t = time.perf_counter()
-with h5py.File(f"{sys.argv[1]}/testfull.hdf5") as src, h5py.File("/tmp/big.hdf5", "w") as dst:
-    x, y = src["x"][()], src["y"][()]
-    dx = dst.create_dataset("x", (100 * len(x),) + x.shape[1:], "f4")
-    dy = dst.create_dataset("y", (100 * len(y), y.shape[1]), "f8")
-    for i in range(100):
-        dx[i * len(x):(i + 1) * len(x)] = x
-        dy[i * len(y):(i + 1) * len(y)] = y
-print(f"wrote /tmp/big.hdf5 (1,000,000 images) in {time.perf_counter() - t:.1f} s")
-PY
+python3 tools/make_big.py "$data" /tmp big
 measure() {  # label, then the cnninfer arguments; prints images/s, RSS and the timing split
   python3 - "$@" <<'PY'
 import json, resource, subprocess, sys

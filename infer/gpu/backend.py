@@ -134,8 +134,8 @@ class CudaBackend(HostSide):
         """Compile (or load cached) kernels for this network and upload the weights (once per
         model and image shape), allocate the buffers for x_shape (n, H, W, C) images of type wire
         (once per batch shape; streamed: the images arrive block by block, see forward_stream) and
-        run the network once, so the timed forward pays neither allocation, first touch of the
-        memory, nor the first launch's module loading."""
+        run the network once, so the timed forward pays neither allocation nor the first launch's
+        module loading."""
         t = time.perf_counter()
         g = geometry(model, x_shape, "data")
         if self.model is not model or self.pipeline.g != g:  # a new model or image shape
@@ -170,8 +170,7 @@ class CudaBackend(HostSide):
         if self._run is None or self._run.key != key:
             run = self.buffers(key)
             count = min(run.chunk, x_shape[0])
-            for buf in [run.x_dev] if run.x_dev is not None else run.staging:
-                cuda.memset_d8(buf, 0, (run.block * run.slots if run.x_dev is not None else run.chunk) * run.wire_bytes)
+            cuda.memset_d8(self._images(run, 0, 0), 0, count * run.wire_bytes)
             self._clear_flags(run)
             self._enqueue_chunk(run, 0, 0, count)
             cuda.Context.synchronize()
@@ -180,36 +179,40 @@ class CudaBackend(HostSide):
             _ = self.reader
         self._host("buffers + warm-up", t)
 
+    def _ring(self, n, chunk, streamed):
+        """(images per resident block, blocks): all n images in one block, or for a streamed batch
+        a ring of blocks of whole chunks, about STREAM_IMAGES each, as deep as the host's ring."""
+        if not streamed:
+            return n, 1
+        block = min(n, chunk * max(1, self.STREAM_IMAGES // chunk))
+        return block, min(self.ring_depth, -(-n // block))
+
     def _plan(self, n, wire_bytes, float_bytes, streamed):
-        """(chunk, images per resident block, blocks, inputs resident): the whole input on the
-        device when it fits (streamed: a ring of blocks), chunks that fit."""
+        """(chunk, inputs resident): the whole input on the device when it fits (streamed: a ring
+        of blocks), chunks that fit."""
         free, _ = cuda.mem_get_info()
         budget = int(free * 0.8)
         # By default enough chunks that every stream has work and copies hide behind kernels.
         best = getattr(self.pipeline, "STREAM_CHUNK", self.pipeline.CHUNK) if streamed else self.pipeline.CHUNK
-        chunk = self.chunk or min(best, -(-n // self.n_streams))
-        chunk = min(chunk, n)
-        block, slots = n, 1
-        if streamed:
-            block = min(n, chunk * max(1, self.STREAM_IMAGES // chunk))
-            slots = min(self.ring_depth, -(-n // block))
-        resident = block * slots * wire_bytes <= budget // 2
+        chunk = min(self.chunk or min(best, -(-n // self.n_streams)), n)
+        resident = self._images_bytes(n, chunk, streamed, wire_bytes) <= budget // 2
         converts = wire_bytes != float_bytes
 
         def need(c):
             per_stream = (4 * self.pipeline.scratch_floats(c) + (0 if resident else c * wire_bytes)
                           + (c * float_bytes if converts else 0))
-            return (self.n_streams * per_stream + (block * slots * wire_bytes if resident else 0)
+            return (self.n_streams * per_stream + (self._images_bytes(n, c, streamed, wire_bytes) if resident else 0)
                     + 4 * n * (1 + self.pipeline.g.classes))
 
         while chunk > 1 and need(chunk) > budget:
             chunk //= 2
         if need(chunk) > budget:
             raise InputError(f"the GPU has {free / 2**20:.0f} MiB free, too little for even one image per chunk")
-        if block % chunk:  # blocks of whole chunks
-            block = min(n, chunk * max(1, block // chunk))
-            slots = min(self.ring_depth, -(-n // block))
-        return chunk, block, slots, resident
+        return chunk, resident
+
+    def _images_bytes(self, n, chunk, streamed, wire_bytes):
+        block, slots = self._ring(n, chunk, streamed)
+        return block * slots * wire_bytes
 
     def buffers(self, key):
         """Device and page-locked buffers for a batch (n, image shape, wire type), kept for
@@ -221,23 +224,23 @@ class CudaBackend(HostSide):
         wire = np.dtype(wire)
         elems = int(np.prod(image_shape))
         self._free_run()
-        chunk, block, slots, resident = self._plan(n, elems * wire.itemsize, 4 * elems, streamed)
+        chunk, resident = self._plan(n, elems * wire.itemsize, 4 * elems, streamed)
         while True:
             try:
-                self._run = self._allocate(key, n, elems, wire, chunk, block, slots, resident)
+                self._run = self._allocate(key, n, elems, wire, chunk, resident)
                 return self._run
             except cuda.MemoryError:
                 if resident:
                     resident = False
                 elif chunk > 1:
                     chunk //= 2
-                    block = min(n, chunk * max(1, block // chunk))
                 else:
                     raise InputError("the GPU ran out of memory even for one image per chunk") from None
 
-    def _allocate(self, key, n, elems, wire, chunk, block, slots, resident):
+    def _allocate(self, key, n, elems, wire, chunk, resident):
         """A Run's buffers, all or none: on failure what was taken is given back."""
         taken, pinned = [], []
+        block, slots = self._ring(n, chunk, key[3])
 
         def alloc(nbytes):
             taken.append(cuda.mem_alloc(max(nbytes, 4)))
