@@ -16,6 +16,17 @@
 //   per (image, half of C2): 4 m-tiles = the 4 positions of a 2x2 pool window over 16 windows, C2/16
 //   n-tiles of 8; w2 pre-split and laid out in fragment order by the host: (K2*K2, C1/8, C2/8, 32
 //   lanes, {hi k, hi k+4, lo k, lo k+4}), slabs double-buffered with cp.async, one barrier each.
+// fused_kernel3 (FUSED_VERSION 3, sm_90a only): both convs on Hopper's warpgroup MMA (wgmma), 3xTF32
+//   as in version 2. A tile is 64 rows = 16 pool windows x 4 positions; a thread holds rows (window,
+//   dx) for dy = 0, 1, and the pool adds its partner lane's dx = 1 through shuffles, in the
+//   reference's order. A fragments come from registers (gathered from shared memory and split per
+//   k8 step), B (weight parts, remainders) is read by the tensor cores from shared memory through
+//   matrix descriptors, as K-major core matrices without swizzle: per k8 step (parts, remainders) x
+//   (N/8, 2 halves of k, 8 rows, 4 k). conv1: m64n32k8 tiles, k = (kh, kw, ci) padded to a multiple
+//   of 8, the split w1 in constant memory copied beside the images; each warpgroup takes two tiles
+//   at a time. conv2: each of the 2 warpgroups computes 2 images, one m64n64k8 tile per image, host
+//   layout of w2 (K2*K2, C1/8, {hi, lo}, C2/8, 2, 8, 4). 3 x 2 x (H1*W1*C1*K1K8 + H2*W2*C2*K2*K2*C1)
+//   tensor FLOPs an image (K1K8: K1*K1*IN_C rounded up to 8).
 // Shapes arrive as -D options; the host checks the preconditions asserted below.
 
 #ifndef IMGS
@@ -37,7 +48,9 @@ constexpr int SLAB = C1 * C2;  // one (kh, kw) slab of w2
 
 static_assert(FUSED_THREADS % C1 == 0, "fused: conv1 channels must divide the block");
 
+#if FUSED_VERSION < 3
 __constant__ float c_w1[K1 * K1 * IN_C * C1];
+#endif
 
 #if FUSED_VERSION == 1
 
@@ -150,26 +163,15 @@ fused_kernel1(const float* __restrict__ x, const float* __restrict__ w2, float* 
     }
 }
 
-#elif FUSED_VERSION == 2
+#else  // versions 2 and 3: conv2 on the tensor cores, w2 slabs (parts and remainders) via cp.async
 
 constexpr int WINDOWS = P2H * P2W;  // pooled outputs per image: 16 of them make an m-tile's rows
-constexpr int NT = C2 / 16;         // n-tiles of 8 channels per warp (two warps per image)
 constexpr int KSTEPS = C1 / 8;
-// p1 strides for the A fragments' scalar loads (8 pixels x 4 channels each): a pixel stride of
-// C1 + 2 puts columns 2 apart 4 banks apart, a row stride of 8 mod 16 puts rows 2 apart 16 banks
-// apart, so the 32 loads of a warp hit 32 banks (for 4x4 pooled outputs and C1 = 32).
-constexpr int PSTR = C1 + 2;
-constexpr int RSTR = P1W * PSTR + (24 - (P1W * PSTR) % 16) % 16;
-constexpr int ISTR = P1H * RSTR;
-constexpr int P1_FLOATS = IMGS * ISTR;
-constexpr int SLAB2 = 2 * SLAB;  // TF32 parts and remainders of one (kh, kw) slab, fragment order
-constexpr int STAGE_FLOATS = X_FLOATS > 2 * SLAB2 ? X_FLOATS : 2 * SLAB2;  // two slabs in flight
+constexpr int SLAB2 = 2 * SLAB;  // TF32 parts and remainders of one (kh, kw) slab
 constexpr int STEPS = WINDOWS / 16 * K2 * K2;  // (group of 16 windows, kh, kw)
 
-static_assert(IMGS * 2 * 32 == FUSED_THREADS, "fused v2: two warps per image, four images");
-static_assert(WINDOWS % 16 == 0 && C2 % 16 == 0 && NT <= 4 && C1 % 8 == 0, "fused v2: tile shapes");
-static_assert(SLAB2 % (4 * FUSED_THREADS) == 0, "fused v2: w2 slab must split into 16 bytes per thread");
-static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused v2: shared memory over 227 KB");
+static_assert(WINDOWS % 16 == 0 && C1 % 8 == 0, "fused v2/v3: tile shapes");
+static_assert(SLAB2 % (4 * FUSED_THREADS) == 0, "fused v2/v3: w2 slab must split into 16 bytes per thread");
 
 #include "mma.cuh"
 
@@ -183,6 +185,22 @@ __device__ __forceinline__ void fetch_slab(float4* dst, const float4* __restrict
     }
     asm volatile("cp.async.commit_group;");
 }
+
+#if FUSED_VERSION == 2
+
+constexpr int NT = C2 / 16;         // n-tiles of 8 channels per warp (two warps per image)
+// p1 strides for the A fragments' scalar loads (8 pixels x 4 channels each): a pixel stride of
+// C1 + 2 puts columns 2 apart 4 banks apart, a row stride of 8 mod 16 puts rows 2 apart 16 banks
+// apart, so the 32 loads of a warp hit 32 banks (for 4x4 pooled outputs and C1 = 32).
+constexpr int PSTR = C1 + 2;
+constexpr int RSTR = P1W * PSTR + (24 - (P1W * PSTR) % 16) % 16;
+constexpr int ISTR = P1H * RSTR;
+constexpr int P1_FLOATS = IMGS * ISTR;
+constexpr int STAGE_FLOATS = X_FLOATS > 2 * SLAB2 ? X_FLOATS : 2 * SLAB2;  // two slabs in flight
+
+static_assert(IMGS * 2 * 32 == FUSED_THREADS, "fused v2: two warps per image, four images");
+static_assert(C2 % 16 == 0 && NT <= 4, "fused v2: tile shapes");
+static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused v2: shared memory over 227 KB");
 
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
 fused_kernel2(const float* __restrict__ x, const float4* __restrict__ w2f, float* __restrict__ feat, int n) {
@@ -275,4 +293,215 @@ fused_kernel2(const float* __restrict__ x, const float4* __restrict__ w2f, float
     }
 }
 
+#else  // FUSED_VERSION == 3
+
+// p1 strides for the A gathers: a warp's 8 row-groups g read 8 adjacent pixels of one p1 row, 4
+// channels each (tig); a pixel stride of C1 + 4 puts them in 32 different banks.
+constexpr int PSTR = C1 + 4;
+constexpr int RSTR = P1W * PSTR;
+constexpr int ISTR = P1H * RSTR;
+constexpr int P1_FLOATS = IMGS * ISTR;
+constexpr int K1K = K1 * K1 * IN_C, KS1 = (K1K + 7) / 8;  // conv1's k = (kh, kw, ci), padded to k8 steps
+constexpr int X_PAD = (X_FLOATS + 31) / 32 * 32;          // the images, then conv1's weights (128-byte aligned)
+constexpr int W1F_FLOATS = KS1 * 2 * 8 * C1;
+constexpr int STAGE_FLOATS = X_PAD + W1F_FLOATS > 2 * SLAB2 ? X_PAD + W1F_FLOATS : 2 * SLAB2;
+constexpr int TILES1 = (P1H * P1W + 15) / 16;  // conv1 m64 tiles (16 pool windows each) per image
+constexpr int JOBS1 = IMGS * TILES1;
+
+static_assert(IMGS == 4 && FUSED_THREADS == 256, "fused v3: two warpgroups of two images each");
+static_assert(C1 == 32 && C2 == 64, "fused v3: N = C1 = 32 (wgmma.m64n32k8), N = C2 = 64 (m64n64k8)");
+static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused v3: shared memory over 227 KB");
+
+// conv1's weights split like w2, zero past k = K1K: (KS1, {hi, lo}, C1/8, 2, 8, 4).
+__constant__ float c_w1[W1F_FLOATS];
+
+// Matrix descriptor of a K-major operand in shared memory without swizzle: core matrices of 8 rows x
+// 16 bytes; the next 4 k 128 bytes on (leading byte offset), the next 8 rows 256 bytes on (stride).
+__device__ __forceinline__ unsigned long long wgmma_desc(const float* p) {
+    return (unsigned long long)((smem_addr(p) & 0x3FFFF) >> 4) | (128ull >> 4) << 16 | (256ull >> 4) << 32;
+}
+
+// d = a . b (+ d where accumulate) for the warpgroup's 64 x N tile, k = 8: a (TF32) in registers, b
+// in shared memory. N = 64:
+__device__ __forceinline__ void wgmma(float (&d)[32], const unsigned (&a)[4], unsigned long long b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+        "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+        "%31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// N = 32:
+__device__ __forceinline__ void wgmma(float (&d)[16], const unsigned (&a)[4], unsigned long long b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+        "%11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// One k8 step of two tiles in 3xTF32: A values av[i] = rows (g, k), (g + 8, k), (g, k + 4), (g + 8, k
+// + 4) of tile i, split here; b: the step's parts, its remainders 8 * N floats on. The three products
+// smallest first; `first` starts the sums. Commits the step as one group and lets the previous one finish.
+template <int NACC>
+__device__ __forceinline__ void mma3_step(float (&acc)[2][NACC], const float (&av)[2][4], const float* b, bool first) {
+    unsigned hi[2][4], lo[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) split(av[i][r], hi[i][r], lo[i][r]);
+    const unsigned long long bhi = wgmma_desc(b), blo = wgmma_desc(b + 8 * (NACC * 2));
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        wgmma(acc[i], lo[i], bhi, !first);
+        wgmma(acc[i], hi[i], blo, 1);
+        wgmma(acc[i], hi[i], bhi, 1);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_drain() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+// A tile's rows are (pool window, dx, dy): accumulator 4c + 2dy + e is channel 8c + 2 tig + e. ReLU and
+// the 2x2 average of channels 8c + 2 tig + {0, 1} in the reference's order ((a + b) + c) + d, the
+// dx = 1 half taken from lane + 4; valid in the even lanes (dx = 0).
+template <int NACC>
+__device__ __forceinline__ float2 pool_pair(const float (&acc)[NACC], int c) {
+    float o[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const float a = relu(acc[4 * c + e]), cc = relu(acc[4 * c + 2 + e]);
+        const float b = __shfl_down_sync(0xffffffffu, a, 4);
+        const float d = __shfl_down_sync(0xffffffffu, cc, 4);
+        o[e] = (((a + b) + cc) + d) * 0.25f;
+    }
+    return make_float2(o[0], o[1]);
+}
+
+extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
+fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float* __restrict__ feat, int n) {
+    extern __shared__ float4 smem4[];
+    float* p1 = reinterpret_cast<float*>(smem4);
+    float* stage = p1 + P1_FLOATS;  // the images and w1 in phase 1, then two w2 slabs in phase 2
+    float4* slabs = reinterpret_cast<float4*>(stage);
+    const int t = threadIdx.x;
+    const int img0 = blockIdx.x * IMGS;
+    const int imgs = min(IMGS, n - img0);
+    const int lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
+    const int wg = warp / 4, w = warp % 4;  // warpgroup and warp in it
+
+    // Phase 0: this block's images (zeros past the end of the batch), then conv1's weights.
+    {
+        const float* xb = x + (size_t)img0 * IN_H * IN_W * IN_C;
+        for (int i = t; i < X_FLOATS; i += FUSED_THREADS)
+            stage[i] = i < imgs * IN_H * IN_W * IN_C ? xb[i] : 0.0f;
+        for (int i = t; i < W1F_FLOATS; i += FUSED_THREADS) stage[X_PAD + i] = c_w1[i];
+    }
+    asm volatile("fence.proxy.async.shared::cta;");  // w1 written here, read by the tensor cores
+    __syncthreads();
+
+    // Phase 1: conv1 -> ReLU -> pool into p1, m64n32 tiles of 16 pool windows x 4 positions; job j is
+    // (image j / TILES1, tile j % TILES1), each warpgroup two jobs at a time. Rows g and g + 8 of warp
+    // w: window 16 tile + 4w + g/2, column dx = g % 2, row dy = 0, 1. Padded k read pixel 0 (finite,
+    // times a zero weight); windows past the last are computed on window 0 and not stored.
+    {
+        int koff[KS1][2];
+#pragma unroll
+        for (int ks = 0; ks < KS1; ++ks)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int k = 8 * ks + tig + 4 * j, kk = k / IN_C;
+                koff[ks][j] = k < K1K ? ((kk / K1) * IN_W + kk % K1) * IN_C + k % IN_C : 0;
+            }
+        for (int pair = wg; pair < (JOBS1 + 1) / 2; pair += 2) {
+            const float* base[2];
+            int out[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int job = min(2 * pair + i, JOBS1 - 1), img = job / TILES1;
+                const int win = (job % TILES1) * 16 + 4 * w + g / 2, wc = win < P1H * P1W ? win : 0;
+                const int py = wc / P1W, px = wc % P1W;
+                base[i] = stage + ((img * IN_H + 2 * py) * IN_W + 2 * px + g % 2) * IN_C;
+                out[i] = 2 * pair + i < JOBS1 && win < P1H * P1W && g % 2 == 0 ? img * ISTR + py * RSTR + px * PSTR + 2 * tig : -1;
+            }
+            float acc[2][16];
+#pragma unroll
+            for (int ks = 0; ks < KS1; ++ks) {
+                float av[2][4];
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    av[i][0] = base[i][koff[ks][0]];
+                    av[i][1] = base[i][IN_W * IN_C + koff[ks][0]];
+                    av[i][2] = base[i][koff[ks][1]];
+                    av[i][3] = base[i][IN_W * IN_C + koff[ks][1]];
+                }
+                mma3_step(acc, av, stage + X_PAD + ks * 16 * C1, ks == 0);
+            }
+            wgmma_drain();
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int c = 0; c < C1 / 8; ++c) {
+                    const float2 o = pool_pair(acc[i], c);
+                    if (out[i] >= 0) *reinterpret_cast<float2*>(p1 + out[i] + 8 * c) = o;
+                }
+        }
+    }
+    __syncthreads();  // p1 complete; the staged images and w1 are dead from here on
+    fetch_slab(slabs, w2f, 0);
+
+    // Phase 2: conv2, 2 images per warpgroup, one m64n64 tile per image and group of 16 windows.
+    float acc[2][32];
+    for (int u = 0; u < STEPS; ++u) {
+        const int mg = u / (K2 * K2), s = u % (K2 * K2);
+        // Rows g and g + 8 of warp w: pool window mg*16 + 4w + g/2, column dx = g % 2, row dy = 0, 1.
+        const int win = mg * 16 + 4 * w + g / 2, py = win / P2W, px = win % P2W;
+        const float* as = p1 + (2 * wg) * ISTR + (2 * py + s / K2) * RSTR + (2 * px + g % 2 + s % K2) * PSTR + tig;
+        // Slab u has landed (ours; the proxy fence hands it to the tensor cores' reads, the barrier
+        // makes everyone's visible), and every warpgroup's MMAs on the other buffer have completed.
+        asm volatile("cp.async.wait_group 0;");
+        asm volatile("fence.proxy.async.shared::cta;");
+        __syncthreads();
+        if (u + 1 < STEPS) fetch_slab(slabs + ((u + 1) % 2) * (SLAB2 / 4), w2f, (u + 1) % (K2 * K2));
+        const float* slab = stage + (u % 2) * SLAB2;
+#pragma unroll
+        for (int ks = 0; ks < KSTEPS; ++ks) {
+            float av[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const float* a = as + i * ISTR + ks * 8;
+                av[i][0] = a[0];
+                av[i][1] = a[RSTR];
+                av[i][2] = a[4];
+                av[i][3] = a[RSTR + 4];
+            }
+            mma3_step(acc, av, slab + ks * 16 * C2, s == 0 && ks == 0);  // a window group's first step
+        }
+        wgmma_drain();
+
+        if (s == K2 * K2 - 1) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const int img = 2 * wg + i;
+                float* out = feat + ((size_t)(img0 + img) * WINDOWS + win) * C2 + 2 * tig;
+#pragma unroll
+                for (int c = 0; c < C2 / 8; ++c) {
+                    const float2 o = pool_pair(acc[i], c);
+                    if (g % 2 == 0 && img < imgs) *reinterpret_cast<float2*>(out + c * 8) = o;
+                }
+            }
+        }
+    }
+}
+
+#endif
 #endif

@@ -28,7 +28,9 @@ def variants(arch):
     """(algorithm, GEMM, tile width) of every variant that runs on arch: the GEMM and its tile
     matter only to unroll."""
     rows = []
-    for algo in ALGORITHMS:
+    for algo, pipeline in ALGORITHMS.items():
+        if pipeline.runs_on(arch):
+            continue
         if algo != "unroll":
             rows.append((algo, None, None))
             continue

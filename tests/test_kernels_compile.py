@@ -1,5 +1,6 @@
-"""CI has nvcc but no GPU: every kernel file compiles for sm_80 and sm_90, each version and tile width
-of the GEMM, conv layers of several geometries, with warnings as errors; ptxas's register and spill report is collected, and a spill fails."""
+"""CI has nvcc but no GPU: every kernel file compiles for sm_80 and sm_90 (the Hopper-only wgmma kernel
+for sm_90a), each version and tile width of the GEMM, conv layers of several geometries, with
+warnings as errors; ptxas's register and spill report is collected, and a spill fails."""
 import re
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ VARIANTS = ([("gemm", {"GEMM_VERSION": v, "TILE_WIDTH": tw}) for v, tiles, _ in 
             + [("fused", Fused.defines(MNIST, version)) for version in (1, 2)] + [("fc", FullyConnected.defines(MNIST))]
             + [(name, {}) for name in ("unroll", "place", "pool", "argmax")]
             + [("stage", {"SRC_T": t}) for t in ("unsigned char", "short", "long long")])
+HOPPER = [("fused", Fused.defines(MNIST, 3)), ("fused", Fused.defines(Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7), 3))]
 REPORT = []
 
 
@@ -26,10 +28,24 @@ def test_every_kernel_file_is_covered():
     assert sorted({name for name, _ in VARIANTS}) == compiler.kernel_names()
 
 
+def ids(variants):
+    return [f"{n}-{'-'.join(map(str, d.values())).replace(' ', '_') or 'plain'}" for n, d in variants]
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("name,defines", VARIANTS, ids=[f"{n}-{'-'.join(map(str, d.values())).replace(' ', '_') or 'plain'}" for n, d in VARIANTS])
+@pytest.mark.parametrize("name,defines", VARIANTS, ids=ids(VARIANTS))
 def test_kernel_compiles_without_spills(tmp_path, name, defines, arch):
+    compile_without_spills(tmp_path, name, defines, arch)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+@pytest.mark.parametrize("name,defines", HOPPER, ids=ids(HOPPER))
+def test_hopper_kernel_compiles_without_spills(tmp_path, name, defines):
+    compile_without_spills(tmp_path, name, defines, "sm_90a")
+
+
+def compile_without_spills(tmp_path, name, defines, arch):
     cmd = compiler.command(name, arch, defines, output=tmp_path / "k.cubin", extra=("-Xptxas", "-v"))
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from infer.gpu.launch import GEMMS, gemm_choice
-from infer.gpu.pipelines import ALGORITHMS, AUTO, Fused, FusedTensorCores, Implicit, Unroll, choose, tf32
+from infer.gpu.pipelines import ALGORITHMS, AUTO, Fused, FusedTensorCores, FusedWarpgroup, Implicit, Unroll, choose, tf32
 from infer.network import Geometry
 
 MNIST = Geometry(28, 28, 1, 5, 32, 5, 64, 128, 10)
@@ -11,8 +11,9 @@ ODD = Geometry(29, 29, 1, 5, 32, 5, 64, 128, 10)  # 25 -> 12 (floored) -> 8 -> 4
 NO_FUSED = Geometry(30, 30, 1, 3, 32, 3, 64, 128, 10)  # 28 -> 14 -> 12 -> 6x6 pooled: fits neither tiling
 
 
-@pytest.mark.parametrize("g,arch,expected", [(MNIST, "sm_90", FusedTensorCores), (MNIST, "sm_80", FusedTensorCores),
-                                             (MNIST, "sm_75", Fused), (ODD, "sm_90", FusedTensorCores)])
+@pytest.mark.parametrize("g,arch,expected", [(MNIST, "sm_90", FusedWarpgroup), (MNIST, "sm_80", FusedTensorCores),
+                                             (MNIST, "sm_100", FusedTensorCores), (MNIST, "sm_75", Fused),
+                                             (ODD, "sm_90", FusedWarpgroup)])
 def test_auto_takes_the_first_that_runs(g, arch, expected):
     assert choose(AUTO, g, arch) == (expected, None)
 
@@ -24,6 +25,16 @@ def test_auto_falls_back_to_implicit_then_unroll_and_named_algorithms_say_why():
     assert choose(AUTO, NO_FUSED, "sm_75") == (Unroll, None)
     algo, why = choose("fused-tc", MNIST, "sm_75")
     assert algo is None and "sm_80" in why and "--conv-algo fused-tc" in why
+
+
+def test_wgmma_runs_on_hopper_only_and_says_so():
+    assert FusedWarpgroup.runs_on("sm_90") is None
+    for arch in ("sm_80", "sm_89", "sm_100", "sm_120"):
+        assert "Hopper GPU (sm_90)" in FusedWarpgroup.available(MNIST, arch)
+    assert "64 conv2 channels" in FusedWarpgroup.available(Geometry(28, 28, 1, 5, 32, 5, 48, 128, 10), "sm_90")
+    from infer.bench import variants
+
+    assert "fused-wgmma" not in {a for a, _, _ in variants("sm_80")} and "fused-wgmma" in {a for a, _, _ in variants("sm_90")}
 
 
 def test_every_algorithm_is_chosen_by_name():
@@ -70,3 +81,23 @@ def test_every_gemm_tile_is_a_tile_width_choice():
     from infer.gpu.launch import TILE_WIDTHS
 
     assert set(TILE_WIDTHS) == {t for _, tiles, _ in GEMMS.values() for t in tiles}
+
+
+def test_conv2_weights_as_wgmma_core_matrices(rng):
+    w = rng.standard_normal((5, 5, 32, 64)).astype(np.float32)
+    f = FusedWarpgroup.conv2_weights(w)
+    assert f.shape == (25, 4, 2, 8, 2, 8, 4) and f.flags.c_contiguous
+    parts = [tf32(w).reshape(25, 32, 64), tf32(w - tf32(w)).reshape(25, 32, 64)]
+    # slab s, k8 step ks, part, 8-channel group ni, k half kc, channel row r, k within the half kk
+    for s, ks, part, ni, kc, r, kk in [(7, 2, 0, 5, 1, 3, 2), (24, 3, 1, 7, 0, 7, 3), (0, 0, 0, 0, 0, 1, 0)]:
+        assert f[s, ks, part, ni, kc, r, kk] == parts[part][s, 8 * ks + 4 * kc + kk, 8 * ni + r]
+
+
+def test_conv1_weights_padded_to_whole_k8_steps(rng):
+    w = rng.standard_normal((5, 5, 1, 32)).astype(np.float32)
+    f = FusedWarpgroup.conv1_weights(w)
+    assert f.shape == (1, 4, 2, 4, 2, 8, 4)  # k = 25 padded to 32
+    flat = w.reshape(25, 32)
+    assert f[0, 3, 0, 2, 0, 5, 0] == tf32(flat[24, 21])  # k = 24 = 8*3 + 4*0 + 0, n = 21 = 8*2 + 5
+    assert f[0, 3, 1, 2, 0, 5, 0] == tf32(flat[24, 21] - tf32(flat[24, 21]))
+    assert not f[0, 3, :, :, 0, :, 1:].any() and not f[0, 3, :, :, 1].any()  # k 25..31: zero

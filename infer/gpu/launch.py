@@ -28,13 +28,15 @@ class Launcher:
     dies with its context), prepared once."""
     source = kernel = arg_types = None
 
-    def __init__(self, build, **defines):
+    def __init__(self, build, arch=None, **defines):
+        """arch: the compile target where it is not the GPU's own (sm_90a for Hopper-only instructions)."""
         import pycuda.driver as cuda
 
         self.build = build
-        key = (self.source, tuple(sorted(defines.items())))
+        arch = arch or build.arch
+        key = (self.source, arch, tuple(sorted(defines.items())))
         if key not in build.modules:
-            build.modules[key] = cuda.module_from_buffer(_cubin(self.source, build.arch, key[1], build.fast_math))
+            build.modules[key] = cuda.module_from_buffer(_cubin(self.source, arch, key[2], build.fast_math))
         self.module = build.modules[key]
         self.function = self.module.get_function(self.kernel)
         self.function.prepare(self.arg_types)
@@ -178,10 +180,12 @@ class Check(Launcher):
 
 class Fused(Launcher):
     """conv1 -> ReLU -> pool -> conv2 -> ReLU -> pool for IMGS images per 256-thread block;
-    version 1 on FP32 FFMA, version 2 on the tensor cores in 3xTF32 (sm_80 and later)."""
+    version 1 on FP32 FFMA, version 2 on the tensor cores in 3xTF32 (mma.sync, sm_80 and later),
+    version 3 the same on Hopper's warpgroup MMA (wgmma, sm_90a only)."""
     source, arg_types = "fused", "PPPi"
     THREADS = 256
     SMEM_LIMIT = 227 * 1024
+    ARCH = {3: "sm_90a"}  # versions compiled for a target other than the GPU's own
 
     @classmethod
     def plan(cls, g, version=1):
@@ -199,13 +203,19 @@ class Fused(Launcher):
             rstr = p1w * pstr
             istr = p1h * rstr + (36 - p1h * rstr % 32) % 32
             stage = max(imgs * g.h * g.w * g.c, 2 * g.c1 * g.c2)
-        else:
+        elif version == 2:
             if (p2h * p2w) % 16 or g.c2 % 16 or g.c2 > 64 or g.c1 % 8 or (2 * g.c1 * g.c2) % (4 * cls.THREADS):
                 return None, ("it needs pooled conv2 outputs in groups of 16, conv2 channels a multiple of 16 "
                               "up to 64, conv1 channels a multiple of 8")
             imgs, row = 4, p1w * (g.c1 + 2)
             istr = p1h * (row + (24 - row % 16) % 16)
             stage = max(imgs * g.h * g.w * g.c, 4 * g.c1 * g.c2)
+        else:
+            if (p2h * p2w) % 16 or g.c1 != 32 or g.c2 != 64:
+                return None, "it needs pooled conv2 outputs in groups of 16, 32 conv1 channels and 64 conv2 channels"
+            imgs, istr = 4, p1h * p1w * (g.c1 + 4)
+            conv1_steps = -(-g.k1 * g.k1 * g.c // 8)
+            stage = max(-(-imgs * g.h * g.w * g.c // 32) * 32 + conv1_steps * 16 * g.c1, 4 * g.c1 * g.c2)
         shared = 4 * (imgs * istr + stage)
         if shared > cls.SMEM_LIMIT:
             return None, f"it needs {shared} bytes of shared memory per block, more than {cls.SMEM_LIMIT}"
@@ -220,11 +230,13 @@ class Fused(Launcher):
 
     def __init__(self, build, g, version=1):
         self.kernel = f"fused_kernel{version}"
-        super().__init__(build, **self.defines(g, version))
+        super().__init__(build, self.ARCH.get(version), **self.defines(g, version))
         self.imgs, self.shared = self.plan(g, version)
         import pycuda.driver as cuda
 
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)
+        # All of the SM's memory as shared memory: two blocks of up to 113 KB fit only so.
+        self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
         self.conv1_constant = self.module.get_global("c_w1")[0]
 
     def __call__(self, stream, x, w2, feat, n):

@@ -25,6 +25,23 @@ class Scratch:
         return sum((f + 63) // 64 * 64 for _, f in layout)
 
 
+class Algorithm:
+    """What every pipeline says before it is built: whether it runs on a GPU architecture, and on a
+    geometry there (available: None, or why not)."""
+    MIN_ARCH = 0
+
+    @classmethod
+    def runs_on(cls, arch):
+        """None when the algorithm's kernels run on GPU architecture arch (sm_XY), else why not."""
+        if int(arch[3:]) < cls.MIN_ARCH:
+            return f"it needs sm_{cls.MIN_ARCH} or later, this GPU is {arch}"
+        return None
+
+    @classmethod
+    def available(cls, g, arch):
+        return cls.runs_on(arch)
+
+
 def classify(stream, pipeline, s, n, labels, overflow, scores):
     """fc1 -> ReLU -> fc2 through the pipeline's gemm_fc, then argmax: scratch s has feat, hid and
     scores; the scores are copied out where a pointer is given."""
@@ -38,7 +55,7 @@ def classify(stream, pipeline, s, n, labels, overflow, scores):
         cuda.memcpy_dtod_async(scores, s["scores"], 4 * n * g.classes, stream)
 
 
-class Unroll:
+class Unroll(Algorithm):
     """The 2016 course pipeline: per conv layer unroll -> GEMM (+ReLU) -> placeIntoY -> pool; both
     fcs through the same GEMM (ReLU on fc1), then argmax. The GEMM is --gemm-algo's (the 3xTF32
     tensor-core one where the GPU has them), its block tile --tile-width's or sized to the layer."""
@@ -63,10 +80,6 @@ class Unroll:
         row_blocks = -(-g.c2 // self.gemm2.tile)
         filled = -(-2 * build.sms * launch.Gemm.BN // (h2 * w2 * row_blocks))
         self.CHUNK = max(16, min(self.MAX_CHUNK, max(in_l2, filled)))
-
-    @staticmethod
-    def available(g, arch):
-        return None
 
     @property
     def describe(self):
@@ -104,7 +117,7 @@ class Unroll:
         classify(stream, self, s, n, labels, overflow, scores)
 
 
-class Implicit:
+class Implicit(Algorithm):
     """Each conv layer -> ReLU -> pool as one implicit-GEMM kernel on the tensor cores in 3xTF32,
     for any geometry (the pooled conv1 output goes through global memory, L2-resident per chunk);
     then fc1 -> ReLU -> fc2 -> argmax in one kernel where it fits the hidden size, else two 3xTF32
@@ -126,12 +139,6 @@ class Implicit:
             self.argmax = launch.Argmax(build)
         per_image = 4 * (p1h * p1w * g.c1 + g.flat + g.hidden + g.classes)
         self.CHUNK = max(1, min(2048, self.SCRATCH_BYTES // per_image, (2**31 - 1) // (g.h * g.w * g.c)))
-
-    @classmethod
-    def available(cls, g, arch):
-        if int(arch[3:]) < cls.MIN_ARCH:
-            return f"it needs sm_{cls.MIN_ARCH} or later, this GPU is {arch}"
-        return None
 
     def upload(self, model, to_device):
         self.w1, self.w2 = to_device(model.conv1), to_device(model.conv2)  # (K, K, C, M) is (KKC, M)
@@ -158,14 +165,13 @@ class Implicit:
             classify(stream, self, s, n, labels, overflow, scores)
 
 
-class Fused:
+class Fused(Algorithm):
     """conv1 -> pool -> conv2 -> pool in one implicit-GEMM kernel per group of images (intermediates
     in shared memory, FP32 FFMA), then fc1 -> ReLU -> fc2 -> argmax in one kernel."""
     NAME = "fused"
     CHUNK = 2048  # in memory: chunks on 4 streams hide the upload of one behind the kernels of others
     STREAM_CHUNK = 8192  # streamed: a whole block per launch, 3x fewer launches for the host to make
     VERSION = 1
-    MIN_ARCH = 0
 
     def __init__(self, build, g):
         self.g = g
@@ -174,9 +180,10 @@ class Fused:
 
     @classmethod
     def available(cls, g, arch):
-        """None when the fused kernels can run geometry g on GPU architecture arch (sm_XY), else why not."""
-        if int(arch[3:]) < cls.MIN_ARCH:
-            return f"it needs sm_{cls.MIN_ARCH} or later, this GPU is {arch}"
+        """None when the fused kernels can run geometry g on GPU architecture arch, else why not."""
+        why = cls.runs_on(arch)
+        if why:
+            return why
         try:
             launch.Fused.defines(g, cls.VERSION)
             launch.FullyConnected.defines(g)
@@ -185,13 +192,17 @@ class Fused:
         return None
 
     @staticmethod
+    def conv1_weights(conv1):
+        return np.ascontiguousarray(conv1, np.float32)
+
+    @staticmethod
     def conv2_weights(conv2):
         return conv2
 
     def upload(self, model, to_device):
         import pycuda.driver as cuda
 
-        cuda.memcpy_htod(self.convs.conv1_constant, np.ascontiguousarray(model.conv1, np.float32))
+        cuda.memcpy_htod(self.convs.conv1_constant, self.conv1_weights(model.conv1))
         self.w2 = to_device(self.conv2_weights(model.conv2))
         self.fc1, self.fc2 = to_device(model.fc1), to_device(model.fc2)
 
@@ -235,7 +246,43 @@ class FusedTensorCores(Fused):
         return np.stack([hi[:, k, n], hi[:, k + 4, n], lo[:, k, n], lo[:, k + 4, n]], axis=-1)
 
 
-ALGORITHMS = {algo.NAME: algo for algo in (FusedTensorCores, Implicit, Fused, Unroll)}  # auto's order of preference
+def wgmma_operand(w):
+    """(S, K, N) weights (K a multiple of 8) split into TF32 parts and remainders and laid out as
+    wgmma's K-major core matrices (8 rows of N x 4 k, 16 bytes a row) for each k8 step: (S, K/8,
+    [parts, remainders], N/8, 2 halves of k, 8, 4)."""
+    s, k, n = w.shape
+    hi = tf32(w)
+    parts = np.stack([hi, tf32(w - hi)]).reshape(2, s, k // 8, 2, 4, n // 8, 8)  # k = 8 ks + 4 half + kk, n = 8 ni + r
+    return np.ascontiguousarray(parts.transpose(1, 2, 0, 5, 3, 6, 4))
+
+
+class FusedWarpgroup(FusedTensorCores):
+    """Both convs on Hopper's warpgroup MMA (wgmma) in 3xTF32, the weights read by the tensor cores
+    from shared memory; sm_90 only (sm_90a instructions, not in later GPUs)."""
+    NAME = "fused-wgmma"
+    VERSION = 3
+    MIN_ARCH = 90
+
+    @classmethod
+    def runs_on(cls, arch):
+        return None if arch == "sm_90" else f"it needs a Hopper GPU (sm_90), this GPU is {arch}"
+
+    @staticmethod
+    def conv1_weights(conv1):
+        """(K1, K1, C, C1) as one slab of K1*K1*C rows, zero-padded to a multiple of 8, in wgmma order."""
+        k1, _, c, c1 = conv1.shape
+        w = np.zeros((1, -(-k1 * k1 * c // 8) * 8, c1), np.float32)
+        w[0, : k1 * k1 * c] = conv1.reshape(-1, c1)
+        return wgmma_operand(w)
+
+    @staticmethod
+    def conv2_weights(conv2):
+        """(K2, K2, C1, C2) as K2*K2 slabs of C1 rows in wgmma order: (K2*K2, C1/8, 2, C2/8, 2, 8, 4)."""
+        k2, _, c1, c2 = conv2.shape
+        return wgmma_operand(np.ascontiguousarray(conv2, np.float32).reshape(k2 * k2, c1, c2))
+
+
+ALGORITHMS = {algo.NAME: algo for algo in (FusedWarpgroup, FusedTensorCores, Implicit, Fused, Unroll)}  # auto's order of preference
 AUTO = "auto"  # the first of ALGORITHMS that can run the model on the GPU at hand
 
 
