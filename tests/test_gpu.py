@@ -201,7 +201,10 @@ def test_fused_conv_kernel(gpu, rng, g, algo):
 LARGE_FC = Geometry(64, 64, 1, 5, 32, 5, 64, 128, 10)  # 10816 features: fc1 split over blocks
 
 
-@pytest.mark.parametrize("g", GEOMETRIES[:1] + GEOMETRIES[2:3] + [LARGE_FC], ids=["mnist", "odd", "split"])
+SMALL_FC = Geometry(28, 28, 1, 3, 16, 3, 13, 36, 10)  # 325 features: scalar loads; 36 hidden: 16 images a block
+
+
+@pytest.mark.parametrize("g", GEOMETRIES[:1] + GEOMETRIES[2:3] + [SMALL_FC, LARGE_FC], ids=["mnist", "odd", "small", "split"])
 def test_fused_fc_kernel(gpu, rng, g):
     from infer.gpu.launch import FullyConnected
 

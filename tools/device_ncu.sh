@@ -7,11 +7,11 @@ data="$CNNINFER_DATA"
 export CNNINFER_CACHE=/tmp/cnninfer-cache
 algo="${1:-auto}"
 cnninfer run "$data/testfull.hdf5" "$data/model.hdf5" --streams 1 --chunk 10000 --conv-algo "$algo" >/dev/null  # fill the cache
-ncu --clock-control none -k regex:'fused_kernel|fc_kernel1' --launch-skip 2 --launch-count 2 \
+ncu --clock-control none -k regex:'fused_kernel|fc_kernel' --launch-skip 2 --launch-count 2 \
   --section SpeedOfLight --section Occupancy --section WarpStateStats --section ComputeWorkloadAnalysis \
   --section MemoryWorkloadAnalysis --section LaunchStats --section SchedulerStats \
   cnninfer run "$data/testfull.hdf5" "$data/model.hdf5" --streams 1 --chunk 10000 --conv-algo "$algo" > "$out/ncu.txt" 2>&1
-grep -E "fused_kernel|fc_kernel1|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Executed Ipc A|L1/TEX Hit|L2 Hit|Stall|Bank" "$out/ncu.txt" | head -70
+grep -E "fused_kernel|fc_kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Executed Ipc A|L1/TEX Hit|L2 Hit|Stall|Bank" "$out/ncu.txt" | head -70
 python3 -X importtime -c "import infer.cli" 2> "$out/importtime.txt"; sort -t'|' -k2 -n "$out/importtime.txt" | tail -12
 python3 - <<'PY'
 import time

@@ -244,24 +244,32 @@ class Fused(Launcher):
 
 
 class FullyConnected(Launcher):
-    """fc1 -> ReLU -> fc2 -> argmax, FC_IMGS images per block of `hidden` threads; for large
-    feature counts fc1 split over blocks (fc_kernel2) and the splits added in order (fc_kernel3)."""
-    source, kernel, arg_types = "fc", "fc_kernel1", "PPPPiPP"
+    """fc1 -> ReLU -> fc2 -> argmax in one register-tiled kernel (fc_kernel4) of `hidden` threads for
+    32 images a block (16 where shared memory is short); for large feature counts fc1 split over
+    blocks of FC_IMGS images (fc_kernel2) and the splits added in order (fc_kernel3)."""
+    source, kernel, arg_types = "fc", "fc_kernel4", "PPPPiPP"
     IMGS, TILE = 16, 32
     SPLIT_FEATURES = 4096  # from here on fc1 (at least 4096 x hidden) is split when blocks are few
     TARGET_BLOCKS = 264  # two per SM on an H100
 
     @classmethod
+    def shared(cls, g, imgs, row):
+        """Static shared bytes of a kernel with `imgs` images a block and feature tile rows of `row` floats."""
+        return 4 * (cls.TILE * g.hidden + max(row * imgs, imgs * (g.hidden + 1)) + imgs * g.classes)
+
+    @classmethod
     def defines(cls, g):
-        shared = 4 * (cls.TILE * g.hidden + max(cls.TILE * cls.IMGS, cls.IMGS * (g.hidden + 1)) + cls.IMGS * g.classes)
-        if not 32 <= g.hidden <= 512 or g.hidden % 4 or shared > 48 * 1024:
+        if (not 32 <= g.hidden <= 512 or g.hidden % 4 or cls.shared(g, cls.IMGS, cls.TILE) > 48 * 1024
+                or cls.shared(g, 16, cls.TILE + 4) > 48 * 1024):
             raise ValueError(f"the fused fc kernel needs 32..512 hidden units (a multiple of 4) and few classes; "
                              f"the model has {g.hidden} and {g.classes}")
-        return dict(FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes, FC_IMGS=cls.IMGS, FC_TILE=cls.TILE)
+        tiled = 32 if g.hidden >= 64 and cls.shared(g, 32, cls.TILE + 4) <= 48 * 1024 else 16  # registers: 16 when small
+        return dict(FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes, FC_IMGS=cls.IMGS, FC_TILE=cls.TILE, FC4_IMGS=tiled)
 
     def __init__(self, build, g):
-        super().__init__(build, **self.defines(g))
-        self.hidden, self.flat = g.hidden, g.flat
+        defines = self.defines(g)
+        super().__init__(build, **defines)
+        self.hidden, self.flat, self.tiled_imgs = g.hidden, g.flat, defines["FC4_IMGS"]
         self.split_sum, self.add_splits = self.module.get_function("fc_kernel2"), self.module.get_function("fc_kernel3")
         self.split_sum.prepare("PPPii")
         self.add_splits.prepare("PPPiPPi")
@@ -281,7 +289,8 @@ class FullyConnected(Launcher):
         partial_floats(n) floats."""
         blocks, splits = ceil_div(n, self.IMGS), self.splits(n)
         if splits == 1:
-            self.launch(stream, (blocks, 1), (self.hidden, 1, 1), feat, fc1, fc2, labels, n, overflow, scores)
+            self.launch(stream, (ceil_div(n, self.tiled_imgs), 1), (self.hidden, 1, 1), feat, fc1, fc2, labels, n,
+                        overflow, scores)
             return
         per_split = ceil_div(ceil_div(self.flat, splits), self.TILE) * self.TILE
         splits = ceil_div(self.flat, per_split)
