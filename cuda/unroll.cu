@@ -1,19 +1,25 @@
 // unroll (im2col) of a chunk of images for the classic GEMM convolution.
 // in:  x (n, H, W, C) float32, NHWC
 // out: u (K*K*C, n*Ho*Wo) row-major: row r = (kh, kw, c), column p = (img, oh, ow); Ho = H-K+1
-// unroll_kernel1: one thread per element of u, consecutive threads on consecutive p (coalesced
-//   stores, reads strided by C); grid ceil(K*K*C*P / 256) x 256; moves 4 * K*K*C*P bytes out.
+// Both move 4 * K*K*C*P bytes out (P = n*Ho*Wo) and read each input value up to K*K times (L1).
+// unroll_kernel1 (retired, unroll_kernel2 does its work): one thread per element of u, six integer
+//   divisions each; grid ceil(K*K*C*P / 256) x 256.
+// unroll_kernel2: one thread per column p, its divisions once, then its K*K*C rows in order: for
+//   each kh one contiguous run of K*C input floats (row r = kh*K*C + j reads x[oh+kh][ow][j], the
+//   run through L1), stores coalesced across the warp (consecutive p); grid-stride, 256 threads.
 
-extern "C" __global__ void unroll_kernel1(const float* __restrict__ x, float* __restrict__ u,
+extern "C" __global__ void unroll_kernel2(const float* __restrict__ x, float* __restrict__ u,
                                           int n, int H, int W, int C, int K) {
     const int Ho = H - K + 1, Wo = W - K + 1;
-    const int P = n * Ho * Wo;
-    const int total = K * K * C * P;
-    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < total; i += gridDim.x * blockDim.x) {
-        const int r = i / P, p = i - r * P;
-        const int kh = r / (K * C), kw = (r / C) % K, c = r % C;
+    const int P = n * Ho * Wo, run = K * C;
+    for (int p = blockIdx.x * blockDim.x + threadIdx.x; p < P; p += gridDim.x * blockDim.x) {
         const int img = p / (Ho * Wo), q = p - img * (Ho * Wo);
         const int oh = q / Wo, ow = q - oh * Wo;
-        u[i] = x[((img * H + oh + kh) * W + ow + kw) * C + c];
+        const float* src = x + ((size_t)(img * H + oh) * W + ow) * C;
+        float* dst = u + p;
+        for (int kh = 0; kh < K; ++kh, src += (size_t)W * C) {
+#pragma unroll 8
+            for (int j = 0; j < run; ++j, dst += P) *dst = __ldg(src + j);
+        }
     }
 }

@@ -56,12 +56,12 @@ def _check_int32(**counts):
 
 
 class Unroll(Launcher):
-    source, kernel, arg_types = "unroll", "unroll_kernel1", "PPiiiii"
+    source, kernel, arg_types = "unroll", "unroll_kernel2", "PPiiiii"
 
     def __call__(self, stream, x, u, n, h, w, c, k):
-        total = k * k * c * n * (h - k + 1) * (w - k + 1)
-        _check_int32(unrolled_elements=total)
-        self.launch(stream, (min(ceil_div(total, 256), 65535 * 8), 1), (256, 1, 1), x, u, n, h, w, c, k)
+        columns = n * (h - k + 1) * (w - k + 1)
+        _check_int32(unrolled_elements=k * k * c * columns)
+        self.launch(stream, (min(ceil_div(columns, 256), 65535), 1), (256, 1, 1), x, u, n, h, w, c, k)
 
 
 def gemm_choice(name, tile_width, arch):
