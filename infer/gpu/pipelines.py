@@ -261,7 +261,6 @@ class FusedWarpgroup(FusedTensorCores):
     from shared memory; sm_90 only (sm_90a instructions, not in later GPUs)."""
     NAME = "fused-wgmma"
     VERSION = 3
-    MIN_ARCH = 90
 
     @classmethod
     def runs_on(cls, arch):
