@@ -32,10 +32,9 @@
 static_assert(FC_IMGS % 4 == 0 && HIDDEN % 4 == 0, "fc: FC_IMGS and HIDDEN must be multiples of 4");
 static_assert(FC4_IMGS % 16 == 0, "fc: FC4_IMGS must be a multiple of 16");
 constexpr int HID_STRIDE = HIDDEN + 1;  // odd stride: images of a warp hit different banks in fc2
-// Shared floats for the feature tile [f][img], later the hidden layer [img][h], of `imgs` images.
-__host__ __device__ constexpr int xh_floats(int imgs) { return FC_TILE * imgs > imgs * HID_STRIDE ? FC_TILE * imgs : imgs * HID_STRIDE; }
 constexpr int X_TILE = FC_TILE * FC_IMGS;
-constexpr int XH_FLOATS = xh_floats(FC_IMGS);
+constexpr int HID_FLOATS = FC_IMGS * HID_STRIDE;
+constexpr int XH_FLOATS = X_TILE > HID_FLOATS ? X_TILE : HID_FLOATS;
 
 // acc[i] += sum over features [f_begin, f_end) of feat[img0 + i][f] * fc1[f][j], for this thread's j.
 __device__ __forceinline__ void fc1_sum(const float* __restrict__ feat, const float* __restrict__ fc1, int img0,
