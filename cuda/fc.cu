@@ -16,6 +16,13 @@
 //   the features (broadcasts) for 4*FC4_IMGS FMAs; fc1 and the features staged FC_TILE rows at a
 //   time through registers (the next tile's loads in flight while this one is summed), fc1 read
 //   from L2 once per FC4_IMGS images (fc_kernel1: 16); then ReLU -> fc2 -> argmax.
+// fc_kernel5 (sm_80+): fc1 on the tensor cores in 3xTF32 (FP32-level sums, see mma.cuh): block
+//   FC5_WN = ceil(HIDDEN / 32) warps for 32 images; warp wn sums hidden units [32 wn, + 32) as
+//   2 m-tiles x 4 n-tiles of mma.m16n8k8 (64 images a block measured slower: fewer blocks);
+//   k-tiles of 32 features through a 3-stage cp.async pipeline, each summed in fresh accumulators and
+//   added in FP32 (the tensor cores' accumulation rounds toward zero); grid (ceil(n / images), splits):
+//   with one split ReLU -> fc2 -> argmax as fc_kernel4, with more the partial sums of its features
+//   for fc_kernel3. 3 x 2 * FEAT * HIDDEN tensor FLOPs per image; fc1 read from L2 once a block.
 
 #ifndef FC_IMGS
 #define FC_IMGS 16
@@ -28,6 +35,7 @@
 #endif
 
 #include "common.cuh"
+#include "mma.cuh"
 
 static_assert(FC_IMGS % 4 == 0 && HIDDEN % 4 == 0, "fc: FC_IMGS and HIDDEN must be multiples of 4");
 static_assert(FC4_IMGS % 16 == 0, "fc: FC4_IMGS must be a multiple of 16");
@@ -68,13 +76,13 @@ __device__ __forceinline__ void fc1_sum(const float* __restrict__ feat, const fl
 }
 
 // fc2 -> argmax (and the scores) for this block's NI images, their hidden layer (after ReLU) in xh
-// [img][HID_STRIDE]; the caller has stored it and synchronized.
-template <int NI>
+// [img][HID_STRIDE]; the caller has stored it and synchronized. NT: the block's threads.
+template <int NI, int NT = HIDDEN>
 __device__ __forceinline__ void fc2_argmax(const float* __restrict__ fc2, int* __restrict__ labels, int img0, int imgs,
                                            int* __restrict__ overflow, float* __restrict__ scores_out,
                                            const float* xh, float* scores) {
     const int j = threadIdx.x;
-    for (int o = j; o < NI * CLASSES; o += HIDDEN) {
+    for (int o = j; o < NI * CLASSES; o += NT) {
         const int i = o / CLASSES, k = o % CLASSES;
         float sum = 0.0f;
         for (int h = 0; h < HIDDEN; ++h) sum = fmaf(xh[i * HID_STRIDE + h], __ldg(fc2 + h * CLASSES + k), sum);
@@ -82,7 +90,7 @@ __device__ __forceinline__ void fc2_argmax(const float* __restrict__ fc2, int* _
     }
     __syncthreads();
 
-    for (int i = j; i < imgs; i += HIDDEN) {
+    for (int i = j; i < imgs; i += NT) {
         const float* sc = scores + i * CLASSES;
         int best = 0;
         bool finite = isfinite(sc[0]);
@@ -94,7 +102,7 @@ __device__ __forceinline__ void fc2_argmax(const float* __restrict__ fc2, int* _
         if (!finite) atomicMin(overflow, img0 + i);
     }
     if (scores_out != nullptr)
-        for (int o = j; o < imgs * CLASSES; o += HIDDEN) scores_out[(size_t)img0 * CLASSES + o] = scores[o];
+        for (int o = j; o < imgs * CLASSES; o += NT) scores_out[(size_t)img0 * CLASSES + o] = scores[o];
 }
 
 extern "C" __global__ void __launch_bounds__(HIDDEN)
@@ -220,4 +228,125 @@ fc_kernel4(const float* __restrict__ feat, const float* __restrict__ fc1, const 
         for (int e = 0; e < 4; ++e) xh[(p * PER + i) * HID_STRIDE + 4 * q + e] = relu(acc[i][e]);
     __syncthreads();
     fc2_argmax<FC4_IMGS>(fc2, labels, img0, imgs, overflow, scores_out, xh, scores);
+}
+
+constexpr int FC5_WN = (HIDDEN + 31) / 32, FC5_IMGS = 32, FC5_BK = 32, FC5_STAGES = 3;
+constexpr int FC5_THREADS = 32 * FC5_WN;
+constexpr int FC5_AST = FC5_BK + 4, FC5_BST = 32 * FC5_WN + 8;  // conflict-free fragment loads
+constexpr int FC5_A = FC5_IMGS * FC5_AST, FC5_STAGE = FC5_A + FC5_BK * FC5_BST;
+
+// Stage the features [f0, f0 + 32) of the block's images and the same rows of fc1, zero past f_end,
+// the last image and HIDDEN.
+__device__ __forceinline__ void fc5_fetch(float* stage, const float* __restrict__ feat, const float* __restrict__ fc1,
+                                          int img0, int imgs, int f0, int f_end) {
+    const int t = threadIdx.x;
+    if (FEAT % 4 == 0) {  // then f_end % 4 == 0 too: a split is a multiple of FC_TILE features
+        for (int e = t; e < FC5_IMGS * FC5_BK / 4; e += FC5_THREADS) {
+            const int i = e / (FC5_BK / 4), f = 4 * (e % (FC5_BK / 4));
+            const bool ok = i < imgs && f0 + f < f_end;
+            cp_async16(stage + i * FC5_AST + f, ok ? feat + (size_t)(img0 + i) * FEAT + f0 + f : feat, ok);
+        }
+    } else {
+        for (int e = t; e < FC5_IMGS * FC5_BK; e += FC5_THREADS) {
+            const int i = e / FC5_BK, f = e % FC5_BK;
+            const bool ok = i < imgs && f0 + f < f_end;
+            cp_async4(stage + i * FC5_AST + f, ok ? feat + (size_t)(img0 + i) * FEAT + f0 + f : feat, ok);
+        }
+    }
+    for (int e = t; e < FC5_BK * FC5_WN * 8; e += FC5_THREADS) {  // HIDDEN % 4 == 0: whole float4s
+        const int k = e / (FC5_WN * 8), col = 4 * (e % (FC5_WN * 8));
+        const bool ok = f0 + k < f_end && col < HIDDEN;
+        cp_async16(stage + FC5_A + k * FC5_BST + col, ok ? fc1 + (size_t)(f0 + k) * HIDDEN + col : fc1, ok);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(FC5_THREADS)
+fc_kernel5(const float* __restrict__ feat, const float* __restrict__ fc1, const float* __restrict__ fc2,
+           int* __restrict__ labels, int n, int* __restrict__ overflow, float* __restrict__ scores_out,
+           float* __restrict__ partial, int per_split) {
+#if __CUDA_ARCH__ >= 800
+    extern __shared__ float4 smem4[];
+    float* smem = reinterpret_cast<float*>(smem4);
+    const int t = threadIdx.x, lane = t % 32, wn = t / 32, g = lane / 4, tig = lane % 4;
+    const int img0 = blockIdx.x * FC5_IMGS, imgs = min(FC5_IMGS, n - img0);
+    const int f_begin = blockIdx.y * per_split, f_end = min(FEAT, f_begin + per_split);
+    const int tiles = (f_end - f_begin + FC5_BK - 1) / FC5_BK;
+
+    float acc[2][4][4];
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) acc[m][j][r] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < FC5_STAGES - 1; ++s) {
+        if (s < tiles) fc5_fetch(smem + s * FC5_STAGE, feat, fc1, img0, imgs, f_begin + s * FC5_BK, f_end);
+        cp_async_commit();
+    }
+    for (int tile = 0; tile < tiles; ++tile) {
+        cp_async_wait<FC5_STAGES - 2>();
+        __syncthreads();
+        const int next = tile + FC5_STAGES - 1;
+        if (next < tiles) fc5_fetch(smem + (next % FC5_STAGES) * FC5_STAGE, feat, fc1, img0, imgs, f_begin + next * FC5_BK, f_end);
+        cp_async_commit();
+        const float* as = smem + (tile % FC5_STAGES) * FC5_STAGE + g * FC5_AST + tig;
+        const float* bs = smem + (tile % FC5_STAGES) * FC5_STAGE + FC5_A + tig * FC5_BST + wn * 32 + g;
+        float d[2][4][4];
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) d[m][j][r] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < FC5_BK; ks += 8) {
+            unsigned bhi[4][2], blo[4][2];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                split(bs[ks * FC5_BST + j * 8], bhi[j][0], blo[j][0]);
+                split(bs[(ks + 4) * FC5_BST + j * 8], bhi[j][1], blo[j][1]);
+            }
+#pragma unroll
+            for (int m = 0; m < 2; ++m) {
+                const float* am = as + 16 * m * FC5_AST + ks;
+                const float v[4] = {am[0], am[8 * FC5_AST], am[4], am[8 * FC5_AST + 4]};
+                unsigned ahi[4], alo[4];
+#pragma unroll
+                for (int r = 0; r < 4; ++r) split(v[r], ahi[r], alo[r]);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) mma3(d[m][j], ahi, alo, bhi[j][0], bhi[j][1], blo[j][0], blo[j][1]);
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < 2; ++m)
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) acc[m][j][r] += d[m][j][r];
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // the stages are free: the hidden layer and the scores reuse them
+
+    // Accumulator r of (m, j): image 16 m + g (+8 for r >= 2), hidden unit 32 wn + 8 j + 2 tig + r % 2.
+    float* xh = smem;
+    float* scores = smem + FC5_IMGS * HID_STRIDE;
+#pragma unroll
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const int i = 16 * m + g + 8 * (r / 2), h = 32 * wn + 8 * j + 2 * tig + r % 2;
+                if (h >= HIDDEN) continue;
+                if (gridDim.y == 1) xh[i * HID_STRIDE + h] = relu(acc[m][j][r]);
+                else if (i < imgs) partial[((size_t)blockIdx.y * n + img0 + i) * HIDDEN + h] = acc[m][j][r];
+            }
+    if (gridDim.y > 1) return;
+    __syncthreads();
+    fc2_argmax<FC5_IMGS, FC5_THREADS>(fc2, labels, img0, imgs, overflow, scores_out, xh, scores);
+#else
+    __trap();  // the launcher never picks it below sm_80
+#endif
 }

@@ -202,19 +202,24 @@ LARGE_FC = Geometry(64, 64, 1, 5, 32, 5, 64, 128, 10)  # 10816 features: fc1 spl
 
 
 SMALL_FC = Geometry(28, 28, 1, 3, 16, 3, 13, 36, 10)  # 325 features: scalar loads; 36 hidden: 16 images a block
+WIDE_FC = Geometry(28, 28, 1, 5, 64, 5, 128, 256, 10)  # 2048 features, 256 hidden: fc1 tiles of 16, 8 warps
 
 
-@pytest.mark.parametrize("g", GEOMETRIES[:1] + GEOMETRIES[2:3] + [SMALL_FC, LARGE_FC], ids=["mnist", "odd", "small", "split"])
-def test_fused_fc_kernel(gpu, rng, g):
+@pytest.mark.parametrize("tensor_cores", [False, True], ids=["fp32", "tensor-cores"])
+@pytest.mark.parametrize("g", GEOMETRIES[:1] + GEOMETRIES[2:3] + [SMALL_FC, WIDE_FC, LARGE_FC],
+                         ids=["mnist", "odd", "small", "wide", "split"])
+def test_fused_fc_kernel(gpu, rng, g, tensor_cores):
     from infer.gpu.launch import FullyConnected
 
+    if tensor_cores:
+        needs_arch(gpu, 80)
     n = 45
     feat, w = rand(rng, n, g.flat), Weights(rng, g)
     d = Dev()
     labels, overflow = d.empty(n + 1, np.int32, -1), d.put([2**31 - 1], np.int32)
     scores = d.empty((n + 1, g.classes))
-    fc = FullyConnected(build(gpu), g)
-    assert (fc.splits(n) > 1) == (g is LARGE_FC)
+    fc = FullyConnected(build(gpu), g, tensor_cores)
+    assert (fc.splits(n) > 1) == (g is LARGE_FC) and fc.tensor_cores == tensor_cores
     partial = d.empty(max(1, fc.partial_floats(n)))
     fc(None, d.put(feat), d.put(w.fc1), d.put(w.fc2), labels, n, overflow, scores, partial)
     expected = reference.fc(reference.relu(reference.fc(feat, w.fc1)), w.fc2)

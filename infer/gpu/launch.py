@@ -244,57 +244,86 @@ class Fused(Launcher):
 
 
 class FullyConnected(Launcher):
-    """fc1 -> ReLU -> fc2 -> argmax in one register-tiled kernel (fc_kernel4) of `hidden` threads for
-    32 images a block (16 where shared memory is short); for large feature counts fc1 split over
-    blocks of FC_IMGS images (fc_kernel2) and the splits added in order (fc_kernel3)."""
+    """fc1 -> ReLU -> fc2 -> argmax in one kernel: on the tensor cores in 3xTF32 (fc_kernel5, sm_80 and
+    later, up to 256 hidden units) for 32 images a block, else register-tiled on the FP32 cores
+    (fc_kernel4) for 32 images a block (16 where shared memory is short). For large feature counts
+    and few images fc1 is split over blocks (fc_kernel5, or fc_kernel2 for FC_IMGS images a block)
+    and the splits added in order (fc_kernel3)."""
     source, kernel, arg_types = "fc", "fc_kernel4", "PPPPiPP"
-    IMGS, TILE = 16, 32
+    IMGS = 16
+    TC_IMGS, TC_BK, TC_STAGES, TC_MAX_HIDDEN = 32, 32, 3, 256  # fc_kernel5's images a block, k-tile, depth, widest layer
     SPLIT_FEATURES = 4096  # from here on fc1 (at least 4096 x hidden) is split when blocks are few
     TARGET_BLOCKS = 264  # two per SM on an H100
 
     @classmethod
-    def shared(cls, g, imgs, row):
-        """Static shared bytes of a kernel with `imgs` images a block and feature tile rows of `row` floats."""
-        return 4 * (cls.TILE * g.hidden + max(row * imgs, imgs * (g.hidden + 1)) + imgs * g.classes)
+    def shared(cls, g, imgs, tile, row):
+        """Static shared bytes of an FP32 kernel with `imgs` images a block, fc1 tiles of `tile` rows
+        and feature tile rows of `row` floats."""
+        return 4 * (tile * g.hidden + max(row * imgs, imgs * (g.hidden + 1)) + imgs * g.classes)
+
+    @classmethod
+    def tc_shared(cls, g):
+        """fc_kernel5's dynamic shared bytes: its pipeline stages, later the hidden layer and scores."""
+        stage = cls.TC_IMGS * (cls.TC_BK + 4) + cls.TC_BK * (32 * ceil_div(g.hidden, 32) + 8)
+        return 4 * max(cls.TC_STAGES * stage, cls.TC_IMGS * (g.hidden + 1 + g.classes))
 
     @classmethod
     def defines(cls, g):
-        if (not 32 <= g.hidden <= 512 or g.hidden % 4 or cls.shared(g, cls.IMGS, cls.TILE) > 48 * 1024
-                or cls.shared(g, 16, cls.TILE + 4) > 48 * 1024):
+        def fits(tile):  # fc_kernel2/3 and fc_kernel4 in the 48 KB of static shared memory
+            return max(cls.shared(g, cls.IMGS, tile, tile), cls.shared(g, 16, tile, tile + 4)) <= 48 * 1024
+
+        tile = next((t for t in (32, 16) if fits(t)), None)  # 16 for wide hidden layers
+        if not 32 <= g.hidden <= 512 or g.hidden % 4 or tile is None:
             raise ValueError(f"the fused fc kernel needs 32..512 hidden units (a multiple of 4) and few classes; "
                              f"the model has {g.hidden} and {g.classes}")
-        tiled = 32 if g.hidden >= 64 and cls.shared(g, 32, cls.TILE + 4) <= 48 * 1024 else 16  # registers: 16 when small
-        return dict(FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes, FC_IMGS=cls.IMGS, FC_TILE=cls.TILE, FC4_IMGS=tiled)
+        tiled = 32 if g.hidden >= 64 and cls.shared(g, 32, tile, tile + 4) <= 48 * 1024 else 16  # registers: 16 when small
+        return dict(FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes, FC_IMGS=cls.IMGS, FC_TILE=tile, FC4_IMGS=tiled)
 
-    def __init__(self, build, g):
+    def __init__(self, build, g, tensor_cores=None):
+        """tensor_cores: None picks fc_kernel5 wherever it runs; False or True forces the choice."""
+        import pycuda.driver as cuda
+
         defines = self.defines(g)
         super().__init__(build, **defines)
-        self.hidden, self.flat, self.tiled_imgs = g.hidden, g.flat, defines["FC4_IMGS"]
+        self.hidden, self.flat, self.tiled_imgs, self.tile = g.hidden, g.flat, defines["FC4_IMGS"], defines["FC_TILE"]
+        fits = int(build.arch[3:]) >= 80 and g.hidden <= self.TC_MAX_HIDDEN
+        if tensor_cores and not fits:
+            raise ValueError(f"fc_kernel5 needs sm_80 and at most {self.TC_MAX_HIDDEN} hidden units")
+        self.tensor_cores = fits if tensor_cores is None else tensor_cores
         self.split_sum, self.add_splits = self.module.get_function("fc_kernel2"), self.module.get_function("fc_kernel3")
         self.split_sum.prepare("PPPii")
         self.add_splits.prepare("PPPiPPi")
+        if self.tensor_cores:
+            self.tc, self.tc_bytes, self.tc_threads = self.module.get_function("fc_kernel5"), self.tc_shared(g), 32 * ceil_div(g.hidden, 32)
+            self.tc.prepare("PPPPiPPPi")
+            self.tc.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.tc_bytes)
+        self.block_imgs = self.TC_IMGS if self.tensor_cores else self.IMGS  # of the kernel that sums splits
 
     def splits(self, n):
         """Feature splits for n images: enough blocks to fill the GPU, each at least 4 tiles long."""
         if self.flat < self.SPLIT_FEATURES:
             return 1
-        return max(1, min(self.flat // (4 * self.TILE), ceil_div(self.TARGET_BLOCKS, ceil_div(n, self.IMGS))))
+        return max(1, min(self.flat // (4 * self.tile), ceil_div(self.TARGET_BLOCKS, ceil_div(n, self.block_imgs))))
 
     def partial_floats(self, chunk):
-        """Scratch for the splits' partial sums of up to `chunk` images (splits * n <= IMGS * TARGET + n)."""
-        return 0 if self.flat < self.SPLIT_FEATURES else (self.IMGS * self.TARGET_BLOCKS + chunk) * self.hidden
+        """Scratch for the splits' partial sums of up to `chunk` images (splits * n <= imgs * TARGET + n)."""
+        return 0 if self.flat < self.SPLIT_FEATURES else (self.block_imgs * self.TARGET_BLOCKS + chunk) * self.hidden
 
     def __call__(self, stream, feat, fc1, fc2, labels, n, overflow, scores=0, partial=0):
         """scores: a device pointer for the (n, classes) scores, or 0 for none; partial: scratch of
         partial_floats(n) floats."""
-        blocks, splits = ceil_div(n, self.IMGS), self.splits(n)
-        if splits == 1:
+        splits = self.splits(n)
+        per_split = ceil_div(ceil_div(self.flat, splits), self.tile) * self.tile
+        splits = ceil_div(self.flat, per_split)
+        if self.tensor_cores:
+            self.launch(stream, (ceil_div(n, self.TC_IMGS), splits), (self.tc_threads, 1, 1), feat, fc1, fc2, labels, n,
+                        overflow, scores, partial, per_split, shared=self.tc_bytes, function=self.tc, name="fc_kernel5")
+        elif splits == 1:
             self.launch(stream, (ceil_div(n, self.tiled_imgs), 1), (self.hidden, 1, 1), feat, fc1, fc2, labels, n,
                         overflow, scores)
-            return
-        per_split = ceil_div(ceil_div(self.flat, splits), self.TILE) * self.TILE
-        splits = ceil_div(self.flat, per_split)
-        self.launch(stream, (blocks, splits), (self.hidden, 1, 1), feat, fc1, partial, n, per_split,
-                    function=self.split_sum, name="fc_kernel2")
-        self.launch(stream, (blocks, 1), (self.hidden, 1, 1), partial, fc2, labels, n, overflow, scores, splits,
-                    function=self.add_splits, name="fc_kernel3")
+        else:
+            self.launch(stream, (ceil_div(n, self.IMGS), splits), (self.hidden, 1, 1), feat, fc1, partial, n, per_split,
+                        function=self.split_sum, name="fc_kernel2")
+        if splits > 1:
+            self.launch(stream, (ceil_div(n, self.IMGS), 1), (self.hidden, 1, 1), partial, fc2, labels, n, overflow,
+                        scores, splits, function=self.add_splits, name="fc_kernel3")
