@@ -12,12 +12,25 @@
 //   cp.async pipeline (16-byte copies where IN_C % 4 == 0, zero-filled past the edges); grid
 //   (ceil(windows / (16 * warps_m)), ceil(C_OUT / BN)); 2 * 4 * windows * C_OUT * KTOT FLOPs;
 //   x read once per column block (through L1/L2, KS*KS-fold reuse), w once per block from L2.
+// conv_kernel2 (sm_90a, CONV_VERSION 2): the same GEMM on Hopper's warpgroup MMA (wgmma), 3xTF32;
+//   block 2 warpgroups, each one m64nBNk8 tile of 16 pool windows x 4 positions (rows (window, dx)
+//   for dy = 0, 1 per thread; the pool adds the partner lane's dx = 1 by shuffles, as fused_kernel3);
+//   BN 16, 32 or 64; w pre-split by the host into TF32 parts and remainders as wgmma's K-major core
+//   matrices, (C_OUT / BN, KP / 8, {hi, lo}, BN / 8, 2, 8, 4), KP = KTOT rounded up to BK, read by
+//   the tensor cores from shared memory; A gathered as in version 1 and split in registers; k-tiles
+//   of 16 through a 4-stage cp.async pipeline fetched 2 ahead, so the stage refilled was last read
+//   two tiles back and no wgmma is drained for it; KCH k-tiles summed in the tensor cores, then
+//   added in FP32. Grid (ceil(windows / 32), ceil(C_OUT / BN)); 2 * 3 * 4 * windows * BN * KP
+//   tensor FLOPs per column block.
 
 #ifndef CONV_MIN_BLOCKS
 #define CONV_MIN_BLOCKS 1
 #endif
 #ifndef BN
 #define BN 64
+#endif
+#ifndef CONV_VERSION
+#define CONV_VERSION 1
 #endif
 
 #include "common.cuh"
@@ -26,15 +39,25 @@
 constexpr int OH = IN_H - KS + 1, OW = IN_W - KS + 1, PH = OH / 2, PW = OW / 2, WINDOWS = PH * PW;
 constexpr int KTOT = KS * KS * IN_C;
 constexpr int THREADS = 256, BK = 16;
+constexpr int AST = BK + 4;  // conflict-free fragment loads (see gemm.cu)
+constexpr bool VEC_A = IN_C % 4 == 0;
+#if CONV_VERSION == 1
 constexpr int WARPS_N = BN / 32, WARPS_M = 8 / WARPS_N;
 constexpr int BW = 16 * WARPS_M;  // pool windows per block
 constexpr int ROWS = 4 * BW;      // GEMM rows per block: row q * BW + w is position q of window w
 constexpr int STAGES = BN == 32 ? 2 : 3;
-constexpr int AST = BK + 4, BST = BN + 8;  // conflict-free fragment loads (see gemm.cu)
+constexpr int BST = BN + 8;
 constexpr int A_FLOATS = ROWS * AST, STAGE_FLOATS = A_FLOATS + BK * BST;
-constexpr bool VEC_A = IN_C % 4 == 0, VEC_B = C_OUT % 4 == 0;
-
+constexpr bool VEC_B = C_OUT % 4 == 0;
 static_assert(BN == 32 || BN == 64 || BN == 128, "conv: BN is 32, 64 or 128");
+#else
+constexpr int BW = 32;            // pool windows per block: 16 per warpgroup
+constexpr int ROWS = 4 * BW;      // row 64 wg + 16 w + 8 dy + g: window 16 wg + 4 w + g / 2, dx = g % 2
+constexpr int STAGES = 4, KCH = 16;
+constexpr int KP = (KTOT + BK - 1) / BK * BK;
+constexpr int A_FLOATS = ROWS * AST, B_FLOATS = 2 * BK * BN, STAGE_FLOATS = A_FLOATS + B_FLOATS;
+static_assert(BN == 16 || BN == 32 || BN == 64, "conv v2: BN is 16, 32 or 64");
+#endif
 static_assert(PH >= 1 && PW >= 1, "conv: the pooled output is empty");
 
 // Offset in x of k index r = (kh, kw, c) from a conv output's top-left input value.
@@ -43,11 +66,10 @@ __device__ __forceinline__ int k_offset(int r) {
     return (kh * IN_W + kw) * IN_C + c;
 }
 
-__device__ __forceinline__ void fetch(float* stage, const int* rowbase, const float* __restrict__ x,
-                                      const float* __restrict__ w, int n0, int k0) {
+// Gather the k-tile [k0, k0 + BK) of the block's ROWS GEMM rows into as (row stride AST), zeros past
+// KTOT and for rows past the last window (rowbase -1).
+__device__ __forceinline__ void fetch_a(float* as, const int* rowbase, const float* __restrict__ x, int k0) {
     const int t = threadIdx.x;
-    float* as = stage;
-    float* bs = stage + A_FLOATS;
     if (VEC_A) {  // 4 consecutive channels of one (kh, kw) per copy; a thread's k group is fixed
         const int r = k0 + 4 * (t % 4), off = k_offset(r);
 #pragma unroll
@@ -65,6 +87,14 @@ __device__ __forceinline__ void fetch(float* stage, const int* rowbase, const fl
             cp_async4(as + row * AST + t % BK, ok ? x + base + off : x, ok);
         }
     }
+}
+
+#if CONV_VERSION == 1
+__device__ __forceinline__ void fetch(float* stage, const int* rowbase, const float* __restrict__ x,
+                                      const float* __restrict__ w, int n0, int k0) {
+    const int t = threadIdx.x;
+    float* bs = stage + A_FLOATS;
+    fetch_a(stage, rowbase, x, k0);
     if (VEC_B) {
         for (int e = t; e < BK * BN / 4; e += THREADS) {
             const int k = e / (BN / 4), col = 4 * (e % (BN / 4));
@@ -166,3 +196,78 @@ conv_kernel1(const float* __restrict__ x, const float* __restrict__ w, float* __
         }
     }
 }
+#else  // CONV_VERSION == 2
+
+#include "wgmma.cuh"
+
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+conv_kernel2(const float* __restrict__ x, const float* __restrict__ wf, float* __restrict__ out, int n) {
+    extern __shared__ float4 smem4[];
+    int* rowbase = reinterpret_cast<int*>(smem4);  // ROWS ints, then the pipeline stages
+    float* stages = reinterpret_cast<float*>(smem4) + ROWS;
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tig = lane % 4;
+    const int wg = warp / 4, w = warp % 4;  // warpgroup and warp in it
+    const int total = n * WINDOWS, w0 = blockIdx.x * BW;
+    const float* wb = wf + (size_t)blockIdx.y * KP * 2 * BN;  // this column block's weights
+
+    for (int p = t; p < ROWS; p += THREADS) {
+        const int r = p % 64, gg = r % 8;
+        const int win = w0 + 16 * (p / 64) + 4 * (r / 16) + gg / 2;
+        const int img = win / WINDOWS, rem = win % WINDOWS;
+        const int oh = 2 * (rem / PW) + (r % 16) / 8, ow = 2 * (rem % PW) + gg % 2;
+        rowbase[p] = win < total ? ((img * IN_H + oh) * IN_W + ow) * IN_C : -1;
+    }
+    __syncthreads();
+
+    auto fetch = [&](int tile) {
+        float* stage = stages + (tile % STAGES) * STAGE_FLOATS;
+        fetch_a(stage, rowbase, x, tile * BK);
+        const float4* src = reinterpret_cast<const float4*>(wb + (size_t)tile * B_FLOATS);
+        for (int e = t; e < B_FLOATS / 4; e += THREADS) cp_async16(stage + A_FLOATS + 4 * e, src + e, true);
+    };
+
+    constexpr int TILES = KP / BK;
+    fetch(0);
+    cp_async_commit();
+    if (TILES > 1) fetch(1);
+    cp_async_commit();
+    float acc[1][BN / 2], d[1][BN / 2];
+    for (int c0 = 0; c0 < TILES; c0 += KCH) {  // chunks of KCH k-tiles summed in the tensor cores
+        for (int tile = c0; tile < min(TILES, c0 + KCH); ++tile) {
+            // Tile `tile` has landed (ours; the proxy fence hands it to the tensor cores, the barrier makes
+            // everyone's visible); every warpgroup has finished the MMAs of tile - 2, whose stage is refilled.
+            cp_async_wait<1>();
+            asm volatile("fence.proxy.async.shared::cta;");
+            __syncthreads();
+            if (tile + 2 < TILES) fetch(tile + 2);
+            cp_async_commit();
+            const float* stage = stages + (tile % STAGES) * STAGE_FLOATS;
+            const float* as = stage + (64 * wg + 16 * w + g) * AST + tig;
+#pragma unroll
+            for (int ks = 0; ks < BK / 8; ++ks) {
+                const float av[1][4] = {{as[8 * ks], as[8 * AST + 8 * ks], as[8 * ks + 4], as[8 * AST + 8 * ks + 4]}};
+                mma3_step(d, av, stage + A_FLOATS + ks * 16 * BN, tile == c0 && ks == 0);
+            }
+        }
+        wgmma_drain();  // the chunk's sums, added in FP32
+#pragma unroll
+        for (int r = 0; r < BN / 2; ++r) acc[0][r] = c0 == 0 ? d[0][r] : acc[0][r] + d[0][r];
+    }
+    cp_async_wait<0>();
+
+    const int win = w0 + 16 * wg + 4 * w + g / 2;
+    float* dst = out + (size_t)win * C_OUT;
+#pragma unroll
+    for (int c = 0; c < BN / 8; ++c) {
+        const float2 o = pool_pair(acc[0], c);  // every lane takes part in the shuffles
+        const int ch = blockIdx.y * BN + 8 * c + 2 * tig;
+        if (g % 2 || win >= total) continue;
+        if (C_OUT % 2 == 0 && ch + 1 < C_OUT) {
+            *reinterpret_cast<float2*>(dst + ch) = o;
+        } else {
+            if (ch < C_OUT) dst[ch] = o.x;
+            if (ch + 1 < C_OUT) dst[ch + 1] = o.y;
+        }
+    }
+}
+#endif

@@ -108,22 +108,28 @@ def test_gemm_kernel(gpu, rng, name, version, tile, min_arch, m, n, k, relu):
 
 
 # conv layers (H, W, C, K, C_OUT): ECE408's two, odd sizes and channel counts, 3x3 and 7x7, more
-# windows than one block, every BN (32, 64, 128)
+# windows than one block, every BN (version 1: 32, 64, 128; 2: 16, 32, 64), K past one chunk of
+# version 2's tensor-core sums (9x9x64x3: 36 k-tiles)
 CONVS = [(28, 28, 1, 5, 32), (12, 12, 32, 5, 64), (29, 31, 3, 7, 12), (11, 12, 12, 3, 20), (13, 13, 7, 7, 50),
          (20, 17, 5, 3, 100), (9, 9, 64, 3, 256)]
+CONV_ALGOS = {1: "implicit-tc", 2: "implicit-wgmma"}
 
 
+@pytest.mark.parametrize("version", CONV_ALGOS)
 @pytest.mark.parametrize("h,w,c,k,c_out", CONVS, ids=["x".join(map(str, v)) for v in CONVS])
-def test_conv_kernel(gpu, rng, h, w, c, k, c_out):
+def test_conv_kernel(gpu, rng, h, w, c, k, c_out, version):
     from infer.gpu.launch import Conv
 
     needs_arch(gpu, 80)
+    runs_here(CONV_ALGOS[version])
     n = 9
     x, wt = rand(rng, n, h, w, c), rand(rng, k, k, c, c_out) * 0.2
     expected = reference.avgpool2(reference.relu(reference.conv2d(x, wt)))
     d = Dev()
     out = d.empty((n + 1,) + expected.shape[1:])
-    Conv(build(gpu), h, w, c, k, c_out)(None, d.put(x), d.put(wt), out, n)
+    conv = Conv(build(gpu), h, w, c, k, c_out, version)
+    weights = ALGORITHMS[CONV_ALGOS[version]].conv_weights(wt, conv.bn)
+    conv(None, d.put(x), d.put(weights), out, n)
     got = d.get(out, (n + 1,) + expected.shape[1:])
     np.testing.assert_allclose(got[:n], expected, rtol=1e-5, atol=1e-5 * np.sqrt(k * k * c))
     assert np.isnan(got[n]).all()

@@ -22,7 +22,9 @@ VARIANTS = ([("gemm", {"GEMM_VERSION": v, "TILE_WIDTH": tw}) for v, tiles, _ in 
             + [("fused", Fused.defines(MNIST, version)) for version in (1, 2)] + [("fc", FullyConnected.defines(g)) for g in (MNIST, SMALL_FC, WIDE_FC)]
             + [(name, {}) for name in ("unroll", "place", "pool", "argmax")]
             + [("stage", {"SRC_T": t}) for t in ("unsigned char", "short", "long long")])
-HOPPER = [("fused", Fused.defines(MNIST, 3)), ("fused", Fused.defines(Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7), 3))]
+HOPPER = ([("fused", Fused.defines(MNIST, 3)), ("fused", Fused.defines(Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7), 3))]
+          + [("conv", dict(zip(("IN_H", "IN_W", "IN_C", "KS", "C_OUT", "BN"), c), CONV_VERSION=2))
+             for c in [(28, 28, 1, 5, 32, 32), (12, 12, 32, 5, 64, 64), (29, 31, 3, 7, 12, 16), (62, 62, 256, 7, 256, 64)]])
 REPORT = []
 
 

@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 
 from infer.gpu.launch import GEMMS, gemm_choice
-from infer.gpu.pipelines import ALGORITHMS, AUTO, Fused, FusedTensorCores, FusedWarpgroup, Implicit, Unroll, choose, tf32
+from infer.gpu.pipelines import (ALGORITHMS, AUTO, Fused, FusedTensorCores, FusedWarpgroup, Implicit, ImplicitWarpgroup, Unroll,
+                                 choose, tf32)
 from infer.network import Geometry
 
 MNIST = Geometry(28, 28, 1, 5, 32, 5, 64, 128, 10)
@@ -21,16 +22,18 @@ def test_auto_takes_the_first_that_runs(g, arch, expected):
 def test_auto_falls_back_to_implicit_then_unroll_and_named_algorithms_say_why():
     assert FusedTensorCores.available(NO_FUSED, "sm_90") is not None
     assert Fused.available(NO_FUSED, "sm_90") is not None
-    assert choose(AUTO, NO_FUSED, "sm_90") == (Implicit, None)
+    assert choose(AUTO, NO_FUSED, "sm_90") == (ImplicitWarpgroup, None)
+    assert choose(AUTO, NO_FUSED, "sm_80") == (Implicit, None)
     assert choose(AUTO, NO_FUSED, "sm_75") == (Unroll, None)
     algo, why = choose("fused-tc", MNIST, "sm_75")
     assert algo is None and "sm_80" in why and "--conv-algo fused-tc" in why
 
 
 def test_wgmma_runs_on_hopper_only_and_says_so():
-    assert FusedWarpgroup.runs_on("sm_90") is None
+    assert FusedWarpgroup.runs_on("sm_90") is None and ImplicitWarpgroup.runs_on("sm_90") is None
     for arch in ("sm_80", "sm_89", "sm_100", "sm_120"):
         assert "Hopper GPU (sm_90)" in FusedWarpgroup.available(MNIST, arch)
+        assert "Hopper GPU (sm_90)" in ImplicitWarpgroup.available(MNIST, arch)
     assert "64 conv2 channels" in FusedWarpgroup.available(Geometry(28, 28, 1, 5, 32, 5, 48, 128, 10), "sm_90")
     from infer.bench import variants
 
@@ -91,6 +94,20 @@ def test_conv2_weights_as_wgmma_core_matrices(rng):
     # slab s, k8 step ks, part, 8-channel group ni, k half kc, channel row r, k within the half kk
     for s, ks, part, ni, kc, r, kk in [(7, 2, 0, 5, 1, 3, 2), (24, 3, 1, 7, 0, 7, 3), (0, 0, 0, 0, 0, 1, 0)]:
         assert f[s, ks, part, ni, kc, r, kk] == parts[part][s, 8 * ks + 4 * kc + kk, 8 * ni + r]
+
+
+def test_implicit_wgmma_weights_padded_per_column_block(rng):
+    w = rng.standard_normal((3, 3, 5, 50)).astype(np.float32)  # k = 45 -> 48, 50 channels -> 2 blocks of 32
+    f = ImplicitWarpgroup.conv_weights(w, 32)
+    assert f.shape == (2, 6, 2, 4, 2, 8, 4) and f.flags.c_contiguous
+    flat = w.reshape(45, 50)
+    # column block b, k8 step ks, part, 8-channel group ni, k half kc, channel row r, k within the half kk
+    for b, ks, ni, kc, r, kk in [(0, 0, 0, 0, 0, 0), (1, 5, 1, 0, 1, 3), (0, 2, 3, 1, 7, 2)]:
+        k, m = 8 * ks + 4 * kc + kk, 32 * b + 8 * ni + r
+        assert f[b, ks, 0, ni, kc, r, kk] == tf32(flat[k, m])
+        assert f[b, ks, 1, ni, kc, r, kk] == tf32(flat[k, m] - tf32(flat[k, m]))
+    assert not f[1, :, :, 3].any() and not f[1, :, :, 2, :, 2:].any()  # channels 50..63: zero
+    assert not f[:, 5, :, :, 1, :, 1:].any()  # k 45..47: zero
 
 
 def test_conv1_weights_padded_to_whole_k8_steps(rng):

@@ -112,18 +112,33 @@ class Gemm(Launcher):
 
 class Conv(Launcher):
     """One conv layer -> ReLU -> 2x2 average pool of any geometry, an implicit GEMM on the tensor
-    cores in 3xTF32 (sm_80 and later): x (n, h, w, c) -> (n, (h-k+1)//2, (w-k+1)//2, c_out)."""
-    source, kernel, arg_types = "conv", "conv_kernel1", "PPPi"
+    cores in 3xTF32: x (n, h, w, c) -> (n, (h-k+1)//2, (w-k+1)//2, c_out). Version 1 on mma.sync
+    (sm_80 and later), weights (k, k, c, c_out) as stored; version 2 on Hopper's wgmma (sm_90a),
+    weights as pipelines.ImplicitWarpgroup lays them out for column blocks of `bn` channels."""
+    source, arg_types = "conv", "PPPi"
     THREADS, BK = 256, 16
+    ARCH = {2: "sm_90a"}
 
-    def __init__(self, build, h, w, c, k, c_out):
-        bn = 32 if c_out <= 32 else 64 if c_out <= 64 else 128
-        super().__init__(build, IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn)
+    @staticmethod
+    def block_columns(c_out, version=1):
+        """The channels of a column block (BN) for c_out output channels."""
+        sizes = (32, 64, 128) if version == 1 else (16, 32, 64)
+        return next((bn for bn in sizes if c_out <= bn), sizes[-1])
+
+    def __init__(self, build, h, w, c, k, c_out, version=1):
+        bn = self.block_columns(c_out, version)
+        self.kernel = f"conv_kernel{version}"
+        super().__init__(build, self.ARCH.get(version), IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn,
+                         CONV_VERSION=version)
         self.bn, self.c_out, self.image = bn, c_out, h * w * c
         self.windows = ((h - k + 1) // 2) * ((w - k + 1) // 2)
-        self.block_windows = 16 * (8 // (bn // 32))
-        rows, stages = 4 * self.block_windows, 2 if bn == 32 else 3
-        self.shared = 4 * (rows + stages * (rows * (self.BK + 4) + self.BK * (bn + 8)))
+        if version == 1:
+            self.block_windows = 16 * (8 // (bn // 32))
+            rows, stages = 4 * self.block_windows, 2 if bn == 32 else 3
+            self.shared = 4 * (rows + stages * (rows * (self.BK + 4) + self.BK * (bn + 8)))
+        else:
+            self.block_windows, rows = 32, 128
+            self.shared = 4 * (rows + 4 * (rows * (self.BK + 4) + 2 * self.BK * bn))
         import pycuda.driver as cuda
 
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)

@@ -126,11 +126,13 @@ class Implicit(Algorithm):
     MIN_ARCH = 80
     SCRATCH_BYTES = 64 << 20  # per stream: sets the chunk for large images
 
+    CONV_VERSION = 1
+
     def __init__(self, build, g):
         self.g = g
         (p1h, p1w) = g.pool1_out
-        self.conv1 = launch.Conv(build, g.h, g.w, g.c, g.k1, g.c1)
-        self.conv2 = launch.Conv(build, p1h, p1w, g.c1, g.k2, g.c2)
+        self.conv1 = launch.Conv(build, g.h, g.w, g.c, g.k1, g.c1, self.CONV_VERSION)
+        self.conv2 = launch.Conv(build, p1h, p1w, g.c1, g.k2, g.c2, self.CONV_VERSION)
         try:
             self.fcs = launch.FullyConnected(build, g)
         except ValueError:
@@ -140,8 +142,13 @@ class Implicit(Algorithm):
         per_image = 4 * (p1h * p1w * g.c1 + g.flat + g.hidden + g.classes)
         self.CHUNK = max(1, min(2048, self.SCRATCH_BYTES // per_image, (2**31 - 1) // (g.h * g.w * g.c)))
 
+    @staticmethod
+    def conv_weights(weights, bn):
+        return weights  # (K, K, C, M) is the (K*K*C, M) B operand as it is
+
     def upload(self, model, to_device):
-        self.w1, self.w2 = to_device(model.conv1), to_device(model.conv2)  # (K, K, C, M) is (KKC, M)
+        self.w1 = to_device(self.conv_weights(model.conv1, self.conv1.bn))
+        self.w2 = to_device(self.conv_weights(model.conv2, self.conv2.bn))
         self.fc1, self.fc2 = to_device(model.fc1), to_device(model.fc2)
 
     def _layout(self, chunk):
@@ -256,15 +263,19 @@ def wgmma_operand(w):
     return np.ascontiguousarray(parts.transpose(1, 2, 0, 5, 3, 6, 4))
 
 
-class FusedWarpgroup(FusedTensorCores):
-    """Both convs on Hopper's warpgroup MMA (wgmma) in 3xTF32, the weights read by the tensor cores
-    from shared memory; sm_90 only (sm_90a instructions, not in later GPUs)."""
-    NAME = "fused-wgmma"
-    VERSION = 3
+class Hopper:
+    """Mixed into the algorithms whose kernels use sm_90a instructions (wgmma): not in later GPUs."""
 
     @classmethod
     def runs_on(cls, arch):
         return None if arch == "sm_90" else f"it needs a Hopper GPU (sm_90), this GPU is {arch}"
+
+
+class FusedWarpgroup(Hopper, FusedTensorCores):
+    """Both convs on Hopper's warpgroup MMA (wgmma) in 3xTF32, the weights read by the tensor cores
+    from shared memory; sm_90 only."""
+    NAME = "fused-wgmma"
+    VERSION = 3
 
     @staticmethod
     def conv1_weights(conv1):
@@ -281,7 +292,25 @@ class FusedWarpgroup(FusedTensorCores):
         return wgmma_operand(np.ascontiguousarray(conv2, np.float32).reshape(k2 * k2, c1, c2))
 
 
-ALGORITHMS = {algo.NAME: algo for algo in (FusedWarpgroup, FusedTensorCores, Implicit, Fused, Unroll)}  # auto's order of preference
+class ImplicitWarpgroup(Hopper, Implicit):
+    """Implicit with each conv layer on Hopper's warpgroup MMA (wgmma, conv_kernel2) in 3xTF32, the
+    weights read by the tensor cores from shared memory; sm_90 only."""
+    NAME = "implicit-wgmma"
+    CONV_VERSION = 2
+
+    @staticmethod
+    def conv_weights(weights, bn):
+        """(K, K, C, M) with k = (kh, kw, c) zero-padded to whole k-tiles and M to whole column blocks
+        of bn, split into TF32 parts and remainders in wgmma's layout per column block: (M / bn,
+        KP / 8, 2, bn / 8, 2, 8, 4)."""
+        k, _, c, m = weights.shape
+        kp, mp = -(-k * k * c // launch.Conv.BK) * launch.Conv.BK, -(-m // bn) * bn
+        w = np.zeros((kp, mp), np.float32)
+        w[: k * k * c, :m] = weights.reshape(-1, m)
+        return wgmma_operand(np.ascontiguousarray(w.reshape(kp, mp // bn, bn).transpose(1, 0, 2)))
+
+
+ALGORITHMS = {algo.NAME: algo for algo in (FusedWarpgroup, FusedTensorCores, ImplicitWarpgroup, Implicit, Fused, Unroll)}  # auto's order of preference
 AUTO = "auto"  # the first of ALGORITHMS that can run the model on the GPU at hand
 
 

@@ -1,0 +1,89 @@
+// Hopper warpgroup MMA (wgmma, sm_90a) helpers for the 3xTF32 kernels: B operands in shared memory
+// as K-major core matrices without swizzle, laid out by the host (pipelines.wgmma_operand); A from
+// registers, split into TF32 parts and remainders per k8 step (mma.cuh).
+#pragma once
+
+#include "common.cuh"
+#include "mma.cuh"
+
+// Matrix descriptor of a K-major operand in shared memory without swizzle: core matrices of 8 rows x
+// 16 bytes; the next 4 k 128 bytes on (leading byte offset), the next 8 rows 256 bytes on (stride).
+__device__ __forceinline__ unsigned long long wgmma_desc(const float* p) {
+    return (unsigned long long)((smem_addr(p) & 0x3FFFF) >> 4) | (128ull >> 4) << 16 | (256ull >> 4) << 32;
+}
+
+// d = a . b (+ d where accumulate) for the warpgroup's 64 x N tile, k = 8: a (TF32) in registers, b
+// in shared memory. N = 64:
+__device__ __forceinline__ void wgmma(float (&d)[32], const unsigned (&a)[4], unsigned long long b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+        "%11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, "
+        "%31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+          "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+          "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// N = 32:
+__device__ __forceinline__ void wgmma(float (&d)[16], const unsigned (&a)[4], unsigned long long b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, "
+        "%11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+          "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// N = 16:
+__device__ __forceinline__ void wgmma(float (&d)[8], const unsigned (&a)[4], unsigned long long b, int accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k8.f32.tf32.tf32 {%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, "
+        "%12, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
+// One k8 step of MT tiles in 3xTF32: A values av[i] = rows (g, k), (g + 8, k), (g, k + 4), (g + 8, k
+// + 4) of tile i, split here; b: the step's parts, its remainders 8 * N floats on. The three products
+// smallest first; `first` starts the sums. Commits the step as one group and lets the previous one finish.
+template <int MT, int NACC>
+__device__ __forceinline__ void mma3_step(float (&acc)[MT][NACC], const float (&av)[MT][4], const float* b, bool first) {
+    unsigned hi[MT][4], lo[MT][4];
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) split(av[i][r], hi[i][r], lo[i][r]);
+    const unsigned long long bhi = wgmma_desc(b), blo = wgmma_desc(b + 8 * (NACC * 2));
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < MT; ++i) {
+        wgmma(acc[i], lo[i], bhi, !first);
+        wgmma(acc[i], hi[i], blo, 1);
+        wgmma(acc[i], hi[i], bhi, 1);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_drain() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+
+// A tile's rows are (pool window, dx, dy): accumulator 4c + 2dy + e is channel 8c + 2 tig + e. ReLU and
+// the 2x2 average of channels 8c + 2 tig + {0, 1} in the reference's order ((a + b) + c) + d, the
+// dx = 1 half taken from lane + 4; valid in the even lanes (dx = 0).
+template <int NACC>
+__device__ __forceinline__ float2 pool_pair(const float (&acc)[NACC], int c) {
+    float o[2];
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        const float a = relu(acc[4 * c + e]), cc = relu(acc[4 * c + 2 + e]);
+        const float b = __shfl_down_sync(0xffffffffu, a, 4);
+        const float d = __shfl_down_sync(0xffffffffu, cc, 4);
+        o[e] = (((a + b) + cc) + d) * 0.25f;
+    }
+    return make_float2(o[0], o[1]);
+}
