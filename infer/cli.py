@@ -38,10 +38,11 @@ def cuda_options(f):
                           "FP32; tiled: the 2016 one-output-per-thread kernel; auto: the first of these that runs "
                           "here with --tile-width."),
         click.option("--conv-algo", type=click.Choice([AUTO, *ALGORITHMS]), default=AUTO, show_default=True,
-                     help="fused-tc: both convs and pools in one kernel, conv2 on the tensor cores in 3xTF32; "
-                          "implicit-tc: each conv + ReLU + pool one implicit-GEMM kernel in 3xTF32, any shapes; "
-                          "fused: fused-tc on FP32 cores; unroll: the 2016 pipeline; auto: the first of these "
-                          "that can run the model on this GPU."),
+                     help="fused-wgmma: fused-tc with both convs on Hopper's warpgroup MMA (sm_90); fused-tc: "
+                          "both convs and pools in one kernel, conv2 on the tensor cores in 3xTF32; implicit-wgmma: "
+                          "implicit-tc on Hopper's warpgroup MMA (sm_90); implicit-tc: each conv + ReLU + pool one "
+                          "implicit-GEMM kernel in 3xTF32, any shapes; fused: fused-tc on FP32 cores; unroll: the "
+                          "2016 pipeline; auto: the first of these that can run the model on this GPU."),
         click.option("--device", "device_ordinal", type=click.IntRange(0), default=0, show_default=True,
                      help="CUDA device number."),
         click.option("--devices", callback=parse_devices, metavar="LIST|all",
