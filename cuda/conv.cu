@@ -152,18 +152,11 @@ conv_kernel1(const float* __restrict__ x, const float* __restrict__ w, float* __
 #pragma unroll
         for (int ks = 0; ks < BK; ks += 8) {
             unsigned bhi[4][2], blo[4][2];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                split(bs[ks * BST + j * 8], bhi[j][0], blo[j][0]);
-                split(bs[(ks + 4) * BST + j * 8], bhi[j][1], blo[j][1]);
-            }
+            b_fragments(bs + ks * BST, BST, bhi, blo);
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-                const float* aq = as + q * BW * AST + ks;
-                const float v[4] = {aq[0], aq[8 * AST], aq[4], aq[8 * AST + 4]};
                 unsigned ahi[4], alo[4];
-#pragma unroll
-                for (int r = 0; r < 4; ++r) split(v[r], ahi[r], alo[r]);
+                a_fragment(as + q * BW * AST + ks, AST, ahi, alo);
 #pragma unroll
                 for (int j = 0; j < 4; ++j) mma3_add(acc[q][j], ahi, alo, bhi[j][0], bhi[j][1], blo[j][0], blo[j][1]);
             }

@@ -303,18 +303,11 @@ fc_kernel5(const float* __restrict__ feat, const float* __restrict__ fc1, const 
 #pragma unroll
         for (int ks = 0; ks < FC5_BK; ks += 8) {
             unsigned bhi[4][2], blo[4][2];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                split(bs[ks * FC5_BST + j * 8], bhi[j][0], blo[j][0]);
-                split(bs[(ks + 4) * FC5_BST + j * 8], bhi[j][1], blo[j][1]);
-            }
+            b_fragments(bs + ks * FC5_BST, FC5_BST, bhi, blo);
 #pragma unroll
             for (int m = 0; m < 2; ++m) {
-                const float* am = as + 16 * m * FC5_AST + ks;
-                const float v[4] = {am[0], am[8 * FC5_AST], am[4], am[8 * FC5_AST + 4]};
                 unsigned ahi[4], alo[4];
-#pragma unroll
-                for (int r = 0; r < 4; ++r) split(v[r], ahi[r], alo[r]);
+                a_fragment(as + 16 * m * FC5_AST + ks, FC5_AST, ahi, alo);
 #pragma unroll
                 for (int j = 0; j < 4; ++j) mma3(d[m][j], ahi, alo, bhi[j][0], bhi[j][1], blo[j][0], blo[j][1]);
             }

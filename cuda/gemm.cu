@@ -238,18 +238,11 @@ gemm_kernel3(const float* __restrict__ a, const float* __restrict__ b, float* __
 #pragma unroll
         for (int ks = 0; ks < BK; ks += 8) {
             unsigned bhi[NT][2], blo[NT][2];
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                split(bs[ks * BST + j * 8], bhi[j][0], blo[j][0]);
-                split(bs[(ks + 4) * BST + j * 8], bhi[j][1], blo[j][1]);
-            }
+            b_fragments(bs + ks * BST, BST, bhi, blo);
 #pragma unroll
             for (int i = 0; i < MT; ++i) {
-                const float* ai = as + i * 16 * AST + ks;
-                const float v[4] = {ai[0], ai[8 * AST], ai[4], ai[8 * AST + 4]};
                 unsigned ahi[4], alo[4];
-#pragma unroll
-                for (int r = 0; r < 4; ++r) split(v[r], ahi[r], alo[r]);
+                a_fragment(as + i * 16 * AST + ks, AST, ahi, alo);
 #pragma unroll
                 for (int j = 0; j < NT; ++j) mma3_add(acc[i][j], ahi, alo, bhi[j][0], bhi[j][1], blo[j][0], blo[j][1]);
             }

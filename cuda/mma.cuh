@@ -15,6 +15,25 @@ __device__ __forceinline__ void split(float v, unsigned& hi, unsigned& lo) {
     lo = tf32(v - __uint_as_float(hi));
 }
 
+// The A fragment of an m16n8k8 step from a row-major tile in shared memory, split: `a` points at
+// (row g, k tig) of the step, rows `stride` floats apart; rows g, g + 8 x k tig, tig + 4.
+__device__ __forceinline__ void a_fragment(const float* a, int stride, unsigned (&hi)[4], unsigned (&lo)[4]) {
+    const float v[4] = {a[0], a[8 * stride], a[4], a[8 * stride + 4]};
+#pragma unroll
+    for (int r = 0; r < 4; ++r) split(v[r], hi[r], lo[r]);
+}
+
+// The B fragments of NT n-tiles (8 columns apart) of an m16n8k8 step from a k-major tile in shared
+// memory, split: `b` points at (k tig, column g) of the step, k rows `stride` floats apart.
+template <int NT>
+__device__ __forceinline__ void b_fragments(const float* b, int stride, unsigned (&hi)[NT][2], unsigned (&lo)[NT][2]) {
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        split(b[j * 8], hi[j][0], lo[j][0]);
+        split(b[4 * stride + j * 8], hi[j][1], lo[j][1]);
+    }
+}
+
 // d += a . b for one m16n8k8 tile, TF32 operands, FP32 accumulators.
 __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
     asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
