@@ -272,13 +272,7 @@ fc_kernel5(const float* __restrict__ feat, const float* __restrict__ fc1, const 
     const int f_begin = blockIdx.y * per_split, f_end = min(FEAT, f_begin + per_split);
     const int tiles = (f_end - f_begin + FC5_BK - 1) / FC5_BK;
 
-    float acc[2][4][4];
-#pragma unroll
-    for (int m = 0; m < 2; ++m)
-#pragma unroll
-        for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) acc[m][j][r] = 0.0f;
+    float acc[2][4][4] = {};
 
 #pragma unroll
     for (int s = 0; s < FC5_STAGES - 1; ++s) {
@@ -293,13 +287,7 @@ fc_kernel5(const float* __restrict__ feat, const float* __restrict__ fc1, const 
         cp_async_commit();
         const float* as = smem + (tile % FC5_STAGES) * FC5_STAGE + g * FC5_AST + tig;
         const float* bs = smem + (tile % FC5_STAGES) * FC5_STAGE + FC5_A + tig * FC5_BST + wn * 32 + g;
-        float d[2][4][4];
-#pragma unroll
-        for (int m = 0; m < 2; ++m)
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-#pragma unroll
-                for (int r = 0; r < 4; ++r) d[m][j][r] = 0.0f;
+        float d[2][4][4] = {};  // this k-tile's sums
 #pragma unroll
         for (int ks = 0; ks < FC5_BK; ks += 8) {
             unsigned bhi[4][2], blo[4][2];

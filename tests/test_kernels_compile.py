@@ -17,14 +17,20 @@ WIDE_FC = Geometry(28, 28, 1, 5, 64, 5, 128, 256, 10)  # 256 hidden units: fc1 t
 # conv layers (H, W, C, K, C_OUT, BN): ECE408's two, odd channel counts (scalar copies), 7x7, the largest
 CONVS = [(28, 28, 1, 5, 32, 32), (12, 12, 32, 5, 64, 64), (29, 31, 3, 7, 12, 32), (11, 12, 12, 3, 20, 32),
          (13, 13, 7, 7, 50, 64), (62, 62, 256, 7, 256, 128), (20, 20, 5, 3, 100, 128)]
+HOPPER_CONVS = [(28, 28, 1, 5, 32, 32), (12, 12, 32, 5, 64, 64), (29, 31, 3, 7, 12, 16), (62, 62, 256, 7, 256, 64)]
+
+
+def conv(sizes, **extra):
+    return "conv", dict(zip(("IN_H", "IN_W", "IN_C", "KS", "C_OUT", "BN"), sizes), **extra)
+
+
 VARIANTS = ([("gemm", {"GEMM_VERSION": v, "TILE_WIDTH": tw}) for v, tiles, _ in GEMMS.values() for tw in tiles]
-            + [("conv", dict(zip(("IN_H", "IN_W", "IN_C", "KS", "C_OUT", "BN"), c))) for c in CONVS]
+            + [conv(c) for c in CONVS]
             + [("fused", Fused.defines(MNIST, version)) for version in (1, 2)] + [("fc", FullyConnected.defines(g)) for g in (MNIST, SMALL_FC, WIDE_FC)]
             + [(name, {}) for name in ("unroll", "place", "pool", "argmax")]
             + [("stage", {"SRC_T": t}) for t in ("unsigned char", "short", "long long")])
 HOPPER = ([("fused", Fused.defines(MNIST, 3)), ("fused", Fused.defines(Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7), 3))]
-          + [("conv", dict(zip(("IN_H", "IN_W", "IN_C", "KS", "C_OUT", "BN"), c), CONV_VERSION=2))
-             for c in [(28, 28, 1, 5, 32, 32), (12, 12, 32, 5, 64, 64), (29, 31, 3, 7, 12, 16), (62, 62, 256, 7, 256, 64)]])
+          + [conv(c, CONV_VERSION=2) for c in HOPPER_CONVS])
 REPORT = []
 
 

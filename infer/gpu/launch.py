@@ -119,14 +119,9 @@ class Conv(Launcher):
     THREADS, BK = 256, 16
     ARCH = {2: "sm_90a"}
 
-    @staticmethod
-    def block_columns(c_out, version=1):
-        """The channels of a column block (BN) for c_out output channels."""
-        sizes = (32, 64, 128) if version == 1 else (16, 32, 64)
-        return next((bn for bn in sizes if c_out <= bn), sizes[-1])
-
     def __init__(self, build, h, w, c, k, c_out, version=1):
-        bn = self.block_columns(c_out, version)
+        sizes = (32, 64, 128) if version == 1 else (16, 32, 64)  # the column block's channels (BN)
+        bn = next((bn for bn in sizes if c_out <= bn), sizes[-1])
         self.kernel = f"conv_kernel{version}"
         super().__init__(build, self.ARCH.get(version), IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn,
                          CONV_VERSION=version)
@@ -305,13 +300,15 @@ class FullyConnected(Launcher):
         if tensor_cores and not fits:
             raise ValueError(f"fc_kernel5 needs sm_80 and at most {self.TC_MAX_HIDDEN} hidden units")
         self.tensor_cores = fits if tensor_cores is None else tensor_cores
-        self.split_sum, self.add_splits = self.module.get_function("fc_kernel2"), self.module.get_function("fc_kernel3")
-        self.split_sum.prepare("PPPii")
+        self.add_splits = self.module.get_function("fc_kernel3")
         self.add_splits.prepare("PPPiPPi")
         if self.tensor_cores:
             self.tc, self.tc_bytes, self.tc_threads = self.module.get_function("fc_kernel5"), self.tc_shared(g), 32 * ceil_div(g.hidden, 32)
             self.tc.prepare("PPPPiPPPi")
             self.tc.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.tc_bytes)
+        else:
+            self.split_sum = self.module.get_function("fc_kernel2")
+            self.split_sum.prepare("PPPii")
         self.block_imgs = self.TC_IMGS if self.tensor_cores else self.IMGS  # of the kernel that sums splits
 
     def splits(self, n):

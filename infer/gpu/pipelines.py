@@ -125,7 +125,6 @@ class Implicit(Algorithm):
     NAME = "implicit-tc"
     MIN_ARCH = 80
     SCRATCH_BYTES = 64 << 20  # per stream: sets the chunk for large images
-
     CONV_VERSION = 1
 
     def __init__(self, build, g):
@@ -304,7 +303,7 @@ class ImplicitWarpgroup(Hopper, Implicit):
         of bn, split into TF32 parts and remainders in wgmma's layout per column block: (M / bn,
         KP / 8, 2, bn / 8, 2, 8, 4)."""
         k, _, c, m = weights.shape
-        kp, mp = -(-k * k * c // launch.Conv.BK) * launch.Conv.BK, -(-m // bn) * bn
+        kp, mp = launch.ceil_div(k * k * c, launch.Conv.BK) * launch.Conv.BK, launch.ceil_div(m, bn) * bn
         w = np.zeros((kp, mp), np.float32)
         w[: k * k * c, :m] = weights.reshape(-1, m)
         return wgmma_operand(np.ascontiguousarray(w.reshape(kp, mp // bn, bn).transpose(1, 0, 2)))
