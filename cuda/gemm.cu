@@ -1,6 +1,7 @@
 // The classic pipeline's GEMM, for both convolutions and both fcs.
 // c (M, N) = a (M, K) . b (K, N), all row-major float32; apply_relu != 0 applies ReLU on store.
 // conv: a = weights re-laid (C_out, K*K*C), b = unrolled input (K*K*C, P) -> c (C_out, P)
+//   (version 4 the transposed product: a = unrolled input (P, K*K*C), b = weights -> c (P, C_out))
 // fc:   a = features (n, in), b = weights (in, out) -> c (n, out)
 // 2*M*N*K FLOPs in every version; GEMM_VERSION picks the kernel compiled, TILE_WIDTH its tile.
 // gemm_kernel1: TILE_WIDTH x TILE_WIDTH (8, 16, 32) tiles of a and b in shared memory, one output
@@ -13,6 +14,15 @@
 // gemm_kernel3 (sm_80+): the same block tiles on the tensor cores in 3xTF32 (FP32-level accuracy):
 //   8 warps of (TW/2 or 32) x (32 or 16) warp tiles of mma.m16n8k8, k-tiles of 16 through a
 //   3-stage cp.async pipeline (zero-filled past the edges), operands split at fragment load.
+// gemm_kernel4 (sm_90a): the transposed conv product on Hopper's wgmma in 3xTF32: a = activations
+//   (M, K) row-major (the unroll_kernel3 matrix (P, K*K*C), or the fc features), b = weights (K, N)
+//   split into TF32 parts and remainders once by the host and laid out as wgmma's K-major core
+//   matrices per column block, (N / BN, KP / 8, {hi, lo}, BN / 8, 2, 8, 4), KP = K rounded up to 16;
+//   so a conv's c (P, C_out) is already NHWC and needs no placeIntoY. Block 128 rows x BN (16, 32,
+//   64: GEMM_BN) = two warpgroups of one m64nBNk8 tile each, a split in registers, k-tiles of 16
+//   through a 4-stage cp.async pipeline fetched 2 ahead, KCH k-tiles summed in the tensor cores
+//   then added in FP32 (as conv_kernel2); grid (ceil(M / 128), ceil(N / BN)); 6 * M * BN * KP tensor
+//   FLOPs per column block.
 
 #ifndef GEMM_VERSION
 #define GEMM_VERSION 1
@@ -45,8 +55,18 @@ extern "C" __global__ void gemm_kernel1(const float* __restrict__ a, const float
 
 #else
 
-constexpr int TM = TILE_WIDTH, BN = 128, BK = 16, THREADS = 256;
+constexpr int TM = TILE_WIDTH, BK = 16, THREADS = 256;
+#if GEMM_VERSION == 4
+#ifndef GEMM_BN
+#define GEMM_BN 64
+#endif
+constexpr int BN = GEMM_BN;
+static_assert(TM == 128, "gemm v4: block tiles are 128 rows (two warpgroups of 64)");
+static_assert(BN == 16 || BN == 32 || BN == 64, "gemm v4: GEMM_BN is 16, 32 or 64");
+#else
+constexpr int BN = 128;
 static_assert(TM == 32 || TM == 64 || TM == 128, "gemm: block tiles are 32, 64 or 128 rows");
+#endif
 
 // One output pair or quad (ReLU'd if asked), guarded against the right and bottom edges.
 __device__ __forceinline__ void store_row(float* __restrict__ c, int M, int N, int row, int col,
@@ -258,6 +278,85 @@ gemm_kernel3(const float* __restrict__ a, const float* __restrict__ b, float* __
             for (int h = 0; h < 2; ++h)
                 store_row(c, M, N, m0 + wm * WTM + i * 16 + g + 8 * h, n0 + wn * WTN + j * 8 + 2 * tig,
                           &acc[i][j][2 * h], 2, apply_relu);
+}
+
+#else  // GEMM_VERSION == 4
+
+#include "wgmma.cuh"
+
+// Block tile rows 64 wg + 16 w + g (+ 8) belong to warp w of warpgroup wg; stage = a tile (k
+// contiguous, rows AST apart: conflict-free fragment loads) then the k-tile's hi/lo weights.
+constexpr int STAGES = 4, KCH = 16, AST = BK + 4;
+constexpr int A_FLOATS = TM * AST, B_FLOATS = 2 * BK * BN, STAGE_FLOATS = A_FLOATS + B_FLOATS;
+
+// Start the async copy of k-tile `tile` of a (zeros past M and K) and of the column block's weights.
+__device__ __forceinline__ void fetch(float* stage, const float* __restrict__ a, const float* __restrict__ wb,
+                                      int M, int K, int m0, int tile) {
+    const int t = threadIdx.x, k0 = tile * BK;
+    if (K % 4 == 0) {  // rows start 16-byte aligned: 4 consecutive k per copy
+#pragma unroll
+        for (int i = 0; i < TM * BK / 4 / THREADS; ++i) {
+            const int e = t + i * THREADS, row = e / (BK / 4), k = 4 * (e % (BK / 4));
+            const bool ok = m0 + row < M && k0 + k < K;
+            cp_async16(stage + row * AST + k, ok ? a + (size_t)(m0 + row) * K + k0 + k : a, ok);
+        }
+    } else {
+#pragma unroll 1  // the rare path (fc with K % 4 != 0), rolled: unrolled it spills at BN 64
+        for (int i = 0; i < TM * BK / THREADS; ++i) {
+            const int e = t + i * THREADS, row = e / BK, k = e % BK;
+            const bool ok = m0 + row < M && k0 + k < K;
+            cp_async4(stage + row * AST + k, ok ? a + (size_t)(m0 + row) * K + k0 + k : a, ok);
+        }
+    }
+    const float4* src = reinterpret_cast<const float4*>(wb + (size_t)tile * B_FLOATS);
+#pragma unroll
+    for (int e = t; e < B_FLOATS / 4; e += THREADS) cp_async16(stage + A_FLOATS + 4 * e, src + e, true);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+gemm_kernel4(const float* __restrict__ a, const float* __restrict__ wf, float* __restrict__ c,
+             int M, int N, int K, int apply_relu) {
+    extern __shared__ float4 smem4[];
+    float* stages = reinterpret_cast<float*>(smem4);
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tig = lane % 4;
+    const int wg = warp / 4, w = warp % 4;
+    const int m0 = blockIdx.x * TM, tiles = (K + BK - 1) / BK;
+    const float* wb = wf + (size_t)blockIdx.y * tiles * B_FLOATS;  // this column block's weights
+
+    fetch(stages, a, wb, M, K, m0, 0);
+    cp_async_commit();
+    if (tiles > 1) fetch(stages + STAGE_FLOATS, a, wb, M, K, m0, 1);
+    cp_async_commit();
+    float acc[1][BN / 2], d[1][BN / 2];
+    for (int c0 = 0; c0 < tiles; c0 += KCH) {  // chunks of KCH k-tiles summed in the tensor cores
+        for (int tile = c0; tile < min(tiles, c0 + KCH); ++tile) {
+            // As in conv_kernel2: tile has landed and is handed to the tensor cores; the stage refilled
+            // (tile + 2) was last read by tile - 2's MMAs, which every warpgroup has finished.
+            cp_async_wait<1>();
+            asm volatile("fence.proxy.async.shared::cta;");
+            __syncthreads();
+            if (tile + 2 < tiles) fetch(stages + ((tile + 2) % STAGES) * STAGE_FLOATS, a, wb, M, K, m0, tile + 2);
+            cp_async_commit();
+            const float* stage = stages + (tile % STAGES) * STAGE_FLOATS;
+            const float* as = stage + (64 * wg + 16 * w + g) * AST + tig;
+#pragma unroll
+            for (int ks = 0; ks < BK / 8; ++ks) {
+                const float av[1][4] = {{as[8 * ks], as[8 * AST + 8 * ks], as[8 * ks + 4], as[8 * AST + 8 * ks + 4]}};
+                mma3_step(d, av, stage + A_FLOATS + ks * 16 * BN, tile == c0 && ks == 0);
+            }
+        }
+        wgmma_drain();  // the chunk's sums, added in FP32
+#pragma unroll
+        for (int r = 0; r < BN / 2; ++r) acc[0][r] = c0 == 0 ? d[0][r] : acc[0][r] + d[0][r];
+    }
+    cp_async_wait<0>();
+    // Accumulators 4 j + {0, 1}: row g, columns 8 j + 2 tig + {0, 1}; 4 j + {2, 3}: row g + 8.
+    const int row = m0 + 64 * wg + 16 * w + g;
+#pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+            store_row(c, M, N, row + 8 * h, blockIdx.y * BN + 8 * j + 2 * tig, &acc[0][4 * j + 2 * h], 2, apply_relu);
 }
 
 #endif

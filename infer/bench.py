@@ -16,7 +16,7 @@ from . import engine, loader, reference
 from .dataset import DataSet
 from .reader import Reader, wait
 from .errors import InputError
-from .gpu.launch import GEMMS
+from .gpu.launch import GEMMS, gemm_runs_on
 from .gpu.pipelines import ALGORITHMS
 
 GEOMETRY = re.compile(r"^(\d+)x(\d+)x(\d+),(\d+):(\d+),(\d+):(\d+),(\d+)(?:,(\d+))?$")
@@ -34,9 +34,9 @@ def variants(arch):
         if algo != "unroll":
             rows.append((algo, None, None))
             continue
-        for gemm, (_, tiles, min_arch) in GEMMS.items():
-            if int(arch[3:]) >= min_arch:
-                rows += [(algo, gemm, tile) for tile in tiles]
+        for gemm, spec in GEMMS.items():
+            if gemm_runs_on(gemm, arch) is None:
+                rows += [(algo, gemm, tile) for tile in spec.tiles]
     return rows
 
 

@@ -31,10 +31,13 @@ def cuda_options(f):
                      help="CUDA streams that chunks of images are spread over."),
         click.option("--tile-width", type=click.Choice([str(t) for t in TILE_WIDTHS]),
                      help="--conv-algo unroll: the GEMM's tile: the square tile of 'tiled' (8, 16, 32), the "
-                          "rows of the TW x 128 block tile of 'blocked' and 'tf32x3' (32, 64, 128). Default: "
-                          "per layer, the smallest block tile covering its output channels (16 for 'tiled')."),
+                          "rows of the TW x 128 block tile of 'blocked' and 'tf32x3' (32, 64, 128), the 128 rows "
+                          "(pixels) of 'wgmma' (its columns follow the layer: 16, 32 or 64). Default: per layer, "
+                          "the smallest block tile covering its output channels (16 for 'tiled')."),
         click.option("--gemm-algo", type=click.Choice(["auto", *GEMMS]), default="auto", show_default=True,
-                     help="--conv-algo unroll: tf32x3: tensor cores in 3xTF32 (sm_80+); blocked: register-blocked "
+                     help="--conv-algo unroll: wgmma: Hopper's warpgroup MMA in 3xTF32, the transposed product "
+                          "straight into NHWC, no placeIntoY (sm_90); tf32x3: tensor cores in 3xTF32 (sm_80+); "
+                          "blocked: register-blocked "
                           "FP32; tiled: the 2016 one-output-per-thread kernel; auto: the first of these that runs "
                           "here with --tile-width."),
         click.option("--conv-algo", type=click.Choice([AUTO, *ALGORITHMS]), default=AUTO, show_default=True,

@@ -5,7 +5,7 @@ import pytest
 
 from infer import engine, reference
 from infer.bench import variants
-from infer.gpu.launch import GEMMS
+from infer.gpu.launch import GEMMS, gemm_runs_on
 from infer.gpu.pipelines import ALGORITHMS
 from infer.network import Geometry
 
@@ -31,14 +31,15 @@ def build(gpu, tile_width=None, gemm="auto"):
     return Build(gpu.arch, False, tile_width, NullProfiler(), gemm, gpu.l2_bytes, gpu.sms)
 
 
-def runs_here(algo):
-    """Skip unless algorithm algo runs on this machine's GPU (fused-wgmma: Hopper only)."""
+def runs_here(algo, gemm=None):
+    """Skip unless algorithm algo (with GEMM gemm) runs on this machine's GPU (wgmma: Hopper only)."""
     import pycuda.driver as cuda
 
     cuda.init()
-    why = ALGORITHMS[algo].runs_on("sm_{}{}".format(*cuda.Device(0).compute_capability()))
+    arch = "sm_{}{}".format(*cuda.Device(0).compute_capability())
+    why = ALGORITHMS[algo].runs_on(arch) or (gemm_runs_on(gemm, arch) if gemm else None)
     if why:
-        pytest.skip(f"{algo}: {why}")
+        pytest.skip(f"{algo} {gemm or ''}: {why}")
 
 
 def needs_arch(gpu, min_arch):
@@ -86,20 +87,38 @@ def test_unroll_kernel(gpu, rng):
     np.testing.assert_array_equal(d.get(u, expected.shape), expected)
 
 
-GEMM_TILES = [(name, version, tile, min_arch) for name, (version, tiles, min_arch) in GEMMS.items() for tile in tiles]
+@pytest.mark.parametrize("c,k", [(5, 3), (1, 5), (8, 3), (32, 5), (3, 7)])  # rows padded (45 -> 48, 25 -> 28), float4 runs
+def test_transposed_unroll_kernel(gpu, rng, c, k):
+    from infer.gpu.launch import Unroll
+
+    x = rand(rng, 3, 11, 9, c)
+    d = Dev()
+    windows = reference.unroll(x, k)
+    expected = np.zeros((windows.shape[0], Unroll.row(k, c)), np.float32)
+    expected[:, : k * k * c] = windows
+    u = d.empty((expected.shape[0] + 1, expected.shape[1]))  # one row more than written: it must stay poisoned
+    Unroll(build(gpu), transposed=True)(None, d.put(x), u, 3, 11, 9, c, k)
+    out = d.get(u, (expected.shape[0] + 1, expected.shape[1]))
+    np.testing.assert_array_equal(out[:-1], expected)
+    assert np.isnan(out[-1]).all()
 
 
-@pytest.mark.parametrize("name,version,tile,min_arch", GEMM_TILES, ids=[f"{n}-{t}" for n, _, t, _ in GEMM_TILES])
-@pytest.mark.parametrize("m,n,k", [(37, 53, 29), (150, 132, 45), (201, 301, 130)])  # vector and scalar paths
+GEMM_TILES = [(name, spec.version, tile) for name, spec in GEMMS.items() for tile in spec.tiles]
+
+
+@pytest.mark.parametrize("name,version,tile", GEMM_TILES, ids=[f"{n}-{t}" for n, _, t in GEMM_TILES])
+@pytest.mark.parametrize("m,n,k", [(37, 53, 29), (150, 132, 45), (201, 301, 130), (300, 10, 28), (257, 64, 800)])  # vector and scalar paths; wgmma: every column block, K past a chunk
 @pytest.mark.parametrize("relu", [False, True])
-def test_gemm_kernel(gpu, rng, name, version, tile, min_arch, m, n, k, relu):
-    from infer.gpu.launch import Gemm
+def test_gemm_kernel(gpu, rng, name, version, tile, m, n, k, relu):
+    from infer.gpu.launch import Gemm, gemm_runs_on
 
-    needs_arch(gpu, min_arch)
+    if gemm_runs_on(name, gpu.arch):
+        pytest.skip(gemm_runs_on(name, gpu.arch))
     a, b = rand(rng, m, k), rand(rng, k, n)
     d = Dev()
     c = d.empty((m + 1, n))  # one row more than written: it must stay poisoned
-    Gemm(build(gpu), version, tile)(None, d.put(a), d.put(b), c, m, n, k, relu)
+    gemm = Gemm(build(gpu), version, tile, cols=n)
+    gemm(None, d.put(a), d.put(gemm.weights(b)), c, m, n, k, relu)
     expected = a.astype(np.float64) @ b
     expected = np.maximum(expected, 0) if relu else expected
     out = d.get(c, (m + 1, n))
@@ -256,7 +275,7 @@ def test_every_algorithm_on_every_geometry(gpu, spec, algo):
         pytest.skip(f"{algo} does not take {spec}")
     expected = reference.scores(x, model)
     for gemm in (GEMMS if algo == "unroll" else ["auto"]):
-        if int(gpu.arch[3:]) < GEMMS.get(gemm, (0, 0, 0))[2]:
+        if gemm in GEMMS and gemm_runs_on(gemm, gpu.arch):
             continue
         b = CudaBackend(conv_algo=algo, gemm_algo=gemm, chunk=16)
         try:
@@ -281,22 +300,26 @@ CONFIGS = [(algo, gemm, tw, s, None) for algo, gemm, tw in variants("sm_90") for
 
 @pytest.mark.parametrize("algo,gemm,tile_width,streams,chunk", CONFIGS)
 def test_testfull_on_the_gpu(ece408, cpu_testfull, algo, gemm, tile_width, streams, chunk):
-    runs_here(algo)
+    runs_here(algo, gemm)
     r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo,
                    gemm_algo=gemm or "auto", tile_width=tile_width, streams=streams, chunk=chunk)
     assert r.correct == 8722
     assert np.count_nonzero(r.predictions == cpu_testfull) >= 9995
 
 
-def test_cli_profile_lists_kernels_and_copies(ece408):
+@pytest.mark.parametrize("gemm,kernels", [("tf32x3", ("unroll_kernel2", "gemm_kernel3", "place_kernel1")),
+                                          ("wgmma", ("unroll_kernel3", "gemm_kernel4"))])
+def test_cli_profile_lists_kernels_and_copies(ece408, gemm, kernels):
     from tests.conftest import invoke
 
+    runs_here("unroll", gemm)
     r = invoke("run", ece408 / "test100.hdf5", ece408 / "model.hdf5", "--backend", "cuda", "--profile",
-               "--conv-algo", "unroll")
+               "--conv-algo", "unroll", "--gemm-algo", gemm)
     assert r.exit_code == 0, r.stderr
-    for name in ("unroll_kernel2", "gemm_kernel3", "place_kernel1", "pool_kernel1", "argmax_kernel1",
-                 "memcpy HtoD (images)", "context set-up", "compile / load kernels"):
+    for name in kernels + ("pool_kernel1", "argmax_kernel1", "memcpy HtoD (images)", "context set-up",
+                           "compile / load kernels"):
         assert name in r.stdout
+    assert gemm != "wgmma" or "place_kernel1" not in r.stdout
 
 
 @pytest.mark.parametrize("algo", list(ALGORITHMS))

@@ -24,13 +24,14 @@ def conv(sizes, **extra):
     return "conv", dict(zip(("IN_H", "IN_W", "IN_C", "KS", "C_OUT", "BN"), sizes), **extra)
 
 
-VARIANTS = ([("gemm", {"GEMM_VERSION": v, "TILE_WIDTH": tw}) for v, tiles, _ in GEMMS.values() for tw in tiles]
+VARIANTS = ([("gemm", {"GEMM_VERSION": s.version, "TILE_WIDTH": tw}) for s in GEMMS.values() if not s.hopper_only for tw in s.tiles]
             + [conv(c) for c in CONVS]
             + [("fused", Fused.defines(MNIST, version)) for version in (1, 2)] + [("fc", FullyConnected.defines(g)) for g in (MNIST, SMALL_FC, WIDE_FC)]
             + [(name, {}) for name in ("unroll", "place", "pool", "argmax")]
             + [("stage", {"SRC_T": t}) for t in ("unsigned char", "short", "long long")])
 HOPPER = ([("fused", Fused.defines(MNIST, 3)), ("fused", Fused.defines(Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7), 3))]
-          + [conv(c, CONV_VERSION=2) for c in HOPPER_CONVS])
+          + [conv(c, CONV_VERSION=2) for c in HOPPER_CONVS]
+          + [("gemm", {"GEMM_VERSION": 4, "TILE_WIDTH": 128, "GEMM_BN": bn}) for bn in (16, 32, 64)])
 REPORT = []
 
 

@@ -3,8 +3,9 @@ import numpy as np
 import pytest
 
 from infer.gpu.launch import GEMMS, gemm_choice
+from infer.gpu.operands import tf32
 from infer.gpu.pipelines import (ALGORITHMS, AUTO, Fused, FusedTensorCores, FusedWarpgroup, Implicit, ImplicitWarpgroup, Unroll,
-                                 choose, tf32)
+                                 choose)
 from infer.network import Geometry
 
 MNIST = Geometry(28, 28, 1, 5, 32, 5, 64, 128, 10)
@@ -65,7 +66,8 @@ def test_conv2_weights_in_mma_fragment_order(rng):
 
 
 @pytest.mark.parametrize("name,tile,arch,expected", [
-    ("auto", None, "sm_90", ("tf32x3", 3)), ("auto", None, "sm_75", ("blocked", 2)),
+    ("auto", None, "sm_90", ("wgmma", 4)), ("auto", None, "sm_100", ("tf32x3", 3)), ("auto", 64, "sm_90", ("tf32x3", 3)),
+    ("auto", None, "sm_75", ("blocked", 2)),
     ("auto", 16, "sm_90", ("tiled", 1)), ("auto", 64, "sm_75", ("blocked", 2)),
     ("blocked", 128, "sm_90", ("blocked", 2)), ("tiled", None, "sm_90", ("tiled", 1))])
 def test_gemm_choice_takes_the_fastest_with_the_tile(name, tile, arch, expected):
@@ -74,7 +76,8 @@ def test_gemm_choice_takes_the_fastest_with_the_tile(name, tile, arch, expected)
 
 @pytest.mark.parametrize("name,tile,arch,message", [
     ("tf32x3", 16, "sm_90", "tile widths 32, 64, 128, not 16"), ("tf32x3", None, "sm_75", "needs sm_80"),
-    ("tiled", 128, "sm_90", "tile widths 8, 16, 32, not 128")])
+    ("tiled", 128, "sm_90", "tile widths 8, 16, 32, not 128"), ("wgmma", None, "sm_89", "needs a Hopper GPU"),
+    ("wgmma", None, "sm_100", "needs a Hopper GPU"), ("wgmma", 64, "sm_90", "tile widths 128, not 64")])
 def test_gemm_choice_says_why_not(name, tile, arch, message):
     with pytest.raises(ValueError, match=message):
         gemm_choice(name, tile, arch)
@@ -83,7 +86,7 @@ def test_gemm_choice_says_why_not(name, tile, arch, message):
 def test_every_gemm_tile_is_a_tile_width_choice():
     from infer.gpu.launch import TILE_WIDTHS
 
-    assert set(TILE_WIDTHS) == {t for _, tiles, _ in GEMMS.values() for t in tiles}
+    assert set(TILE_WIDTHS) == {t for spec in GEMMS.values() for t in spec.tiles}
 
 
 def test_conv2_weights_as_wgmma_core_matrices(rng):

@@ -1,7 +1,7 @@
 """GPU time of the default algorithm over chunk sizes and stream counts, images resident (as
 `cnninfer bench` times it: CUDA events, warm-up, median of 20), to choose the in-memory chunk.
 Usage on the device:
-    . .device/setup.sh && python3 tools/device_chunks.py "$CNNINFER_DATA" [N] [ALGO]"""
+    . .device/setup.sh && python3 tools/device_chunks.py "$CNNINFER_DATA" [N] [ALGO] [CHUNK,CHUNK,...]"""
 import sys
 
 import h5py
@@ -13,12 +13,13 @@ from infer.gpu.backend import CudaBackend
 
 data, n = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 10000
 algo = sys.argv[3] if len(sys.argv) > 3 else "auto"
+chunks = [int(c) for c in sys.argv[4].split(",")] if len(sys.argv) > 4 else None
 model = loader.load_model(f"{data}/model.hdf5")
 with h5py.File(f"{data}/testfull.hdf5", "r") as f:
     x_all = f["x"][:n].astype(np.float32)
 print(f"{n} images, --conv-algo {algo}: GPU ms (e2e ms)")
 for streams in (2, 4, 8):
-    for chunk in sorted({1024, 1664, 2048, 2500, 3334, 5000, n} | {-(-n // streams)}):
+    for chunk in chunks or sorted({1024, 1664, 2048, 2500, 3334, 5000, n} | {-(-n // streams)}):
         if chunk > n:
             continue
         b = CudaBackend(chunk=chunk, streams=streams, conv_algo=algo)

@@ -3,15 +3,35 @@
 Every launch goes through Launcher.launch, which records CUDA events around it when profiling.
 """
 import functools
+from typing import NamedTuple
 
-from . import compiler
+from . import compiler, operands
 
 INT_MAX = 2**31 - 1
-# The classic pipeline's GEMMs (--gemm-algo), auto's order of preference: version, tile shapes
-# (--tile-width: the square tile of version 1; the rows of the TW x 128 block tile of 2 and 3),
-# the oldest architecture each runs on.
-GEMMS = {"tf32x3": (3, (32, 64, 128), 80), "blocked": (2, (32, 64, 128), 0), "tiled": (1, (8, 16, 32), 0)}
-TILE_WIDTHS = tuple(sorted({t for _, tiles, _ in GEMMS.values() for t in tiles}))
+
+
+class GemmSpec(NamedTuple):
+    version: int
+    tiles: tuple  # --tile-width: version 1's square tile; the rows of the block tile of 2, 3 and 4
+    min_arch: int  # the oldest architecture it runs on
+    hopper_only: bool = False  # sm_90a instructions (wgmma): Hopper and nothing later
+
+
+# The classic pipeline's GEMMs (--gemm-algo), auto's order of preference. Versions 1-3 compute
+# weights . unrolled (C_out x pixels, then placeIntoY); version 4 the transposed product, NHWC.
+GEMMS = {"wgmma": GemmSpec(4, (128,), 90, True), "tf32x3": GemmSpec(3, (32, 64, 128), 80),
+         "blocked": GemmSpec(2, (32, 64, 128), 0), "tiled": GemmSpec(1, (8, 16, 32), 0)}
+TILE_WIDTHS = tuple(sorted({t for spec in GEMMS.values() for t in spec.tiles}))
+
+
+def gemm_runs_on(name, arch):
+    """None when --gemm-algo name runs on GPU architecture arch (sm_XY), else why not."""
+    spec = GEMMS[name]
+    if spec.hopper_only and arch != "sm_90":
+        return f"the {name} GEMM needs a Hopper GPU (sm_90), this GPU is {arch}"
+    if int(arch[3:]) < spec.min_arch:
+        return f"the {name} GEMM needs sm_{spec.min_arch} or later, this GPU is {arch}"
+    return None
 
 
 def ceil_div(a, b):
@@ -56,53 +76,83 @@ def _check_int32(**counts):
 
 
 class Unroll(Launcher):
-    source, kernel, arg_types = "unroll", "unroll_kernel2", "PPiiiii"
+    """x (n, h, w, c) unrolled for a k x k conv: (k*k*c, pixels) for GEMM versions 1-3 (unroll_kernel2),
+    or transposed, (pixels, row(k, c)) with zero-padded rows, for version 4 (unroll_kernel3)."""
+    source = "unroll"
+
+    def __init__(self, build, transposed=False):
+        self.transposed = transposed
+        self.kernel, self.arg_types = ("unroll_kernel3", "PPiiiiii") if transposed else ("unroll_kernel2", "PPiiiii")
+        super().__init__(build)
+
+    @staticmethod
+    def row(k, c):
+        """Floats in a row of the transposed layout: k*k*c rounded up to 4 (16-byte aligned rows)."""
+        return ceil_div(k * k * c, 4) * 4
 
     def __call__(self, stream, x, u, n, h, w, c, k):
-        columns = n * (h - k + 1) * (w - k + 1)
-        _check_int32(unrolled_elements=k * k * c * columns)
-        self.launch(stream, (min(ceil_div(columns, 256), 65535), 1), (256, 1, 1), x, u, n, h, w, c, k)
+        pixels = n * (h - k + 1) * (w - k + 1)
+        _check_int32(unrolled_elements=self.row(k, c) * pixels)
+        if self.transposed:  # a warp per pixel
+            self.launch(stream, (min(ceil_div(pixels, 8), 65535), 1), (256, 1, 1), x, u, n, h, w, c, k, self.row(k, c))
+        else:
+            self.launch(stream, (min(ceil_div(pixels, 256), 65535), 1), (256, 1, 1), x, u, n, h, w, c, k)
 
 
 def gemm_choice(name, tile_width, arch):
     """The GEMM (name, version) that --gemm-algo name (auto: the fastest here) and --tile-width
     (None: any) select on architecture arch, or raise ValueError saying why none can."""
     for candidate in (GEMMS if name == "auto" else [name]):
-        version, tiles, min_arch = GEMMS[candidate]
-        if int(arch[3:]) >= min_arch and (tile_width is None or tile_width in tiles):
-            return candidate, version
+        if gemm_runs_on(candidate, arch) is None and (tile_width is None or tile_width in GEMMS[candidate].tiles):
+            return candidate, GEMMS[candidate].version
     if name == "auto":
         raise ValueError(f"no GEMM has tile width {tile_width} on {arch}")
-    version, tiles, min_arch = GEMMS[name]
-    if int(arch[3:]) < min_arch:
-        raise ValueError(f"the {name} GEMM needs sm_{min_arch} or later, this GPU is {arch}")
-    raise ValueError(f"the {name} GEMM has tile widths {', '.join(map(str, tiles))}, not {tile_width}")
+    why = gemm_runs_on(name, arch)
+    if why:
+        raise ValueError(why)
+    raise ValueError(f"the {name} GEMM has tile widths {', '.join(map(str, GEMMS[name].tiles))}, not {tile_width}")
 
 
 class Gemm(Launcher):
     """c = a . b (+ReLU) in one of the GEMM versions; `tile` None picks, for version 2 and 3, the
-    smallest block tile covering `rows` (all of M in one block row where it fits), 16 for version 1."""
+    smallest block tile covering `rows` (all of M in one block row where it fits), 16 for version 1.
+    Version 4 (sm_90a) takes b as `weights` lays it out, in column blocks of 16, 32 or 64: the
+    smallest covering `cols` (N)."""
     source, arg_types = "gemm", "PPPiiii"
     BN, THREADS, STAGES = 128, 256, 3
+    V4_BNS, V4_STAGES, V4_BK = (16, 32, 64), 4, 16
 
-    def __init__(self, build, version, tile=None, rows=None):
-        tiles = next(t for v, t, _ in GEMMS.values() if v == version)
+    def __init__(self, build, version, tile=None, rows=None, cols=None):
+        tiles = next(spec.tiles for spec in GEMMS.values() if spec.version == version)
         if tile is None:
             tile = 16 if version == 1 else next((t for t in tiles if rows is not None and t >= rows), tiles[-1])
         if tile not in tiles:
             raise ValueError(f"GEMM version {version} has tile widths {tiles}, not {tile}")
         self.kernel, self.version, self.tile = f"gemm_kernel{version}", version, tile
-        super().__init__(build, GEMM_VERSION=version, TILE_WIDTH=tile)
-        self.shared = 4 * self.STAGES * (tile * 20 + 16 * (self.BN + 8)) if version == 3 else 0
+        if version == 4:
+            self.bn = next((bn for bn in self.V4_BNS if cols is not None and cols <= bn), self.V4_BNS[-1])
+            super().__init__(build, "sm_90a", GEMM_VERSION=version, TILE_WIDTH=tile, GEMM_BN=self.bn)
+            self.shared = 4 * self.V4_STAGES * (tile * (self.V4_BK + 4) + 2 * self.V4_BK * self.bn)
+        else:
+            super().__init__(build, GEMM_VERSION=version, TILE_WIDTH=tile)
+            self.shared = 4 * self.STAGES * (tile * 20 + 16 * (self.BN + 8)) if version == 3 else 0
         if self.shared:
             import pycuda.driver as cuda
 
             self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)
 
+    def weights(self, b):
+        """The (K, N) b operand as this version reads it: as it is, or (version 4) split and laid out."""
+        if self.version == 4:
+            return operands.wgmma_column_blocks(b, self.bn, self.V4_BK)
+        return b
+
     def __call__(self, stream, a, b, c, m, n, k, relu):
         _check_int32(a_elements=m * k, b_elements=k * n, c_elements=m * n)
         if self.version == 1:
             grid, block = (ceil_div(n, self.tile), ceil_div(m, self.tile)), (self.tile, self.tile, 1)
+        elif self.version == 4:
+            grid, block = (ceil_div(m, self.tile), ceil_div(n, self.bn)), (self.THREADS, 1, 1)
         else:
             grid, block = (ceil_div(n, self.BN), ceil_div(m, self.tile)), (self.THREADS, 1, 1)
         if grid[1] > 65535:

@@ -8,6 +8,7 @@ first image with non-finite scores atomically min'ed into *overflow.
 import numpy as np
 
 from . import launch
+from .operands import tf32, wgmma_column_blocks, wgmma_operand
 
 
 class Scratch:
@@ -43,11 +44,11 @@ class Algorithm:
 
 
 def classify(stream, pipeline, s, n, labels, overflow, scores):
-    """fc1 -> ReLU -> fc2 through the pipeline's gemm_fc, then argmax: scratch s has feat, hid and
-    scores; the scores are copied out where a pointer is given."""
+    """fc1 -> ReLU -> fc2 through the pipeline's gemm_fc1 and gemm_fc2, then argmax: scratch s has
+    feat, hid and scores; the scores are copied out where a pointer is given."""
     g = pipeline.g
-    pipeline.gemm_fc(stream, s["feat"], pipeline.fc1, s["hid"], n, g.hidden, g.flat, True)
-    pipeline.gemm_fc(stream, s["hid"], pipeline.fc2, s["scores"], n, g.classes, g.hidden, False)
+    pipeline.gemm_fc1(stream, s["feat"], pipeline.fc1, s["hid"], n, g.hidden, g.flat, True)
+    pipeline.gemm_fc2(stream, s["hid"], pipeline.fc2, s["scores"], n, g.classes, g.hidden, False)
     pipeline.argmax(stream, s["scores"], labels, n, g.classes, overflow)
     if scores:
         import pycuda.driver as cuda
@@ -57,48 +58,74 @@ def classify(stream, pipeline, s, n, labels, overflow, scores):
 
 class Unroll(Algorithm):
     """The 2016 course pipeline: per conv layer unroll -> GEMM (+ReLU) -> placeIntoY -> pool; both
-    fcs through the same GEMM (ReLU on fc1), then argmax. The GEMM is --gemm-algo's (the 3xTF32
-    tensor-core one where the GPU has them), its block tile --tile-width's or sized to the layer."""
+    fcs through the same GEMM (ReLU on fc1), then argmax. The GEMM is --gemm-algo's (on Hopper the
+    wgmma one, elsewhere the 3xTF32 tensor-core one where the GPU has them), its block tile
+    --tile-width's or sized to the layer. The wgmma GEMM computes the transposed product from the
+    transposed unroll, so its output is already NHWC and placeIntoY has nothing to do."""
     NAME = "unroll"
     MAX_CHUNK = 2048
+    SCRATCH_BYTES = 1 << 30  # per stream, for the transposed (wgmma) pipeline's chunks
 
     def __init__(self, build, g):
         self.g = g
         self.gemm_name, version = launch.gemm_choice(build.gemm, build.tile_width, build.arch)
-        tile = build.tile_width
-        self.gemm1 = launch.Gemm(build, version, tile, rows=g.c1)
-        self.gemm2 = launch.Gemm(build, version, tile, rows=g.c2)
-        self.gemm_fc = launch.Gemm(build, version, tile, rows=self.MAX_CHUNK)
-        self.unroll, self.place = launch.Unroll(build), launch.Place(build)
+        tile, self.transposed = build.tile_width, version == 4
+        if self.transposed:  # rows = pixels or images, columns = channels or units
+            self.gemm1 = launch.Gemm(build, version, tile, cols=g.c1)
+            self.gemm2 = launch.Gemm(build, version, tile, cols=g.c2)
+            self.gemm_fc1 = launch.Gemm(build, version, tile, cols=g.hidden)
+            self.gemm_fc2 = launch.Gemm(build, version, tile, cols=g.classes)
+        else:  # rows = output channels (conv) or images (fc)
+            self.gemm1 = launch.Gemm(build, version, tile, rows=g.c1)
+            self.gemm2 = launch.Gemm(build, version, tile, rows=g.c2)
+            self.gemm_fc1 = self.gemm_fc2 = launch.Gemm(build, version, tile, rows=self.MAX_CHUNK)
+            self.place = launch.Place(build)
+        self.unroll = launch.Unroll(build, self.transposed)
         self.pool, self.argmax = launch.Pool(build), launch.Argmax(build)
-        # Chunks small enough that the larger unrolled matrix stays in half the L2 cache between the
-        # unroll that writes it and the GEMM that reads it, unless conv2's GEMM would then have too
-        # few blocks to fill the GPU (two per SM): filling the GPU matters more.
+        self.CHUNK = max(16, min(self.MAX_CHUNK, self._largest_chunk() if self.transposed else self._l2_chunk(build)))
+
+    def _largest_chunk(self):
+        """Measured (ECE408, H100, 4 streams, wgmma): 2048-image chunks 4.13 ms, 1024 4.33, 528 4.41, 256
+        4.37: fewer, larger launches beat keeping the unrolled matrix in L2. So: the largest chunk whose
+        scratch fits SCRATCH_BYTES."""
+        return self.SCRATCH_BYTES // (4 * self.scratch_floats(1))
+
+    def _l2_chunk(self, build):
+        """Small enough that the larger unrolled matrix stays in half the L2 cache between the unroll
+        that writes it and the GEMM that reads it, unless conv2's GEMM would then have too few blocks
+        to fill the GPU (two per SM): filling the GPU matters more."""
+        g = self.g
         (h1, w1), (h2, w2) = g.conv1_out, g.conv2_out
         unrolled = 4 * max(g.k1 * g.k1 * g.c * h1 * w1, g.k2 * g.k2 * g.c1 * h2 * w2)
         in_l2 = build.l2_bytes // 2 // unrolled
         row_blocks = -(-g.c2 // self.gemm2.tile)
         filled = -(-2 * build.sms * launch.Gemm.BN // (h2 * w2 * row_blocks))
-        self.CHUNK = max(16, min(self.MAX_CHUNK, max(in_l2, filled)))
+        return max(in_l2, filled)
 
     @property
     def describe(self):
-        tiles = sorted({self.gemm1.tile, self.gemm2.tile, self.gemm_fc.tile})
+        tiles = sorted({self.gemm1.tile, self.gemm2.tile, self.gemm_fc1.tile})
         return f"{self.gemm_name} GEMM, tile {'/'.join(map(str, tiles))}"
 
     def upload(self, model, to_device):
-        # Weights re-laid once for the GEMM: (K, K, C, M) -> (M, K*K*C), rows in the unroll's order.
-        self.w1 = to_device(model.conv1.reshape(-1, self.g.c1).T)
-        self.w2 = to_device(model.conv2.reshape(-1, self.g.c2).T)
-        self.fc1, self.fc2 = to_device(model.fc1), to_device(model.fc2)
+        g = self.g
+        if self.transposed:  # (K, K, C, M) is the (K*K*C, M) b operand, rows in the unroll's order
+            self.w1 = to_device(self.gemm1.weights(model.conv1.reshape(-1, g.c1)))
+            self.w2 = to_device(self.gemm2.weights(model.conv2.reshape(-1, g.c2)))
+        else:  # re-laid as the a operand: (K, K, C, M) -> (M, K*K*C)
+            self.w1 = to_device(model.conv1.reshape(-1, g.c1).T)
+            self.w2 = to_device(model.conv2.reshape(-1, g.c2).T)
+        self.fc1, self.fc2 = to_device(self.gemm_fc1.weights(model.fc1)), to_device(self.gemm_fc2.weights(model.fc2))
 
     def _layout(self, chunk):
         g = self.g
         (h1, w1), (p1h, p1w), (h2, w2) = g.conv1_out, g.pool1_out, g.conv2_out
-        return [("u1", g.k1 * g.k1 * g.c * chunk * h1 * w1), ("y1", g.c1 * chunk * h1 * w1), ("a1", chunk * h1 * w1 * g.c1),
-                ("p1", chunk * p1h * p1w * g.c1), ("u2", g.k2 * g.k2 * g.c1 * chunk * h2 * w2),
-                ("y2", g.c2 * chunk * h2 * w2), ("a2", chunk * h2 * w2 * g.c2), ("feat", chunk * g.flat),
-                ("hid", chunk * g.hidden), ("scores", chunk * g.classes)]
+        row = launch.Unroll.row
+        placed = [] if self.transposed else [("y1", g.c1 * chunk * h1 * w1), ("y2", g.c2 * chunk * h2 * w2)]
+        return placed + [("u1", row(g.k1, g.c) * chunk * h1 * w1), ("a1", chunk * h1 * w1 * g.c1),
+                         ("p1", chunk * p1h * p1w * g.c1), ("u2", row(g.k2, g.c1) * chunk * h2 * w2),
+                         ("a2", chunk * h2 * w2 * g.c2), ("feat", chunk * g.flat), ("hid", chunk * g.hidden),
+                         ("scores", chunk * g.classes)]
 
     def scratch_floats(self, chunk):
         return Scratch.floats(self._layout(chunk))
@@ -106,15 +133,23 @@ class Unroll(Algorithm):
     def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0):
         g, s = self.g, Scratch(scratch_base, self._layout(n)).ptr
         (h1, w1), (p1h, p1w), (h2, w2) = g.conv1_out, g.pool1_out, g.conv2_out
-        self.unroll(stream, x, s["u1"], n, g.h, g.w, g.c, g.k1)
-        self.gemm1(stream, self.w1, s["u1"], s["y1"], g.c1, n * h1 * w1, g.k1 * g.k1 * g.c, True)
-        self.place(stream, s["y1"], s["a1"], g.c1, n * h1 * w1)
+        self.conv(stream, self.gemm1, x, self.w1, s, "1", n, (g.h, g.w, g.c, g.k1, g.c1), h1 * w1)
         self.pool(stream, s["a1"], s["p1"], n, h1, w1, g.c1)
-        self.unroll(stream, s["p1"], s["u2"], n, p1h, p1w, g.c1, g.k2)
-        self.gemm2(stream, self.w2, s["u2"], s["y2"], g.c2, n * h2 * w2, g.k2 * g.k2 * g.c1, True)
-        self.place(stream, s["y2"], s["a2"], g.c2, n * h2 * w2)
+        self.conv(stream, self.gemm2, s["p1"], self.w2, s, "2", n, (p1h, p1w, g.c1, g.k2, g.c2), h2 * w2)
         self.pool(stream, s["a2"], s["feat"], n, h2, w2, g.c2)
         classify(stream, self, s, n, labels, overflow, scores)
+
+    def conv(self, stream, gemm, x, w, s, layer, n, shape, pixels):
+        """unroll -> GEMM (+ReLU) -> placeIntoY of one conv layer: x -> s["a" + layer], NHWC."""
+        h, wd, c, k, c_out = shape
+        u, a = s["u" + layer], s["a" + layer]
+        self.unroll(stream, x, u, n, h, wd, c, k)
+        if self.transposed:
+            gemm(stream, u, w, a, n * pixels, c_out, launch.Unroll.row(k, c), True)
+        else:
+            y = s["y" + layer]
+            gemm(stream, w, u, y, c_out, n * pixels, k * k * c, True)
+            self.place(stream, y, a, c_out, n * pixels)
 
 
 class Implicit(Algorithm):
@@ -136,7 +171,7 @@ class Implicit(Algorithm):
             self.fcs = launch.FullyConnected(build, g)
         except ValueError:
             self.fcs = None
-            self.gemm_fc = launch.Gemm(build, 3, rows=2048)
+            self.gemm_fc1 = self.gemm_fc2 = launch.Gemm(build, 3, rows=2048)
             self.argmax = launch.Argmax(build)
         per_image = 4 * (p1h * p1w * g.c1 + g.flat + g.hidden + g.classes)
         self.CHUNK = max(1, min(2048, self.SCRATCH_BYTES // per_image, (2**31 - 1) // (g.h * g.w * g.c)))
@@ -224,12 +259,6 @@ class Fused(Algorithm):
         self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, overflow, scores, s["partial"])
 
 
-def tf32(a):
-    """a rounded to TF32 (10 mantissa bits; to nearest, ties away from zero), as float32."""
-    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
-    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
-
-
 class FusedTensorCores(Fused):
     """Fused with conv2 on the tensor cores in 3xTF32: operands split into a TF32 part and a TF32
     remainder, three products each, FP32-level accuracy."""
@@ -250,16 +279,6 @@ class FusedTensorCores(Fused):
         k = np.arange(c1 // 8)[:, None, None] * 8 + lane % 4
         n = np.arange(c2 // 8)[None, :, None] * 8 + lane // 4
         return np.stack([hi[:, k, n], hi[:, k + 4, n], lo[:, k, n], lo[:, k + 4, n]], axis=-1)
-
-
-def wgmma_operand(w):
-    """(S, K, N) weights (K a multiple of 8) split into TF32 parts and remainders and laid out as
-    wgmma's K-major core matrices (8 rows of N x 4 k, 16 bytes a row) for each k8 step: (S, K/8,
-    [parts, remainders], N/8, 2 halves of k, 8, 4)."""
-    s, k, n = w.shape
-    hi = tf32(w)
-    parts = np.stack([hi, tf32(w - hi)]).reshape(2, s, k // 8, 2, 4, n // 8, 8)  # k = 8 ks + 4 half + kk, n = 8 ni + r
-    return np.ascontiguousarray(parts.transpose(1, 2, 0, 5, 3, 6, 4))
 
 
 class Hopper:
@@ -299,14 +318,9 @@ class ImplicitWarpgroup(Hopper, Implicit):
 
     @staticmethod
     def conv_weights(weights, bn):
-        """(K, K, C, M) with k = (kh, kw, c) zero-padded to whole k-tiles and M to whole column blocks
-        of bn, split into TF32 parts and remainders in wgmma's layout per column block: (M / bn,
-        KP / 8, 2, bn / 8, 2, 8, 4)."""
-        k, _, c, m = weights.shape
-        kp, mp = launch.ceil_div(k * k * c, launch.Conv.BK) * launch.Conv.BK, launch.ceil_div(m, bn) * bn
-        w = np.zeros((kp, mp), np.float32)
-        w[: k * k * c, :m] = weights.reshape(-1, m)
-        return wgmma_operand(np.ascontiguousarray(w.reshape(kp, mp // bn, bn).transpose(1, 0, 2)))
+        """(K, K, C, M) as the (K*K*C, M) B operand, in wgmma's layout per column block of bn channels
+        (operands.wgmma_column_blocks; k padded to whole k-tiles of Conv.BK)."""
+        return wgmma_column_blocks(weights.reshape(-1, weights.shape[-1]), bn, launch.Conv.BK)
 
 
 ALGORITHMS = {algo.NAME: algo for algo in (FusedWarpgroup, FusedTensorCores, ImplicitWarpgroup, Implicit, Fused, Unroll)}  # auto's order of preference
