@@ -87,7 +87,8 @@ def test_unroll_kernel(gpu, rng):
     np.testing.assert_array_equal(d.get(u, expected.shape), expected)
 
 
-@pytest.mark.parametrize("c,k", [(5, 3), (1, 5), (8, 3), (32, 5), (3, 7)])  # rows padded (45 -> 48, 25 -> 28), float4 runs
+# rows padded (45 -> 48, 25 -> 28, 50 -> 52, 147 -> 148, 63 -> 64) or whole (72, 800: float4 runs)
+@pytest.mark.parametrize("c,k", [(5, 3), (1, 5), (2, 5), (8, 3), (32, 5), (3, 7), (7, 3)])
 def test_transposed_unroll_kernel(gpu, rng, c, k):
     from infer.gpu.launch import Unroll
 
