@@ -80,10 +80,12 @@ class Unroll(Launcher):
     or transposed, (pixels, row(k, c)) with zero-padded rows, for version 4 (unroll_kernel3)."""
     source = "unroll"
 
+    SHORT_ROW = 64  # unroll_kernel3: rows up to this many floats get 8 or 16 lanes, longer ones a warp
+
     def __init__(self, build, transposed=False):
         self.transposed = transposed
         self.kernel, self.arg_types = ("unroll_kernel3", "PPiiiiii") if transposed else ("unroll_kernel2", "PPiiiii")
-        super().__init__(build)
+        super().__init__(build, SHORT_ROW=self.SHORT_ROW)
 
     @staticmethod
     def row(k, c):
@@ -93,8 +95,10 @@ class Unroll(Launcher):
     def __call__(self, stream, x, u, n, h, w, c, k):
         pixels = n * (h - k + 1) * (w - k + 1)
         _check_int32(unrolled_elements=self.row(k, c) * pixels)
-        if self.transposed:  # a warp per pixel
-            self.launch(stream, (min(ceil_div(pixels, 8), 65535), 1), (256, 1, 1), x, u, n, h, w, c, k, self.row(k, c))
+        if self.transposed:  # 8 or 16 lanes a pixel for short rows, else a warp
+            row = self.row(k, c)
+            per_block = 256 // (8 if row <= 32 else 16 if row <= self.SHORT_ROW else 32)
+            self.launch(stream, (min(ceil_div(pixels, per_block), 65535), 1), (256, 1, 1), x, u, n, h, w, c, k, row)
         else:
             self.launch(stream, (min(ceil_div(pixels, 256), 65535), 1), (256, 1, 1), x, u, n, h, w, c, k)
 
