@@ -79,7 +79,6 @@ class Unroll(Launcher):
     """x (n, h, w, c) unrolled for a k x k conv: (k*k*c, pixels) for GEMM versions 1-3 (unroll_kernel2),
     or transposed, (pixels, row(k, c)) with zero-padded rows, for version 4 (unroll_kernel3)."""
     source = "unroll"
-
     SHORT_ROW = 64  # unroll_kernel3: rows up to this many floats get 8 or 16 lanes, longer ones a warp
 
     def __init__(self, build, transposed=False):
@@ -156,6 +155,8 @@ class Gemm(Launcher):
         if self.version == 1:
             grid, block = (ceil_div(n, self.tile), ceil_div(m, self.tile)), (self.tile, self.tile, 1)
         elif self.version == 4:
+            if k % 4 == 0 and int(a) % 16:
+                raise ValueError("gemm_kernel4 copies rows of a 16 bytes at a time: a must be 16-byte aligned")
             grid, block = (ceil_div(m, self.tile), ceil_div(n, self.bn)), (self.THREADS, 1, 1)
         else:
             grid, block = (ceil_div(n, self.BN), ceil_div(m, self.tile)), (self.THREADS, 1, 1)
