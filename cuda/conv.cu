@@ -219,34 +219,8 @@ conv_kernel2(const float* __restrict__ x, const float* __restrict__ wf, float* _
         for (int e = t; e < B_FLOATS / 4; e += THREADS) cp_async16(stage + A_FLOATS + 4 * e, src + e, true);
     };
 
-    constexpr int TILES = KP / BK;
-    fetch(0);
-    cp_async_commit();
-    if (TILES > 1) fetch(1);
-    cp_async_commit();
-    float acc[1][BN / 2], d[1][BN / 2];
-    for (int c0 = 0; c0 < TILES; c0 += KCH) {  // chunks of KCH k-tiles summed in the tensor cores
-        for (int tile = c0; tile < min(TILES, c0 + KCH); ++tile) {
-            // Tile `tile` has landed (ours; the proxy fence hands it to the tensor cores, the barrier makes
-            // everyone's visible); every warpgroup has finished the MMAs of tile - 2, whose stage is refilled.
-            cp_async_wait<1>();
-            asm volatile("fence.proxy.async.shared::cta;");
-            __syncthreads();
-            if (tile + 2 < TILES) fetch(tile + 2);
-            cp_async_commit();
-            const float* stage = stages + (tile % STAGES) * STAGE_FLOATS;
-            const float* as = stage + (64 * wg + 16 * w + g) * AST + tig;
-#pragma unroll
-            for (int ks = 0; ks < BK / 8; ++ks) {
-                const float av[1][4] = {{as[8 * ks], as[8 * AST + 8 * ks], as[8 * ks + 4], as[8 * AST + 8 * ks + 4]}};
-                mma3_step(d, av, stage + A_FLOATS + ks * 16 * BN, tile == c0 && ks == 0);
-            }
-        }
-        wgmma_drain();  // the chunk's sums, added in FP32
-#pragma unroll
-        for (int r = 0; r < BN / 2; ++r) acc[0][r] = c0 == 0 ? d[0][r] : acc[0][r] + d[0][r];
-    }
-    cp_async_wait<0>();
+    float acc[1][BN / 2];
+    mma3_k_loop<BN, BK, STAGES, KCH, AST, A_FLOATS, STAGE_FLOATS>(acc, stages, (64 * wg + 16 * w + g) * AST + tig, KP / BK, fetch);
 
     const int win = w0 + 16 * wg + 4 * w + g / 2;
     float* dst = out + (size_t)win * C_OUT;

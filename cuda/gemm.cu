@@ -323,33 +323,10 @@ gemm_kernel4(const float* __restrict__ a, const float* __restrict__ wf, float* _
     const int m0 = blockIdx.x * TM, tiles = (K + BK - 1) / BK;
     const float* wb = wf + (size_t)blockIdx.y * tiles * B_FLOATS;  // this column block's weights
 
-    fetch(stages, a, wb, M, K, m0, 0);
-    cp_async_commit();
-    if (tiles > 1) fetch(stages + STAGE_FLOATS, a, wb, M, K, m0, 1);
-    cp_async_commit();
-    float acc[1][BN / 2], d[1][BN / 2];
-    for (int c0 = 0; c0 < tiles; c0 += KCH) {  // chunks of KCH k-tiles summed in the tensor cores
-        for (int tile = c0; tile < min(tiles, c0 + KCH); ++tile) {
-            // As in conv_kernel2: tile has landed and is handed to the tensor cores; the stage refilled
-            // (tile + 2) was last read by tile - 2's MMAs, which every warpgroup has finished.
-            cp_async_wait<1>();
-            asm volatile("fence.proxy.async.shared::cta;");
-            __syncthreads();
-            if (tile + 2 < tiles) fetch(stages + ((tile + 2) % STAGES) * STAGE_FLOATS, a, wb, M, K, m0, tile + 2);
-            cp_async_commit();
-            const float* stage = stages + (tile % STAGES) * STAGE_FLOATS;
-            const float* as = stage + (64 * wg + 16 * w + g) * AST + tig;
-#pragma unroll
-            for (int ks = 0; ks < BK / 8; ++ks) {
-                const float av[1][4] = {{as[8 * ks], as[8 * AST + 8 * ks], as[8 * ks + 4], as[8 * AST + 8 * ks + 4]}};
-                mma3_step(d, av, stage + A_FLOATS + ks * 16 * BN, tile == c0 && ks == 0);
-            }
-        }
-        wgmma_drain();  // the chunk's sums, added in FP32
-#pragma unroll
-        for (int r = 0; r < BN / 2; ++r) acc[0][r] = c0 == 0 ? d[0][r] : acc[0][r] + d[0][r];
-    }
-    cp_async_wait<0>();
+    float acc[1][BN / 2];
+    mma3_k_loop<BN, BK, STAGES, KCH, AST, A_FLOATS, STAGE_FLOATS>(
+        acc, stages, (64 * wg + 16 * w + g) * AST + tig, tiles,
+        [&](int tile) { fetch(stages + (tile % STAGES) * STAGE_FLOATS, a, wb, M, K, m0, tile); });
     // Accumulators 4 j + {0, 1}: row g, columns 8 j + 2 tig + {0, 1}; 4 j + {2, 3}: row g + 8.
     const int row = m0 + 64 * wg + 16 * w + g;
 #pragma unroll

@@ -72,6 +72,45 @@ __device__ __forceinline__ void mma3_step(float (&acc)[MT][NACC], const float (&
 
 __device__ __forceinline__ void wgmma_drain() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 
+// The k loop of a warpgroup's m64 x COLS tile (MT = 1) in 3xTF32 whose NSTAGES pipeline stages of
+// STAGE_SIZE floats hold an A tile (A_SIZE floats, rows ASTRIDE apart, TK k) then the k-tile's
+// weight parts and remainders: fetch(tile) starts the copies of k-tile `tile` into its stage; a_row is this thread's A fragment offset in a
+// stage. Tiles are fetched 2 ahead, so the stage refilled was last read by tile - 2's MMAs, which
+// every warpgroup has finished (each k8 step waits for the one before it): no drain per tile. CHUNK
+// k-tiles are summed in the tensor cores, then added to acc in FP32 (the tensor cores' accumulation
+// rounds toward zero). Nested loops on purpose: with one flat loop and the FP32 add under a
+// condition, ptxas injects a warpgroup wait at every back-edge (C7517).
+template <int COLS, int TK, int NSTAGES, int CHUNK, int ASTRIDE, int A_SIZE, int STAGE_SIZE, class Fetch>
+__device__ __forceinline__ void mma3_k_loop(float (&acc)[1][COLS / 2], const float* stages, int a_row, int tiles, Fetch fetch) {
+    fetch(0);
+    cp_async_commit();
+    if (tiles > 1) fetch(1);
+    cp_async_commit();
+    float d[1][COLS / 2];
+    for (int c0 = 0; c0 < tiles; c0 += CHUNK) {
+        for (int tile = c0; tile < min(tiles, c0 + CHUNK); ++tile) {
+            // Tile `tile` has landed (ours; the proxy fence hands it to the tensor cores, the barrier
+            // makes everyone's visible).
+            cp_async_wait<1>();
+            asm volatile("fence.proxy.async.shared::cta;");
+            __syncthreads();
+            if (tile + 2 < tiles) fetch(tile + 2);
+            cp_async_commit();
+            const float* stage = stages + (tile % NSTAGES) * STAGE_SIZE;
+            const float* as = stage + a_row;
+#pragma unroll
+            for (int ks = 0; ks < TK / 8; ++ks) {
+                const float av[1][4] = {{as[8 * ks], as[8 * ASTRIDE + 8 * ks], as[8 * ks + 4], as[8 * ASTRIDE + 8 * ks + 4]}};
+                mma3_step(d, av, stage + A_SIZE + ks * 16 * COLS, tile == c0 && ks == 0);
+            }
+        }
+        wgmma_drain();  // the chunk's sums, added in FP32
+#pragma unroll
+        for (int r = 0; r < COLS / 2; ++r) acc[0][r] = c0 == 0 ? d[0][r] : acc[0][r] + d[0][r];
+    }
+    cp_async_wait<0>();
+}
+
 // A tile's rows are (pool window, dx, dy): accumulator 4c + 2dy + e is channel 8c + 2 tig + e. ReLU and
 // the 2x2 average of channels 8c + 2 tig + {0, 1} in the reference's order ((a + b) + c) + d, the
 // dx = 1 half taken from lane + 4; valid in the even lanes (dx = 0).
