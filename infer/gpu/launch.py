@@ -24,11 +24,16 @@ GEMMS = {"wgmma": GemmSpec(4, (128,), 90, True), "tf32x3": GemmSpec(3, (32, 64, 
 TILE_WIDTHS = tuple(sorted({t for spec in GEMMS.values() for t in spec.tiles}))
 
 
+def needs_hopper(arch):
+    """None on Hopper (sm_90), else why kernels with sm_90a instructions (wgmma) cannot run on arch."""
+    return None if arch == "sm_90" else f"needs a Hopper GPU (sm_90), this GPU is {arch}"
+
+
 def gemm_runs_on(name, arch):
     """None when --gemm-algo name runs on GPU architecture arch (sm_XY), else why not."""
     spec = GEMMS[name]
-    if spec.hopper_only and arch != "sm_90":
-        return f"the {name} GEMM needs a Hopper GPU (sm_90), this GPU is {arch}"
+    if spec.hopper_only and needs_hopper(arch):
+        return f"the {name} GEMM {needs_hopper(arch)}"
     if int(arch[3:]) < spec.min_arch:
         return f"the {name} GEMM needs sm_{spec.min_arch} or later, this GPU is {arch}"
     return None
@@ -92,10 +97,9 @@ class Unroll(Launcher):
         return ceil_div(k * k * c, 4) * 4
 
     def __call__(self, stream, x, u, n, h, w, c, k):
-        pixels = n * (h - k + 1) * (w - k + 1)
-        _check_int32(unrolled_elements=self.row(k, c) * pixels)
+        pixels, row = n * (h - k + 1) * (w - k + 1), self.row(k, c)
+        _check_int32(unrolled_elements=row * pixels)
         if self.transposed:  # 8 or 16 lanes a pixel for short rows, else a warp
-            row = self.row(k, c)
             per_block = 256 // (8 if row <= 32 else 16 if row <= self.SHORT_ROW else 32)
             self.launch(stream, (min(ceil_div(pixels, per_block), 65535), 1), (256, 1, 1), x, u, n, h, w, c, k, row)
         else:

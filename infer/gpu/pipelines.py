@@ -286,7 +286,8 @@ class Hopper:
 
     @classmethod
     def runs_on(cls, arch):
-        return None if arch == "sm_90" else f"it needs a Hopper GPU (sm_90), this GPU is {arch}"
+        why = launch.needs_hopper(arch)
+        return why and f"it {why}"
 
 
 class FusedWarpgroup(Hopper, FusedTensorCores):
