@@ -248,7 +248,7 @@ fused_kernel2(const float* __restrict__ x, const float4* __restrict__ w2f, float
         if (u + 1 < STEPS) fetch_slab(slabs + ((u + 1) % 2) * (SLAB2 / 4), w2f, (u + 1) % (K2 * K2));
         const float4* slab = slabs + (u % 2) * (SLAB2 / 4);
         const float* as = pimg + (s / K2) * RSTR + (s % K2) * PSTR;
-#pragma unroll
+#pragma unroll 2
         for (int ks = 0; ks < KSTEPS; ++ks) {
             float4 b[NT];
 #pragma unroll
@@ -259,10 +259,7 @@ fused_kernel2(const float* __restrict__ x, const float4* __restrict__ w2f, float
                                      as[off[q][0] + ks * 8 + 4], as[off[q][1] + ks * 8 + 4]};
                 unsigned hi[4], lo[4];
 #pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    hi[r] = tf32(av[r]);
-                    lo[r] = tf32(av[r] - __uint_as_float(hi[r]));
-                }
+                for (int r = 0; r < 4; ++r) split(av[r], hi[r], lo[r]);
 #pragma unroll
                 for (int j = 0; j < NT; ++j) {
                     mma(acc[q][j], lo, __float_as_uint(b[j].x), __float_as_uint(b[j].y));
