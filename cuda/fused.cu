@@ -3,7 +3,9 @@
 // -> 2x2 avg pool -> features (n, P2H, P2W, C2), NHWC, i.e. already flattened in (h, w, c) order.
 // in: x (n, IN_H, IN_W, IN_C) float32; conv1 weights in constant memory c_w1 (K1, K1, IN_C, C1);
 // conv2's weights in global memory, staged through shared memory one (kh, kw) slab at a time.
-// Both versions: block FUSED_THREADS (256), grid ceil(n / IMGS); phase 0 stages the images, phase 1
+// All versions: block FUSED_THREADS (256), grid ceil(n / IMGS); phase 0 stages the images and, where
+// `bad` is not null, checks them: *bad = min(*bad, i) for every image i holding a value that is not
+// finite (check_kernel1's job, done here on the way in: the images are read once); phase 1
 // computes one pooled conv1 output per thread-iteration (the thread's channel fixed, its K1*K1*IN_C
 // weights in registers; 4 conv outputs, ReLU, ((a+b)+c)+d * 0.25); phase 2 is conv2 as an implicit
 // GEMM (the im2col gather is the shared-memory addressing), M = pixels, N = C2, K = K2*K2*C1, with
@@ -23,10 +25,11 @@
 //   k8 step), B (weight parts, remainders) is read by the tensor cores from shared memory through
 //   matrix descriptors, as K-major core matrices without swizzle: per k8 step (parts, remainders) x
 //   (N/8, 2 halves of k, 8 rows, 4 k). conv1: m64n32k8 tiles, k = (kh, kw, ci) padded to a multiple
-//   of 8, the split w1 in constant memory copied beside the images; each warpgroup takes two tiles
-//   at a time. conv2: each of the 2 warpgroups computes 2 images, one m64n64k8 tile per image, host
-//   layout of w2 (K2*K2, C1/8, {hi, lo}, C2/8, 2, 8, 4). 3 x 2 x (H1*W1*C1*K1K8 + H2*W2*C2*K2*K2*C1)
-//   tensor FLOPs an image (K1K8: K1*K1*IN_C rounded up to 8).
+//   of 8, except that a last 1 or 2 k past a whole k8 step go to FFMA; the split w1 in constant
+//   memory, copied beside the images; each warpgroup takes two tiles at a time. conv2: each of the 2
+//   warpgroups computes 2 images, one m64n64k8 tile per image, host layout of w2 (K2*K2, C1/8, {hi,
+//   lo}, C2/8, 2, 8, 4). 3 x 2 x (H1*W1*C1*K1S + H2*W2*C2*K2*K2*C1) tensor FLOPs an image (K1S: the
+//   k of conv1's steps, 24 for ECE408's 25), plus 2 x H1*W1*C1 per tail k on FFMA.
 // Shapes arrive as -D options; the host checks the preconditions asserted below.
 
 #ifndef IMGS
@@ -47,6 +50,19 @@ constexpr int X_FLOATS = IMGS * IN_H * IN_W * IN_C;
 constexpr int SLAB = C1 * C2;  // one (kh, kw) slab of w2
 
 static_assert(FUSED_THREADS % C1 == 0, "fused: conv1 channels must divide the block");
+
+// Phase 0: images [img0, img0 + imgs) of x into stage (zeros past them up to IMGS), each value checked
+// where bad is not null.
+__device__ __forceinline__ void stage_images(float* stage, const float* __restrict__ x, int img0, int imgs,
+                                             int* __restrict__ bad) {
+    constexpr int IMG = IN_H * IN_W * IN_C;
+    const float* xb = x + (size_t)img0 * IMG;
+    for (int i = threadIdx.x; i < X_FLOATS; i += FUSED_THREADS) {
+        const float v = i < imgs * IMG ? xb[i] : 0.0f;
+        if (bad != nullptr && !isfinite(v)) atomicMin(bad, img0 + i / IMG);
+        stage[i] = v;
+    }
+}
 
 #if FUSED_VERSION < 3
 __constant__ float c_w1[K1 * K1 * IN_C * C1];
@@ -73,7 +89,7 @@ static_assert(SLAB % (4 * FUSED_THREADS) == 0, "fused: w2 slab must split into f
 static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused: shared memory over the 227 KB a block may have");
 
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
-fused_kernel1(const float* __restrict__ x, const float* __restrict__ w2, float* __restrict__ feat, int n) {
+fused_kernel1(const float* __restrict__ x, const float* __restrict__ w2, float* __restrict__ feat, int n, int* __restrict__ bad) {
     extern __shared__ float4 smem4[];
     float* p1 = reinterpret_cast<float*>(smem4);
     float* stage = p1 + P1_FLOATS;  // the input images in phase 1, then two w2 slabs in phase 2
@@ -203,7 +219,7 @@ static_assert(C2 % 16 == 0 && NT <= 4, "fused v2: tile shapes");
 static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused v2: shared memory over 227 KB");
 
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
-fused_kernel2(const float* __restrict__ x, const float4* __restrict__ w2f, float* __restrict__ feat, int n) {
+fused_kernel2(const float* __restrict__ x, const float4* __restrict__ w2f, float* __restrict__ feat, int n, int* __restrict__ bad) {
     extern __shared__ float4 smem4[];
     float* p1 = reinterpret_cast<float*>(smem4);
     float* stage = p1 + P1_FLOATS;  // the input images in phase 1, then two w2 slabs in phase 2
@@ -298,9 +314,14 @@ constexpr int PSTR = C1 + 4;
 constexpr int RSTR = P1W * PSTR;
 constexpr int ISTR = P1H * RSTR;
 constexpr int P1_FLOATS = IMGS * ISTR;
-constexpr int K1K = K1 * K1 * IN_C, KS1 = (K1K + 7) / 8;  // conv1's k = (kh, kw, ci), padded to k8 steps
-constexpr int X_PAD = (X_FLOATS + 31) / 32 * 32;          // the images, then conv1's weights (128-byte aligned)
-constexpr int W1F_FLOATS = KS1 * 2 * 8 * C1;
+// conv1's k = (kh, kw, ci): k8 steps on the tensor cores, padded, except a tail of 1 or 2 k past the
+// last whole step, added on the FP32 cores (a k8 step of 3 MMAs for 1 of 8 useful k would cost
+// more: ECE408's 5x5x1 is 3 steps + 1).
+constexpr int K1K = K1 * K1 * IN_C;
+constexpr int TAIL1 = K1K % 8 <= 2 ? K1K % 8 : 0;
+constexpr int KS1 = (K1K - TAIL1 + 7) / 8;
+constexpr int X_PAD = (X_FLOATS + 31) / 32 * 32;  // the images, then conv1's weights (128-byte aligned)
+constexpr int W1F_FLOATS = KS1 * 2 * 8 * C1 + TAIL1 * C1;
 constexpr int STAGE_FLOATS = X_PAD + W1F_FLOATS > 2 * SLAB2 ? X_PAD + W1F_FLOATS : 2 * SLAB2;
 constexpr int TILES1 = (P1H * P1W + 15) / 16;  // conv1 m64 tiles (16 pool windows each) per image
 constexpr int JOBS1 = IMGS * TILES1;
@@ -309,13 +330,14 @@ static_assert(IMGS == 4 && FUSED_THREADS == 256, "fused v3: two warpgroups of tw
 static_assert(C1 == 32 && C2 == 64, "fused v3: N = C1 = 32 (wgmma.m64n32k8), N = C2 = 64 (m64n64k8)");
 static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused v3: shared memory over 227 KB");
 
-// conv1's weights split like w2, zero past k = K1K: (KS1, {hi, lo}, C1/8, 2, 8, 4).
+// conv1's weights: the steps' split like w2, zero past k = K1K: (KS1, {hi, lo}, C1/8, 2, 8, 4); then
+// the tail's as they are, (TAIL1, C1).
 __constant__ float c_w1[W1F_FLOATS];
 
 #include "wgmma.cuh"
 
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
-fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float* __restrict__ feat, int n) {
+fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float* __restrict__ feat, int n, int* __restrict__ bad) {
     extern __shared__ float4 smem4[];
     float* p1 = reinterpret_cast<float*>(smem4);
     float* stage = p1 + P1_FLOATS;  // the images and w1 in phase 1, then two w2 slabs in phase 2
@@ -326,13 +348,9 @@ fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float
     const int lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
     const int wg = warp / 4, w = warp % 4;  // warpgroup and warp in it
 
-    // Phase 0: this block's images (zeros past the end of the batch), then conv1's weights.
-    {
-        const float* xb = x + (size_t)img0 * IN_H * IN_W * IN_C;
-        for (int i = t; i < X_FLOATS; i += FUSED_THREADS)
-            stage[i] = i < imgs * IN_H * IN_W * IN_C ? xb[i] : 0.0f;
-        for (int i = t; i < W1F_FLOATS; i += FUSED_THREADS) stage[X_PAD + i] = c_w1[i];
-    }
+    // Phase 0: this block's images (zeros past the end of the batch), checked, then conv1's weights.
+    stage_images(stage, x, img0, imgs, bad);
+    for (int i = t; i < W1F_FLOATS; i += FUSED_THREADS) stage[X_PAD + i] = c_w1[i];
     asm volatile("fence.proxy.async.shared::cta;");  // w1 written here, read by the tensor cores
     __syncthreads();
 
@@ -374,6 +392,21 @@ fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float
                 mma3_step(acc, av, stage + X_PAD + ks * 16 * C1, ks == 0);
             }
             wgmma_drain();
+#pragma unroll
+            for (int k = 8 * KS1; k < K1K; ++k) {  // the tail: accumulator 4c + 2dy + e is channel 8c + 2tig + e
+                const int kk = k / IN_C, off = ((kk / K1) * IN_W + kk % K1) * IN_C + k % IN_C;
+                const float* wt = stage + X_PAD + KS1 * 16 * C1 + (k - 8 * KS1) * C1 + 2 * tig;
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+#pragma unroll
+                    for (int dy = 0; dy < 2; ++dy) {
+                        const float a = base[i][dy * IN_W * IN_C + off];
+#pragma unroll
+                        for (int c = 0; c < C1 / 8; ++c)
+#pragma unroll
+                            for (int e = 0; e < 2; ++e) acc[i][4 * c + 2 * dy + e] = fmaf(a, wt[8 * c + e], acc[i][4 * c + 2 * dy + e]);
+                    }
+            }
 #pragma unroll
             for (int i = 0; i < 2; ++i)
 #pragma unroll

@@ -1,13 +1,9 @@
-// Phases 0 and 1 of the fused kernels, included into each kernel's body (as a function, ptxas
-// allocated fused_kernel1's registers differently on sm_80 and spilled). Uses the kernel's t, x,
-// img0, imgs, stage and p1, and its p1 strides PSTR, RSTR, ISTR.
+// Phases 0 and 1 of fused_kernel1 and fused_kernel2, included into each kernel's body (as a function,
+// ptxas allocated fused_kernel1's registers differently on sm_80 and spilled). Uses the kernel's t,
+// x, img0, imgs, bad, stage and p1, and its p1 strides PSTR, RSTR, ISTR.
 
-    // Phase 0: this block's images into shared memory (zeros past the end of the batch).
-    {
-        const float* xb = x + (size_t)img0 * IN_H * IN_W * IN_C;
-        for (int i = t; i < X_FLOATS; i += FUSED_THREADS)
-            stage[i] = i < imgs * IN_H * IN_W * IN_C ? xb[i] : 0.0f;
-    }
+    // Phase 0: this block's images into shared memory (zeros past the end of the batch), checked.
+    stage_images(stage, x, img0, imgs, bad);
     __syncthreads();
 
     // Phase 1: conv1 + ReLU + pool; this thread's conv1 channel is fixed, its weights in registers.

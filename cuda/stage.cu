@@ -5,7 +5,8 @@
 //   even as NumPy's astype (integers are always finite in float32); grid-stride, one value per
 //   thread per step; reads n * sizeof(SRC_T) bytes, writes 4n.
 // check_kernel1: n images of `per_image` float32 values: *bad = min(*bad, i) for every image i
-//   holding a value that is not finite (NaN, Inf); grid-stride, reads 4 * n * per_image bytes.
+//   holding a value that is not finite (NaN, Inf); grid-stride, reads 4 * n * per_image bytes. (The
+//   fused kernels check the images themselves as they stage them; this is for the other pipelines.)
 
 #ifndef SRC_T
 #define SRC_T unsigned char

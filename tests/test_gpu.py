@@ -218,10 +218,17 @@ def test_fused_conv_kernel(gpu, rng, g, algo):
     k = Fused(build(gpu), g, pipeline.VERSION)
     d.cuda.memcpy_htod(k.conv1_constant, pipeline.conv1_weights(w.conv1))
     feat = d.empty((n + 1, g.flat))  # one row more than written: it must stay poisoned
-    k(None, d.put(x), d.put(pipeline.conv2_weights(w.conv2)), feat, n)
+    w2, bad = d.put(pipeline.conv2_weights(w.conv2)), d.put([2**31 - 1], np.int32)
+    k(None, d.put(x), w2, feat, n, bad)
     out = d.get(feat, (n + 1, g.flat))
     np.testing.assert_allclose(out[:n], expected.reshape(n, -1), rtol=1e-4, atol=1e-5)
-    assert np.isnan(out[n]).all()
+    assert np.isnan(out[n]).all() and d.get(bad, 1, np.int32)[0] == 2**31 - 1  # all finite: untouched
+    # The images are checked as they are staged: *bad is the first image holding a NaN or an inf
+    # (images 5, at its last value, and 6, both in the partial last block); with no flag, no check.
+    x[5, -1, -1, -1], x[6, 0, 3, 0] = np.nan, -np.inf
+    k(None, d.put(x), w2, feat, n, bad)
+    k(None, d.put(x), w2, feat, n, 0)
+    assert d.get(bad, 1, np.int32)[0] == 5
 
 
 LARGE_FC = Geometry(64, 64, 1, 5, 32, 5, 64, 128, 10)  # 10816 features: fc1 split over blocks

@@ -66,7 +66,7 @@ class Run:
 
 class CudaBackend(HostSide):
     name = "cuda"
-    checks_values = True  # check_kernel1 checks float32 images on the GPU
+    checks_values = True  # float32 images are checked on the GPU: by check_kernel1 or the fused kernel
     STREAM_IMAGES = 8192  # about the images per streamed block (a whole number of chunks)
 
     def __init__(self, chunk=None, streams=4, tile_width=None, conv_algo=pipelines.AUTO, device=0,
@@ -363,15 +363,18 @@ class CudaBackend(HostSide):
         stream = self.streams[s]
         src = self._images(run, i, start)
         chunk_index = start // run.chunk
+        bad = 0  # integer images convert to finite floats: nothing to check
         if run.floats[s] is None:
-            images = src
-            self.check(stream, src, count, run.elems, int(run.flags_dev) + 4 * (run.chunks + chunk_index))
+            images, bad = src, int(run.flags_dev) + 4 * (run.chunks + chunk_index)
+            if not self.pipeline.CHECK_IMAGES:
+                self.check(stream, src, count, run.elems, bad)
+                bad = 0
         else:
             images = int(run.floats[s])
             self.converters[run.wire](stream, src, images, count * run.elems)
         scores = self._scores(run, start)
         self.pipeline.enqueue(stream, images, count, int(run.labels_dev) + 4 * start, int(run.scratch[s]),
-                              int(run.flags_dev) + 4 * chunk_index, scores)
+                              int(run.flags_dev) + 4 * chunk_index, scores, bad)
 
     def _scores(self, run, start):
         return int(run.scores_dev) + 4 * start * self.pipeline.g.classes if self.keep_scores else 0

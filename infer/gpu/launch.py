@@ -251,7 +251,7 @@ class Fused(Launcher):
     """conv1 -> ReLU -> pool -> conv2 -> ReLU -> pool for IMGS images per 256-thread block;
     version 1 on FP32 FFMA, version 2 on the tensor cores in 3xTF32 (mma.sync, sm_80 and later),
     version 3 the same on Hopper's warpgroup MMA (wgmma, sm_90a only)."""
-    source, arg_types = "fused", "PPPi"
+    source, arg_types = "fused", "PPPiP"
     THREADS = 256
     SMEM_LIMIT = 227 * 1024
     ARCH = {3: "sm_90a"}  # versions compiled for a target other than the GPU's own
@@ -283,12 +283,19 @@ class Fused(Launcher):
             if (p2h * p2w) % 16 or g.c1 != 32 or g.c2 != 64:
                 return None, "it needs pooled conv2 outputs in groups of 16, 32 conv1 channels and 64 conv2 channels"
             imgs, istr = 4, p1h * p1w * (g.c1 + 4)
-            conv1_steps = -(-g.k1 * g.k1 * g.c // 8)
-            stage = max(-(-imgs * g.h * g.w * g.c // 32) * 32 + conv1_steps * 16 * g.c1, 4 * g.c1 * g.c2)
+            steps, tail = cls.conv1_steps(g.k1 * g.k1 * g.c)
+            stage = max(-(-imgs * g.h * g.w * g.c // 32) * 32 + (16 * steps + tail) * g.c1, 4 * g.c1 * g.c2)
         shared = 4 * (imgs * istr + stage)
         if shared > cls.SMEM_LIMIT:
             return None, f"it needs {shared} bytes of shared memory per block, more than {cls.SMEM_LIMIT}"
         return imgs, shared
+
+    @staticmethod
+    def conv1_steps(k):
+        """Version 3's conv1 of k = K1*K1*C products an output: (k8 steps on the tensor cores, padded;
+        a tail of 1 or 2 k past the last whole step, on the FP32 cores)."""
+        tail = k % 8 if k % 8 <= 2 else 0
+        return -(-(k - tail) // 8), tail
 
     @classmethod
     def defines(cls, g, version=1):
@@ -308,8 +315,9 @@ class Fused(Launcher):
         self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
         self.conv1_constant = self.module.get_global("c_w1")[0]
 
-    def __call__(self, stream, x, w2, feat, n):
-        self.launch(stream, (ceil_div(n, self.imgs), 1), (self.THREADS, 1, 1), x, w2, feat, n, shared=self.shared)
+    def __call__(self, stream, x, w2, feat, n, bad=0):
+        """bad: where not 0, the images are checked: *bad = min(*bad, first image with a non-finite value)."""
+        self.launch(stream, (ceil_div(n, self.imgs), 1), (self.THREADS, 1, 1), x, w2, feat, n, bad, shared=self.shared)
 
 
 class FullyConnected(Launcher):

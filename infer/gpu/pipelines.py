@@ -3,7 +3,9 @@
 Each pipeline uploads the weights once (upload), says how much scratch memory a chunk of images
 needs (scratch_floats), and enqueues one chunk on a stream: images in, labels (int32) out (and the
 class scores, float32, where a scores pointer is given), and the chunk-relative index of its
-first image with non-finite scores atomically min'ed into *overflow.
+first image with non-finite scores atomically min'ed into *overflow. Pipelines that CHECK_IMAGES
+also min the index of the first image holding a non-finite value into *bad where a bad pointer is
+given (their first kernel reads the images anyway); for the others the backend runs check_kernel1.
 """
 import numpy as np
 
@@ -30,6 +32,7 @@ class Algorithm:
     """What every pipeline says before it is built: whether it runs on a GPU architecture, and on a
     geometry there (available: None, or why not)."""
     MIN_ARCH = 0
+    CHECK_IMAGES = False  # whether enqueue checks the images itself (into *bad)
 
     @classmethod
     def runs_on(cls, arch):
@@ -130,7 +133,7 @@ class Unroll(Algorithm):
     def scratch_floats(self, chunk):
         return Scratch.floats(self._layout(chunk))
 
-    def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0):
+    def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0):
         g, s = self.g, Scratch(scratch_base, self._layout(n)).ptr
         (h1, w1), (p1h, p1w), (h2, w2) = g.conv1_out, g.pool1_out, g.conv2_out
         self.conv(stream, self.gemm1, x, self.w1, s, "1", n, (g.h, g.w, g.c, g.k1, g.c1), h1 * w1)
@@ -196,7 +199,7 @@ class Implicit(Algorithm):
     def scratch_floats(self, chunk):
         return Scratch.floats(self._layout(chunk))
 
-    def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0):
+    def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0):
         s = Scratch(scratch_base, self._layout(n)).ptr
         self.conv1(stream, x, self.w1, s["p1"], n)
         self.conv2(stream, s["p1"], self.w2, s["feat"], n)
@@ -210,6 +213,7 @@ class Fused(Algorithm):
     """conv1 -> pool -> conv2 -> pool in one implicit-GEMM kernel per group of images (intermediates
     in shared memory, FP32 FFMA), then fc1 -> ReLU -> fc2 -> argmax in one kernel."""
     NAME = "fused"
+    CHECK_IMAGES = True  # as the fused kernel stages them
     CHUNK = 2048  # in memory: chunks on 4 streams hide the upload of one behind the kernels of others
     STREAM_CHUNK = 8192  # streamed: a whole block per launch, 3x fewer launches for the host to make
     VERSION = 1
@@ -253,9 +257,9 @@ class Fused(Algorithm):
     def scratch_floats(self, chunk):
         return Scratch.floats(self._layout(chunk))
 
-    def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0):
+    def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0):
         s = Scratch(scratch_base, self._layout(n)).ptr
-        self.convs(stream, x, self.w2, s["feat"], n)
+        self.convs(stream, x, self.w2, s["feat"], n, bad)
         self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, overflow, scores, s["partial"])
 
 
@@ -298,11 +302,14 @@ class FusedWarpgroup(Hopper, FusedTensorCores):
 
     @staticmethod
     def conv1_weights(conv1):
-        """(K1, K1, C, C1) as one slab of K1*K1*C rows, zero-padded to a multiple of 8, in wgmma order."""
+        """(K1, K1, C, C1) as K1*K1*C rows: those of the tensor-core steps (launch.Fused.conv1_steps) as
+        one slab in wgmma order, zero-padded to whole steps, then the tail's rows as they are."""
         k1, _, c, c1 = conv1.shape
-        w = np.zeros((1, -(-k1 * k1 * c // 8) * 8, c1), np.float32)
-        w[0, : k1 * k1 * c] = conv1.reshape(-1, c1)
-        return wgmma_operand(w)
+        rows = np.ascontiguousarray(conv1, np.float32).reshape(-1, c1)
+        steps, tail = launch.Fused.conv1_steps(len(rows))
+        w = np.zeros((1, 8 * steps, c1), np.float32)
+        w[0, : len(rows) - tail] = rows[: len(rows) - tail]
+        return np.concatenate([wgmma_operand(w).ravel(), rows[len(rows) - tail:].ravel()])
 
     @staticmethod
     def conv2_weights(conv2):
