@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 
+from infer.gpu import launch
 from infer.gpu.launch import GEMMS, gemm_choice
 from infer.gpu.operands import tf32
 from infer.gpu.pipelines import (ALGORITHMS, AUTO, Fused, FusedTensorCores, FusedWarpgroup, Implicit, ImplicitWarpgroup, Unroll,
@@ -113,11 +114,19 @@ def test_implicit_wgmma_weights_padded_per_column_block(rng):
     assert not f[:, 5, :, :, 1, :, 1:].any()  # k 45..47: zero
 
 
-def test_conv1_weights_padded_to_whole_k8_steps(rng):
-    w = rng.standard_normal((5, 5, 1, 32)).astype(np.float32)
+@pytest.mark.parametrize("k1,c,steps,tail", [(5, 1, 3, 1), (5, 2, 6, 2), (3, 3, 4, 0), (2, 2, 1, 0)])
+def test_conv1_weights_steps_then_tail(rng, k1, c, steps, tail):
+    """25 k: 3 tensor-core steps + 1 on the FP32 cores; 50: 6 + 2; 27: padded to 4 steps; 8: one step."""
+    w = rng.standard_normal((k1, k1, c, 32)).astype(np.float32)
+    assert launch.Fused.conv1_steps(k1 * k1 * c) == (steps, tail)
     f = FusedWarpgroup.conv1_weights(w)
-    assert f.shape == (1, 4, 2, 4, 2, 8, 4)  # k = 25 padded to 32
-    flat = w.reshape(25, 32)
-    assert f[0, 3, 0, 2, 0, 5, 0] == tf32(flat[24, 21])  # k = 24 = 8*3 + 4*0 + 0, n = 21 = 8*2 + 5
-    assert f[0, 3, 1, 2, 0, 5, 0] == tf32(flat[24, 21] - tf32(flat[24, 21]))
-    assert not f[0, 3, :, :, 0, :, 1:].any() and not f[0, 3, :, :, 1].any()  # k 25..31: zero
+    flat, body = w.reshape(-1, 32), steps * 2 * 8 * 32
+    assert f.shape == (body + tail * 32,)
+    np.testing.assert_array_equal(f[body:], flat[len(flat) - tail:].ravel())  # the tail as it is
+    mma = f[:body].reshape(1, steps, 2, 4, 2, 8, 4)
+    k = len(flat) - tail - 1  # the last k on the tensor cores: k = 8 ks + 4 kc + kk, channel 21 = 8*2 + 5
+    ks, kc, kk = k // 8, k % 8 // 4, k % 4
+    assert mma[0, ks, 0, 2, kc, 5, kk] == tf32(flat[k, 21])
+    assert mma[0, ks, 1, 2, kc, 5, kk] == tf32(flat[k, 21] - tf32(flat[k, 21]))
+    padded = mma.transpose(0, 1, 4, 6, 2, 3, 5).reshape(8 * steps, -1)[k + 1:]  # rows (ks, kc, kk) past k
+    assert not padded.any()
