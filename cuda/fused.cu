@@ -318,7 +318,7 @@ constexpr int P1_FLOATS = IMGS * ISTR;
 // last whole step, added on the FP32 cores (a k8 step of 3 MMAs for 1 of 8 useful k would cost
 // more: ECE408's 5x5x1 is 3 steps + 1).
 constexpr int K1K = K1 * K1 * IN_C;
-constexpr int TAIL1 = K1K % 8 <= 2 ? K1K % 8 : 0;
+constexpr int TAIL1 = K1K > 8 && K1K % 8 <= 2 ? K1K % 8 : 0;  // at least one step
 constexpr int KS1 = (K1K - TAIL1 + 7) / 8;
 constexpr int X_PAD = (X_FLOATS + 31) / 32 * 32;  // the images, then conv1's weights (128-byte aligned)
 constexpr int W1F_FLOATS = KS1 * 2 * 8 * C1 + TAIL1 * C1;

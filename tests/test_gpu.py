@@ -195,8 +195,11 @@ class Weights:
         self.fc2 = rand(rng, g.hidden, g.classes) * 0.1
 
 
+# conv1's k (K1*K1*C) for fused_kernel3: 25 and 50 (tensor-core steps + a tail of 1 and 2 on FFMA),
+# 27 (padded steps), 2 (one padded step; a 1x1 conv1)
 GEOMETRIES = [Geometry(28, 28, 1, 5, 32, 5, 64, 128, 10), Geometry(24, 24, 1, 5, 32, 3, 64, 128, 10),
-              Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7), Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7)]
+              Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7), Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7),
+              Geometry(24, 24, 2, 1, 32, 5, 64, 100, 7)]
 
 
 FUSED = [name for name in ALGORITHMS if name.startswith("fused")]

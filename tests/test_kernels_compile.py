@@ -29,7 +29,8 @@ VARIANTS = ([("gemm", {"GEMM_VERSION": s.version, "TILE_WIDTH": tw}) for s in GE
             + [("fused", Fused.defines(MNIST, version)) for version in (1, 2)] + [("fc", FullyConnected.defines(g)) for g in (MNIST, SMALL_FC, WIDE_FC)]
             + [(name, {}) for name in ("unroll", "place", "pool", "argmax")]
             + [("stage", {"SRC_T": t}) for t in ("unsigned char", "short", "long long")])
-HOPPER = ([("fused", Fused.defines(MNIST, 3)), ("fused", Fused.defines(Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7), 3))]
+HOPPER = ([("fused", Fused.defines(g, 3)) for g in (MNIST, Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7),  # conv1 tails 1, 0
+                                                     Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7), Geometry(24, 24, 2, 1, 32, 5, 64, 100, 7))]  # 2, 0
           + [conv(c, CONV_VERSION=2) for c in HOPPER_CONVS]
           + [("gemm", {"GEMM_VERSION": 4, "TILE_WIDTH": 128, "GEMM_BN": bn}) for bn in (16, 32, 64)])
 REPORT = []

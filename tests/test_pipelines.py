@@ -114,9 +114,10 @@ def test_implicit_wgmma_weights_padded_per_column_block(rng):
     assert not f[:, 5, :, :, 1, :, 1:].any()  # k 45..47: zero
 
 
-@pytest.mark.parametrize("k1,c,steps,tail", [(5, 1, 3, 1), (5, 2, 6, 2), (3, 3, 4, 0), (2, 2, 1, 0)])
+@pytest.mark.parametrize("k1,c,steps,tail", [(5, 1, 3, 1), (5, 2, 6, 2), (3, 3, 4, 0), (2, 2, 1, 0), (1, 2, 1, 0)])
 def test_conv1_weights_steps_then_tail(rng, k1, c, steps, tail):
-    """25 k: 3 tensor-core steps + 1 on the FP32 cores; 50: 6 + 2; 27: padded to 4 steps; 8: one step."""
+    """25 k: 3 tensor-core steps + 1 on the FP32 cores; 50: 6 + 2; 27: padded to 4 steps; 8: one
+    step; 2: one padded step (never no step at all)."""
     w = rng.standard_normal((k1, k1, c, 32)).astype(np.float32)
     assert launch.Fused.conv1_steps(k1 * k1 * c) == (steps, tail)
     f = FusedWarpgroup.conv1_weights(w)

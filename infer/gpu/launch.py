@@ -293,8 +293,8 @@ class Fused(Launcher):
     @staticmethod
     def conv1_steps(k):
         """Version 3's conv1 of k = K1*K1*C products an output: (k8 steps on the tensor cores, padded;
-        a tail of 1 or 2 k past the last whole step, on the FP32 cores)."""
-        tail = k % 8 if k % 8 <= 2 else 0
+        a tail of 1 or 2 k past the last whole step, on the FP32 cores; at least one step)."""
+        tail = k % 8 if k > 8 and k % 8 <= 2 else 0
         return -(-(k - tail) // 8), tail
 
     @classmethod
