@@ -66,7 +66,7 @@ class Run:
 
 class CudaBackend(HostSide):
     name = "cuda"
-    checks_values = True  # float32 images are checked on the GPU: by check_kernel1 or the fused kernel
+    checks_values = True  # float32 images are checked on the GPU, by the pipeline (pipelines.py)
     STREAM_IMAGES = 8192  # about the images per streamed block (a whole number of chunks)
 
     def __init__(self, chunk=None, streams=4, tile_width=None, conv_algo=pipelines.AUTO, device=0,
@@ -87,7 +87,6 @@ class CudaBackend(HostSide):
         self.use_graphs = graph.enabled() and not profile
         self.streams = [cuda.Stream() for _ in range(self.n_streams)]
         self.copies = cuda.Stream()  # streamed uploads to resident images: never queued behind kernels
-        self.check = launch.Check(self.build)
         self._host("context set-up", t)
 
     def _host(self, step, since):
@@ -366,9 +365,6 @@ class CudaBackend(HostSide):
         bad = 0  # integer images convert to finite floats: nothing to check
         if run.floats[s] is None:
             images, bad = src, int(run.flags_dev) + 4 * (run.chunks + chunk_index)
-            if not self.pipeline.CHECK_IMAGES:
-                self.check(stream, src, count, run.elems, bad)
-                bad = 0
         else:
             images = int(run.floats[s])
             self.converters[run.wire](stream, src, images, count * run.elems)

@@ -240,7 +240,8 @@ class Convert(Launcher):
 
 
 class Check(Launcher):
-    """*bad = min(*bad, first image holding a value that is not finite) over float32 images."""
+    """*bad = min(*bad, first image holding a value that is not finite) over float32 images (for the
+    pipelines whose kernels do not check the images as they read them)."""
     source, kernel, arg_types = "stage", "check_kernel1", "PiiP"
 
     def __call__(self, stream, x, n, per_image, bad):

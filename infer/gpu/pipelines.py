@@ -3,9 +3,9 @@
 Each pipeline uploads the weights once (upload), says how much scratch memory a chunk of images
 needs (scratch_floats), and enqueues one chunk on a stream: images in, labels (int32) out (and the
 class scores, float32, where a scores pointer is given), and the chunk-relative index of its
-first image with non-finite scores atomically min'ed into *overflow. Pipelines that CHECK_IMAGES
-also min the index of the first image holding a non-finite value into *bad where a bad pointer is
-given (their first kernel reads the images anyway); for the others the backend runs check_kernel1.
+first image with non-finite scores atomically min'ed into *overflow; where a bad pointer is given,
+the index of the first image holding a non-finite value is min'ed into *bad (the fused kernels
+check the images as they stage them, the other pipelines run check_kernel1 first).
 """
 import numpy as np
 
@@ -32,7 +32,6 @@ class Algorithm:
     """What every pipeline says before it is built: whether it runs on a GPU architecture, and on a
     geometry there (available: None, or why not)."""
     MIN_ARCH = 0
-    CHECK_IMAGES = False  # whether enqueue checks the images itself (into *bad)
 
     @classmethod
     def runs_on(cls, arch):
@@ -84,7 +83,7 @@ class Unroll(Algorithm):
             self.gemm_fc1 = self.gemm_fc2 = launch.Gemm(build, version, tile, rows=self.MAX_CHUNK)
             self.place = launch.Place(build)
         self.unroll = launch.Unroll(build, self.transposed)
-        self.pool, self.argmax = launch.Pool(build), launch.Argmax(build)
+        self.pool, self.argmax, self.check = launch.Pool(build), launch.Argmax(build), launch.Check(build)
         self.CHUNK = max(16, min(self.MAX_CHUNK, self._largest_chunk() if self.transposed else self._l2_chunk(build)))
 
     def _largest_chunk(self):
@@ -136,6 +135,8 @@ class Unroll(Algorithm):
     def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0):
         g, s = self.g, Scratch(scratch_base, self._layout(n)).ptr
         (h1, w1), (p1h, p1w), (h2, w2) = g.conv1_out, g.pool1_out, g.conv2_out
+        if bad:
+            self.check(stream, x, n, g.h * g.w * g.c, bad)
         self.conv(stream, self.gemm1, x, self.w1, s, "1", n, (g.h, g.w, g.c, g.k1, g.c1), h1 * w1)
         self.pool(stream, s["a1"], s["p1"], n, h1, w1, g.c1)
         self.conv(stream, self.gemm2, s["p1"], self.w2, s, "2", n, (p1h, p1w, g.c1, g.k2, g.c2), h2 * w2)
@@ -170,6 +171,7 @@ class Implicit(Algorithm):
         (p1h, p1w) = g.pool1_out
         self.conv1 = launch.Conv(build, g.h, g.w, g.c, g.k1, g.c1, self.CONV_VERSION)
         self.conv2 = launch.Conv(build, p1h, p1w, g.c1, g.k2, g.c2, self.CONV_VERSION)
+        self.check = launch.Check(build)
         try:
             self.fcs = launch.FullyConnected(build, g)
         except ValueError:
@@ -201,6 +203,8 @@ class Implicit(Algorithm):
 
     def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0):
         s = Scratch(scratch_base, self._layout(n)).ptr
+        if bad:
+            self.check(stream, x, n, self.g.h * self.g.w * self.g.c, bad)
         self.conv1(stream, x, self.w1, s["p1"], n)
         self.conv2(stream, s["p1"], self.w2, s["feat"], n)
         if self.fcs is not None:
@@ -213,7 +217,6 @@ class Fused(Algorithm):
     """conv1 -> pool -> conv2 -> pool in one implicit-GEMM kernel per group of images (intermediates
     in shared memory, FP32 FFMA), then fc1 -> ReLU -> fc2 -> argmax in one kernel."""
     NAME = "fused"
-    CHECK_IMAGES = True  # as the fused kernel stages them
     CHUNK = 2048  # in memory: chunks on 4 streams hide the upload of one behind the kernels of others
     STREAM_CHUNK = 8192  # streamed: a whole block per launch, 3x fewer launches for the host to make
     VERSION = 1
