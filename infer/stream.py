@@ -22,6 +22,8 @@ class Ring:
         self.block, self.depth = len(buffers[0]), len(buffers)
         self.labels = np.empty(stop - start, np.int64)
         self.wait_s = 0.0  # the consumer waiting for reads
+        # Labels are only needed at the end: a block goes to compute once its images are in
+        self.label_reads = []
         self.free, self.filled = queue.Queue(), queue.Queue()
         for b in buffers:
             self.free.put(b)
@@ -39,7 +41,8 @@ class Ring:
                 x = buf[:hi - lo]
                 futures = self.data.submit_images(self.pool, lo, hi, x, self.check)
                 if self.data.classes is not None:
-                    futures += self.data.submit_labels(self.pool, lo, hi, self.labels[lo - self.start:hi - self.start])
+                    self.label_reads += self.data.submit_labels(self.pool, lo, hi,
+                                                                self.labels[lo - self.start:hi - self.start])
                 self.filled.put((lo, x, buf, futures))
             self.filled.put(None)
         except BaseException as e:  # re-raised in the consumer's thread
@@ -50,6 +53,8 @@ class Ring:
             t = time.perf_counter()
             item = self.filled.get()
             if item is None:
+                reader.wait(self.label_reads)
+                self.wait_s += time.perf_counter() - t
                 return
             if isinstance(item, BaseException):
                 raise item
@@ -71,6 +76,8 @@ class Ring:
             if isinstance(item, tuple):
                 for f in item[3]:
                     f.exception()
+        for f in self.label_reads:
+            f.exception()
 
 
 class HostSide:

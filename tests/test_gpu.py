@@ -354,7 +354,7 @@ def test_streamed_blocks_wrap_around_the_device_ring(ece408, monkeypatch, images
     data, model = ece408 / "testfull.hdf5", ece408 / "model.hdf5"
     whole = engine.run(data, model, backend="cuda", chunk=300, scores=True)
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "1")
-    monkeypatch.setattr(CudaBackend, "STREAM_IMAGES", 1000)
+    monkeypatch.setattr(CudaBackend, "STREAM_BYTES", 1000 * 28 * 28 * 4)
     if images == "staging":
         real = cuda.mem_alloc
         monkeypatch.setattr(cuda, "mem_alloc", lambda n: real(n) if n <= 4 << 20 else (_ for _ in ()).throw(

@@ -67,7 +67,10 @@ class Run:
 class CudaBackend(HostSide):
     name = "cuda"
     checks_values = True  # float32 images are checked on the GPU, by the pipeline (pipelines.py)
-    STREAM_IMAGES = 8192  # about the images per streamed block (a whole number of chunks)
+    # About the bytes per streamed block (a whole number of chunks): 8192 float32 MNIST images or
+    # 32768 uint8 ones, so a block amortizes the reads and the Python work around it whatever the
+    # stored type (uint8 in 8192-image blocks left two GPUs waiting on the host: 1.24x one GPU)
+    STREAM_BYTES = 25 << 20
 
     def __init__(self, chunk=None, streams=4, tile_width=None, conv_algo=pipelines.AUTO, device=0,
                  fast_math=False, profile=False, readers=None, gemm_algo="auto", notice=None):
@@ -178,12 +181,12 @@ class CudaBackend(HostSide):
             _ = self.reader
         self._host("buffers + warm-up", t)
 
-    def _ring(self, n, chunk, streamed):
+    def _ring(self, n, chunk, streamed, image_bytes):
         """(images per resident block, blocks): all n images in one block, or for a streamed batch
-        a ring of blocks of whole chunks, about STREAM_IMAGES each, as deep as the host's ring."""
+        a ring of blocks of whole chunks, about STREAM_BYTES each, as deep as the host's ring."""
         if not streamed:
             return n, 1
-        block = min(n, chunk * max(1, self.STREAM_IMAGES // chunk))
+        block = min(n, chunk * max(1, self.STREAM_BYTES // (chunk * image_bytes)))
         return block, min(self.ring_depth, -(-n // block))
 
     def _plan(self, n, wire_bytes, float_bytes, streamed):
@@ -210,7 +213,7 @@ class CudaBackend(HostSide):
         return chunk, resident
 
     def _images_bytes(self, n, chunk, streamed, wire_bytes):
-        block, slots = self._ring(n, chunk, streamed)
+        block, slots = self._ring(n, chunk, streamed, wire_bytes)
         return block * slots * wire_bytes
 
     def buffers(self, key):
@@ -239,7 +242,7 @@ class CudaBackend(HostSide):
     def _allocate(self, key, n, elems, wire, chunk, resident):
         """A Run's buffers, all or none: on failure what was taken is given back."""
         taken, pinned = [], []
-        block, slots = self._ring(n, chunk, key[3])
+        block, slots = self._ring(n, chunk, key[3], elems * wire.itemsize)
 
         def alloc(nbytes):
             taken.append(cuda.mem_alloc(max(nbytes, 4)))
@@ -385,7 +388,7 @@ class CudaBackend(HostSide):
 
     @property
     def stream_block(self):
-        """Images per streamed block: whole chunks, about STREAM_IMAGES, so each block amortizes
+        """Images per streamed block: whole chunks, about STREAM_BYTES, so each block amortizes
         the reads and the Python work around it (see _plan)."""
         assert self._run.key[3], "prepare(..., streamed=True) first"
         return self._run.block

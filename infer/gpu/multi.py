@@ -50,6 +50,7 @@ class MultiGpuBackend:
 
     def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False):
         self.ranges = split(x_shape[0], len(self.gpus))
+        self.scores, self.classes = scores, model.fc2.shape[1]
         self._each(lambda i, g: g.prepare(model, (self.ranges[i][1] - self.ranges[i][0],) + tuple(x_shape[1:]),
                                           scores, wire, streamed))
 
@@ -68,11 +69,22 @@ class MultiGpuBackend:
         return self._gather(self._each(part))
 
     def stream(self, data, start, stop, progress):
-        """Each GPU streams its own range with its own reader threads and ring."""
-        parts = self._each(lambda i, g: g.stream(data, start + self.ranges[i][0], start + self.ranges[i][1], progress))
-        predictions, labels, scores, read_s, wait_s = zip(*parts)
-        predictions, scores = self._gather(zip(predictions, scores))
-        return predictions, np.concatenate(labels), scores, max(read_s), max(wait_s)
+        """Each GPU streams its own range with its own reader threads and ring, and copies its
+        outputs into place itself, while the other may still be computing."""
+        n = stop - start
+        predictions, labels = np.empty(n, np.int64), np.empty(n, np.int64)
+        scores = np.empty((n, self.classes), np.float32) if self.scores else None
+
+        def part(i, g):
+            lo, hi = self.ranges[i]
+            p, y, s, read_s, wait_s = g.stream(data, start + lo, start + hi, progress)
+            predictions[lo:hi], labels[lo:hi] = p, y
+            if scores is not None:
+                scores[lo:hi] = s
+            return read_s, wait_s
+
+        read_s, wait_s = zip(*self._each(part))
+        return predictions, labels, scores, max(read_s), max(wait_s)
 
     def close(self):
         for g, w in zip(self.gpus, self.workers):
