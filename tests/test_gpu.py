@@ -373,11 +373,30 @@ def test_split_over_gpus_equals_one_gpu(ece408, monkeypatch, budget):
 
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)
     pair = [0, 1] if device.visible_devices() > 1 else [0, 0]
-    one = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda")
+    one = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda", scores=True)
     monkeypatch.setattr("infer.backends.create_cuda", lambda devices=None, **o: MultiGpuBackend(pair, **o))
-    two = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda")
-    assert two.device.startswith("2 GPUs")
+    two = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda", scores=True)
+    assert two.device.startswith("2 GPUs") and two.streamed == (budget == "4")
     assert (two.predictions == one.predictions).all() and (two.labels == one.labels).all()
+    np.testing.assert_array_equal(two.scores, one.scores)
+
+
+def test_streamed_blocks_are_sized_in_bytes(ece408):
+    """About STREAM_BYTES a block whatever the stored type: 4x as many uint8 images as float32."""
+    from infer import loader
+    from infer.gpu.backend import CudaBackend
+
+    model = loader.load_model(ece408 / "model.hdf5")
+    b = CudaBackend()
+    try:
+        blocks = {}
+        for stored in (np.float32, np.uint8):
+            b.prepare(model, (200_000, 28, 28, 1), wire=stored, streamed=True)
+            blocks[stored] = b.stream_block
+            assert b.stream_block * 28 * 28 * np.dtype(stored).itemsize <= CudaBackend.STREAM_BYTES
+        assert blocks[np.uint8] == 4 * blocks[np.float32]
+    finally:
+        b.close()
 
 
 def test_out_of_device_memory_falls_back_to_smaller_chunks(ece408, cpu_testfull, monkeypatch):

@@ -137,3 +137,16 @@ def test_a_corrupted_chunk_is_refused(tmp_path, pool):
         with pytest.raises(InputError, match="chunk 3 cannot be decompressed"):
             pool.read(rows, 0, 700, np.empty((700, 4, 4, 1), np.float32), check=True)
         rows.close()
+
+
+def test_the_pool_threads_start_with_the_reader():
+    """Not inside the first timed read (that cost two GPUs' first streamed run ~10 ms)."""
+    import threading
+
+    before = {t.name for t in threading.enumerate()}
+    p = reader.Reader(5, use_native=False)
+    try:
+        started = {t.name for t in threading.enumerate()} - before
+        assert len([t for t in started if t.startswith("cnninfer-reader")]) == 5
+    finally:
+        p.close()

@@ -48,6 +48,21 @@ def test_bad_value_deep_in_a_streamed_file(tmp_path, ece408, tiny_budget):
     assert not out.exists()
 
 
+def test_bad_label_in_the_last_streamed_block(tmp_path, ece408, tiny_budget):
+    """Labels are waited for after the last block, not with each: a bad one is still refused,
+    naming it, with nothing written."""
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:3000], f["y"][:3000]
+    y[2990, 4] = np.inf
+    bad = tmp_path / "bad.h5"
+    with h5py.File(bad, "w") as f:
+        f["x"], f["y"] = x, y
+    out = tmp_path / "p.npy"
+    r = invoke("run", bad, ece408 / "model.hdf5", "--backend", "cpu", "--predictions", out)
+    assert_refused(r, "bad.h5", "'y'", "(2990, 4)", "not a finite")
+    assert not out.exists()
+
+
 class CountingBackend(stream.HostSide):
     """Records the host buffers it allocates; classifies everything as 0."""
     stream_block, ring_depth, checks_values = 100, 3, False

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Several GPUs on a streamed file (nvidia-h200-x2): the 1,000,000-image float32 and uint8 files
-# through `cnninfer run` on GPU 0 and on all GPUs, 3 runs each (images/s, peak RSS), the speed-up
-# of the medians, and the predictions of both compared. Usage:  . .device/setup.sh && bash tools/device_multi_stream.sh
+# through `cnninfer run` on GPU 0 and on all GPUs, 5 runs each (images/s, peak RSS), the speed-up
+# of the medians, and the predictions of both compared; then the same in one warm process. Usage:  . .device/setup.sh && bash tools/device_multi_stream.sh
 set -uo pipefail
 out="${OUT:-device-out}"; mkdir -p "$out"
 export CNNINFER_CACHE=/tmp/cnninfer-cache
@@ -15,7 +15,7 @@ for name in ("big", "big_u8"):
     medians = {}
     for devices in ("0", "all"):
         rates = []
-        for i in range(3):
+        for i in range(5):
             p = f"/tmp/p_{name}_{devices}.npy"
             r = subprocess.run(["cnninfer", "run", f"/tmp/{name}.hdf5", model, "--devices", devices, "--json", "-q",
                                 "--predictions", p], capture_output=True, text=True)
@@ -28,11 +28,37 @@ for name in ("big", "big_u8"):
                   f"reader {d['reader']}, busy {t['read']:.0f} ms, waited {t['wait']:.0f} ms, peak RSS so far {rss:.0f} MB; {d['device'][:60]}")
         medians[devices] = statistics.median(rates) if rates else float("nan")
     same = (np.load(f"/tmp/p_{name}_0.npy") == np.load(f"/tmp/p_{name}_all.npy")).sum()
-    print(f"{name}: all GPUs / one GPU = {medians['all'] / medians['0']:.2f}x (medians of 3); predictions identical: {same} of 1000000")
-for readers in (12, 16):
-    for i in range(3):
-        r = subprocess.run(["cnninfer", "run", "/tmp/big.hdf5", model, "--devices", "all", "--readers", str(readers), "--json", "-q"],
-                           capture_output=True, text=True)
-        d = json.loads(r.stdout); t = d["timing_ms"]
-        print(f"big --devices all --readers {readers}: forward {t['forward']:.0f} ms = {d['n'] / t['forward'] * 1e3:,.0f} images/s, busy {t['read']:.0f} ms")
+    print(f"{name}: all GPUs / one GPU = {medians['all'] / medians['0']:.2f}x (medians of 5); predictions identical: {same} of 1000000")
+# In one warm process: a first run, then 5 more (medians of those 5); per GPU, when its first block
+# came in and when it finished
+import os, threading, time
+os.environ["CNNINFER_HOST_BUDGET_MB"] = "0"
+import infer
+from infer import stream as S
+from infer.gpu import backend as B
+marks, local = [], threading.local()
+orig_stream, orig_iter = B.CudaBackend.stream, S.Ring.__iter__
+def timed_stream(self, *a):
+    local.t0, local.first = time.perf_counter(), None
+    r = orig_stream(self, *a)
+    marks.append((self.gpu.ordinal, local.first - local.t0, time.perf_counter() - local.t0))
+    return r
+def first_block(self):
+    for item in orig_iter(self):
+        local.first = local.first or time.perf_counter()
+        yield item
+B.CudaBackend.stream, S.Ring.__iter__ = timed_stream, first_block
+for name in ("big", "big_u8"):
+    medians = {}
+    for devices in ([0], "all"):
+        with infer.Session(model, devices=devices) as s:
+            runs = []
+            for i in range(6):
+                marks.clear()
+                runs.append(s.evaluate(f"/tmp/{name}.hdf5").timing["forward"])
+            medians[str(devices)] = statistics.median(runs[1:])
+            gpus = "; ".join(f"GPU {g}: first block in at {a * 1e3:.1f} ms, done at {b * 1e3:.1f} ms" for g, a, b in sorted(marks))
+            print(f"{name} warm {devices}: first run {runs[0]:.1f} ms, then {', '.join(f'{t:.1f}' for t in runs[1:])} ms "
+                  f"(median {medians[str(devices)]:.1f} = {1e6 / medians[str(devices)] * 1e3:,.0f} images/s); last run {gpus}")
+    print(f"{name} warm: all GPUs / one GPU = {medians['[0]'] / medians['all']:.2f}x (medians of 5)")
 PY
