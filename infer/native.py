@@ -1,7 +1,6 @@
-"""The native library: the read pool (read_pool.c) and the labels' first max (labels.c), built
-once with the C compiler ($CC, cc or gcc), cached on disk beside the kernels, loaded with ctypes.
-Where no compiler or build works, `library()` is None and Python threads read and NumPy finds the
-labels instead; CNNINFER_NATIVE=0 forces that."""
+"""The native read pool (read_pool.c): built once with the C compiler ($CC, cc or gcc), cached on
+disk beside the kernels, loaded with ctypes. Where no compiler or build works, `library()` is None
+and Python threads read instead; CNNINFER_NATIVE=0 forces that."""
 import ctypes
 import functools
 import hashlib
@@ -10,12 +9,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import numpy as np
-
 from .atomic import replacing
 from .gpu.compiler import cache_dir as kernel_cache
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("read_pool.c", "labels.c"))
+SOURCE = Path(__file__).with_name("read_pool.c")
 FLAGS = ("-O2", "-shared", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror")
 EOF = 1  # rp_wait: the file ended before the bytes asked for
 
@@ -31,16 +28,16 @@ def compiler():
 def build():
     """The shared library's path (compiled now if not cached), or None with no working compiler."""
     cc = compiler()
-    if cc is None or not all(s.is_file() for s in SOURCES):
+    if cc is None or not SOURCE.is_file():
         return None
-    key = hashlib.sha256(repr(([s.read_bytes() for s in SOURCES], FLAGS, os.uname().machine)).encode()).hexdigest()[:20]
+    key = hashlib.sha256(repr((SOURCE.read_bytes(), FLAGS, os.uname().machine)).encode()).hexdigest()[:20]
     path = kernel_cache().parent / "native" / f"read_pool-{key}.so"
     if path.is_file():
         return path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with replacing(path) as tmp:
-            subprocess.run([cc, *FLAGS, "-o", str(tmp), *map(str, SOURCES), "-lm"], check=True, capture_output=True)
+            subprocess.run([cc, *FLAGS, "-o", str(tmp), str(SOURCE)], check=True, capture_output=True)
     except (OSError, subprocess.CalledProcessError):
         return None
     return path
@@ -61,9 +58,7 @@ def library():
     p, size = ctypes.c_void_p, ctypes.c_size_t
     for name, args, result in (("rp_create", [ctypes.c_int], p), ("rp_destroy", [p], None),
                                ("rp_submit", [p, ctypes.c_int, p, size, ctypes.c_longlong, size], p),
-                               ("rp_wait", [p, p], ctypes.c_int), ("rp_busy_ns", [p], ctypes.c_longlong),
-                               ("first_max_f32", [p, ctypes.c_longlong, ctypes.c_int, p], ctypes.c_longlong),
-                               ("first_max_f64", [p, ctypes.c_longlong, ctypes.c_int, p], ctypes.c_longlong)):
+                               ("rp_wait", [p, p], ctypes.c_int), ("rp_busy_ns", [p], ctypes.c_longlong)):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, result
     return lib
@@ -97,15 +92,3 @@ class ReadPool:
         if self.pool:
             self.lib.rp_destroy(self.pool)
             self.pool = None
-
-
-def first_max(rows, out):
-    """out[r] = the index of the first largest value of rows[r] (NumPy's argmax), natively; False
-    where that cannot be done (no library, another type) or a value is not finite: then the caller
-    takes NumPy's path, which names the bad value."""
-    lib = library()
-    fn = {"f4": "first_max_f32", "f8": "first_max_f64"}.get(rows.dtype.kind + str(rows.dtype.itemsize))
-    if lib is None or fn is None or not rows.dtype.isnative or not rows.flags.c_contiguous:
-        return False
-    assert out.dtype == np.int64 and out.flags.c_contiguous and out.shape == rows.shape[:1]
-    return getattr(lib, fn)(rows.ctypes.data, len(rows), rows.shape[1], out.ctypes.data) < 0

@@ -150,18 +150,3 @@ def test_the_pool_threads_start_with_the_reader():
         assert len([t for t in started if t.startswith("cnninfer-reader")]) == 5
     finally:
         p.close()
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_native_labels_are_numpys_argmax(rng, dtype):
-    """The first largest value of each row, ties included; False on a value that is not finite,
-    so NumPy's path names it."""
-    if native.library() is None:
-        pytest.skip("no C compiler here: the native library cannot be built")
-    rows = rng.integers(0, 4, (1237, 13)).astype(dtype)  # many ties
-    out = np.full(len(rows), -1, np.int64)
-    assert native.first_max(rows, out)
-    np.testing.assert_array_equal(out, np.argmax(rows, axis=1))
-    rows[1000, 12] = np.nan
-    assert not native.first_max(rows, out)
-    assert not native.first_max(rows.astype(np.int32), out)  # other types: NumPy's path
