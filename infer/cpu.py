@@ -68,11 +68,10 @@ class CpuBackend(HostSide):
                     progress.update(done)
         return out, kept
 
-    def forward_stream(self, ring, progress):
-        """(labels, scores or None) of images streamed block by block from `ring`."""
-        n = ring.stop - ring.start
-        out = np.empty(n, np.int64)
-        kept = np.empty((n, self.model.fc2.shape[1]), np.float32) if self.keep_scores else None
+    def forward_stream(self, ring, progress, out):
+        """Labels found (and scores) of images streamed block by block from `ring`, into out (see
+        stream.outputs)."""
+        out, _, kept = out
         for start, x, buf in ring:
             at = start - ring.start
             try:
@@ -84,7 +83,6 @@ class CpuBackend(HostSide):
                 kept[at:at + len(x)] = scores
             ring.release(buf)
             progress.update(len(x))
-        return out, kept
 
     def close(self):
         self.close_host()

@@ -17,10 +17,10 @@ class Ring:
     threads (several blocks in flight); iterate for (first image, images, buffer) in order and
     hand each buffer back with release() once it has been consumed."""
 
-    def __init__(self, data, start, stop, buffers, pool, check):
+    def __init__(self, data, start, stop, buffers, pool, check, labels):
         self.data, self.start, self.stop, self.pool, self.check = data, start, stop, pool, check
         self.block, self.depth = len(buffers[0]), len(buffers)
-        self.labels = np.empty(stop - start, np.int64)
+        self.labels = labels  # (stop - start) int64, filled with the true labels
         self.wait_s = 0.0  # the consumer waiting for reads
         # Labels are only needed at the end: a block goes to compute once its images are in
         self.label_reads = []
@@ -109,24 +109,31 @@ class HostSide:
             self._reader = reader.Reader(self.readers)
         return self._reader
 
-    def stream(self, data, start, stop, progress):
+    def stream(self, data, start, stop, progress, out=None):
         """Images [start, stop) of `data` streamed through a ring of this backend's host buffers:
-        (labels found, true labels, scores or None, reader busy seconds, seconds compute waited)."""
+        (labels found, true labels, scores or None, reader busy seconds, seconds compute waited).
+        The outputs go into `out` (see outputs) where given: several GPUs fill one set in place."""
+        out = out or outputs(stop - start, self.model.fc2.shape[1], self.keep_scores)
         shape = (min(self.stream_block, stop - start),) + tuple(data.image_shape)
         buffers = self.host_buffers(shape, self.wire_dtype(data.dtype), self.ring_depth)
         busy = self.reader.busy_s
-        ring = Ring(data, start, stop, buffers, self.reader, check=not self.checks_values)
+        ring = Ring(data, start, stop, buffers, self.reader, not self.checks_values, out[1])
         try:
-            labels, scores = self.forward_stream(ring, progress)
+            self.forward_stream(ring, progress, out)
         finally:
             ring.close()
-        return labels, ring.labels, scores, (self.reader.busy_s - busy) / self.reader.threads_used, ring.wait_s
+        return out + ((self.reader.busy_s - busy) / self.reader.threads_used, ring.wait_s)
 
     def close_host(self):
         if self.__dict__.get("_reader") is not None:
             self._reader.close()
             self._reader = None
         self.free_host_buffers()
+
+
+def outputs(n, classes, scores):
+    """What a run of n images fills: (labels found, true labels, scores or None)."""
+    return np.empty(n, np.int64), np.empty(n, np.int64), np.empty((n, classes), np.float32) if scores else None
 
 
 class Progress:

@@ -397,8 +397,9 @@ class CudaBackend(HostSide):
     def ring_depth(self):
         return len(self.streams) + 2
 
-    def forward_stream(self, ring, progress):
-        """(labels, scores or None) of images streamed from `ring`; each buffer goes back to the
+    def forward_stream(self, ring, progress, out):
+        """Labels found (and scores) of images streamed from `ring`, into out (see
+        stream.outputs); each buffer goes back to the
         reader as soon as its upload is done, so reading, uploads and kernels overlap. Where the
         images are resident a block is one upload on its own stream and its chunks' kernels wait
         for it; the labels come back once, at the end: little Python work per block."""
@@ -448,7 +449,9 @@ class CudaBackend(HostSide):
         n = ring.stop - ring.start
         self._download(run, self.streams[0], 0, n)
         self.streams[0].synchronize()
-        return self._outputs(run)
+        np.copyto(out[0], run.labels)
+        if out[2] is not None:
+            np.copyto(out[2], run.scores)
 
     def close(self):
         """Free device and page-locked memory, stop the readers, then release the context."""

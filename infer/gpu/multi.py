@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import BadValue, ScoresOverflow
+from ..stream import outputs
 from .backend import CudaBackend
 
 
@@ -69,22 +70,17 @@ class MultiGpuBackend:
         return self._gather(self._each(part))
 
     def stream(self, data, start, stop, progress):
-        """Each GPU streams its own range with its own reader threads and ring, and copies its
-        outputs into place itself, while the other may still be computing."""
-        n = stop - start
-        predictions, labels = np.empty(n, np.int64), np.empty(n, np.int64)
-        scores = np.empty((n, self.classes), np.float32) if self.scores else None
+        """Each GPU streams its own range with its own reader threads and ring, and writes its
+        outputs (and the true labels, as they are read) straight into its part of one set: no
+        copy, and no fresh pages to fault in, after the GPUs are done."""
+        out = outputs(stop - start, self.classes, self.scores)
 
         def part(i, g):
             lo, hi = self.ranges[i]
-            p, y, s, read_s, wait_s = g.stream(data, start + lo, start + hi, progress)
-            predictions[lo:hi], labels[lo:hi] = p, y
-            if scores is not None:
-                scores[lo:hi] = s
-            return read_s, wait_s
+            return g.stream(data, start + lo, start + hi, progress, tuple(a if a is None else a[lo:hi] for a in out))[3:]
 
         read_s, wait_s = zip(*self._each(part))
-        return predictions, labels, scores, max(read_s), max(wait_s)
+        return out + (max(read_s), max(wait_s))
 
     def close(self):
         for g, w in zip(self.gpus, self.workers):
