@@ -2,6 +2,7 @@
 big.hdf5 (float32 contiguous), big_u8.hdf5 (uint8 contiguous, rint(x * 255)) and big_gz.hdf5
 (float32, gzip level 4, 1000-image chunks; testfull's 10 distinct chunks compressed once).
 Usage:  python3 tools/make_big.py DATA_DIR OUT_DIR [big big_u8 big_gz]"""
+import os
 import sys
 import time
 import zlib
@@ -34,6 +35,9 @@ def main(data, out, names):
             for i in range(1000):
                 dx.id.write_direct_chunk((i * rows, 0, 0, 0), packed[i % 10])
             f.create_dataset("y", data=np.tile(y, (100, 1)))
+    # On disk before any timing: otherwise the kernel writes the 4 GB back ~30 s later, in the
+    # middle of the benchmarks that read them (a 2-GPU session at about that time swung from 44 to 224 ms)
+    os.sync()
     print(f"wrote {', '.join(names)} (1,000,000 images each) in {out} in {time.perf_counter() - t:.1f} s")
 
 
