@@ -398,11 +398,11 @@ class CudaBackend(HostSide):
         return len(self.streams) + 2
 
     def forward_stream(self, ring, progress, out):
-        """Labels found (and scores) of images streamed from `ring`, into out (see
-        stream.outputs); each buffer goes back to the
-        reader as soon as its upload is done, so reading, uploads and kernels overlap. Where the
-        images are resident a block is one upload on its own stream and its chunks' kernels wait
-        for it; the labels come back once, at the end: little Python work per block."""
+        """Labels found (and scores) of images streamed from `ring`, into out (see stream.outputs);
+        each buffer goes back to the reader as soon as its upload is done, so reading, uploads and
+        kernels overlap. Where the images are resident a block is one upload on its own stream
+        and its chunks' kernels wait for it; the labels come back once, at the end: little Python
+        work per block."""
         run = self._run
         self._clear_flags(run)
         pending = collections.deque()

@@ -70,14 +70,15 @@ class MultiGpuBackend:
         return self._gather(self._each(part))
 
     def stream(self, data, start, stop, progress):
-        """Each GPU streams its own range with its own reader threads and ring, and writes its
-        outputs (and the true labels, as they are read) straight into its part of one set: no
-        copy, and no fresh pages to fault in, after the GPUs are done."""
+        """Each GPU streams its own range with its own reader threads and ring into its part of
+        one set of outputs: its reader threads write the true labels as they read them, the GPU's
+        thread its predictions as it finishes; nothing is gathered after the last GPU is done."""
         out = outputs(stop - start, self.classes, self.scores)
 
         def part(i, g):
             lo, hi = self.ranges[i]
-            return g.stream(data, start + lo, start + hi, progress, tuple(a if a is None else a[lo:hi] for a in out))[3:]
+            mine = tuple(None if a is None else a[lo:hi] for a in out)
+            return g.stream(data, start + lo, start + hi, progress, mine)[3:]
 
         read_s, wait_s = zip(*self._each(part))
         return out + (max(read_s), max(wait_s))
