@@ -6,7 +6,7 @@ stream(data, start, stop, progress), close().
 `auto` takes CUDA when it is usable here, else the CPU with one notice line.
 """
 from .cpu import CpuBackend
-from .errors import BackendUnavailable
+from .errors import BackendUnavailable, InputError
 
 NAMES = ("auto", "cuda", "cpu")
 
@@ -14,6 +14,9 @@ NAMES = ("auto", "cuda", "cpu")
 def create_cuda(devices=None, **options):
     """The CUDA backend on one GPU, or on several (devices: a list of numbers, or "all"), or
     BackendUnavailable saying why it cannot run here."""
+    if devices != "all" and devices and len(set(devices)) != len(devices):
+        # Two contexts on one GPU share its legacy stream: one's graph capture fails the other's calls
+        raise InputError(f"devices: GPU numbers must be distinct, got {list(devices)}")
     try:
         from .gpu.backend import CudaBackend
         from .gpu.device import visible_devices

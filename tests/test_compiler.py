@@ -2,6 +2,7 @@
 nvcc is one clear line; a cache hit never runs nvcc."""
 import shutil
 
+import numpy as np
 import pytest
 
 from infer.errors import BackendUnavailable
@@ -45,3 +46,13 @@ def test_missing_nvcc_is_one_clear_line(tmp_path, monkeypatch):
 def test_bad_devices_option():
     r = invoke("run", "--devices", "0,0")
     assert r.exit_code == 2 and "distinct" in r.stderr
+
+
+def test_the_api_refuses_one_gpu_twice(ece408):
+    """As --devices does: two contexts on one GPU would share its legacy stream."""
+    from infer import Session
+    from infer.errors import InputError
+
+    with Session(ece408 / "model.hdf5", backend="cuda", devices=[1, 0, 1]) as s:
+        with pytest.raises(InputError, match=r"distinct, got \[1, 0, 1\]"):
+            s.predict(np.zeros((2, 28, 28, 1), np.float32))
