@@ -314,12 +314,16 @@ constexpr int PSTR = C1 + 4;
 constexpr int RSTR = P1W * PSTR;
 constexpr int ISTR = P1H * RSTR;
 constexpr int P1_FLOATS = IMGS * ISTR;
-// conv1's k = (kh, kw, ci): k8 steps on the tensor cores, padded, except a tail of 1 or 2 k past the
-// last whole step, added on the FP32 cores (a k8 step of 3 MMAs for 1 of 8 useful k would cost
-// more: ECE408's 5x5x1 is 3 steps + 1).
+// conv1's k = (kh, kw, ci): k8 steps on the tensor cores, padded, except a tail of CONV1_TAIL (1 or
+// 2) k past the last whole step, added on the FP32 cores (a k8 step of 3 MMAs for 1 of 8 useful k
+// would cost more: ECE408's 5x5x1 is 3 steps + 1). The host chooses it (launch.Fused.conv1_steps).
+#ifndef CONV1_TAIL
+#error "fused v3 needs -DCONV1_TAIL"
+#endif
 constexpr int K1K = K1 * K1 * IN_C;
-constexpr int TAIL1 = K1K > 8 && K1K % 8 <= 2 ? K1K % 8 : 0;  // at least one step
+constexpr int TAIL1 = CONV1_TAIL;
 constexpr int KS1 = (K1K - TAIL1 + 7) / 8;
+static_assert(TAIL1 >= 0 && TAIL1 <= 2 && KS1 >= 1, "fused v3: conv1's tail is 0-2 k after at least one step");
 constexpr int X_PAD = (X_FLOATS + 31) / 32 * 32;  // the images, then conv1's weights (128-byte aligned)
 constexpr int W1F_FLOATS = KS1 * 2 * 8 * C1 + TAIL1 * C1;
 constexpr int STAGE_FLOATS = X_PAD + W1F_FLOATS > 2 * SLAB2 ? X_PAD + W1F_FLOATS : 2 * SLAB2;

@@ -94,7 +94,8 @@ def test_host_memory_is_the_ring_whatever_the_size(ece408):
         _, labels, _, read_s, _ = b.stream(data, 0, 10000, stream.NoProgress(), out)
         assert b.buffers == [(100, 28, 28, 1)] * 3  # 3 blocks of 100 images for 10,000 images
         assert labels is out[1] and read_s > 0
-        assert (labels == np.argmax(h5py.File(ece408 / "testfull.hdf5")["y"][()], axis=1)).all()
+        with h5py.File(ece408 / "testfull.hdf5") as f:
+            assert (labels == np.argmax(f["y"][()], axis=1)).all()
         again = b.stream(data, 0, 10000, stream.NoProgress(), stream.outputs(10000, 10, False))[1]
         assert len(b.buffers) == 3 and (again == labels).all()  # the same shape again: nothing new
     finally:

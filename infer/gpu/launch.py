@@ -31,9 +31,9 @@ def needs_hopper(arch):
 
 def gemm_runs_on(name, arch):
     """None when --gemm-algo name runs on GPU architecture arch (sm_XY), else why not."""
-    spec = GEMMS[name]
-    if spec.hopper_only and needs_hopper(arch):
-        return f"the {name} GEMM {needs_hopper(arch)}"
+    spec, why = GEMMS[name], needs_hopper(arch)
+    if spec.hopper_only and why:
+        return f"the {name} GEMM {why}"
     if int(arch[3:]) < spec.min_arch:
         return f"the {name} GEMM needs sm_{spec.min_arch} or later, this GPU is {arch}"
     return None
@@ -303,7 +303,10 @@ class Fused(Launcher):
         imgs, why = cls.plan(g, version)
         if imgs is None:
             raise ValueError(f"the fused kernel cannot run this network: {why}")
-        return dict(IN_H=g.h, IN_W=g.w, IN_C=g.c, K1=g.k1, C1=g.c1, K2=g.k2, C2=g.c2, IMGS=imgs, FUSED_VERSION=version)
+        defines = dict(IN_H=g.h, IN_W=g.w, IN_C=g.c, K1=g.k1, C1=g.c1, K2=g.k2, C2=g.c2, IMGS=imgs, FUSED_VERSION=version)
+        if version == 3:
+            defines["CONV1_TAIL"] = cls.conv1_steps(g.k1 * g.k1 * g.c)[1]
+        return defines
 
     def __init__(self, build, g, version=1):
         self.kernel = f"fused_kernel{version}"
