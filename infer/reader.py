@@ -380,6 +380,10 @@ class Reader:
     def call(self, fn, *args):
         return self.pool.submit(self._timed, fn, *args)
 
+    def aside(self, fn, *args):
+        """fn(*args) on a pool thread, not counted as reading: a future."""
+        return self.pool.submit(fn, *args)
+
     def read(self, rows, lo, hi, out, check):
         wait(self.submit(rows, lo, hi, out, check))
         return out

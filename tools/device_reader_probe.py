@@ -1,7 +1,7 @@
 """What limits a streamed run, measured piece by piece on the device: reading a cached file into
 page-locked memory on threads (piece size x threads), the upload alone, both at once, the reads
 while the main thread keeps the GIL busy, and the file's pages registered for DMA in place (mmap +
-cuMemHostRegister, read-only), and the native read pool (infer/read_pool.c) with the main thread busy.
+cuMemHostRegister, read-only, on 1-16 threads), and the native read pool (infer/read_pool.c) with the main thread busy.
 Usage:  python3 tools/device_reader_probe.py FILE.hdf5"""
 import ctypes
 import itertools
@@ -13,7 +13,7 @@ import time
 
 import h5py
 import numpy as np
-import pycuda.autoinit  # noqa: F401,E501  (a context for page-locked memory and copies)
+import pycuda.autoinit  # a context for page-locked memory and copies
 import pycuda.driver as cuda
 
 RING = 256 << 20
@@ -94,38 +94,58 @@ def upload(nbytes, src, dev, stream, piece=32 << 20, whole=False):
     return nbytes / (time.perf_counter() - t) / 1e9
 
 
-def registered(path, offset, nbytes, window, dev, stream, flags):
-    """GB/s uploading the file's bytes straight from its mapped pages, each window registered for
-    DMA, copied and unregistered; and the share of the time spent registering."""
+def registered(path, offset, nbytes, window, dev, threads, copy=True):
+    """GB/s uploading the file's bytes straight from a fresh mapping of it, window by window on
+    `threads` threads (each with its own stream; ctypes calls release the GIL): register the
+    window's pages for DMA (read-only), copy, unregister; copy=False registers only. And the share
+    of a thread's time spent registering."""
     lib = ctypes.CDLL("libcuda.so.1")
     lib.cuMemHostRegister_v2.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint]
     lib.cuMemHostUnregister.argtypes = [ctypes.c_void_p]
+    lib.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_ulonglong, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
     fd = os.open(path, os.O_RDONLY)
     size = os.fstat(fd).st_size
     mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
     base = np.frombuffer(mm, np.uint8)
+    lo, hi = base.ctypes.data + offset, base.ctypes.data + offset + nbytes
     page = mmap.PAGESIZE
-    reg = 0.0
+    edges = list(range(lo // page * page, hi, window)) + [-(-hi // page) * page]  # page-aligned, disjoint
+    windows, ticket, errors, reg = list(zip(edges[:-1], edges[1:])), itertools.count(), [], []
+
+    def work():
+        pycuda.autoinit.context.push()
+        stream, r = cuda.Stream(), 0.0
+        try:
+            while (i := next(ticket)) < len(windows) and not errors:
+                a, b = windows[i]
+                t0 = time.perf_counter()
+                if rc := lib.cuMemHostRegister_v2(a, b - a, 8):  # CU_MEMHOSTREGISTER_READ_ONLY
+                    errors.append(f"cuMemHostRegister failed: CUDA error {rc}")
+                r += time.perf_counter() - t0
+                if copy and not rc:
+                    s, e = max(a, lo), min(b, hi)
+                    lib.cuMemcpyHtoDAsync_v2(int(dev) + (s - lo) % (RING - window), s, e - s, stream.handle)
+                    lib.cuStreamSynchronize(stream.handle)
+                t0 = time.perf_counter()
+                if not rc:
+                    lib.cuMemHostUnregister(a)
+                r += time.perf_counter() - t0
+        finally:
+            reg.append(r)
+            cuda.Context.pop()
+
     t = time.perf_counter()
-    for lo in range(0, nbytes, window):
-        a = (offset + lo) // page * page
-        b = min(size, -(-(offset + min(nbytes, lo + window)) // page) * page)
-        t0 = time.perf_counter()
-        rc = lib.cuMemHostRegister_v2(base[a:].ctypes.data, b - a, flags)
-        reg += time.perf_counter() - t0
-        if rc:
-            return f"cuMemHostRegister failed: CUDA error {rc}"
-        n = min(window, nbytes - lo)
-        cuda.memcpy_htod_async(int(dev), base[offset + lo:offset + lo + n], stream)
-        stream.synchronize()
-        t0 = time.perf_counter()
-        lib.cuMemHostUnregister(base[a:].ctypes.data)
-        reg += time.perf_counter() - t0
+    ts = [threading.Thread(target=work) for _ in range(threads)]
+    for th in ts:
+        th.start()
+    for th in ts:
+        th.join()
     wall = time.perf_counter() - t
     del base
     mm.close()
     os.close(fd)
-    return f"{nbytes / wall / 1e9:.1f} GB/s, registering {100 * reg / wall:.0f}% of the time"
+    return errors[0] if errors else f"{nbytes / wall / 1e9:.1f} GB/s, a thread registering {100 * sum(reg) / threads / wall:.0f}% of the time"
 
 
 def main(path):
@@ -154,11 +174,11 @@ def main(path):
     for t in (4, 8, 16):
         print(f"native pool, {t} threads, 64 MB blocks: {native_read(path, offset, nbytes, t, ring):.1f} GB/s; "
               f"with the main thread busy between blocks: {native_read(path, offset, nbytes, t, ring, busy_main=True):.1f}")
-    for window in (16 << 20, 64 << 20, 256 << 20):
-        for name, flags in (("plain", 0), ("read-only", 8)):
-            print(f"registered in place, {window >> 20} MB windows, {name}: "
-                  f"{registered(path, offset, nbytes, window, dev, stream, flags)}")
-
+    for copy in (False, True):
+        for window in (16 << 20, 64 << 20):
+            for t in (1, 2, 4, 8, 16):
+                print(f"{'registered in place + copied' if copy else 'registered only'}, {window >> 20} MB windows, "
+                      f"{t} threads: {registered(path, offset, nbytes, window, dev, t, copy)}", flush=True)
 
 if __name__ == "__main__":
     main(sys.argv[1])

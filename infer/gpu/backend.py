@@ -405,6 +405,10 @@ class CudaBackend(HostSide):
         work per block."""
         run = self._run
         self._clear_flags(run)
+        # The outputs are written only after the last kernel, on this thread; their fresh pages are
+        # faulted in on a reader thread while the GPU works (1M images, H100 machine: the time
+        # from the GPU done to the outputs in place fell from 3.4-3.8 ms to 1.4-1.7).
+        faulted = self.reader.aside(_fault_in, out[0], out[2])
         pending = collections.deque()
         computed = collections.deque()  # per block: events after its kernels, on every stream used
 
@@ -449,6 +453,7 @@ class CudaBackend(HostSide):
         n = ring.stop - ring.start
         self._download(run, self.streams[0], 0, n)
         self.streams[0].synchronize()
+        faulted.result()
         np.copyto(out[0], run.labels)
         if out[2] is not None:
             np.copyto(out[2], run.scores)
@@ -473,3 +478,11 @@ def _event(stream):
     e = cuda.Event(cuda.event_flags.DISABLE_TIMING)
     e.record(stream)
     return e
+
+
+def _fault_in(*arrays):
+    """Touch every page of the arrays (None skipped) so writing them later takes no page faults;
+    NumPy fills large arrays without the interpreter lock."""
+    for a in arrays:
+        if a is not None:
+            a.fill(0)
