@@ -113,9 +113,11 @@ def registered(path, offset, nbytes, window, dev, threads, copy=True):
     edges = list(range(lo // page * page, hi, window)) + [-(-hi // page) * page]  # page-aligned, disjoint
     windows, ticket, errors, reg = list(zip(edges[:-1], edges[1:])), itertools.count(), [], []
 
-    def work():
+    streams = [cuda.Stream() for _ in range(threads)]  # made and freed where the context is current
+
+    def work(stream):
         pycuda.autoinit.context.push()
-        stream, r = cuda.Stream(), 0.0
+        r = 0.0
         try:
             while (i := next(ticket)) < len(windows) and not errors:
                 a, b = windows[i]
@@ -136,7 +138,7 @@ def registered(path, offset, nbytes, window, dev, threads, copy=True):
             cuda.Context.pop()
 
     t = time.perf_counter()
-    ts = [threading.Thread(target=work) for _ in range(threads)]
+    ts = [threading.Thread(target=work, args=(s,)) for s in streams]
     for th in ts:
         th.start()
     for th in ts:
