@@ -150,3 +150,19 @@ def test_the_pool_threads_start_with_the_reader():
         assert len([t for t in started if t.startswith("cnninfer-reader")]) == 5
     finally:
         p.close()
+
+
+def test_work_aside_runs_on_a_pool_thread_and_is_not_reading():
+    """The outputs faulted in during a streamed run must not count as the readers' busy time."""
+    import threading
+    import time
+
+    p = reader.Reader(2, use_native=False)
+    try:
+        ran = p.aside(lambda: (time.sleep(0.05), threading.current_thread().name)[1]).result()
+        assert ran.startswith("cnninfer-reader")
+        assert p.busy_s == 0.0
+        p.call(time.sleep, 0.05).result()
+        assert p.busy_s >= 0.04
+    finally:
+        p.close()
