@@ -4,7 +4,6 @@ import os
 
 import h5py
 import numpy as np
-import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
