@@ -113,7 +113,7 @@ class HostSide:
         """Images [start, stop) of `data` streamed through a ring of this backend's host buffers:
         (labels found, true labels, scores or None, reader busy seconds, seconds compute waited).
         The outputs go into `out` (see outputs) where given: several GPUs fill one set in place."""
-        out = out or outputs(stop - start, self.model.fc2.shape[1], self.keep_scores)
+        out = out or self.outputs(stop - start)
         shape = (min(self.stream_block, stop - start),) + tuple(data.image_shape)
         buffers = self.host_buffers(shape, self.wire_dtype(data.dtype), self.ring_depth)
         busy = self.reader.busy_s
@@ -123,6 +123,10 @@ class HostSide:
         finally:
             ring.close()
         return out + ((self.reader.busy_s - busy) / self.reader.threads_used, ring.wait_s)
+
+    def outputs(self, n):
+        """A fresh set of outputs for n images of the prepared model (see outputs)."""
+        return outputs(n, self.model.fc2.shape[1], self.keep_scores)
 
     def close_host(self):
         if self.__dict__.get("_reader") is not None:

@@ -6,7 +6,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from ..errors import BadValue, ScoresOverflow
-from ..stream import outputs
 from .backend import CudaBackend
 
 
@@ -51,7 +50,6 @@ class MultiGpuBackend:
 
     def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False):
         self.ranges = split(x_shape[0], len(self.gpus))
-        self.scores, self.classes = scores, model.fc2.shape[1]
         self._each(lambda i, g: g.prepare(model, (self.ranges[i][1] - self.ranges[i][0],) + tuple(x_shape[1:]),
                                           scores, wire, streamed))
 
@@ -73,7 +71,7 @@ class MultiGpuBackend:
         """Each GPU streams its own range with its own reader threads and ring into its part of
         one set of outputs: its reader threads write the true labels as they read them, the GPU's
         thread its predictions as it finishes; nothing is gathered after the last GPU is done."""
-        out = outputs(stop - start, self.classes, self.scores)
+        out = self.gpus[0].outputs(stop - start)  # every GPU holds the same model and options
 
         def part(i, g):
             lo, hi = self.ranges[i]
