@@ -1,4 +1,5 @@
 """The CPU backend: the NumPy reference layers, run over chunks of images so memory stays bounded."""
+import functools
 import os
 import platform
 from concurrent.futures import ThreadPoolExecutor
@@ -12,10 +13,20 @@ from .stream import HostSide
 DEFAULT_CHUNK = 32  # small chunks keep each thread's im2col buffer in cache
 
 
+@functools.lru_cache(maxsize=None)
+def _blas():
+    """threadpoolctl's view of the loaded BLAS, found once: finding it costs ~0.7 ms a call, which
+    was most of a one-image predict (imported here: start-up of GPU runs skips it)."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
+
+
 class CpuBackend(HostSide):
     name = "cpu"
     profile = None  # the CPU backend keeps no per-kernel timings
     checks_values = False  # the reader checks the images on its threads
+    concurrent = True  # forward keeps no state: calls from several threads may run at once
     stream_block = 4096  # images per block when streaming from the file
     ring_depth = 3
 
@@ -24,6 +35,7 @@ class CpuBackend(HostSide):
         self.threads = os.cpu_count() or 1
         self.readers = readers
         self.model = None
+        self.pool = None  # the compute threads, made on the first batch of several chunks
 
     @property
     def device(self):
@@ -41,9 +53,10 @@ class CpuBackend(HostSide):
         self.model, self.keep_scores = model, scores
 
     def forward(self, x, progress=None):
-        """(predicted class, scores or None) of each image of x (N, H, W, C) float32."""
+        """(predicted class, scores) of each image of x (N, H, W, C) float32 (both: the scores are
+        there anyway, and forward depends on nothing but the model, so threads may share it)."""
         out = np.empty(len(x), np.int64)
-        kept = np.empty((len(x), self.model.fc2.shape[1]), np.float32) if self.keep_scores else None
+        kept = np.empty((len(x), self.model.fc2.shape[1]), np.float32)
         starts = range(0, len(x), self.chunk)
 
         def one(start):
@@ -53,19 +66,23 @@ class CpuBackend(HostSide):
             if not finite.all():
                 raise ScoresOverflow(self.model.path, start + int(np.argmin(finite)))
             out[start:start + self.chunk] = reference.argmax(scores)
-            if kept is not None:
-                kept[start:start + self.chunk] = scores
+            kept[start:start + self.chunk] = scores
             return len(scores)
 
         # NumPy releases the GIL in its copies and BLAS calls: a thread per core, each with a
         # single-threaded BLAS, keeps every core busy, also through the im2col copies (measured
-        # 2.4x faster than one thread driving a multi-threaded BLAS on 2 cores).
-        from threadpoolctl import threadpool_limits  # imported here: start-up of GPU runs skips it
-
-        with threadpool_limits(limits=1, user_api="blas"), ThreadPoolExecutor(self.threads) as pool:
-            for done in pool.map(one, starts):
+        # 2.4x faster than one thread driving a multi-threaded BLAS on 2 cores). One chunk runs
+        # on the caller's thread.
+        with _blas().limit(limits=1, user_api="blas"):
+            if len(starts) == 1:
+                done = map(one, starts)
+            else:
+                if self.pool is None:
+                    self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="cnninfer-cpu")
+                done = self.pool.map(one, starts)
+            for count in done:
                 if progress is not None:
-                    progress.update(done)
+                    progress.update(count)
         return out, kept
 
     def forward_stream(self, ring, progress, out):
@@ -85,4 +102,7 @@ class CpuBackend(HostSide):
             progress.update(len(x))
 
     def close(self):
+        if self.pool is not None:
+            self.pool.shutdown()
+            self.pool = None
         self.close_host()

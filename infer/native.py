@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 
 from .atomic import replacing
-from .gpu.compiler import cache_dir as kernel_cache
+from . import env
 
 SOURCE = Path(__file__).with_name("read_pool.c")
 FLAGS = ("-O2", "-shared", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror")
@@ -31,7 +31,7 @@ def build():
     if cc is None or not SOURCE.is_file():
         return None
     key = hashlib.sha256(repr((SOURCE.read_bytes(), FLAGS, os.uname().machine)).encode()).hexdigest()[:20]
-    path = kernel_cache().parent / "native" / f"read_pool-{key}.so"
+    path = env.cache_root() / "native" / f"read_pool-{key}.so"
     if path.is_file():
         return path
     try:
@@ -46,7 +46,7 @@ def build():
 @functools.lru_cache(maxsize=None)
 def library():
     """The loaded read pool (ctypes), or None: no compiler, a failed build, or CNNINFER_NATIVE=0."""
-    if os.environ.get("CNNINFER_NATIVE", "1") == "0":
+    if not env.native():
         return None
     path = build()
     if path is None:

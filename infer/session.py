@@ -6,16 +6,20 @@ reader threads) between calls.
         labels = s.predict(images)          # (N, H, W, C) array of any integer or float type
         result = s.evaluate("testfull.hdf5")  # what `cnninfer run --json` reports
 
-Every bad input raises InputError (a ValueError) with the one line the command line prints.
+Every bad input raises InputError (a ValueError) with the one line the command line prints. A
+Session may be shared by any number of threads: their calls take turns on the backend (one lock),
+each with the answers it would get alone.
 """
 import os
+import threading
 import time
 
 import numpy as np
 
-from . import backends, defaults, loader
+from . import backends, defaults, env, loader
 from .dataset import DataSet, expand
 from .errors import BadValue, InputError
+from .options import Options
 from .reader import wait
 from .result import Result
 from .stream import NoProgress, Progress
@@ -23,7 +27,7 @@ from .stream import NoProgress, Progress
 
 def host_budget():
     """Bytes of images read into host memory at once; larger inputs are streamed."""
-    return int(os.environ.get("CNNINFER_HOST_BUDGET_MB", 512)) * 2**20
+    return env.host_budget_mb() * 2**20
 
 
 def _ms(start):
@@ -53,23 +57,31 @@ class Session:
 
     model: a path to an HDF5 model, a mapping {conv1, conv2, fc1, fc2} of arrays, or None for the
     bundled model. backend: "auto" (CUDA when usable, else the CPU with one notice), "cuda" or
-    "cpu". The other options are the command line's: chunk, streams, tile_width, conv_algo,
-    device, devices (a list of GPU numbers or "all"), fast_math, profile, readers (reader threads).
+    "cpu". The other options are the command line's (see options.Options): chunk, readers,
+    streams, tile_width, conv_algo, gemm_algo, device, devices (a list of GPU numbers or "all"),
+    fast_math, profile; a name not among them is a TypeError.
+
+    Thread-safe: calls from several threads give each the answers it would get alone. On the GPU
+    they take turns (each call keeps the GPU busy; one set of buffers); the CPU backend's
+    in-memory calls run at once on its shared compute threads (see _forward).
     """
 
-    def __init__(self, model=None, backend="auto", *, notice=_notice, chunk=None, readers=None, device=0,
-                 devices=None, **cuda_options):
+    def __init__(self, model=None, backend="auto", *, notice=_notice, **options):
         t = time.perf_counter()
+        self.options = Options.of(**options)
         if backend not in backends.NAMES:
             raise InputError(f"backend must be one of {', '.join(backends.NAMES)}, not {backend!r}")
+        env.check()
         self.model = _model(model)
         self.load_ms = _ms(t)  # counted in the first call's timing, as one run of the command line does
         self.setup_ms = 0.0
         self.backend, self.closed = None, False
+        self.lock = threading.RLock()  # one call at a time on the backend and its buffers
+        self._calls = threading.Condition()  # calls running outside the lock (see _forward)
+        self._running = 0
         # The backend (for CUDA: the context, kernels, weights) starts with the first call, after
         # that call's input has been checked: a bad file costs no GPU start-up.
-        self._create = lambda: backends.create(backend, notice, chunk=chunk, readers=readers,
-                                               devices=devices or [device], **cuda_options)
+        self._create = lambda: backends.create(backend, notice, **self.options.backend_kwargs())
 
     def __enter__(self):
         return self
@@ -78,10 +90,15 @@ class Session:
         self.close()
 
     def close(self):
-        """Release the backend: device memory, page-locked buffers, the CUDA context, threads."""
-        if self.backend is not None:
-            self.backend.close()
-        self.backend, self.closed = None, True
+        """Release the backend: device memory, page-locked buffers, the CUDA context, threads.
+        Waits for a call in progress on another thread; later calls raise InputError."""
+        with self.lock:
+            with self._calls:
+                self.closed = True
+                self._calls.wait_for(lambda: self._running == 0)
+            if self.backend is not None:
+                self.backend.close()
+            self.backend = None
 
     @property
     def classes(self):
@@ -96,15 +113,22 @@ class Session:
             self.setup_ms += _ms(t)
         return self.backend
 
+    @property
+    def device(self):
+        """What runs the network (the GPU or the CPU), once the backend has started, else None."""
+        return None if self.backend is None else self.backend.device
+
     def predict(self, x):
         """The predicted class (int64) of each image of x, an (N, H, W, C) array."""
-        return self._array(x, scores=False)[0]
+        return self.classify(x)[0]
 
     def scores(self, x):
         """The class scores (N, classes) float32 of each image of x, an (N, H, W, C) array."""
-        return self._array(x, scores=True)[1]
+        return self.classify(x, scores=True)[1]
 
-    def _array(self, x, scores):
+    def classify(self, x, scores=False):
+        """(predicted classes int64 (N,), scores float32 (N, classes) or None) of x's images, both
+        from one forward pass."""
         x = np.asarray(x)
         if x.dtype.kind not in "iuf":
             raise InputError(f"x: type {x.dtype} is not a number type (integer or float)")
@@ -115,7 +139,7 @@ class Session:
             return np.empty(0, np.int64), np.empty((0, self.classes), np.float32)
         data = DataSet.from_array(x)
         predictions, _, kept, _ = self._forward(data, scores, NoProgress())
-        return predictions, kept
+        return predictions, kept if scores else None
 
     def evaluate(self, data, n=None, *, scores=False, progress=False):
         """Classify the first n images (all by default) of one data file, or of several taken as
@@ -128,29 +152,53 @@ class Session:
         try:
             load_ms = _ms(t)
             bar = Progress(dataset.size) if progress else NoProgress()
-            try:
-                predictions, labels, kept, timing = self._forward(dataset, scores, bar)
-            finally:
-                bar.close()
-            timing["load"] += load_ms + self.load_ms
-            self.load_ms = 0.0
-            backend = self._backend()
-            return Result(data_paths=paths, model_path=self.model.path, shape=(dataset.size,) + dataset.image_shape,
-                          predictions=predictions, labels=labels, scores=kept, classes=self.classes,
-                          shards=dataset.shards, backend=backend.name, device=backend.device,
-                          profile=backend.profile, timing=timing, streamed="read" in timing,
-                          reader=dict(layout=dataset.kind, threads=backend.reader.threads_used, pool=backend.reader.kind))
+            with self.lock:
+                try:
+                    predictions, labels, kept, timing = self._forward(dataset, scores, bar)
+                finally:
+                    bar.close()
+                timing["load"] += load_ms + self.load_ms
+                self.load_ms = 0.0
+                backend = self._backend()
+                return Result(data_paths=paths, model_path=self.model.path, shape=(dataset.size,) + dataset.image_shape,
+                              predictions=predictions, labels=labels, scores=kept, classes=self.classes,
+                              shards=dataset.shards, backend=backend.name, device=backend.device,
+                              profile=backend.profile, timing=timing, streamed="read" in timing,
+                              reader=dict(layout=dataset.kind, threads=backend.reader.threads_used,
+                                          pool=backend.reader.kind))
         finally:
             dataset.close()
 
     def _forward(self, data, scores, progress):
-        """(predictions, labels or None, scores or None, timing in ms) for every image of `data`."""
-        backend = self._backend()
+        """(predictions, labels or None, scores or None, timing in ms) for every image of `data`.
+        Calls take turns on the backend (the lock), except where it keeps no state between prepare
+        and forward (the CPU backend's in-memory path): there each call has its own image buffer
+        and runs at once, on the backend's shared compute threads."""
+        with self.lock:
+            backend = self._backend()
         n = data.size
         x_shape = (n,) + tuple(data.image_shape)
         loader.geometry(self.model, x_shape, data.parts[0][0])
         wire = backend.wire_dtype(data.dtype)
         streamed = n * data.image_bytes(wire) > host_budget()
+        if backend.concurrent and not streamed:
+            with self._calls:
+                if self.closed:
+                    raise InputError("this session is closed")
+                self._running += 1
+            try:
+                return self._run(backend, data, scores, progress, x_shape, wire, streamed, own_buffer=True)
+            finally:
+                with self._calls:
+                    self._running -= 1
+                    self._calls.notify_all()
+        with self.lock:
+            backend = self._backend()  # closed meanwhile?
+            with backend.current():
+                return self._run(backend, data, scores, progress, x_shape, wire, streamed)
+
+    def _run(self, backend, data, scores, progress, x_shape, wire, streamed, own_buffer=False):
+        n = x_shape[0]
         t = time.perf_counter()
         backend.prepare(self.model, x_shape, scores, wire, streamed)
         timing = dict(load=0.0, prepare=_ms(t))
@@ -161,7 +209,7 @@ class Session:
                 timing.update(read=read_s * 1e3, wait=wait_s * 1e3, forward=_ms(t))
             else:
                 t = time.perf_counter()
-                x = backend.host_buffers(x_shape, wire)[0]
+                x = backend.new_host_buffer(x_shape, wire) if own_buffer else backend.host_buffers(x_shape, wire)[0]
                 labels = None if data.classes is None else np.empty(n, np.int64)
                 futures = data.submit_images(backend.reader, 0, n, x, check=not backend.checks_values)
                 if labels is not None:
@@ -173,6 +221,7 @@ class Session:
                 timing["forward"] = _ms(t)
         except BadValue as e:
             raise data.bad_value(e.image) from None
-        timing["prepare"] += self.setup_ms
-        self.setup_ms = 0.0
-        return predictions, labels, kept, timing
+        with self._calls:
+            timing["prepare"] += self.setup_ms
+            self.setup_ms = 0.0
+        return predictions, labels, kept if scores else None, timing

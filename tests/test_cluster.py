@@ -50,3 +50,24 @@ def test_a_dask_array_on_the_cluster_equals_one_process(client, shards, ece408):
         expected = s.predict(x)
     labels = predict_array(da.from_array(x, chunks=(200, 28, 28, 1)), ece408 / "model.hdf5", backend="cpu")
     assert (labels == expected).all()
+
+
+def test_a_glob_string_is_the_shards_and_the_result_has_timing(client, shards, ece408):
+    """The README's call: one pattern string (was iterated character by character), and a Result
+    whose as_dict() works like a local one's (raised KeyError: 'forward')."""
+    from infer.cluster import evaluate_shards
+
+    one = engine.run(shards, ece408 / "model.hdf5", backend="cpu")
+    many = evaluate_shards(client, str(shards[0].parent / "part*.h5"), str(ece408 / "model.hdf5"), backend="cpu")
+    assert many.data_paths == [str(p) for p in shards]
+    assert (many.predictions == one.predictions).all()
+    d = many.as_dict()
+    assert d["correct"] == one.correct and d["elapsed_ms"] > 0
+    assert set(d["timing_ms"]) == {"load", "prepare", "forward"} and all(v >= 0 for v in d["timing_ms"].values())
+
+
+def test_a_misspelt_option_fails_before_the_cluster_runs(client, shards, ece408):
+    from infer.cluster import evaluate_shards
+
+    with pytest.raises(TypeError, match="unknown option conv_alg"):
+        evaluate_shards(client, shards, ece408 / "model.hdf5", backend="cpu", conv_alg="unroll")

@@ -53,6 +53,6 @@ def test_the_api_refuses_one_gpu_twice(ece408):
     from infer import Session
     from infer.errors import InputError
 
-    with Session(ece408 / "model.hdf5", backend="cuda", devices=[1, 0, 1]) as s:
-        with pytest.raises(InputError, match=r"distinct, got \[1, 0, 1\]"):
+    with pytest.raises(InputError, match=r"distinct, got \[1, 0, 1\]"):
+        with Session(ece408 / "model.hdf5", backend="cuda", devices=[1, 0, 1]) as s:
             s.predict(np.zeros((2, 28, 28, 1), np.float32))

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from .. import env
 from ..atomic import replacing
 from ..errors import BackendUnavailable
 
@@ -33,8 +34,7 @@ def kernel_names():
 
 
 def cache_dir():
-    base = os.environ.get("CNNINFER_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cnninfer"
-    return Path(base) / "kernels"
+    return env.cache_root() / "kernels"
 
 
 def nvcc():

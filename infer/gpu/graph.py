@@ -2,7 +2,8 @@
 every chunk on every stream, recorded once and replayed with one launch, so a pipeline of many
 small kernels costs no Python launch overhead. Set CNNINFER_GRAPHS=0 to launch kernel by kernel."""
 import ctypes
-import os
+
+from .. import env
 
 CAPTURE_THREAD_LOCAL = 1  # other threads' CUDA calls (none do any) may not disturb a capture
 
@@ -32,7 +33,7 @@ def _check(rc, what):
 
 
 def enabled():
-    return os.environ.get("CNNINFER_GRAPHS", "1") != "0"
+    return env.graphs()
 
 
 class Graph:

@@ -1,6 +1,7 @@
 """Several GPUs: the images split into contiguous ranges, one per GPU, each GPU with its own
 context, streams and host thread (a context stays current in the thread that made it). The
 per-image computation does not depend on the batch, so predictions equal one GPU's."""
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -19,6 +20,7 @@ class MultiGpuBackend:
     name = "cuda"
     profile = None  # per-kernel profiles are per GPU: profile one device at a time
     checks_values = True
+    concurrent = False
     wire_dtype = staticmethod(CudaBackend.wire_dtype)
 
     def __init__(self, devices, **options):
@@ -30,6 +32,10 @@ class MultiGpuBackend:
         except BaseException:
             self.close()
             raise
+
+    def current(self):
+        """Nothing to make current: every GPU is driven from its own thread, whoever calls."""
+        return contextlib.nullcontext()
 
     def _each(self, fn):
         """fn(i, gpu) on every GPU's own thread, concurrently; the results in GPU order."""

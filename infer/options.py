@@ -1,0 +1,67 @@
+"""A Session's backend options, typed and checked when the Session is made, whatever the backend:
+a misspelt name is a TypeError naming it, a bad value an InputError (a ValueError)."""
+import dataclasses
+from dataclasses import dataclass
+
+from .errors import InputError
+from .gpu.launch import GEMMS, TILE_WIDTHS
+from .gpu.pipelines import ALGORITHMS, AUTO
+
+
+@dataclass(frozen=True)
+class Options:
+    chunk: int = None  # images per chunk (None: the backend's own)
+    readers: int = None  # reader threads (None: one per core, at most 16)
+    streams: int = 4  # CUDA streams
+    tile_width: int = None  # --conv-algo unroll's GEMM tile
+    conv_algo: str = AUTO
+    gemm_algo: str = "auto"
+    device: int = 0
+    devices: object = None  # a list of distinct GPU numbers, or "all" (overrides device)
+    fast_math: bool = False
+    profile: bool = False
+
+    @classmethod
+    def of(cls, **given):
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(given) - names)
+        if unknown:
+            raise TypeError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                            f"the options are {', '.join(sorted(names))}")
+        return cls(**{k: v for k, v in given.items() if v is not None})
+
+    def __post_init__(self):
+        for name, low in (("chunk", 1), ("readers", 1), ("streams", 1), ("device", 0)):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise InputError(f"{name} must be a whole number of at least {low}, not {value!r}")
+        if self.streams > 64:
+            raise InputError(f"streams must be at most 64, not {self.streams}")
+        if self.readers is not None and self.readers > 256:
+            raise InputError(f"readers must be at most 256, not {self.readers}")
+        if self.tile_width is not None and self.tile_width not in TILE_WIDTHS:
+            raise InputError(f"tile_width must be one of {', '.join(map(str, TILE_WIDTHS))}, not {self.tile_width!r}")
+        if self.conv_algo not in (AUTO, *ALGORITHMS):
+            raise InputError(f"conv_algo must be one of {', '.join((AUTO, *ALGORITHMS))}, not {self.conv_algo!r}")
+        if self.gemm_algo not in ("auto", *GEMMS):
+            raise InputError(f"gemm_algo must be one of {', '.join(('auto', *GEMMS))}, not {self.gemm_algo!r}")
+        if self.devices is not None and self.devices != "all":
+            try:
+                devices = [int(d) for d in self.devices]
+            except (TypeError, ValueError):
+                raise InputError(f"devices must be a list of GPU numbers or 'all', not {self.devices!r}") from None
+            if not devices or min(devices) < 0:
+                raise InputError(f"devices: GPU numbers must be 0 or more, got {list(self.devices)}")
+            if len(set(devices)) != len(devices):
+                # Two contexts on one GPU share its legacy stream: one's graph capture fails the other's calls
+                raise InputError(f"devices: GPU numbers must be distinct, got {devices}")
+            object.__setattr__(self, "devices", devices)
+        for name in ("fast_math", "profile"):
+            if not isinstance(getattr(self, name), bool):
+                raise InputError(f"{name} must be True or False, not {getattr(self, name)!r}")
+
+    def backend_kwargs(self):
+        """What backends.create takes: the host options, the GPUs, and the CUDA backend's own."""
+        return dict(chunk=self.chunk, readers=self.readers, devices=self.devices or [self.device],
+                    streams=self.streams, tile_width=self.tile_width, conv_algo=self.conv_algo,
+                    gemm_algo=self.gemm_algo, fast_math=self.fast_math, profile=self.profile)
