@@ -210,6 +210,43 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
     click.echo(json.dumps(result) if as_json else "\n".join(benchmark.table(result)))
 
 
+@cli.command()
+@click.argument("model", required=False, type=click.Path(dir_okay=False))
+@click.option("--backend", type=click.Choice(backends.NAMES), default="auto", show_default=True,
+              help="auto: CUDA when usable here, else the CPU.")
+@click.option("--chunk", type=click.IntRange(1), help="Images per chunk (default: the backend's).")
+@cuda_options
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every one).")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: a free one).")
+@click.option("--max-batch", type=click.IntRange(1), default=1024, show_default=True,
+              help="Images merged into one forward pass at most (1: no batching).")
+@click.option("--max-delay-ms", type=click.FloatRange(0, 10_000), default=2.0, show_default=True,
+              help="How long a batch waits for more requests after its first one arrived.")
+@click.option("--token", envvar="CNNINFER_SERVE_TOKEN", help="Require 'Authorization: Bearer TOKEN' on /v1/* "
+              "and /metrics (or set CNNINFER_SERVE_TOKEN).")
+@click.option("--max-body-mb", type=click.FloatRange(0, min_open=True), default=64, show_default=True,
+              help="Larger request bodies are refused (413).")
+def serve(model, backend, chunk, streams, tile_width, gemm_algo, conv_algo, device_ordinal, devices, fast_math,
+          host, port, max_batch, max_delay_ms, token, max_body_mb):
+    """Serve MODEL (default: the bundled one) over HTTP with dynamic batching, until SIGTERM or
+    Ctrl-C (in-flight requests are answered first). Prints one line with the URL once it accepts
+    connections. POST /v1/predict takes an .npy array of (N, H, W, C) images or one PNG / JPEG;
+    / is a page to draw a digit on. Needs: pip install 'cnninfer[serve]'."""
+    from . import server
+    from .session import Session
+
+    server.require()
+    settings = server.Settings(max_batch=max_batch, max_delay_ms=max_delay_ms, token=token or None,
+                               max_body_bytes=int(max_body_mb * 2**20))
+    session = Session(model or str(defaults.model()), backend, notice=notice, chunk=chunk, streams=streams,
+                      tile_width=tile_width and int(tile_width), gemm_algo=gemm_algo, conv_algo=conv_algo,
+                      devices=devices or [device_ordinal], fast_math=fast_math)
+    try:
+        server.serve(session, settings, host, port, announce=lambda line: click.echo(line))
+    finally:
+        session.close()
+
+
 @cli.command("convert-mnist")
 @click.argument("images", type=click.Path(dir_okay=False))
 @click.argument("labels", type=click.Path(dir_okay=False))

@@ -1,0 +1,138 @@
+"""Dynamic batching: requests that arrive together are merged into one forward pass and each gets
+its own rows of the answer back.
+
+A batch opens with the oldest waiting request and takes the requests behind it, in order, while
+they have its image type and shape and the batch stays within max_batch images; it waits for more
+at most max_delay after its first request arrived (requests that queued during the previous pass
+have waited already, so a busy server never waits). One forward pass at a time, on one thread
+that owns the session. A failing pass is run again request by request, so a bad request fails
+alone; a request whose caller went away is skipped.
+"""
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+
+STOP = object()  # queued by stop(): the requests before it are answered first
+
+
+class Busy(Exception):
+    """More images wait than the queue holds (HTTP 503)."""
+
+
+class Pending:
+    __slots__ = ("x", "scores", "future", "arrived")
+
+    def __init__(self, x, scores, future):
+        self.x, self.scores, self.future, self.arrived = x, scores, future, time.perf_counter()
+
+    def fits(self, other):
+        return self.x.dtype == other.x.dtype and self.x.shape[1:] == other.x.shape[1:]
+
+
+class Batcher:
+    def __init__(self, classify, max_batch, max_delay_s, metrics=None, max_queued=None):
+        """classify(x, scores) -> (labels, scores or None), called on the batch thread."""
+        self.classify, self.max_batch, self.max_delay_s = classify, max_batch, max_delay_s
+        self.metrics = metrics
+        self.max_queued = max_queued or 64 * max_batch
+        self.queue = asyncio.Queue()
+        self.held = None  # a request taken from the queue that opens the next batch
+        self.queued = 0  # images waiting
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="cnninfer-batch")
+        self.task = None
+
+    def start(self):
+        self.task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def submit(self, x, scores=False):
+        """(labels, scores or None) of images x (at least one), computed in some batch."""
+        if self.queued + len(x) > self.max_queued and self.queued:
+            raise Busy(f"{self.queued} images are waiting already (at most {self.max_queued})")
+        future = asyncio.get_running_loop().create_future()
+        self._count(len(x))
+        await self.queue.put(Pending(x, scores, future))
+        return await future  # cancelled with the request: the batch skips it
+
+    def _count(self, images):
+        self.queued += images
+        if self.metrics is not None:
+            self.metrics.queued = self.queued
+
+    async def _next(self, timeout):
+        """The held request, else the queue's next (None when none came within timeout)."""
+        if self.held is not None:
+            item, self.held = self.held, None
+            return item
+        if timeout is None:
+            return await self.queue.get()
+        if not self.queue.empty():
+            return self.queue.get_nowait()
+        if timeout <= 0:
+            return None
+        try:
+            return await asyncio.wait_for(self.queue.get(), timeout)
+        except asyncio.TimeoutError:
+            return None
+
+    async def _loop(self):
+        loop = asyncio.get_running_loop()
+        while True:
+            first = await self._next(None)
+            if first is STOP:
+                return
+            self._count(-len(first.x))
+            if first.future.done():  # its caller went away
+                continue
+            batch, images = [first], len(first.x)
+            while images < self.max_batch:
+                item = await self._next(first.arrived + self.max_delay_s - time.perf_counter())
+                if item is None:
+                    break
+                if item is STOP or not (item.fits(first) and images + len(item.x) <= self.max_batch):
+                    self.held = item  # opens the next batch: order is kept
+                    break
+                self._count(-len(item.x))
+                if not item.future.done():
+                    batch.append(item)
+                    images += len(item.x)
+            await self._run(loop, batch, images)
+
+    async def _run(self, loop, batch, images):
+        scores = any(p.scores for p in batch)
+        x = batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch])
+        try:
+            labels, kept = await loop.run_in_executor(self.thread, self.classify, x, scores)
+        except Exception as e:
+            if len(batch) == 1:
+                _settle(batch[0], exception=e)
+                return
+            for p in batch:  # each alone: only the bad one fails
+                await self._run(loop, [p], len(p.x))
+            return
+        if self.metrics is not None:
+            self.metrics.batch(images, len(batch))
+        at = 0
+        for p in batch:
+            n = len(p.x)
+            _settle(p, result=(labels[at:at + n], kept[at:at + n] if p.scores else None))
+            at += n
+
+    async def stop(self):
+        """Answer every request already queued, then stop taking more (the thread stays for the
+        owner to close the session on)."""
+        if self.task is not None:
+            await self.queue.put(STOP)
+            await self.task
+            self.task = None
+
+
+def _settle(pending, result=None, exception=None):
+    if pending.future.done():
+        return
+    if exception is not None:
+        pending.future.set_exception(exception)
+    else:
+        pending.future.set_result(result)

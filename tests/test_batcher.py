@@ -1,0 +1,113 @@
+"""The dynamic batcher alone (no HTTP): what it merges, the order, the bounds, and failures that
+stay with the request that caused them."""
+import asyncio
+
+import numpy as np
+import pytest
+
+from infer.batcher import Batcher, Busy
+from infer.errors import InputError
+
+
+class Recorder:
+    """classify: label = the image's first value, scores = its first value in every column;
+    records the batches it was given; an image whose first value is -1 fails its batch."""
+
+    def __init__(self):
+        self.batches = []
+
+    def __call__(self, x, scores):
+        self.batches.append((len(x), x.dtype))
+        first = x.reshape(len(x), -1)[:, 0]
+        if (first == -1).any():
+            raise InputError(f"x: image {int(np.argmax(first == -1))} is bad")
+        return first.astype(np.int64), np.repeat(first[:, None].astype(np.float32), 3, 1) if scores else None
+
+
+def images(values, dtype=np.float32):
+    x = np.zeros((len(values), 2, 2, 1), dtype)
+    x[:, 0, 0, 0] = values
+    return x
+
+
+def run(batcher, coroutines):
+    async def main():
+        batcher.start()
+        try:
+            return await asyncio.gather(*coroutines(), return_exceptions=True)
+        finally:
+            await batcher.stop()
+            batcher.thread.shutdown()
+
+    return asyncio.run(main())
+
+
+def test_requests_arriving_together_are_one_pass_each_getting_its_rows():
+    rec = Recorder()
+    b = Batcher(rec, max_batch=100, max_delay_s=0.05)
+    out = run(b, lambda: [b.submit(images(range(i * 10, i * 10 + k)), scores=i % 2 == 0)
+                          for i, k in enumerate((3, 1, 5, 2))])
+    assert rec.batches == [(11, np.float32)]
+    for i, (k, (labels, scores)) in enumerate(zip((3, 1, 5, 2), out)):
+        assert labels.tolist() == list(range(i * 10, i * 10 + k))
+        assert (scores is None) == (i % 2 == 1)
+        if scores is not None:
+            assert scores.shape == (k, 3) and scores[:, 0].tolist() == labels.tolist()
+
+
+def test_max_batch_bounds_a_pass_and_order_is_kept():
+    rec = Recorder()
+    b = Batcher(rec, max_batch=4, max_delay_s=0.05)
+    out = run(b, lambda: [b.submit(images([i] * k)) for i, k in enumerate((3, 2, 2, 6, 1))])
+    assert [n for n, _ in rec.batches] == [3, 4, 6, 1]  # 3 | 2+2 | 6 (alone: larger than max_batch) | 1
+    assert [o[0].tolist() for o in out] == [[i] * k for i, k in enumerate((3, 2, 2, 6, 1))]
+
+
+def test_types_are_not_mixed_in_a_pass():
+    rec = Recorder()
+    b = Batcher(rec, max_batch=100, max_delay_s=0.05)
+    out = run(b, lambda: [b.submit(images([1], np.uint8)), b.submit(images([2])), b.submit(images([3], np.uint8))])
+    assert rec.batches == [(1, np.uint8), (1, np.float32), (1, np.uint8)]
+    assert [o[0].tolist() for o in out] == [[1], [2], [3]]
+
+
+def test_a_failing_request_fails_alone():
+    rec = Recorder()
+    b = Batcher(rec, max_batch=100, max_delay_s=0.05)
+    out = run(b, lambda: [b.submit(images([5])), b.submit(images([7, -1])), b.submit(images([9]))])
+    assert out[0][0].tolist() == [5] and out[2][0].tolist() == [9]
+    assert isinstance(out[1], InputError) and "image 1 is bad" in str(out[1])
+
+
+def test_a_cancelled_request_is_skipped():
+    rec = Recorder()
+    b = Batcher(rec, max_batch=100, max_delay_s=0.05)
+
+    async def cancelled():
+        task = asyncio.ensure_future(b.submit(images([4])))
+        await asyncio.sleep(0)
+        task.cancel()
+        return await asyncio.gather(task, return_exceptions=True)
+
+    out = run(b, lambda: [cancelled(), b.submit(images([6]))])
+    assert isinstance(out[0][0], asyncio.CancelledError) and out[1][0].tolist() == [6]
+    assert rec.batches == [(1, np.float32)]
+
+
+def test_a_full_queue_is_busy():
+    def classify(x, scores):
+        return np.zeros(len(x), np.int64), None
+
+    b = Batcher(classify, max_batch=2, max_delay_s=10, max_queued=4)
+
+    async def flood():
+        b.start()
+        first = [asyncio.ensure_future(b.submit(images([1, 1]))) for _ in range(2)]
+        await asyncio.sleep(0)
+        with pytest.raises(Busy, match="images are waiting already"):
+            await b.submit(images([1]))
+        await asyncio.gather(*first)
+        await b.stop()
+        b.thread.shutdown()
+
+    asyncio.run(flood())

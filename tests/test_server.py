@@ -1,0 +1,237 @@
+"""`cnninfer serve` as a user meets it: a real server process on 127.0.0.1 (CPU backend), real HTTP
+requests. Answers equal the command line's; bad bodies get their status and one line; the server
+stays up; token auth; SIGTERM drains; metrics."""
+import asyncio
+import re
+import signal
+import threading
+
+import h5py
+import numpy as np
+import pytest
+
+from infer import engine
+from tests.serving import NPY, Server, npy, png
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+pytest.importorskip("uvicorn")
+pytest.importorskip("PIL")
+
+
+@pytest.fixture(scope="module")
+def data(ece408):
+    with h5py.File(ece408 / "test100.hdf5") as f:
+        x = f["x"][()]
+    cli = engine.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu")
+    return x, cli.predictions, cli
+
+
+@pytest.fixture(scope="module")
+def server(ece408):
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--max-delay-ms", "20", "--max-batch", "64",
+               "--max-body-mb", "2")
+    yield s
+    assert s.stop() == 0, "".join(s.stderr)
+
+
+def post(server, body, headers=NPY, query="", **kw):
+    return httpx.post(f"{server.url}/v1/predict{query}", content=body, headers=headers, timeout=60, **kw)
+
+
+def test_it_prints_one_line_with_its_url(server):
+    assert re.search(r"http://127\.0\.0\.1:\d+ ", server.first_line)
+    assert httpx.get(server.url + "/healthz").json() == {"status": "ok"}
+
+
+def test_npy_requests_equal_the_command_line(server, data):
+    x, expected, cli = data
+    r = post(server, npy(x), query="?scores=1")
+    assert r.status_code == 200
+    assert r.json()["labels"] == expected.tolist()
+    scores = np.array(r.json()["scores"], np.float32)
+    assert scores.shape == (100, 10) and (np.argmax(scores, axis=1) == expected).all()
+    # Any integer or float type, converted as the command line converts files
+    u8 = np.round(x * 255).astype(np.uint8)
+    assert post(server, npy(u8)).json()["labels"] == engine.run(
+        cli.data_paths, cli.model_path, backend="cpu").predictions.tolist()
+    assert post(server, npy(x.astype(np.float64)[:17])).json()["labels"] == expected[:17].tolist()
+    assert post(server, npy(x[:0])).json() == {"labels": []}
+
+
+def test_png_requests_equal_the_command_line(server, data):
+    """An MNIST digit saved as a PNG (its uint8 pixels) gives the array's answer."""
+    x, expected, _ = data
+    for i in range(0, 100, 7):
+        r = post(server, png(np.round(x[i, :, :, 0] * 255).astype(np.uint8)), {"Content-Type": "image/png"})
+        assert r.status_code == 200 and r.json() == {"labels": [int(expected[i])]}, i
+
+
+def test_a_photo_like_picture_is_brought_to_mnist_form(server, data):
+    """Dark ink on light paper, larger and off-centre, as JPEG and PNG: the digit's class."""
+    from PIL import Image
+    import io
+
+    x, expected, _ = data
+    for i in (0, 1, 2, 3):  # digits the model gets right
+        ink = np.round(x[i, :, :, 0] * 255).astype(np.uint8)
+        paper = Image.new("L", (300, 220), 235)
+        paper.paste(Image.fromarray(255 - ink).resize((150, 150), Image.BILINEAR), (120, 40))
+        for fmt, kind in (("PNG", "image/png"), ("JPEG", "image/jpeg")):
+            b = io.BytesIO()
+            paper.convert("RGB").save(b, fmt)
+            r = post(server, b.getvalue(), {"Content-Type": kind})
+            assert r.json() == {"labels": [int(expected[i])]}, (i, fmt)
+
+
+def test_concurrent_single_image_requests_are_batched_and_all_correct(server, data):
+    x, expected, _ = data
+    before = _metric(server, "cnninfer_batch_requests_count")
+
+    async def main():
+        limits = httpx.Limits(max_connections=128)
+        async with httpx.AsyncClient(base_url=server.url, timeout=60, limits=limits) as client:
+            async def one(i):
+                r = await client.post("/v1/predict", content=npy(x[i % 100][None]), headers=NPY)
+                return r.status_code, r.json()["labels"]
+            return await asyncio.gather(*(one(i) for i in range(160)))
+
+    answers = asyncio.run(main())
+    assert all(code == 200 for code, _ in answers)
+    assert [labels[0] for _, labels in answers] == [int(expected[i % 100]) for i in range(160)]
+    passes = _metric(server, "cnninfer_batch_requests_count") - before
+    assert passes < 160, "requests arriving together are merged into fewer forward passes"
+
+
+@pytest.mark.parametrize("body,headers,status,words", [
+    (b"hello", NPY, 400, "body: not an .npy array"),
+    (npy(np.zeros((2, 28, 28), np.float32)), NPY, 400, "body: shape (2, 28, 28), expected (N, H, W, C) images"),
+    (npy(np.zeros((2, 27, 28, 1), np.float32)), NPY, 400, "images of 27x28 flatten to"),
+    (npy(np.zeros((2, 28, 28, 3), np.float32)), NPY, 400, "images have 3 channels but the model's conv1 takes 1"),
+    (npy(np.full((2, 28, 28, 1), np.inf, np.float32)), NPY, 400, "is inf, not a finite float32 number"),
+    (npy(np.array(["a", "b"])), NPY, 400, "is not a number type"),
+    (npy(np.zeros((1, 28, 28, 1), np.complex64)), NPY, 400, "is not a number type"),
+    (npy(np.zeros((1, 28, 28, 1), np.float64) + 1e300), NPY, 400, "not a finite float32 number"),
+    (b"\x89PNG\r\n\x1a\n broken", {"Content-Type": "image/png"}, 400, "body: not a PNG or JPEG picture"),
+    (b"{}", {"Content-Type": "application/json"}, 415, "Content-Type 'application/json' is not one of"),
+    (b"x" * (3 << 20), NPY, 413, "larger than the server's limit"),
+])
+def test_bad_bodies_get_their_status_and_one_line_and_the_server_stays_up(server, data, body, headers, status, words):
+    r = post(server, body, headers)
+    assert r.status_code == status, r.text
+    message = r.json()["error"]
+    assert words in message and "\n" not in message and "Traceback" not in message
+    assert post(server, npy(data[0][:3])).json()["labels"] == data[1][:3].tolist()
+
+
+def test_a_bad_request_in_a_batch_does_not_affect_the_others(server, data):
+    """Requests merged with one whose scores overflow float32: only that one fails."""
+    x, expected, _ = data
+    huge = np.full((1, 28, 28, 1), 3e38, np.float32)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            bodies = [npy(huge) if i == 5 else npy(x[i][None]) for i in range(12)]
+            return await asyncio.gather(*(client.post("/v1/predict", content=b, headers=NPY) for b in bodies))
+
+    for i, r in enumerate(asyncio.run(main())):
+        if i == 5:
+            assert r.status_code == 400 and "not finite" in r.json()["error"]
+        else:
+            assert r.status_code == 200 and r.json()["labels"] == [int(expected[i])]
+
+
+def test_a_client_that_goes_away_does_not_disturb_the_others(server, data):
+    x, expected, _ = data
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as client:
+            gone = [asyncio.create_task(client.post("/v1/predict", content=npy(x), headers=NPY)) for _ in range(4)]
+            await asyncio.sleep(0.005)
+            for t in gone:
+                t.cancel()
+            return await asyncio.gather(*(client.post("/v1/predict", content=npy(x[i][None]), headers=NPY)
+                                          for i in range(20)))
+
+    answers = asyncio.run(main())
+    assert [r.json()["labels"][0] for r in answers] == expected[:20].tolist()
+
+
+def test_model_and_metrics(server, data):
+    m = httpx.get(server.url + "/v1/model").json()
+    assert m["input_shape"] == [28, 28, 1] and m["classes"] == 10 and m["backend"] == "cpu"
+    assert m["device"].startswith("CPU") and m["max_batch"] == 64
+    post(server, b"nope")
+    post(server, npy(data[0][:2]))
+    text = httpx.get(server.url + "/metrics").text
+    assert re.search(r'^cnninfer_requests_total\{status="200"\} [1-9]\d*$', text, re.M)
+    assert re.search(r'^cnninfer_requests_total\{status="400"\} [1-9]\d*$', text, re.M)
+    assert re.search(r'^cnninfer_images_total\{status="200"\} [1-9]\d*$', text, re.M)
+    assert re.search(r'^cnninfer_request_seconds_bucket\{le="\+Inf"\} \d+$', text, re.M)
+    assert re.search(r'^cnninfer_batch_images_bucket\{le="64"\} \d+$', text, re.M)
+    assert "# TYPE cnninfer_request_seconds histogram" in text
+
+
+def _metric(server, name):
+    text = httpx.get(server.url + "/metrics").text
+    return int(re.search(rf"^{name} (\d+)$", text, re.M).group(1))
+
+
+def test_the_page_is_served(server):
+    r = httpx.get(server.url + "/")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert '<canvas id="pad"' in r.text and "/v1/predict?scores=1" in r.text
+
+
+def test_token_auth(ece408, data):
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--token", "s3cret")
+    try:
+        body = npy(data[0][:2])
+        assert post(s, body).status_code == 401
+        r = post(s, body, dict(NPY, Authorization="Bearer wrong"))
+        assert r.status_code == 401 and "bearer token" in r.json()["error"]
+        assert r.headers["www-authenticate"].startswith("Bearer")
+        assert httpx.get(s.url + "/metrics").status_code == 401
+        assert httpx.get(s.url + "/v1/model").status_code == 401
+        assert httpx.get(s.url + "/healthz").status_code == 200
+        r = post(s, body, dict(NPY, Authorization="Bearer s3cret"))
+        assert r.status_code == 200 and r.json()["labels"] == data[1][:2].tolist()
+    finally:
+        assert s.stop() == 0
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_drains_what_is_in_flight_then_exits_0(ece408, data, sig):
+    x, expected, _ = data
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--max-batch", "100")
+    big = np.tile(x, (30, 1, 1, 1))  # 3,000 images: each pass takes a while on the CPU
+    answers = []
+
+    def call():
+        answers.append(post(s, npy(big)))
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for t in threads:
+        t.start()
+    from tests.serving import wait_for
+
+    assert wait_for(lambda: _metric(s, "cnninfer_queued_images") > 0 or
+                    _metric(s, "cnninfer_batch_images_count") > 1)
+    s.signal(sig)
+    for t in threads:
+        t.join()
+    assert s.proc.wait(60) == 0, "".join(s.stderr)
+    assert len(answers) == 3
+    for r in answers:
+        assert r.status_code == 200 and r.json()["labels"] == np.tile(expected, 30).tolist()
+    assert "Traceback" not in "".join(s.stderr)
+
+
+def test_bad_options_and_a_busy_port_are_one_line_exit_2(ece408, server):
+    from tests.conftest import invoke
+
+    port = server.url.rsplit(":", 1)[1]
+    r = invoke("serve", ece408 / "model.hdf5", "--backend", "cpu", "--port", port)
+    assert r.exit_code == 2 and "cannot listen there" in r.stderr and r.stderr.count("\n") == 1
+    r = invoke("serve", ece408 / "nothing.hdf5", "--backend", "cpu")
+    assert r.exit_code == 2 and "no such file" in r.stderr
