@@ -2,10 +2,10 @@
 its own rows of the answer back.
 
 A batch opens with the oldest waiting request and takes the requests behind it, in order, while
-they have its image type and shape and the batch stays within max_batch images; it waits for more
-at most max_delay after its first request arrived (requests that queued during the previous pass
-have waited already, so a busy server never waits). One forward pass at a time, on one thread
-that owns the session. A failing pass is run again request by request, so a bad request fails
+they have its image type and shape and the batch stays within max_batch images. It waits for more
+only while requests are being received (`expecting`), and at most max_delay after its first
+request arrived: a lone client never waits, and requests that queued during the previous pass
+have waited already. One forward pass at a time, on one thread that owns the session. A failing pass is run again request by request, so a bad request fails
 alone; a request whose caller went away is skipped.
 """
 import asyncio
@@ -37,7 +37,8 @@ class Batcher:
         """classify(x, scores) -> (labels, scores or None), called on the batch thread."""
         self.classify, self.max_batch, self.max_delay_s = classify, max_batch, max_delay_s
         self.metrics = metrics
-        self.max_queued = max_queued or 64 * max_batch
+        self.max_queued = max_queued or max(64 * max_batch, 1 << 16)
+        self.expecting = 0  # requests being received that will be submitted (the server counts them)
         self.queue = asyncio.Queue()
         self.held = None  # a request taken from the queue that opens the next batch
         self.queued = 0  # images waiting
@@ -88,7 +89,8 @@ class Batcher:
                 continue
             batch, images = [first], len(first.x)
             while images < self.max_batch:
-                item = await self._next(first.arrived + self.max_delay_s - time.perf_counter())
+                wait = first.arrived + self.max_delay_s - time.perf_counter() if self.expecting > 0 else 0
+                item = await self._next(wait)
                 if item is None:
                     break
                 if item is STOP or not (item.fits(first) and images + len(item.x) <= self.max_batch):

@@ -178,12 +178,40 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
               "with the raw parallel read of its bytes and with the GPU on resident images.")
 @click.option("--readers", type=click.IntRange(1, 256), help="--stream: reader threads (default: one per core, at most 16).")
 @click.option("--devices", callback=parse_devices, metavar="LIST|all", help="--stream: GPUs to split the images over.")
+@click.option("--serve", "served", is_flag=True, help="Instead: wrk against `cnninfer serve` on 127.0.0.1 (and "
+              "the same with --max-batch 1, and a plain Starlette + PyTorch endpoint where torch sees a GPU): "
+              "requests/s, p50/p99 for single images at each --clients, and for 4096-image uint8 requests.")
+@click.option("--clients", default="1,16,64,256", show_default=True, help="--serve: concurrent connections.")
+@click.option("--seconds", type=click.FloatRange(1, 600), default=5.0, show_default=True,
+              help="--serve: seconds per measurement.")
+@click.option("--soak", type=click.FloatRange(10, 36000), metavar="SECONDS",
+              help="--serve: instead hold about half the peak rate this long; errors, answers and RSS.")
+@click.option("--backend", type=click.Choice(backends.NAMES), default="auto", show_default=True,
+              help="--serve: the server's backend.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object.")
-def bench(args, random_geometry, streams, warmup, repeats, torch_compile, streamed, readers, devices, as_json):
+def bench(args, random_geometry, streams, warmup, repeats, torch_compile, streamed, readers, devices, served, clients,
+          seconds, soak, backend, as_json):
     """Validate every GPU algorithm against the NumPy reference, then time each (and PyTorch FP32,
     eager and compiled, when importable) on the first N images of DATA: GPU time and end to end.
-    With --stream, the streamed run's images/s beside its two ceilings."""
+    With --stream, the streamed run's images/s beside its two ceilings; with --serve, the HTTP
+    server under load."""
     from .backends import create_cuda
+
+    if served:
+        from . import bench_serve, server
+
+        server.require()
+        paths, model, _ = resolve(args)
+        try:
+            counts = tuple(int(c) for c in clients.split(","))
+        except ValueError:
+            raise InputError(f"--clients: {clients!r} is not a comma-separated list of numbers") from None
+        if soak:
+            result = bench_serve.soak(paths[0], model, backend, seconds=soak)
+        else:
+            result = bench_serve.serve_bench(paths[0], model, backend, counts, seconds)
+        click.echo(json.dumps(result) if as_json else "\n".join(bench_serve.table(result)))
+        return
 
     if random_geometry:
         if len(args) > 1 or (args and not args[0].isdigit()) or streamed:

@@ -50,6 +50,11 @@ class TooLarge(Exception):
     pass
 
 
+class _Refused(Exception):
+    def __init__(self, response):
+        self.response = response
+
+
 async def read_body(request, limit):
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > limit:
@@ -97,22 +102,13 @@ def make_app(session, settings, batcher=None):
     async def _predict(request):
         if not authorized(request):
             return unauthorized(), 0
-        kind = images.media_type(request.headers.get("content-type"))
-        if kind not in images.CONTENT_TYPES:
-            return error(415, f"body: Content-Type {kind or '(none)'!r} is not one of "
-                              f"{', '.join(images.CONTENT_TYPES)}"), 0
+        batcher.expecting += 1  # a batch forming now may wait for this one
         try:
-            body = await read_body(request, settings.max_body_bytes)
-        except TooLarge:
-            return error(413, f"body: larger than the server's limit of {settings.max_body_bytes} bytes"), 0
-        try:
-            if len(body) > INLINE_BYTES:
-                x = await asyncio.get_running_loop().run_in_executor(None, images.decode, kind, body, session.model)
-            else:
-                x = images.decode(kind, body, session.model)
-        except InputError as e:
-            return error(400, e.message), 0
-        want_scores = request.query_params.get("scores", "0").lower() in ("1", "true", "yes")
+            x, want_scores = await _receive(request)
+        except _Refused as e:
+            return e.response, 0
+        finally:
+            batcher.expecting -= 1
         if len(x) == 0:
             answer = {"labels": []}
             if want_scores:
@@ -128,6 +124,25 @@ def make_app(session, settings, batcher=None):
         if want_scores:
             answer["scores"] = scores.tolist()
         return JSONResponse(answer), len(x)
+
+    async def _receive(request):
+        """(images, scores wanted) of a request, or _Refused with the response to give."""
+        kind = images.media_type(request.headers.get("content-type"))
+        if kind not in images.CONTENT_TYPES:
+            raise _Refused(error(415, f"body: Content-Type {kind or '(none)'!r} is not one of "
+                                      f"{', '.join(images.CONTENT_TYPES)}"))
+        try:
+            body = await read_body(request, settings.max_body_bytes)
+        except TooLarge:
+            raise _Refused(error(413, f"body: larger than the server's limit of {settings.max_body_bytes} bytes"))
+        try:
+            if len(body) > INLINE_BYTES:
+                x = await asyncio.get_running_loop().run_in_executor(None, images.decode, kind, body, session.model)
+            else:
+                x = images.decode(kind, body, session.model)
+        except InputError as e:
+            raise _Refused(error(400, e.message)) from None
+        return x, request.query_params.get("scores", "0").lower() in ("1", "true", "yes")
 
     async def model(request):
         if not authorized(request):

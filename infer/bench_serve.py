@@ -1,0 +1,279 @@
+"""`cnninfer bench --serve`: wrk (not ours; Debian: apt-get install wrk) against real servers on
+127.0.0.1, bounded in time: requests/s and p50/p99 latency for single-image .npy requests at
+1..256 concurrent connections and for large uint8 .npy requests, for `cnninfer serve`, the same
+with --max-batch 1 (no batching), and the endpoint a user would write without us (Starlette
+calling PyTorch per request; where torch and a GPU are). Answers are checked against a local
+Session before any timing. `--soak S` instead holds about half the peak rate for S seconds and
+reports errors, answers and the server's RSS.
+
+`python -m infer.bench_serve peer MODEL` runs that plain PyTorch endpoint alone."""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from .errors import InputError
+
+WRK_SCRIPT = r"""
+local f = assert(io.open(os.getenv("CNNINFER_BENCH_BODY"), "rb"))
+wrk.method = "POST"
+wrk.body = f:read("*a")
+f:close()
+wrk.headers["Content-Type"] = "application/x-npy"
+local pause = tonumber(os.getenv("CNNINFER_BENCH_DELAY_MS") or "0")
+if pause > 0 then function delay() return pause end end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('CNNINFER {"requests": %d, "duration_us": %d, "non2xx": %d, "socket_errors": %d, ' ..
+    '"p50_ms": %.3f, "p99_ms": %.3f, "max_ms": %.3f}\n', summary.requests, summary.duration, e.status,
+    e.connect + e.read + e.write + e.timeout, latency:percentile(50) / 1000, latency:percentile(99) / 1000,
+    latency.max / 1000))
+end
+"""
+
+
+def wrk():
+    found = shutil.which("wrk")
+    if not found:
+        raise InputError("bench --serve needs wrk on the PATH (Debian: apt-get install wrk)")
+    return found
+
+
+def start(argv, timeout=300):
+    """A server process printing 'listening on URL' on its first line: (process, URL)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    end = time.monotonic() + timeout
+    line = proc.stdout.readline()
+    if "listening on " not in line or time.monotonic() > end:
+        proc.kill()
+        raise InputError(f"the server did not start: {line.strip()} {proc.stderr.read().strip()[-400:]}")
+    return proc, line.split("listening on ")[1].split()[0]
+
+
+def stop(proc):
+    proc.terminate()
+    try:
+        return proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def post(url, body, timeout=120):
+    req = urllib.request.Request(url + "/v1/predict", data=body, headers={"Content-Type": "application/x-npy"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def npy(x):
+    import io
+
+    b = io.BytesIO()
+    np.save(b, x)
+    return b.getvalue()
+
+
+def rss_mb(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
+
+
+def metric_sum(url, name):
+    with urllib.request.urlopen(url + "/metrics") as r:
+        text = r.read().decode()
+    s = re.search(rf"^{name}_sum (\S+)$", text, re.M)
+    c = re.search(rf"^{name}_count (\S+)$", text, re.M)
+    return (float(s.group(1)) if s else 0.0), (int(c.group(1)) if c else 0)
+
+
+def load(url, body, connections, seconds, delay_ms=0, threads=None):
+    """wrk's figures for `connections` connections posting `body` for `seconds`."""
+    with tempfile.TemporaryDirectory() as d:
+        script, data = Path(d) / "post.lua", Path(d) / "body.npy"
+        script.write_text(WRK_SCRIPT)
+        data.write_bytes(body)
+        threads = threads or max(1, min(connections, 4))
+        out = subprocess.run([wrk(), "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(seconds))}s", "--timeout", "30s",
+                              "-s", str(script), url + "/v1/predict"], capture_output=True, text=True,
+                             env=dict(os.environ, CNNINFER_BENCH_BODY=str(data), CNNINFER_BENCH_DELAY_MS=str(delay_ms)))
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("CNNINFER ")), None)
+    if line is None:
+        raise InputError(f"wrk failed: {out.stdout.strip()[-300:]} {out.stderr.strip()[-300:]}")
+    r = json.loads(line[len("CNNINFER "):])
+    r["rps"] = (r["requests"] - r["non2xx"]) / (r["duration_us"] / 1e6)  # answered with 200
+    return r
+
+
+def check_answers(url, x, expected):
+    """The server's answers for 64 single-image requests and one large one equal `expected`."""
+    for i in range(64):
+        if post(url, npy(x[i:i + 1]))["labels"] != [int(expected[i])]:
+            raise InputError(f"{url}: image {i} answered differently from the local Session")
+    if post(url, npy(x))["labels"] != expected.tolist():
+        raise InputError(f"{url}: a {len(x)}-image request answered differently from the local Session")
+
+
+def servers(model, backend, peer):
+    """(name, argv) of the servers compared."""
+    me = [sys.executable, "-m", "infer", "serve", str(model), "--backend", backend, "--port", "0"]
+    out = [("cnninfer serve", me), ("cnninfer serve --max-batch 1", me + ["--max-batch", "1"])]
+    if peer:
+        out.append(("Starlette + PyTorch per request", [sys.executable, "-m", "infer.bench_serve", "peer", str(model)]))
+    return out
+
+
+def peer_available():
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5.0, big=4096, peer=None):
+    """The table's rows: for each server, each client count of single-image requests, then
+    `big`-image uint8 requests on 4 connections."""
+    from . import loader
+    from .bench import read_all
+    from .session import Session
+
+    wrk()
+    m = loader.load_model(model)
+    x = read_all(data, m)
+    x = np.tile(x, (-(-big // len(x)), 1, 1, 1))[:big]
+    u8 = np.round(x * 255).astype(np.uint8)  # MNIST's own pixels: the float32 file is u8 * (1/255)
+    with Session(m, backend) as s:
+        expected, expected_u8 = s.predict(x), s.predict(u8)
+        device = s.device
+    peer = peer_available() if peer is None else peer
+    rows = []
+    for name, argv in servers(model, backend, peer):
+        proc, url = start(argv)
+        try:
+            check_answers(url, x, expected)
+            if post(url, npy(u8))["labels"] != expected_u8.tolist():
+                raise InputError(f"{name}: uint8 answers differ from the local Session's")
+            single = npy(x[:1])
+            for c in clients:
+                before = metric_sum(url, "cnninfer_batch_images") if "cnninfer" in name else None
+                r = load(url, single, c, seconds)
+                r.update(server=name, request_images=1, connections=c)
+                if before is not None:
+                    after = metric_sum(url, "cnninfer_batch_images")
+                    r["mean_batch"] = (after[0] - before[0]) / max(1, after[1] - before[1])
+                rows.append(r)
+            r = load(url, npy(u8), 4, seconds)
+            r.update(server=name, request_images=big, connections=4, images_per_s=r["rps"] * big)
+            rows.append(r)
+            r["rss_mb"] = rss_mb(proc.pid)
+        finally:
+            stop(proc)
+    return dict(device=device, backend=backend, seconds=seconds, rows=rows)
+
+
+def soak(data, model, backend="auto", seconds=600.0, connections=64):
+    """About half the peak single-image rate for `seconds`: errors, answers before and after, RSS."""
+    from . import loader
+    from .bench import read_all
+    from .session import Session
+
+    m = loader.load_model(model)
+    x = read_all(data, m)[:4096]
+    with Session(m, backend) as s:
+        expected = s.predict(x)
+    proc, url = start(servers(model, backend, False)[0][1])
+    try:
+        check_answers(url, x, expected)
+        peak = load(url, npy(x[:1]), connections, 5)
+        # Each connection waits between requests so the rate is about half the peak
+        pause_ms = max(0.0, 2 * connections / peak["rps"] * 1e3 - peak["p50_ms"])
+        load(url, npy(x[:1]), connections, 10, delay_ms=pause_ms)  # warm: RSS measured from here
+        rss0 = rss_mb(proc.pid)
+        r = load(url, npy(x[:1]), connections, seconds, delay_ms=pause_ms)
+        rss1 = rss_mb(proc.pid)
+        check_answers(url, x, expected)
+    finally:
+        code = stop(proc)
+    return dict(peak_rps=peak["rps"], pause_ms=pause_ms, soak=r, rss_start_mb=rss0, rss_end_mb=rss1,
+                rss_growth=rss1 / rss0 - 1, exit_code=code, seconds=seconds, connections=connections)
+
+
+def table(result):
+    if "soak" in result:
+        r = result["soak"]
+        return [f"soak: {result['seconds']:.0f} s at {r['rps']:.0f} requests/s on {result['connections']} connections "
+                f"(peak {result['peak_rps']:.0f}/s): {r['requests']} requests, {r['non2xx']} non-2xx, "
+                f"{r['socket_errors']} socket errors, p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; "
+                f"answers equal before and after; RSS {result['rss_start_mb']:.0f} -> {result['rss_end_mb']:.0f} MB "
+                f"({100 * result['rss_growth']:+.1f}%); exit {result['exit_code']}"]
+    lines = [f"device: {result['device']}; {result['seconds']:g} s per row; wrk on 127.0.0.1",
+             f"{'server':<34} {'images/req':>10} {'clients':>7} {'req/s':>10} {'images/s':>12} "
+             f"{'p50 ms':>8} {'p99 ms':>8} {'errors':>6} {'batch':>6}"]
+    for r in result["rows"]:
+        images = r["rps"] * r["request_images"]
+        batch = f"{r['mean_batch']:.1f}" if "mean_batch" in r else "-"
+        lines.append(f"{r['server']:<34} {r['request_images']:>10} {r['connections']:>7} {r['rps']:>10.0f} "
+                     f"{images:>12.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
+                     f"{r['non2xx'] + r['socket_errors']:>6} {batch:>6}")
+    return lines
+
+
+def peer_app(model_path):
+    """The endpoint a user would write without cnninfer: Starlette, the network in PyTorch (eager,
+    cuDNN FP32, TF32 off) on the GPU, one forward per request."""
+    import io
+
+    import torch
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from .loader import load_model
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    m = load_model(model_path)
+    F, dev = torch.nn.functional, torch.device("cuda")
+    w1 = torch.from_numpy(m.conv1).permute(3, 2, 0, 1).contiguous().to(dev)
+    w2 = torch.from_numpy(m.conv2).permute(3, 2, 0, 1).contiguous().to(dev)
+    f1, f2 = torch.from_numpy(m.fc1).to(dev), torch.from_numpy(m.fc2).to(dev)
+
+    @torch.no_grad()
+    def net(x):
+        a = F.avg_pool2d(F.relu(F.conv2d(x.permute(0, 3, 1, 2), w1)), 2)
+        a = F.avg_pool2d(F.relu(F.conv2d(a, w2)), 2)
+        return (F.relu(a.permute(0, 2, 3, 1).flatten(1) @ f1) @ f2).argmax(1)
+
+    async def predict(request):
+        x = np.load(io.BytesIO(await request.body()))
+        labels = net(torch.from_numpy(x.astype(np.float32)).to(dev))
+        return JSONResponse({"labels": labels.cpu().tolist()})
+
+    return Starlette(routes=[Route("/v1/predict", predict, methods=["POST"])])
+
+
+def run_peer(model_path):
+    import uvicorn
+
+    from .server import bind, url_of
+
+    sock = bind("127.0.0.1", 0)
+    app = peer_app(model_path)
+    print(f"peer: listening on {url_of(sock)}", flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3 or sys.argv[1] != "peer":
+        sys.exit("usage: python -m infer.bench_serve peer MODEL")
+    run_peer(sys.argv[2])
