@@ -218,6 +218,9 @@ def serve(session, settings, host="127.0.0.1", port=8000, announce=print):
     h, w, c = images.image_shape(session.model)
     try:
         batcher.thread.submit(session.classify, np.zeros((1, h, w, c), np.float32), True).result()
+        if session.backend.name == "cuda":  # one batch size: see batcher.py
+            batcher.pad_to = settings.max_batch
+            batcher.thread.submit(session.classify, np.zeros((settings.max_batch, h, w, c), np.float32), True).result()
     except BaseException:
         sock.close()
         batcher.thread.shutdown()

@@ -13,6 +13,7 @@ each with the answers it would get alone.
 import os
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -62,8 +63,10 @@ class Session:
     fast_math, profile; a name not among them is a TypeError.
 
     Thread-safe: calls from several threads give each the answers it would get alone. On the GPU
-    they take turns (each call keeps the GPU busy; one set of buffers); the CPU backend's
-    in-memory calls run at once on its shared compute threads (see _forward).
+    they take turns (each call keeps the GPU busy; one set of buffers) on one thread of the
+    session's own, which holds the CUDA context from its creation to close(), so any thread may
+    call or close; the CPU backend's in-memory calls run at once on its shared compute threads
+    (see _forward).
     """
 
     def __init__(self, model=None, backend="auto", *, notice=_notice, **options):
@@ -79,6 +82,8 @@ class Session:
         self.lock = threading.RLock()  # one call at a time on the backend and its buffers
         self._calls = threading.Condition()  # calls running outside the lock (see _forward)
         self._running = 0
+        # A CUDA context stays current in the thread that made it: the backend lives on this one
+        self._home = None if backend == "cpu" else ThreadPoolExecutor(1, thread_name_prefix="cnninfer-session")
         # The backend (for CUDA: the context, kernels, weights) starts with the first call, after
         # that call's input has been checked: a bad file costs no GPU start-up.
         self._create = lambda: backends.create(backend, notice, **self.options.backend_kwargs())
@@ -97,8 +102,10 @@ class Session:
                 self.closed = True
                 self._calls.wait_for(lambda: self._running == 0)
             if self.backend is not None:
-                self.backend.close()
+                self._at_home(self.backend.close)
             self.backend = None
+            if self._home is not None:
+                self._home.shutdown()
 
     @property
     def classes(self):
@@ -109,9 +116,15 @@ class Session:
             raise InputError("this session is closed")
         if self.backend is None:
             t = time.perf_counter()
-            self.backend = self._create()
+            self.backend = self._at_home(self._create)
             self.setup_ms += _ms(t)
         return self.backend
+
+    def _at_home(self, fn, *args):
+        """fn(*args) on the backend's own thread (where there is one), whoever calls."""
+        if self._home is None:
+            return fn(*args)
+        return self._home.submit(fn, *args).result()
 
     @property
     def device(self):
@@ -194,8 +207,7 @@ class Session:
                     self._calls.notify_all()
         with self.lock:
             backend = self._backend()  # closed meanwhile?
-            with backend.current():
-                return self._run(backend, data, scores, progress, x_shape, wire, streamed)
+            return self._at_home(self._run, backend, data, scores, progress, x_shape, wire, streamed)
 
     def _run(self, backend, data, scores, progress, x_shape, wire, streamed, own_buffer=False):
         n = x_shape[0]

@@ -1,7 +1,6 @@
 """Data sets larger than the host-memory budget: reader threads fill a ring of host buffers
 (page-locked for CUDA) block by block while the backend computes on earlier blocks, so file
 reading, upload and compute overlap and host memory stays bounded whatever the file's size."""
-import contextlib
 import queue
 import sys
 import threading
@@ -87,11 +86,6 @@ class HostSide:
     readers = None  # reader threads (None: reader.default_threads())
     ring_depth = 4
     concurrent = False  # whether forward may run on several threads at once (see Session._forward)
-
-    def current(self):
-        """What must hold while a thread other than the creator calls (the CUDA backend: its
-        context made current); nothing on the host."""
-        return contextlib.nullcontext()
 
     def host_buffers(self, shape, dtype, count=1):
         """`count` host buffers of shape and dtype, the same ones again for the same request."""

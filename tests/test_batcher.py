@@ -111,3 +111,13 @@ def test_a_full_queue_is_busy():
         b.thread.shutdown()
 
     asyncio.run(flood())
+
+
+def test_padded_passes_are_all_one_size_and_large_requests_are_split():
+    rec = Recorder()
+    b = Batcher(rec, max_batch=4, max_delay_s=0.05, pad_to=4)
+    out = run(b, lambda: [b.submit(images([1])), b.submit(images(range(10, 19)), scores=True)])
+    assert {n for n, _ in rec.batches} == {4}
+    assert out[0][0].tolist() == [1]
+    labels, scores = out[1]
+    assert labels.tolist() == list(range(10, 19)) and scores.shape == (9, 3)

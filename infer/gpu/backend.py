@@ -1,8 +1,6 @@
 """The CUDA backend: weights uploaded once, images in page-locked host memory uploaded chunk by
 chunk over several streams so copies of one chunk overlap kernels of another, labels back."""
 import collections
-import contextlib
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -80,7 +78,6 @@ class CudaBackend(HostSide):
         if streams < 1:
             raise InputError(f"--streams must be at least 1, got {streams}")
         self.gpu = Device(device)
-        self.owner = threading.get_ident()  # the thread whose context stack holds the context
         self.profiler = Profiler() if profile else NullProfiler()
         self.build = Build(self.gpu.arch, fast_math, tile_width, self.profiler, gemm_algo, self.gpu.l2_bytes,
                            self.gpu.sms)
@@ -94,19 +91,6 @@ class CudaBackend(HostSide):
         self.streams = [cuda.Stream() for _ in range(self.n_streams)]
         self.copies = cuda.Stream()  # streamed uploads to resident images: never queued behind kernels
         self._host("context set-up", t)
-
-    @contextlib.contextmanager
-    def current(self):
-        """The context current in the calling thread for the duration (a Session shared by threads
-        is called from any of them, one at a time)."""
-        if threading.get_ident() == self.owner:
-            yield
-            return
-        self.gpu.context.push()
-        try:
-            yield
-        finally:
-            cuda.Context.pop()
 
     def _host(self, step, since):
         if isinstance(self.profiler, Profiler):
@@ -478,8 +462,6 @@ class CudaBackend(HostSide):
         """Free device and page-locked memory, stop the readers, then release the context."""
         if self.gpu.context is None:
             return
-        if threading.get_ident() != self.owner:
-            self.gpu.context.push()  # popped and released by gpu.close() below
         cuda.Context.synchronize()
         self._free_run()
         self._drop_graphs()

@@ -1,7 +1,6 @@
 """Several GPUs: the images split into contiguous ranges, one per GPU, each GPU with its own
 context, streams and host thread (a context stays current in the thread that made it). The
 per-image computation does not depend on the batch, so predictions equal one GPU's."""
-import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -32,10 +31,6 @@ class MultiGpuBackend:
         except BaseException:
             self.close()
             raise
-
-    def current(self):
-        """Nothing to make current: every GPU is driven from its own thread, whoever calls."""
-        return contextlib.nullcontext()
 
     def _each(self, fn):
         """fn(i, gpu) on every GPU's own thread, concurrently; the results in GPU order."""
