@@ -37,7 +37,7 @@ class Pending:
 
 
 class Batcher:
-    def __init__(self, classify, max_batch, max_delay_s, metrics=None, max_queued=None, pad_to=None):
+    def __init__(self, classify, max_batch, max_delay_s, metrics=None, max_queued=None, pad_to=None, thread=None):
         """classify(x, scores) -> (labels, scores or None), called on the batch thread."""
         self.classify, self.max_batch, self.max_delay_s = classify, max_batch, max_delay_s
         self.pad_to = pad_to
@@ -47,7 +47,8 @@ class Batcher:
         self.queue = asyncio.Queue()
         self.held = None  # a request taken from the queue that opens the next batch
         self.queued = 0  # images waiting
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix="cnninfer-batch")
+        self.owns_thread = thread is None
+        self.thread = thread or ThreadPoolExecutor(1, thread_name_prefix="cnninfer-batch")
         self.task = None
 
     def start(self):
@@ -135,12 +136,16 @@ class Batcher:
             at += n
 
     async def stop(self):
-        """Answer every request already queued, then stop taking more (the thread stays for the
-        owner to close the session on)."""
+        """Answer every request already queued, then stop taking more."""
         if self.task is not None:
             await self.queue.put(STOP)
             await self.task
             self.task = None
+
+    def close(self):
+        """Stop the batch thread, where it is the batcher's own."""
+        if self.owns_thread:
+            self.thread.shutdown()
 
 
 def _settle(pending, result=None, exception=None):

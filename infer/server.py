@@ -14,6 +14,7 @@ import contextlib
 import hmac
 import signal
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from .metrics import Metrics
 
 PAGE = Path(__file__).with_name("page.html")
 INLINE_BYTES = 1 << 20  # bodies decoded on the event loop's thread; larger ones on a worker thread
+SWITCH_INTERVAL_S = 0.0002
 
 
 @dataclass(frozen=True)
@@ -173,9 +175,8 @@ def make_app(session, settings, batcher=None):
             yield
         finally:
             await batcher.stop()  # what was queued is answered
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(batcher.thread, session.close)
-            batcher.thread.shutdown()
+            await asyncio.get_running_loop().run_in_executor(None, session.close)
+            batcher.close()
 
     return Starlette(routes=[
         Route("/", index), Route("/healthz", healthz), Route("/v1/model", model),
@@ -212,7 +213,11 @@ def serve(session, settings, host="127.0.0.1", port=8000, announce=print):
     import uvicorn
 
     sock = bind(host, port)
-    batcher = Batcher(session.classify, settings.max_batch, settings.max_delay_ms / 1e3)
+    # The GIL passes between the event loop and the batch thread several times a pass: at the
+    # default 5 ms switch interval a busy loop held each pass up for milliseconds
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    # Passes run on the session's own thread where it has one (no hop from a batch thread to it)
+    batcher = Batcher(session.classify, settings.max_batch, settings.max_delay_ms / 1e3, thread=session.executor)
     # The backend starts on the batch thread (for CUDA: its context is made current there), and a
     # first pass compiles or loads the kernels before the first request
     h, w, c = images.image_shape(session.model)
@@ -223,7 +228,7 @@ def serve(session, settings, host="127.0.0.1", port=8000, announce=print):
             batcher.thread.submit(session.classify, np.zeros((settings.max_batch, h, w, c), np.float32), True).result()
     except BaseException:
         sock.close()
-        batcher.thread.shutdown()
+        batcher.close()
         raise
     app = make_app(session, settings, batcher)
 

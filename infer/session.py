@@ -21,7 +21,7 @@ from . import backends, defaults, env, loader
 from .dataset import DataSet, expand
 from .errors import BadValue, InputError
 from .options import Options
-from .reader import wait
+from .reader import INLINE_BYTES, Inline, wait
 from .result import Result
 from .stream import NoProgress, Progress
 
@@ -83,7 +83,9 @@ class Session:
         self._calls = threading.Condition()  # calls running outside the lock (see _forward)
         self._running = 0
         # A CUDA context stays current in the thread that made it: the backend lives on this one
-        self._home = None if backend == "cpu" else ThreadPoolExecutor(1, thread_name_prefix="cnninfer-session")
+        self._home = None if backend == "cpu" else ThreadPoolExecutor(1, thread_name_prefix="cnninfer-session",
+                                                                        initializer=self._at_home_thread)
+        self._home_ident = None
         # The backend (for CUDA: the context, kernels, weights) starts with the first call, after
         # that call's input has been checked: a bad file costs no GPU start-up.
         self._create = lambda: backends.create(backend, notice, **self.options.backend_kwargs())
@@ -120,9 +122,18 @@ class Session:
             self.setup_ms += _ms(t)
         return self.backend
 
+    def _at_home_thread(self):
+        self._home_ident = threading.get_ident()
+
+    @property
+    def executor(self):
+        """The backend's own thread (None where calls run on the caller's): a caller that drives
+        the session from one thread of its own (the server's batches) can use this one instead."""
+        return self._home
+
     def _at_home(self, fn, *args):
         """fn(*args) on the backend's own thread (where there is one), whoever calls."""
-        if self._home is None:
+        if self._home is None or threading.get_ident() == self._home_ident:
             return fn(*args)
         return self._home.submit(fn, *args).result()
 
@@ -223,7 +234,9 @@ class Session:
                 t = time.perf_counter()
                 x = backend.new_host_buffer(x_shape, wire) if own_buffer else backend.host_buffers(x_shape, wire)[0]
                 labels = None if data.classes is None else np.empty(n, np.int64)
-                futures = data.submit_images(backend.reader, 0, n, x, check=not backend.checks_values)
+                small = data.classes is None and x.nbytes <= INLINE_BYTES  # an array of the API
+                futures = data.submit_images(Inline if small else backend.reader, 0, n, x,
+                                             check=not backend.checks_values)
                 if labels is not None:
                     futures += data.submit_labels(backend.reader, 0, n, labels)
                 wait(futures)

@@ -37,7 +37,7 @@ def run(batcher, coroutines):
             return await asyncio.gather(*coroutines(), return_exceptions=True)
         finally:
             await batcher.stop()
-            batcher.thread.shutdown()
+            batcher.close()
 
     return asyncio.run(main())
 
@@ -108,7 +108,7 @@ def test_a_full_queue_is_busy():
             await b.submit(images([1]))
         await asyncio.gather(*first)
         await b.stop()
-        b.thread.shutdown()
+        b.close()
 
     asyncio.run(flood())
 
