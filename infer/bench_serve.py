@@ -122,10 +122,13 @@ def check_answers(url, x, expected):
         raise InputError(f"{url}: a {len(x)}-image request answered differently from the local Session")
 
 
-def servers(model, backend, peer):
+def servers(model, backend, peer, workers=1):
     """(name, argv) of the servers compared."""
     me = [sys.executable, "-m", "infer", "serve", str(model), "--backend", backend, "--port", "0"]
-    out = [("cnninfer serve", me), ("cnninfer serve --max-batch 1", me + ["--max-batch", "1"])]
+    out = [("cnninfer serve", me)]
+    if workers > 1:
+        out.append((f"cnninfer serve --workers {workers}", me + ["--workers", str(workers)]))
+    out.append(("cnninfer serve --max-batch 1", me + ["--max-batch", "1"]))
     if peer:
         out.append(("Starlette + PyTorch per request", [sys.executable, "-m", "infer.bench_serve", "peer", str(model)]))
     return out
@@ -140,7 +143,7 @@ def peer_available():
         return False
 
 
-def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5.0, big=4096, peer=None):
+def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5.0, big=4096, peer=None, workers=1):
     """The table's rows: for each server, each client count of single-image requests, then
     `big`-image uint8 requests on 4 connections."""
     from . import loader
@@ -157,7 +160,7 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
         device = s.device
     peer = peer_available() if peer is None else peer
     rows = []
-    for name, argv in servers(model, backend, peer):
+    for name, argv in servers(model, backend, peer, workers):
         proc, url = start(argv)
         try:
             check_answers(url, x, expected)
@@ -165,7 +168,9 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
                 raise InputError(f"{name}: uint8 answers differ from the local Session's")
             single = npy(x[:1])
             for c in clients:
-                before = metric_sum(url, "cnninfer_batch_images") if "cnninfer" in name else None
+                # (with several workers each counts its own: no mean batch)
+                before = metric_sum(url, "cnninfer_batch_images") if name.startswith("cnninfer serve") \
+                    and "--workers" not in name else None
                 r = load(url, single, c, seconds)
                 r.update(server=name, request_images=1, connections=c)
                 if before is not None:
@@ -181,7 +186,7 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
     return dict(device=device, backend=backend, seconds=seconds, rows=rows)
 
 
-def soak(data, model, backend="auto", seconds=600.0, connections=64):
+def soak(data, model, backend="auto", seconds=600.0, connections=64, workers=1):
     """About half the peak single-image rate for `seconds`: errors, answers before and after, RSS."""
     from . import loader
     from .bench import read_all
@@ -191,7 +196,7 @@ def soak(data, model, backend="auto", seconds=600.0, connections=64):
     x = read_all(data, m)[:4096]
     with Session(m, backend) as s:
         expected = s.predict(x)
-    proc, url = start(servers(model, backend, False)[0][1])
+    proc, url = start(servers(model, backend, False, workers)[1 if workers > 1 else 0][1])
     try:
         check_answers(url, x, expected)
         peak = load(url, npy(x[:1]), connections, 5)
@@ -204,7 +209,7 @@ def soak(data, model, backend="auto", seconds=600.0, connections=64):
         check_answers(url, x, expected)
     finally:
         code = stop(proc)
-    return dict(peak_rps=peak["rps"], pause_ms=pause_ms, soak=r, rss_start_mb=rss0, rss_end_mb=rss1,
+    return dict(peak_rps=peak["rps"], pause_ms=pause_ms, soak=r, rss_start_mb=rss0, rss_end_mb=rss1, workers=workers,
                 rss_growth=rss1 / rss0 - 1, exit_code=code, seconds=seconds, connections=connections)
 
 
@@ -215,6 +220,7 @@ def table(result):
                 f"(peak {result['peak_rps']:.0f}/s): {r['requests']} requests, {r['non2xx']} non-2xx, "
                 f"{r['socket_errors']} socket errors, p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; "
                 f"answers equal before and after; RSS {result['rss_start_mb']:.0f} -> {result['rss_end_mb']:.0f} MB "
+                f"{'(supervisor; workers not counted) ' if result.get('workers', 1) > 1 else ''}"
                 f"({100 * result['rss_growth']:+.1f}%); exit {result['exit_code']}"]
     lines = [f"device: {result['device']}; {result['seconds']:g} s per row; wrk on 127.0.0.1",
              f"{'server':<34} {'images/req':>10} {'clients':>7} {'req/s':>10} {'images/s':>12} "

@@ -188,9 +188,11 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
               help="--serve: instead hold about half the peak rate this long; errors, answers and RSS.")
 @click.option("--backend", type=click.Choice(backends.NAMES), default="auto", show_default=True,
               help="--serve: the server's backend.")
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="--serve: also time the server with this many worker processes (--soak: soak that one).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object.")
 def bench(args, random_geometry, streams, warmup, repeats, torch_compile, streamed, readers, devices, served, clients,
-          seconds, soak, backend, as_json):
+          seconds, soak, backend, workers, as_json):
     """Validate every GPU algorithm against the NumPy reference, then time each (and PyTorch FP32,
     eager and compiled, when importable) on the first N images of DATA: GPU time and end to end.
     With --stream, the streamed run's images/s beside its two ceilings; with --serve, the HTTP
@@ -207,9 +209,9 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
         except ValueError:
             raise InputError(f"--clients: {clients!r} is not a comma-separated list of numbers") from None
         if soak:
-            result = bench_serve.soak(paths[0], model, backend, seconds=soak)
+            result = bench_serve.soak(paths[0], model, backend, seconds=soak, workers=workers)
         else:
-            result = bench_serve.serve_bench(paths[0], model, backend, counts, seconds)
+            result = bench_serve.serve_bench(paths[0], model, backend, counts, seconds, workers=workers)
         click.echo(json.dumps(result) if as_json else "\n".join(bench_serve.table(result)))
         return
 
@@ -254,25 +256,29 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
               "and /metrics (or set CNNINFER_SERVE_TOKEN).")
 @click.option("--max-body-mb", type=click.FloatRange(0, min_open=True), default=64, show_default=True,
               help="Larger request bodies are refused (413).")
+@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Processes sharing the port, each with its own session and batching (one handles "
+                   "~3,000-4,000 requests/s; /metrics then counts per worker).")
 def serve(model, backend, chunk, streams, tile_width, gemm_algo, conv_algo, device_ordinal, devices, fast_math,
-          host, port, max_batch, max_delay_ms, token, max_body_mb):
+          host, port, max_batch, max_delay_ms, token, max_body_mb, workers):
     """Serve MODEL (default: the bundled one) over HTTP with dynamic batching, until SIGTERM or
     Ctrl-C (in-flight requests are answered first). Prints one line with the URL once it accepts
     connections. POST /v1/predict takes an .npy array of (N, H, W, C) images or one PNG / JPEG;
     / is a page to draw a digit on. Needs: pip install 'cnninfer[serve]'."""
     from . import server
+    from .options import Options
     from .session import Session
 
     server.require()
     settings = server.Settings(max_batch=max_batch, max_delay_ms=max_delay_ms, token=token or None,
                                max_body_bytes=int(max_body_mb * 2**20))
-    session = Session(model or str(defaults.model()), backend, notice=notice, chunk=chunk, streams=streams,
-                      tile_width=tile_width and int(tile_width), gemm_algo=gemm_algo, conv_algo=conv_algo,
-                      devices=devices or [device_ordinal], fast_math=fast_math)
-    try:
-        server.serve(session, settings, host, port, announce=lambda line: click.echo(line))
-    finally:
-        session.close()
+    options = dict(chunk=chunk, streams=streams, tile_width=tile_width and int(tile_width), gemm_algo=gemm_algo,
+                   conv_algo=conv_algo, devices=devices or [device_ordinal], fast_math=fast_math)
+    Options.of(**options)
+    model = model or str(defaults.model())
+    Session(model, backend, **options).close()  # a bad model file is one line before any worker starts
+    server.serve(server.Spec(model, backend, options), settings, host, port, workers,
+                 announce=lambda line: click.echo(line))
 
 
 @cli.command("convert-mnist")

@@ -235,3 +235,21 @@ def test_bad_options_and_a_busy_port_are_one_line_exit_2(ece408, server):
     assert r.exit_code == 2 and "cannot listen there" in r.stderr and r.stderr.count("\n") == 1
     r = invoke("serve", ece408 / "nothing.hdf5", "--backend", "cpu")
     assert r.exit_code == 2 and "no such file" in r.stderr
+
+
+def test_several_workers_share_the_port_answer_alike_and_drain(ece408, data):
+    x, expected, _ = data
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--workers", "2")
+    try:
+        assert "2 workers" in s.first_line
+
+        async def main():
+            async with httpx.AsyncClient(base_url=s.url, timeout=60) as client:
+                return await asyncio.gather(*(client.post("/v1/predict", content=npy(x[i][None]), headers=NPY)
+                                              for i in range(100)))
+
+        answers = asyncio.run(main())
+        assert [r.json()["labels"][0] for r in answers] == expected.tolist()
+        assert post(s, npy(x)).json()["labels"] == expected.tolist()
+    finally:
+        assert s.stop() == 0, "".join(s.stderr)
