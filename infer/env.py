@@ -5,6 +5,8 @@ InputError (one line, exit 2 on the command line), never a traceback or a silent
     CNNINFER_NATIVE          0 or 1: the native read pool (1) or Python reader threads (0)
     CNNINFER_GRAPHS          0 or 1: replay each batch's enqueue as a CUDA graph (1) or not (0)
     CNNINFER_CACHE           folder of the kernel and native-library caches (~/.cache/cnninfer)
+
+(CNNINFER_SERVE_TOKEN is `serve --token`'s, read by click: any string is a token.)
 """
 import os
 from pathlib import Path
