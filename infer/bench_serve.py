@@ -122,12 +122,14 @@ def check_answers(url, x, expected):
         raise InputError(f"{url}: a {len(x)}-image request answered differently from the local Session")
 
 
-def servers(model, backend, peer, workers=1):
+def servers(model, backend, peer, workers=1, max_batch=None):
     """(name, argv) of the servers compared."""
     me = [sys.executable, "-m", "infer", "serve", str(model), "--backend", backend, "--port", "0"]
-    out = [("cnninfer serve", me)]
+    batch = ["--max-batch", str(max_batch)] if max_batch else []
+    name = "cnninfer serve" + (f" --max-batch {max_batch}" if max_batch else "")
+    out = [(name, me + batch)]
     if workers > 1:
-        out.append((f"cnninfer serve --workers {workers}", me + ["--workers", str(workers)]))
+        out.append((f"{name} --workers {workers}", me + batch + ["--workers", str(workers)]))
     out.append(("cnninfer serve --max-batch 1", me + ["--max-batch", "1"]))
     if peer:
         out.append(("Starlette + PyTorch per request", [sys.executable, "-m", "infer.bench_serve", "peer", str(model)]))
@@ -143,7 +145,8 @@ def peer_available():
         return False
 
 
-def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5.0, big=4096, peer=None, workers=1):
+def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5.0, big=4096, peer=None, workers=1,
+                max_batch=None):
     """The table's rows: for each server, each client count of single-image requests, then
     `big`-image uint8 requests on 4 connections."""
     from . import loader
@@ -160,7 +163,7 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
         device = s.device
     peer = peer_available() if peer is None else peer
     rows = []
-    for name, argv in servers(model, backend, peer, workers):
+    for name, argv in servers(model, backend, peer, workers, max_batch):
         proc, url = start(argv)
         try:
             check_answers(url, x, expected)
@@ -177,7 +180,7 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
                     after = metric_sum(url, "cnninfer_batch_images")
                     r["mean_batch"] = (after[0] - before[0]) / max(1, after[1] - before[1])
                 rows.append(r)
-            if "--max-batch 1" not in name:  # one image a pass: no figure worth a row
+            if not name.endswith("--max-batch 1"):  # one image a pass: no figure worth a row
                 r = load(url, npy(u8), 4, seconds)
                 r.update(server=name, request_images=big, connections=4)
                 rows.append(r)

@@ -190,9 +190,10 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
               help="--serve: the server's backend.")
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="--serve: also time the server with this many worker processes (--soak: soak that one).")
+@click.option("--max-batch", type=click.IntRange(2), help="--serve: the batching servers' --max-batch.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object.")
 def bench(args, random_geometry, streams, warmup, repeats, torch_compile, streamed, readers, devices, served, clients,
-          seconds, soak, backend, workers, as_json):
+          seconds, soak, backend, workers, max_batch, as_json):
     """Validate every GPU algorithm against the NumPy reference, then time each (and PyTorch FP32,
     eager and compiled, when importable) on the first N images of DATA: GPU time and end to end.
     With --stream, the streamed run's images/s beside its two ceilings; with --serve, the HTTP
@@ -211,7 +212,8 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
         if soak:
             result = bench_serve.soak(paths[0], model, backend, seconds=soak, workers=workers)
         else:
-            result = bench_serve.serve_bench(paths[0], model, backend, counts, seconds, workers=workers)
+            result = bench_serve.serve_bench(paths[0], model, backend, counts, seconds, workers=workers,
+                                             max_batch=max_batch)
         click.echo(json.dumps(result) if as_json else "\n".join(bench_serve.table(result)))
         return
 
