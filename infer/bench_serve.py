@@ -82,9 +82,24 @@ def npy(x):
     return b.getvalue()
 
 
+def tree(pid):
+    """pid and its descendants (the workers of `serve --workers`), as /proc lists them."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            children = [int(c) for c in f.read().split()]
+    except OSError:
+        children = []
+    return [pid] + [p for c in children for p in tree(c)]
+
+
 def rss_mb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        return int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
+    """(resident MB of the process and its descendants, processes counted)."""
+    pids = tree(pid)
+    total = 0.0
+    for p in pids:
+        with open(f"/proc/{p}/status") as f:
+            total += int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1)) / 1024
+    return total, len(pids)
 
 
 def metric_sum(url, name):
@@ -189,7 +204,7 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
     return dict(device=device, backend=backend, seconds=seconds, rows=rows)
 
 
-def soak(data, model, backend="auto", seconds=600.0, connections=64, workers=1):
+def soak(data, model, backend="auto", seconds=600.0, connections=64, workers=1, max_batch=None):
     """About half the peak single-image rate for `seconds`: errors, answers before and after, RSS."""
     from . import loader
     from .bench import read_all
@@ -199,20 +214,20 @@ def soak(data, model, backend="auto", seconds=600.0, connections=64, workers=1):
     x = read_all(data, m)[:4096]
     with Session(m, backend) as s:
         expected = s.predict(x)
-    proc, url = start(servers(model, backend, False, workers)[1 if workers > 1 else 0][1])
+    proc, url = start(servers(model, backend, False, workers, max_batch)[1 if workers > 1 else 0][1])
     try:
         check_answers(url, x, expected)
         peak = load(url, npy(x[:1]), connections, 5)
         # Each connection waits between requests so the rate is about half the peak
         pause_ms = max(0.0, 2 * connections / peak["rps"] * 1e3 - peak["p50_ms"])
         load(url, npy(x[:1]), connections, 10, delay_ms=pause_ms)  # warm: RSS measured from here
-        rss0 = rss_mb(proc.pid)
+        rss0, counted = rss_mb(proc.pid)
         r = load(url, npy(x[:1]), connections, seconds, delay_ms=pause_ms)
-        rss1 = rss_mb(proc.pid)
+        rss1, _ = rss_mb(proc.pid)
         check_answers(url, x, expected)
     finally:
         code = stop(proc)
-    return dict(peak_rps=peak["rps"], pause_ms=pause_ms, soak=r, rss_start_mb=rss0, rss_end_mb=rss1, workers=workers,
+    return dict(peak_rps=peak["rps"], pause_ms=pause_ms, soak=r, rss_start_mb=rss0, rss_end_mb=rss1, workers=workers, processes=counted,
                 rss_growth=rss1 / rss0 - 1, exit_code=code, seconds=seconds, connections=connections)
 
 
@@ -223,7 +238,7 @@ def table(result):
                 f"(peak {result['peak_rps']:.0f}/s): {r['requests']} requests, {r['non2xx']} non-2xx, "
                 f"{r['socket_errors']} socket errors, p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; "
                 f"answers equal before and after; RSS {result['rss_start_mb']:.0f} -> {result['rss_end_mb']:.0f} MB "
-                f"{'(supervisor; workers not counted) ' if result.get('workers', 1) > 1 else ''}"
+                f"({result['processes']} processes) "
                 f"({100 * result['rss_growth']:+.1f}%); exit {result['exit_code']}"]
     lines = [f"device: {result['device']}; {result['seconds']:g} s per row; wrk on 127.0.0.1",
              f"{'server':<34} {'images/req':>10} {'clients':>7} {'req/s':>10} {'images/s':>12} "

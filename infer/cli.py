@@ -210,7 +210,7 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
         except ValueError:
             raise InputError(f"--clients: {clients!r} is not a comma-separated list of numbers") from None
         if soak:
-            result = bench_serve.soak(paths[0], model, backend, seconds=soak, workers=workers)
+            result = bench_serve.soak(paths[0], model, backend, seconds=soak, workers=workers, max_batch=max_batch)
         else:
             result = bench_serve.serve_bench(paths[0], model, backend, counts, seconds, workers=workers,
                                              max_batch=max_batch)
@@ -250,7 +250,7 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
 @cuda_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every one).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: a free one).")
-@click.option("--max-batch", type=click.IntRange(1), default=1024, show_default=True,
+@click.option("--max-batch", type=click.IntRange(1), default=256, show_default=True,
               help="Images merged into one forward pass at most (1: no batching).")
 @click.option("--max-delay-ms", type=click.FloatRange(0, 10_000), default=2.0, show_default=True,
               help="How long a batch waits for more requests after its first one arrived.")

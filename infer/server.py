@@ -33,7 +33,7 @@ SWITCH_INTERVAL_S = 0.0002
 
 @dataclass(frozen=True)
 class Settings:
-    max_batch: int = 1024  # images merged into one forward pass at most
+    max_batch: int = 256  # images merged into one forward pass at most
     max_delay_ms: float = 2.0  # how long a batch waits for more requests after its first arrived
     token: str = None  # bearer token required on /v1/* and /metrics
     max_body_bytes: int = 64 << 20
