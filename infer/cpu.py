@@ -52,6 +52,10 @@ class CpuBackend(HostSide):
     def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False):
         self.model, self.keep_scores = model, scores
 
+    def use(self, model):
+        """What forward needs, for calls that run at once (see Session._forward)."""
+        self.model = model
+
     def forward(self, x, progress=None):
         """(predicted class, scores) of each image of x (N, H, W, C) float32 (both: the scores are
         there anyway, and forward depends on nothing but the model, so threads may share it)."""

@@ -223,7 +223,10 @@ class Session:
     def _run(self, backend, data, scores, progress, x_shape, wire, streamed, own_buffer=False):
         n = x_shape[0]
         t = time.perf_counter()
-        backend.prepare(self.model, x_shape, scores, wire, streamed)
+        if own_buffer:  # calls at once: only the model, not prepare's per-call settings (keep_scores)
+            backend.use(self.model)
+        else:
+            backend.prepare(self.model, x_shape, scores, wire, streamed)
         timing = dict(load=0.0, prepare=_ms(t))
         try:
             if streamed:

@@ -185,3 +185,18 @@ def test_threads_sharing_a_cuda_session_get_the_sequential_answers(ece408, testf
     closer.join()
     with pytest.raises(InputError, match="closed"):
         s.predict(testfull[:3])
+
+
+def test_calls_at_once_leave_a_streamed_runs_settings_alone(ece408, testfull, monkeypatch):
+    """A streamed run holds the lock from prepare to its outputs; in-memory calls running at once
+    beside it must not change what it prepared (they once set keep_scores through prepare)."""
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "1")  # 3000 images stream, 40 stay in memory
+    with cnninfer.Session(ece408 / "model.hdf5", backend="cpu") as s:
+        expected = s.evaluate(ece408 / "testfull.hdf5", 3000, scores=True).scores
+        assert s.backend.keep_scores  # as the streamed run prepared it
+        s.predict(testfull[:40])
+        assert s.backend.keep_scores
+        jobs = [(lambda: s.evaluate(ece408 / "testfull.hdf5", 3000, scores=True).scores, ())] + \
+               [(s.predict, (testfull[:40],)) for _ in range(3)]
+        for r in hammer(s, jobs, rounds=4)[0]:
+            np.testing.assert_array_equal(r, expected)
