@@ -283,6 +283,27 @@ def serve(model, backend, chunk, streams, tile_width, gemm_algo, conv_algo, devi
                  announce=lambda line: click.echo(line))
 
 
+@cli.command("export-onnx")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+def export_onnx(model, out):
+    """Write MODEL as an ONNX graph to OUT (whole): input x (N, H, W, C) float32 NHWC, outputs scores
+    (N, classes) and labels (N,) int64. H and W are fixed to the square size fc1 implies (28 for
+    MNIST); the batch is free. onnxruntime (or any ONNX runtime) then runs the network without
+    cnninfer: other languages, other runtimes. Needs: pip install 'cnninfer[onnx]'."""
+    from . import images, loader, onnx_export
+
+    predictions.check_path(out, formats=(".onnx",))
+    m = loader.load_model(model)
+    try:
+        shape = images.image_shape(m)
+    except InputError:
+        shape = None  # no square size fits: H and W stay free
+    onnx_export.export(m, out, shape)
+    where = "x (N, {}, {}, {})".format(*shape) if shape else "x (N, H, W, C)"
+    click.echo(f"wrote {out}: {where} float32 NHWC -> scores (N, {m.fc2.shape[1]}), labels (N,)", err=True)
+
+
 @cli.command("convert-mnist")
 @click.argument("images", type=click.Path(dir_okay=False))
 @click.argument("labels", type=click.Path(dir_okay=False))
