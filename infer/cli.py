@@ -187,7 +187,8 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
 @click.option("--soak", type=click.FloatRange(10, 36000), metavar="SECONDS",
               help="--serve: instead hold about half the peak rate this long; errors, answers and RSS.")
 @click.option("--backend", type=click.Choice(backends.NAMES), default="auto", show_default=True,
-              help="--serve: the server's backend.")
+              help="--serve: the server's backend. Without --serve, cpu compares cnninfer's CPU path with "
+                   "onnxruntime and the NumPy reference (use --repeats 5: a round takes seconds).")
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="--serve: also time the server with this many worker processes (--soak: soak that one).")
 @click.option("--max-batch", type=click.IntRange(2), help="--serve: the batching servers' --max-batch.")
@@ -200,6 +201,15 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
     server under load."""
     from .backends import create_cuda
 
+    if backend == "cpu" and not served:
+        from . import bench_cpu
+
+        if random_geometry or streamed:
+            raise InputError("bench --backend cpu takes DATA, MODEL and N (no --random or --stream)")
+        paths, model, n = resolve(args)
+        result = bench_cpu.cpu_bench(paths[0], model, n, warmup=min(warmup, 1), repeats=repeats)
+        click.echo(json.dumps(result) if as_json else "\n".join(bench_cpu.table(result)))
+        return
     if served:
         from . import bench_serve, server
 

@@ -58,3 +58,14 @@ def test_bad_arguments_are_one_line_and_nothing_written(ece408, tmp_path):
     r = invoke("export-onnx", tmp_path / "none.hdf5", tmp_path / "m.onnx")
     assert r.exit_code == 2 and "no such file" in r.stderr and r.stderr.count("\n") == 1
     assert not list(tmp_path.iterdir())
+
+
+def test_the_cpu_bench_compares_with_onnxruntime(ece408):
+    import json
+
+    r = invoke("bench", "--backend", "cpu", ece408 / "test100.hdf5", ece408 / "model.hdf5", "--repeats", "2", "--json")
+    assert r.exit_code == 0, r.stderr
+    rows = {row["name"].split(" ")[0]: row for row in json.loads(r.stdout)["rows"]}
+    assert set(rows) == {"cnninfer", "onnxruntime", "NumPy"}
+    assert all(row["identical"] == 100 and row["median_s"] > 0 for row in rows.values())
+    assert rows["onnxruntime"]["vs_onnxruntime"] == 1.0 and rows["cnninfer"]["vs_onnxruntime"] > 0
