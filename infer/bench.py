@@ -141,6 +141,26 @@ def time_cnninfer(model, x_host_data, expected, algo, gemm, tile_width, streams,
         b.close()
 
 
+def torch_network(model, dev):
+    """The network in PyTorch FP32 on device `dev`, TF32 off: NHWC float32 images in, labels out
+    (the PyTorch rows here, and the plain endpoint of bench --serve)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    F = torch.nn.functional
+    w1 = torch.from_numpy(model.conv1).permute(3, 2, 0, 1).contiguous().to(dev)
+    w2 = torch.from_numpy(model.conv2).permute(3, 2, 0, 1).contiguous().to(dev)
+    f1, f2 = torch.from_numpy(model.fc1).to(dev), torch.from_numpy(model.fc2).to(dev)
+
+    def net(x):
+        a = F.avg_pool2d(F.relu(F.conv2d(x.permute(0, 3, 1, 2), w1)), 2)
+        a = F.avg_pool2d(F.relu(F.conv2d(a, w2)), 2)
+        return (F.relu(a.permute(0, 2, 3, 1).flatten(1) @ f1) @ f2).argmax(1)
+
+    return net
+
+
 def time_torch(model, x_host, warmup, repeats, compiled=True):
     """The same network in PyTorch FP32, TF32 off: eager (cuDNN convolutions), and unless
     compiled=False torch.compile (inductor) captured in a CUDA graph and replayed. [] without torch."""
@@ -148,20 +168,10 @@ def time_torch(model, x_host, warmup, repeats, compiled=True):
         import torch
     except ImportError:
         return []
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
     torch.backends.cudnn.benchmark = True
-    F = torch.nn.functional
     dev = torch.device("cuda")
-    w1 = torch.from_numpy(model.conv1).permute(3, 2, 0, 1).contiguous().to(dev)
-    w2 = torch.from_numpy(model.conv2).permute(3, 2, 0, 1).contiguous().to(dev)
-    f1, f2 = torch.from_numpy(model.fc1).to(dev), torch.from_numpy(model.fc2).to(dev)
+    net = torch_network(model, dev)
     pinned = torch.from_numpy(x_host).pin_memory()
-
-    def net(x):
-        a = F.avg_pool2d(F.relu(F.conv2d(x.permute(0, 3, 1, 2), w1)), 2)
-        a = F.avg_pool2d(F.relu(F.conv2d(a, w2)), 2)
-        return (F.relu(a.permute(0, 2, 3, 1).flatten(1) @ f1) @ f2).argmax(1)
 
     def timed(fn, x_dev):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

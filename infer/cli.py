@@ -277,19 +277,18 @@ def serve(model, backend, chunk, streams, tile_width, gemm_algo, conv_algo, devi
     Ctrl-C (in-flight requests are answered first). Prints one line with the URL once it accepts
     connections. POST /v1/predict takes an .npy array of (N, H, W, C) images or one PNG / JPEG;
     / is a page to draw a digit on. Needs: pip install 'cnninfer[serve]'."""
-    from . import server
+    from . import env, loader, server
     from .options import Options
-    from .session import Session
 
     server.require()
     settings = server.Settings(max_batch=max_batch, max_delay_ms=max_delay_ms, token=token or None,
                                max_body_bytes=int(max_body_mb * 2**20))
     options = dict(chunk=chunk, streams=streams, tile_width=tile_width and int(tile_width), gemm_algo=gemm_algo,
                    conv_algo=conv_algo, devices=devices or [device_ordinal], fast_math=fast_math)
-    Options.of(**options)
-    model = model or str(defaults.model())
-    Session(model, backend, **options).close()  # a bad model file is one line before any worker starts
-    server.serve(server.Spec(model, backend, options), settings, host, port, workers,
+    Options.of(**options)  # bad options, variables and model files: one line before any worker starts
+    env.check()
+    spec = server.Spec(loader.load_model(model or defaults.model()), backend, options)
+    server.serve(spec, settings, host, port, workers,
                  announce=lambda line: click.echo(line))
 
 

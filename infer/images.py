@@ -118,14 +118,18 @@ def mnist_style(gray, h, w, c):
     return np.repeat(out[:, :, None], c, axis=2)
 
 
-def decode(content_type, body, model):
-    """The images of a request body by its Content-Type; UnsupportedType for any other type."""
+def readable(content_type):
+    """The media type of a Content-Type header this module reads; UnsupportedType otherwise."""
     kind = media_type(content_type)
-    if kind == NPY:
-        return from_npy(body, model)
-    if kind in PICTURES:
-        return from_picture(body, model)
-    raise UnsupportedType(f"{LABEL}: Content-Type {kind or '(none)'!r} is not one of {', '.join(CONTENT_TYPES)}")
+    if kind not in CONTENT_TYPES:
+        raise UnsupportedType(f"{LABEL}: Content-Type {kind or '(none)'!r} is not one of {', '.join(CONTENT_TYPES)}")
+    return kind
+
+
+def decode(content_type, body, model):
+    """The images of a request body by its Content-Type (see readable)."""
+    kind = readable(content_type)
+    return from_npy(body, model) if kind == NPY else from_picture(body, model)
 
 
 class UnsupportedType(InputError):

@@ -20,7 +20,7 @@ import os
 import threading
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -400,8 +400,6 @@ class Inline:
 
     @staticmethod
     def submit(rows, lo, hi, out, check):
-        from concurrent.futures import Future
-
         f = Future()
         try:
             f.set_result(fill(rows, lo, hi, out, check))

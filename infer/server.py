@@ -70,15 +70,14 @@ async def read_body(request, limit):
     return b"".join(chunks)
 
 
-def make_app(session, settings, batcher=None):
-    """The ASGI app over a Session. The batcher's thread runs every forward pass and closes the
-    session when the app shuts down."""
+def make_app(session, settings, batcher):
+    """The ASGI app over a Session whose forward passes the batcher runs; the caller closes the
+    session once the app has shut down."""
     from starlette.applications import Starlette
     from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse
     from starlette.routing import Route
 
     metrics = Metrics(settings.max_batch)
-    batcher = batcher or Batcher(session.classify, settings.max_batch, settings.max_delay_ms / 1e3)
     batcher.metrics = metrics
     h, w, c = images.image_shape(session.model)
     expected = f"Bearer {settings.token}".encode() if settings.token else None
@@ -129,10 +128,10 @@ def make_app(session, settings, batcher=None):
 
     async def _receive(request):
         """(images, scores wanted) of a request, or _Refused with the response to give."""
-        kind = images.media_type(request.headers.get("content-type"))
-        if kind not in images.CONTENT_TYPES:
-            raise _Refused(error(415, f"body: Content-Type {kind or '(none)'!r} is not one of "
-                                      f"{', '.join(images.CONTENT_TYPES)}"))
+        try:
+            kind = images.readable(request.headers.get("content-type"))
+        except images.UnsupportedType as e:
+            raise _Refused(error(415, e.message)) from None
         try:
             body = await read_body(request, settings.max_body_bytes)
         except TooLarge:
@@ -175,7 +174,6 @@ def make_app(session, settings, batcher=None):
             yield
         finally:
             await batcher.stop()  # what was queued is answered
-            await asyncio.get_running_loop().run_in_executor(None, session.close)
             batcher.close()
 
     return Starlette(routes=[
@@ -209,8 +207,8 @@ def url_of(sock):
 
 @dataclass(frozen=True)
 class Spec:
-    """What a worker process needs to make its own Session (picklable)."""
-    model: str
+    """What a worker process needs to make its own Session (picklable: the model travels loaded)."""
+    model: object  # a loader.Model
     backend: str
     options: dict
 

@@ -7,8 +7,8 @@ reader threads) between calls.
         result = s.evaluate("testfull.hdf5")  # what `cnninfer run --json` reports
 
 Every bad input raises InputError (a ValueError) with the one line the command line prints. A
-Session may be shared by any number of threads: their calls take turns on the backend (one lock),
-each with the answers it would get alone.
+Session may be shared by any number of threads, each call getting the answers it would get alone
+(see Session).
 """
 import os
 import threading
@@ -211,7 +211,7 @@ class Session:
                     raise InputError("this session is closed")
                 self._running += 1
             try:
-                return self._run(backend, data, scores, progress, x_shape, wire, streamed, own_buffer=True)
+                return self._run(backend, data, scores, progress, x_shape, wire, streamed, at_once=True)
             finally:
                 with self._calls:
                     self._running -= 1
@@ -220,10 +220,10 @@ class Session:
             backend = self._backend()  # closed meanwhile?
             return self._at_home(self._run, backend, data, scores, progress, x_shape, wire, streamed)
 
-    def _run(self, backend, data, scores, progress, x_shape, wire, streamed, own_buffer=False):
+    def _run(self, backend, data, scores, progress, x_shape, wire, streamed, at_once=False):
         n = x_shape[0]
         t = time.perf_counter()
-        if own_buffer:  # calls at once: only the model, not prepare's per-call settings (keep_scores)
+        if at_once:  # only the model, not prepare's per-call settings (keep_scores)
             backend.use(self.model)
         else:
             backend.prepare(self.model, x_shape, scores, wire, streamed)
@@ -235,9 +235,9 @@ class Session:
                 timing.update(read=read_s * 1e3, wait=wait_s * 1e3, forward=_ms(t))
             else:
                 t = time.perf_counter()
-                x = backend.new_host_buffer(x_shape, wire) if own_buffer else backend.host_buffers(x_shape, wire)[0]
+                x = backend.new_host_buffer(x_shape, wire) if at_once else backend.host_buffers(x_shape, wire)[0]
                 labels = None if data.classes is None else np.empty(n, np.int64)
-                small = data.classes is None and x.nbytes <= INLINE_BYTES  # an array of the API
+                small = data.kind == "array" and x.nbytes <= INLINE_BYTES
                 futures = data.submit_images(Inline if small else backend.reader, 0, n, x,
                                              check=not backend.checks_values)
                 if labels is not None:

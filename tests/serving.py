@@ -8,8 +8,7 @@ import sys
 import threading
 import time
 
-import numpy as np
-
+from infer.bench_serve import npy  # noqa: F401  (the tests' .npy bodies, as the bench sends them)
 from tests.conftest import REPO
 
 STARTUP_S = 60
@@ -51,12 +50,6 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             return self.proc.wait()
-
-
-def npy(x):
-    b = io.BytesIO()
-    np.save(b, x)
-    return b.getvalue()
 
 
 NPY = {"Content-Type": "application/x-npy"}
