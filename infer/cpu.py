@@ -1,16 +1,22 @@
-"""The CPU backend: the NumPy reference layers, run over chunks of images so memory stays bounded."""
+"""The CPU backend: the network in native code (cpu_net.c) where it builds, else the NumPy
+reference layers; either way over chunks of images, a thread per core, memory bounded."""
+import contextlib
+import ctypes
 import functools
+import math
 import os
 import platform
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import reference
+from . import native, reference
 from .errors import ScoresOverflow
+from .network import Geometry
 from .stream import HostSide
 
-DEFAULT_CHUNK = 32  # small chunks keep each thread's im2col buffer in cache
+NUMPY_CHUNK = 32  # small chunks keep each thread's im2col buffer in cache
+NATIVE_CHUNK = 32, 1024  # the native path's chunk bounds: about four chunks per thread between them
 
 
 @functools.lru_cache(maxsize=None)
@@ -22,6 +28,46 @@ def _blas():
     return ThreadpoolController()
 
 
+def _padded(a, axis, size):
+    """a with zeros appended along axis up to size."""
+    pad = [(0, 0)] * a.ndim
+    pad[axis] = (0, size - a.shape[axis])
+    return np.ascontiguousarray(np.pad(a, pad), dtype=np.float32)
+
+
+class NativeNet:
+    """The model's weights laid out for cpu_net.c (output channels zero-padded to the vector
+    width), and the call that runs it on a chunk of images without the interpreter lock."""
+
+    def __init__(self, lib, model, image_shape):
+        self.lib, self.model = lib, model
+        vw = lib.cn_vector_width()
+        up = lambda n: -(-n // vw) * vw  # noqa: E731
+        g = Geometry(*image_shape, model.conv1.shape[0], model.conv1.shape[3], model.conv2.shape[0],
+                     model.conv2.shape[3], model.fc1.shape[1], model.fc2.shape[1])
+        c1p, c2p, hidden_p, classes_p = up(g.c1), up(g.c2), up(g.hidden), up(g.classes)
+        h2, w2 = g.pool2_out
+        fc1 = model.fc1.reshape(h2, w2, g.c2, g.hidden)
+        self.w1 = _padded(model.conv1, 3, c1p)
+        self.w2 = _padded(_padded(model.conv2, 2, c1p), 3, c2p)
+        self.f1 = _padded(_padded(fc1, 2, c2p), 3, hidden_p).reshape(h2 * w2 * c2p, hidden_p)
+        self.f2 = _padded(_padded(model.fc2, 0, hidden_p), 1, classes_p)
+        self.geometry = np.array([g.h, g.w, g.c, g.k1, c1p, g.k2, c2p, h2 * w2 * c2p, hidden_p, g.classes, classes_p],
+                                 np.int32)
+        self.image_shape, self.classes = tuple(image_shape), g.classes
+
+    def __call__(self, x, labels, scores):
+        """Fill labels (int64) and scores (float32, C order) for x (N, H, W, C) float32; the index
+        (in x) of the first image whose scores are not all finite, or -1."""
+        x = np.ascontiguousarray(x, np.float32)
+        ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+        bad = self.lib.cn_forward(ptr(x), len(x), ptr(self.geometry), ptr(self.w1), ptr(self.w2), ptr(self.f1),
+                                  ptr(self.f2), ptr(scores), ptr(labels))
+        if bad == -2:
+            raise MemoryError("no memory for the CPU network's scratch buffers")
+        return bad
+
+
 class CpuBackend(HostSide):
     name = "cpu"
     profile = None  # the CPU backend keeps no per-kernel timings
@@ -31,15 +77,34 @@ class CpuBackend(HostSide):
     ring_depth = 3
 
     def __init__(self, chunk=None, readers=None):
-        self.chunk = chunk or DEFAULT_CHUNK
+        self.chunk = chunk
         self.threads = os.cpu_count() or 1
         self.readers = readers
         self.model = None
         self.pool = None  # the compute threads, made on the first batch of several chunks
+        self.lib = native.net_library()
+        self.net = None  # NativeNet of the last model and image shape seen
 
     @property
     def device(self):
-        return f"CPU ({platform.machine()}, {self.threads} threads, NumPy {np.__version__})"
+        how = (f"native, {self.lib.cn_vector_width() * 32}-bit vectors" if self.lib
+               else f"NumPy {np.__version__}")
+        return f"CPU ({platform.machine()}, {self.threads} threads, {how})"
+
+    def _native(self, image_shape):
+        """The NativeNet for the current model and these images (made once, kept while they stay)."""
+        net = self.net
+        if net is None or net.model is not self.model or net.image_shape != tuple(image_shape):
+            net = self.net = NativeNet(self.lib, self.model, image_shape)
+        return net
+
+    def _chunk(self, n):
+        if self.chunk:
+            return self.chunk
+        if not self.lib:
+            return NUMPY_CHUNK
+        low, high = NATIVE_CHUNK
+        return min(high, max(low, math.ceil(n / (4 * self.threads))))
 
     @staticmethod
     def wire_dtype(stored):
@@ -61,23 +126,29 @@ class CpuBackend(HostSide):
         there anyway, and forward depends on nothing but the model, so threads may share it)."""
         out = np.empty(len(x), np.int64)
         kept = np.empty((len(x), self.model.fc2.shape[1]), np.float32)
-        starts = range(0, len(x), self.chunk)
+        chunk = self._chunk(len(x))
+        starts = range(0, len(x), chunk)
+        net = self._native(x.shape[1:]) if self.lib else None
 
         def one(start):
-            with np.errstate(over="ignore", invalid="ignore"):
-                scores = reference.scores(x[start:start + self.chunk], self.model)
-            finite = np.isfinite(scores).all(axis=1)
-            if not finite.all():
-                raise ScoresOverflow(self.model.path, start + int(np.argmin(finite)))
-            out[start:start + self.chunk] = reference.argmax(scores)
-            kept[start:start + self.chunk] = scores
-            return len(scores)
+            stop = min(start + chunk, len(x))
+            if net is not None:
+                bad = net(x[start:stop], out[start:stop], kept[start:stop])
+            else:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    scores = reference.scores(x[start:stop], self.model)
+                finite = np.isfinite(scores).all(axis=1)
+                bad = -1 if finite.all() else int(np.argmin(finite))
+                out[start:stop], kept[start:stop] = reference.argmax(scores), scores
+            if bad >= 0:
+                raise ScoresOverflow(self.model.path, start + bad)
+            return stop - start
 
-        # NumPy releases the GIL in its copies and BLAS calls: a thread per core, each with a
-        # single-threaded BLAS, keeps every core busy, also through the im2col copies (measured
-        # 2.4x faster than one thread driving a multi-threaded BLAS on 2 cores). One chunk runs
-        # on the caller's thread.
-        with _blas().limit(limits=1, user_api="blas"):
+        # Native calls and NumPy's copies and BLAS calls release the interpreter lock: a thread per
+        # core (each with a single-threaded BLAS) keeps every core busy (for NumPy, measured 2.4x
+        # faster than one thread driving a multi-threaded BLAS on 2 cores). One chunk runs on the
+        # caller's thread.
+        with _blas().limit(limits=1, user_api="blas") if net is None else contextlib.nullcontext():
             if len(starts) == 1:
                 done = map(one, starts)
             else:

@@ -1,10 +1,13 @@
-"""The native read pool (read_pool.c): built once with the C compiler ($CC, cc or gcc), cached on
-disk beside the kernels, loaded with ctypes. Where no compiler or build works, `library()` is None
-and Python threads read instead; CNNINFER_NATIVE=0 forces that."""
+"""The native libraries, each built once with the C compiler ($CC, cc or gcc), cached on disk
+beside the kernels, loaded with ctypes: the read pool (read_pool.c) and the CPU network
+(cpu_net.c, built for this machine's vector unit). Where no compiler or build works, `library()`
+or `net_library()` is None and Python threads read, or the NumPy layers compute, instead;
+CNNINFER_NATIVE=0 forces both."""
 import ctypes
 import functools
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 from pathlib import Path
@@ -12,8 +15,12 @@ from pathlib import Path
 from .atomic import replacing
 from . import env
 
-SOURCE = Path(__file__).with_name("read_pool.c")
+HERE = Path(__file__).parent
 FLAGS = ("-O2", "-shared", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror")
+# The network's code is tuned to the vector width it finds; -march=native makes it this machine's,
+# so the cache key names the CPU too. Without -march=native (a compiler that lacks it), the baseline.
+NET_FLAGS = (("-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"),
+             ("-O3", "-ffp-contract=fast", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror"))
 EOF = 1  # rp_wait: the file ended before the bytes asked for
 
 
@@ -25,22 +32,41 @@ def compiler():
     return None
 
 
-def build():
-    """The shared library's path (compiled now if not cached), or None with no working compiler."""
-    cc = compiler()
-    if cc is None or not SOURCE.is_file():
+@functools.lru_cache(maxsize=None)
+def cpu_identity():
+    """This CPU's model and feature flags (Linux), else what platform knows."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = []
+    wanted = [line for line in lines if line.split(":")[0].strip() in ("model name", "flags", "Features")]
+    return "\n".join(dict.fromkeys(wanted)) or platform.processor() or platform.machine()
+
+
+def build(name, flags=FLAGS, machine_specific=False):
+    """The shared library built from infer/{name}.c (compiled now if not cached), or None with no
+    working compiler."""
+    cc, source = compiler(), HERE / f"{name}.c"
+    if cc is None or not source.is_file():
         return None
-    key = hashlib.sha256(repr((SOURCE.read_bytes(), FLAGS, os.uname().machine)).encode()).hexdigest()[:20]
-    path = env.cache_root() / "native" / f"read_pool-{key}.so"
+    what = (source.read_bytes(), flags, os.uname().machine, cpu_identity() if machine_specific else "")
+    path = env.cache_root() / "native" / f"{name}-{hashlib.sha256(repr(what).encode()).hexdigest()[:20]}.so"
     if path.is_file():
         return path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with replacing(path) as tmp:
-            subprocess.run([cc, *FLAGS, "-o", str(tmp), str(SOURCE)], check=True, capture_output=True)
+            subprocess.run([cc, *flags, "-o", str(tmp), str(source)], check=True, capture_output=True)
     except (OSError, subprocess.CalledProcessError):
         return None
     return path
+
+
+def _load(path):
+    try:
+        return ctypes.CDLL(str(path))
+    except OSError:
+        return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -48,12 +74,9 @@ def library():
     """The loaded read pool (ctypes), or None: no compiler, a failed build, or CNNINFER_NATIVE=0."""
     if not env.native():
         return None
-    path = build()
-    if path is None:
-        return None
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError:
+    path = build("read_pool")
+    lib = path and _load(path)
+    if not lib:
         return None
     p, size = ctypes.c_void_p, ctypes.c_size_t
     for name, args, result in (("rp_create", [ctypes.c_int], p), ("rp_destroy", [p], None),
@@ -61,6 +84,31 @@ def library():
                                ("rp_wait", [p, p], ctypes.c_int), ("rp_busy_ns", [p], ctypes.c_longlong)):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, result
+    return lib
+
+
+@functools.lru_cache(maxsize=None)
+def net_library():
+    """The loaded CPU network (cpu_net.c, see cpu.NativeNet), or None: no compiler, a failed build,
+    or CNNINFER_NATIVE=0."""
+    if not env.native():
+        return None
+    for flags in NET_FLAGS:
+        lib = load_net(flags)
+        if lib:
+            return lib
+    return None
+
+
+def load_net(flags):
+    """cpu_net.c built with these flags and loaded, or None."""
+    path = build("cpu_net", flags, machine_specific=True)
+    lib = path and _load(path)
+    if not lib:
+        return None
+    p, i64 = ctypes.c_void_p, ctypes.c_longlong
+    lib.cn_vector_width.argtypes, lib.cn_vector_width.restype = [], ctypes.c_int
+    lib.cn_forward.argtypes, lib.cn_forward.restype = [p, i64, p, p, p, p, p, p, p], i64
     return lib
 
 

@@ -16,7 +16,7 @@ def test_wheel_installs_and_runs_anywhere(tmp_path):
     (wheel,) = wheels.glob("cnninfer-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     for name in ("infer/kernels/fused.cu", "infer/kernels/gemm.cu", "infer/kernels/common.cuh", "infer/models/cnninfer-mnist.hdf5",
-                 "infer/models/mnist-sample.hdf5", "infer/gpu/backend.py", "infer/read_pool.c"):
+                 "infer/models/mnist-sample.hdf5", "infer/gpu/backend.py", "infer/read_pool.c", "infer/cpu_net.c"):
         assert name in names
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)

@@ -1,0 +1,278 @@
+/* The whole network on the CPU, image by image, for any geometry the model declares: the CPU
+ * backend's fast path (infer/cpu.py). Built by infer/native.py with the C compiler for this
+ * machine's vector unit (-march=native), cached on disk; without a compiler the NumPy layers run.
+ *
+ * Layouts: images (n, H, W, C) float32; conv weights (K, K, C_in, Mp) and fc weights (in, Np) with
+ * the output channels zero-padded to Mp / Np, a multiple of the vector width (cn_vector_width):
+ * padded channels come out 0 and the next layer's padded weight rows are 0, so they change nothing.
+ *
+ * conv_relu_pool: a direct NHWC convolution (valid, stride 1), ReLU and the 2x2 average pool in
+ *   its epilogue ((a + b) + c) + d, times 0.25, as the reference); register tile: one or two pool
+ *   windows (4 or 8 output pixels) x up to MAXV vectors of output channels, one FMA per input
+ *   channel, tap and tile element. Taps go in blocks whose weights stay in L1 (16 KiB), partial
+ *   sums parked in a per-image buffer between blocks; pixels that the floored pool drops are
+ *   never computed. conv2 of the ECE408 model: 3.3M FMAs per image, 85% of the network.
+ * dense: (rows, K) x (K, Np), ReLU optional; register tile 6 rows x up to MAXV vectors.
+ * cn_forward: n images -> scores (n, classes) and labels (first maximum), blocks of BLOCK images
+ *   (the fc layers run on a block at once, so their weights are read once per block). */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__)
+#define VW 16
+#define MAXV 4     /* 32 registers: up to 24 accumulators, 4 weight vectors, a broadcast */
+#define ACC_MAX 24
+#else
+#if defined(__AVX__)
+#define VW 8
+#else
+#define VW 4
+#endif
+#define MAXV 2     /* 16 registers: up to 12 accumulators */
+#define ACC_MAX 12
+#endif
+#define TILE_BUDGET (16 * 1024) /* bytes of weights per tap block: they stay in L1 */
+#define ROWS 6                  /* dense: rows per register tile */
+#define BLOCK 32                /* images per fc pass */
+
+typedef float vf __attribute__((vector_size(VW * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(VW * sizeof(float))));
+
+static inline vf load(const float *p)
+{
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store(float *p, vf v) { memcpy(p, &v, sizeof v); }
+
+/* A broadcast ((vf){0} + x would add 0.0 too, and element-wise stores make masked moves). */
+static inline vf splat(float x) { return __builtin_shuffle((vf){x}, (vi){0}); }
+
+/* max(v, 0) that keeps NaN, as the reference's np.maximum does: an overflow is never hidden. */
+static inline vf relu(vf v)
+{
+    vi not_positive = v <= (vf){0};
+    return (vf)(~not_positive & (vi)v);
+}
+
+struct conv {
+    const float *in;  /* the input image (h, w, c) */
+    int h, w, c;
+    const float *wt;  /* (k, k, c, mp) */
+    int k, mp;
+    float *out;       /* (h', w', mp) pooled: h' = (h - k + 1) / 2 */
+    float *part;      /* partial sums between tap blocks: 4 * MAXV * VW floats per pool window */
+    int *live;        /* the pool windows whose input is not all zero: one int per window */
+    unsigned char *lit; /* whether each input pixel has a non-zero channel: h * w */
+};
+
+/* One register tile: pw pool windows (L->live[j], L->live[j + 1], ...), output channels
+ * [m, m + nv*VW), kernel rows [y0, y1). Pixel r of the tile: window r / 4, position (r % 4 / 2, r % 2)
+ * in it, the reference's pooling order. */
+static inline __attribute__((always_inline)) void conv_tile(const struct conv *L, const int nv, const int pw, int j,
+                                                             int m, int y0, int y1, int first, int last)
+{
+    vf acc[ACC_MAX][MAXV];
+    const int wp = (L->w - L->k + 1) / 2;
+    const size_t row = (size_t)L->w * L->c;
+    const float *pix[ACC_MAX];
+    float *part = L->part + (size_t)j * 4 * MAXV * VW;
+    for (int r = 0; r < 4 * pw; r++) {
+        int q = L->live[j + r / 4];
+        pix[r] = L->in + (2 * (q / wp) + r % 4 / 2) * row + (2 * (q % wp) + r % 2) * (size_t)L->c;
+        for (int v = 0; v < nv; v++)
+            acc[r][v] = first ? (vf){0} : load(part + (r * MAXV + v) * VW);
+    }
+    /* One kernel row is k * c contiguous floats of the input and k * c weight rows: one run */
+    const int run = L->k * L->c;
+    for (int ky = y0; ky < y1; ky++) {
+        const float *b = L->wt + (size_t)ky * run * L->mp + m;
+        for (int i = 0; i < run; i++, b += L->mp) {
+            vf wv[MAXV];
+            for (int v = 0; v < nv; v++)
+                wv[v] = load(b + v * VW);
+            for (int r = 0; r < 4 * pw; r++) {
+                vf x = splat(pix[r][ky * row + i]);
+                for (int v = 0; v < nv; v++)
+                    acc[r][v] += x * wv[v];
+            }
+        }
+    }
+    if (!last) {
+        for (int r = 0; r < 4 * pw; r++)
+            for (int v = 0; v < nv; v++)
+                store(part + (r * MAXV + v) * VW, acc[r][v]);
+        return;
+    }
+    for (int w = 0; w < pw; w++)
+        for (int v = 0; v < nv; v++) {
+            const vf *a = &acc[4 * w][v];
+            vf s = ((relu(a[0]) + relu(a[MAXV])) + relu(a[2 * MAXV])) + relu(a[3 * MAXV]);
+            store(L->out + (size_t)L->live[j + w] * L->mp + m + v * VW, s * 0.25f);
+        }
+}
+
+/* The specialisations (constant nv and pw, so the tile lives in registers). */
+static void conv_tiles(const struct conv *L, int nv, int pw, int j, int m, int y0, int y1, int first, int last)
+{
+#define TILE(n, p) case (n) * 8 + (p): conv_tile(L, n, p, j, m, y0, y1, first, last); break
+    switch (nv * 8 + pw) {
+        TILE(1, 1); TILE(1, 2); TILE(1, 3);
+        TILE(2, 1);
+#if ACC_MAX >= 24
+        TILE(1, 4); TILE(1, 5); TILE(1, 6);
+        TILE(2, 2); TILE(2, 3);
+        TILE(3, 1); TILE(3, 2);
+        TILE(4, 1);
+#endif
+    }
+#undef TILE
+}
+
+/* The windows with a non-zero input pixel, listed in L->live; the others' outputs set to 0 here.
+ * Exact: a window whose inputs are all 0 sums products 0 * w (finite weights) to +-0, and ReLU and
+ * the pool make that +0. MNIST-style digits on a blank page leave a third of conv1's windows out. */
+static int live_windows(const struct conv *L)
+{
+    const int hp = (L->h - L->k + 1) / 2, wp = (L->w - L->k + 1) / 2, side = L->k + 1;
+    const float *p = L->in;
+    for (int i = 0; i < L->h * L->w; i++) {
+        int any = 0;
+        for (int ci = 0; ci < L->c; ci++, p++)
+            any |= *p != 0.0f;
+        L->lit[i] = (unsigned char)any;
+    }
+    int live = 0;
+    for (int py = 0; py < hp; py++)
+        for (int px = 0; px < wp; px++) {
+            int any = 0;
+            for (int y = 2 * py; y < 2 * py + side && !any; y++)
+                for (int x = 2 * px; x < 2 * px + side; x++)
+                    any |= L->lit[y * L->w + x];
+            if (any)
+                L->live[live++] = py * wp + px;
+            else
+                memset(L->out + (size_t)(py * wp + px) * L->mp, 0, L->mp * sizeof(float));
+        }
+    return live;
+}
+
+static void conv_relu_pool(const struct conv *L)
+{
+    const int live = live_windows(L);
+    for (int m = 0; m < L->mp; m += MAXV * VW) {
+        /* as many windows per tile as the accumulator registers hold: fewer vectors of channels, more windows */
+        int nv = (L->mp - m) / VW < MAXV ? (L->mp - m) / VW : MAXV;
+        int pw = ACC_MAX / (4 * nv);
+        int rows = TILE_BUDGET / (L->k * L->c * nv * VW * (int)sizeof(float));
+        if (rows < 1)
+            rows = 1;
+        for (int y0 = 0; y0 < L->k; y0 += rows) {
+            int y1 = y0 + rows < L->k ? y0 + rows : L->k;
+            for (int j = 0; j < live; j += pw)
+                conv_tiles(L, nv, live - j < pw ? live - j : pw, j, m, y0, y1, y0 == 0, y1 == L->k);
+        }
+    }
+}
+
+/* out[r] = a[r] x b for the rows given (rows <= ROWS; missing rows repeat row 0 and are not stored). */
+static inline __attribute__((always_inline)) void dense_tile(const int nrv, const float *const *a, int rows, int kdim,
+                                                              const float *b, int ldb, float *out, int ldo, int do_relu)
+{
+    vf acc[ROWS][MAXV];
+    for (int r = 0; r < ROWS; r++)
+        for (int v = 0; v < nrv; v++)
+            acc[r][v] = (vf){0};
+    for (int i = 0; i < kdim; i++, b += ldb) {
+        vf wv[MAXV];
+        for (int v = 0; v < nrv; v++)
+            wv[v] = load(b + v * VW);
+        for (int r = 0; r < ROWS; r++) {
+            vf x = splat(a[r][i]);
+            for (int v = 0; v < nrv; v++)
+                acc[r][v] += x * wv[v];
+        }
+    }
+    for (int r = 0; r < rows; r++)
+        for (int v = 0; v < nrv; v++)
+            store(out + (size_t)r * ldo + v * VW, do_relu ? relu(acc[r][v]) : acc[r][v]);
+}
+
+static void dense(const float *a, int n, int kdim, const float *b, int np, float *out, int do_relu)
+{
+    for (int r0 = 0; r0 < n; r0 += ROWS) {
+        int rows = n - r0 < ROWS ? n - r0 : ROWS;
+        const float *rp[ROWS];
+        for (int r = 0; r < ROWS; r++)
+            rp[r] = a + (size_t)(r0 + (r < rows ? r : 0)) * kdim;
+        for (int m = 0; m < np; m += MAXV * VW) {
+            int nrv = (np - m) / VW < MAXV ? (np - m) / VW : MAXV;
+            float *o = out + (size_t)r0 * np + m;
+            switch (nrv) {
+            case 1: dense_tile(1, rp, rows, kdim, b + m, np, o, np, do_relu); break;
+            case 2: dense_tile(2, rp, rows, kdim, b + m, np, o, np, do_relu); break;
+#if MAXV >= 4
+            case 3: dense_tile(3, rp, rows, kdim, b + m, np, o, np, do_relu); break;
+            case 4: dense_tile(4, rp, rows, kdim, b + m, np, o, np, do_relu); break;
+#endif
+            }
+        }
+    }
+}
+
+int cn_vector_width(void) { return VW; }
+
+/* Geometry g: h, w, c, k1, c1p, k2, c2p, flat_p (= h2 * w2 * c2p), hidden_p, classes, classes_p; w2 is
+ * (k2, k2, c1p, c2p): conv2 reads pool1's padded channels too, so each kernel row is one run.
+ * Returns -1 when every score is finite, else the first image with a non-finite score (nothing
+ * after it is guaranteed), or -2 when scratch memory cannot be had. */
+long long cn_forward(const float *x, long long n, const int *g, const float *w1, const float *w2, const float *f1,
+                     const float *f2, float *scores, long long *labels)
+{
+    const int h = g[0], w = g[1], c = g[2], k1 = g[3], c1p = g[4], k2 = g[5], c2p = g[6];
+    const int flat = g[7], hidden = g[8], classes = g[9], classes_p = g[10];
+    const int h1 = (h - k1 + 1) / 2, w1p = (w - k1 + 1) / 2;
+    const size_t windows = (size_t)h1 * w1p; /* more than conv2's */
+    const size_t need = windows * c1p + windows * 4 * MAXV * VW + (size_t)BLOCK * (flat + hidden + classes_p)
+                        + windows + ((size_t)h * w + 3) / 4; /* live (ints), lit (bytes) */
+    float *scratch = aligned_alloc(64, (need * sizeof(float) + 63) / 64 * 64);
+    if (!scratch)
+        return -2;
+    float *pool1 = scratch, *part = pool1 + windows * c1p, *feat = part + windows * 4 * MAXV * VW;
+    float *hid = feat + (size_t)BLOCK * flat, *out = hid + (size_t)BLOCK * hidden;
+    int *live = (int *)(out + (size_t)BLOCK * classes_p);
+    unsigned char *lit = (unsigned char *)(live + windows);
+    long long bad = -1;
+    for (long long i0 = 0; i0 < n && bad < 0; i0 += BLOCK) {
+        int count = n - i0 < BLOCK ? (int)(n - i0) : BLOCK;
+        for (int j = 0; j < count; j++) {
+            struct conv a = {x + (size_t)(i0 + j) * h * w * c, h, w, c, w1, k1, c1p, pool1, part, live, lit};
+            conv_relu_pool(&a);
+            struct conv b = {pool1, h1, w1p, c1p, w2, k2, c2p, feat + (size_t)j * flat, part, live, lit};
+            conv_relu_pool(&b);
+        }
+        dense(feat, count, flat, f1, hidden, hid, 1);
+        dense(hid, count, hidden, f2, classes_p, out, 0);
+        for (int j = 0; j < count && bad < 0; j++) {
+            const float *s = out + (size_t)j * classes_p;
+            float *dst = scores + (size_t)(i0 + j) * classes;
+            int best = 0;
+            for (int q = 0; q < classes; q++) {
+                float v = s[q];
+                if (v - v != 0.0f) { /* inf or NaN */
+                    bad = i0 + j;
+                    break;
+                }
+                dst[q] = v;
+                if (v > s[best])
+                    best = q;
+            }
+            labels[i0 + j] = best;
+        }
+    }
+    free(scratch);
+    return bad;
+}

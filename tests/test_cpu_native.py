@@ -1,0 +1,143 @@
+"""The CPU backend's native network (cpu_net.c) against the NumPy reference: odd geometries,
+channel counts that are not a multiple of the vector width, blank regions (the skipped windows),
+overflow, and the NumPy fallback."""
+import numpy as np
+import pytest
+
+from infer import native, reference
+from infer.cpu import CpuBackend, NativeNet
+from infer.errors import ScoresOverflow
+from infer.loader import Model
+
+# (h, w, c, k1, c1, k2, c2, hidden, classes)
+GEOMETRIES = [
+    (28, 28, 1, 5, 32, 5, 64, 128, 10),   # the ECE408 network
+    (19, 23, 3, 3, 20, 4, 36, 50, 7),     # odd sides (the pools floor), padded channels everywhere
+    (32, 32, 3, 5, 32, 5, 64, 256, 10),
+    (13, 11, 2, 2, 5, 2, 17, 9, 3),
+    (30, 26, 1, 7, 48, 3, 80, 70, 12),    # three vectors of channels, conv1 tiles of two windows
+]
+
+
+@pytest.fixture(scope="module")
+def lib():
+    lib = native.net_library()
+    if lib is None:
+        pytest.skip("no C compiler here: the CPU backend runs the NumPy layers (tested everywhere else)")
+    return lib
+
+
+def random_model(rng, g):
+    h, w, c, k1, c1, k2, c2, hidden, classes = g
+    h2, w2 = ((h - k1 + 1) // 2 - k2 + 1) // 2, ((w - k1 + 1) // 2 - k2 + 1) // 2
+    he = lambda *shape: (rng.standard_normal(shape) * np.sqrt(2 / np.prod(shape[:-1]))).astype(np.float32)  # noqa: E731
+    return Model("random.h5", he(k1, k1, c, c1), he(k2, k2, c1, c2), he(h2 * w2 * c2, hidden), he(hidden, classes))
+
+
+def images(rng, n, g):
+    """Random images with blank margins and blank blocks, as digits on a page have."""
+    h, w, c = g[:3]
+    x = rng.random((n, h, w, c), dtype=np.float32)
+    x[:, : h // 4] = 0
+    x[:, :, w - w // 3:] = 0
+    x[1::3, h // 2:, : w // 2] = 0
+    x[2] = 0
+    return x
+
+
+def assert_same_answers(labels, scores, x, model):
+    expected = reference.scores(x, model)
+    scale = np.abs(expected).max()
+    np.testing.assert_allclose(scores, expected, rtol=0, atol=2e-5 * scale)
+    # Summation order differs from BLAS's: labels must agree wherever the top two are apart
+    top2 = np.sort(expected, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 1e-4 * scale
+    assert clear.mean() > 0.9
+    assert (labels[clear] == reference.argmax(expected)[clear]).all()
+
+
+@pytest.mark.parametrize("g", GEOMETRIES, ids=lambda g: "x".join(map(str, g)))
+def test_native_network_matches_the_reference(lib, rng, g):
+    model, x = random_model(rng, g), images(rng, 45, g)
+    net = NativeNet(lib, model, x.shape[1:])
+    labels, scores = np.empty(len(x), np.int64), np.empty((len(x), g[-1]), np.float32)
+    assert net(x, labels, scores) == -1
+    assert_same_answers(labels, scores, x, model)
+
+
+def test_a_blank_image_scores_exactly_zero(lib, rng):
+    g = GEOMETRIES[0]
+    model = random_model(rng, g)
+    x = np.zeros((3, 28, 28, 1), np.float32)
+    x[1, 13, 17] = 0.7  # one lit pixel: only the windows that see it are computed
+    net = NativeNet(lib, model, x.shape[1:])
+    labels, scores = np.empty(3, np.int64), np.empty((3, 10), np.float32)
+    net(x, labels, scores)
+    assert (scores[[0, 2]] == 0).all() and (labels[[0, 2]] == 0).all()
+    np.testing.assert_allclose(scores[1], reference.scores(x[1:2], model)[0], rtol=1e-5, atol=1e-7)
+
+
+def test_the_backend_runs_native_code_in_chunks_and_threads(lib, rng):
+    g = GEOMETRIES[1]
+    model, x = random_model(rng, g), images(rng, 101, g)
+    whole = CpuBackend()
+    whole.use(model)
+    labels, scores = whole.forward(x)
+    assert whole.net is not None and "native" in whole.device
+    assert_same_answers(labels, scores, x, model)
+    chunked = CpuBackend(chunk=7)
+    chunked.use(model)
+    assert [(a == b).all() for a, b in zip(chunked.forward(x), (labels, scores))] == [True, True]
+    whole.close()
+    chunked.close()
+
+
+@pytest.mark.parametrize("chunk", [None, 4])
+def test_overflow_names_the_first_image(lib, rng, chunk):
+    g = GEOMETRIES[0]
+    model, x = random_model(rng, g), images(rng, 12, g)
+    x[9] *= np.float32(3e37)  # finite, but its scores are not
+    x[10] *= np.float32(3e37)
+    backend = CpuBackend(chunk=chunk)
+    backend.use(model)
+    with pytest.raises(ScoresOverflow, match="image 9 "):
+        backend.forward(x)
+    backend.close()
+
+
+def test_without_native_code_the_numpy_layers_give_the_same_labels(lib, rng, monkeypatch):
+    g = GEOMETRIES[0]
+    model, x = random_model(rng, g), images(rng, 60, g)
+    fast = CpuBackend()
+    monkeypatch.setenv("CNNINFER_NATIVE", "0")
+    native.net_library.cache_clear()
+    try:
+        slow = CpuBackend()
+    finally:
+        native.net_library.cache_clear()
+    assert slow.lib is None and "NumPy" in slow.device
+    for b in (fast, slow):
+        b.use(model)
+    (a, sa), (b, sb) = fast.forward(x), slow.forward(x)
+    np.testing.assert_allclose(sa, sb, rtol=0, atol=2e-5 * np.abs(sb).max())
+    assert (a == b).all()
+
+
+# The code paths of narrower vector units, built here with the compiler's flags for them (x86)
+NARROWER = {"avx2": ("-mavx2", "-mfma"), "sse2": ("-mno-avx",)}
+
+
+@pytest.mark.parametrize("isa", NARROWER)
+def test_narrower_vector_units_give_the_same_answers(lib, rng, isa):
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("x86 vector flags")
+    narrow = native.load_net(("-O3", *NARROWER[isa], "-ffp-contract=fast", "-shared", "-fPIC", "-Wall", "-Wextra",
+                              "-Werror"))
+    assert narrow is not None and narrow.cn_vector_width() == {"avx2": 8, "sse2": 4}[isa]
+    for g in GEOMETRIES[:2] + GEOMETRIES[4:]:
+        model, x = random_model(rng, g), images(rng, 20, g)
+        labels, scores = np.empty(len(x), np.int64), np.empty((len(x), g[-1]), np.float32)
+        assert NativeNet(narrow, model, x.shape[1:])(x, labels, scores) == -1
+        assert_same_answers(labels, scores, x, model)
