@@ -192,22 +192,39 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="--serve: also time the server with this many worker processes (--soak: soak that one).")
 @click.option("--max-batch", type=click.IntRange(2), help="--serve: the batching servers' --max-batch.")
+@click.option("--cold", is_flag=True, help="--backend cpu: whole processes instead, `cnninfer run` against a plain "
+              "onnxruntime script (wall time, alternated).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results as one JSON object.")
 def bench(args, random_geometry, streams, warmup, repeats, torch_compile, streamed, readers, devices, served, clients,
-          seconds, soak, backend, workers, max_batch, as_json):
+          seconds, soak, backend, workers, max_batch, cold, as_json):
     """Validate every GPU algorithm against the NumPy reference, then time each (and PyTorch FP32,
     eager and compiled, when importable) on the first N images of DATA: GPU time and end to end.
     With --stream, the streamed run's images/s beside its two ceilings; with --serve, the HTTP
     server under load."""
     from .backends import create_cuda
 
+    if cold and (backend != "cpu" or served):
+        raise InputError("bench --cold goes with --backend cpu (and no --serve)")
     if backend == "cpu" and not served:
         from . import bench_cpu
 
-        if random_geometry or streamed:
-            raise InputError("bench --backend cpu takes DATA, MODEL and N (no --random or --stream)")
-        paths, model, n = resolve(args)
-        result = bench_cpu.cpu_bench(paths[0], model, n, warmup=min(warmup, 1), repeats=repeats)
+        if streamed:
+            raise InputError("bench --backend cpu takes DATA, MODEL and N, or --random and N (no --stream)")
+        if cold:
+            paths, model, n = resolve(args)
+            if n is not None or random_geometry:
+                raise InputError("bench --cold runs whole files: DATA and MODEL only")
+            result = bench_cpu.cold_bench(paths[0], model, repeats=repeats)
+            click.echo(json.dumps(result) if as_json else "\n".join(bench_cpu.cold_table(result)))
+            return
+        if random_geometry:
+            if len(args) > 1 or (args and not args[0].isdigit()):
+                raise InputError("bench --random takes only N (no DATA or MODEL)")
+            path, model, n = None, None, int(args[0]) if args else None
+        else:
+            paths, model, n = resolve(args)
+            path = paths[0]
+        result = bench_cpu.cpu_bench(path, model, n, warmup=min(warmup, 1), repeats=repeats, random=random_geometry)
         click.echo(json.dumps(result) if as_json else "\n".join(bench_cpu.table(result)))
         return
     if served:

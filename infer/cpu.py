@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import native, reference
+from . import env, native, reference
 from .errors import ScoresOverflow
 from .network import Geometry
 from .stream import HostSide
@@ -78,7 +78,7 @@ class CpuBackend(HostSide):
 
     def __init__(self, chunk=None, readers=None):
         self.chunk = chunk
-        self.threads = os.cpu_count() or 1
+        self.threads = env.cores()
         self.readers = readers
         self.model = None
         self.pool = None  # the compute threads, made on the first batch of several chunks

@@ -13,8 +13,10 @@
  *   sums parked in a per-image buffer between blocks; pixels that the floored pool drops are
  *   never computed. conv2 of the ECE408 model: 3.3M FMAs per image, 85% of the network.
  * dense: (rows, K) x (K, Np), ReLU optional; register tile 6 rows x up to MAXV vectors.
- * cn_forward: n images -> scores (n, classes) and labels (first maximum), blocks of BLOCK images
- *   (the fc layers run on a block at once, so their weights are read once per block). */
+ * cn_forward: n images -> scores (n, classes) and labels (first maximum), in blocks of images whose
+ *   conv2 outputs stay in L2 (FEATURE_BUDGET): the fc layers run on a block at once. Where fc1's
+ *   weights outweigh that, blocks of `hidden` images: then fc1 reads no more weight bytes than
+ *   feature bytes per image. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,7 +36,8 @@
 #endif
 #define TILE_BUDGET (16 * 1024) /* bytes of weights per tap block: they stay in L1 */
 #define ROWS 6                  /* dense: rows per register tile */
-#define BLOCK 32                /* images per fc pass */
+#define PANEL_BUDGET (256 * 1024) /* bytes of fc weights per panel: they stay in L2 */
+#define FEATURE_BUDGET (1 << 20)  /* bytes of conv2 outputs per fc pass (L2), unless fc1 is larger */
 
 typedef float vf __attribute__((vector_size(VW * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(VW * sizeof(float))));
@@ -65,24 +68,22 @@ struct conv {
     int k, mp;
     float *out;       /* (h', w', mp) pooled: h' = (h - k + 1) / 2 */
     float *part;      /* partial sums between tap blocks: 4 * MAXV * VW floats per pool window */
-    int *live;        /* the pool windows whose input is not all zero: one int per window */
+    size_t *live;     /* the pool windows whose input is not all zero: (input offset, output offset) */
     unsigned char *lit; /* whether each input pixel has a non-zero channel: h * w */
 };
 
-/* One register tile: pw pool windows (L->live[j], L->live[j + 1], ...), output channels
+/* One register tile: pw pool windows (live windows j, j + 1, ...), output channels
  * [m, m + nv*VW), kernel rows [y0, y1). Pixel r of the tile: window r / 4, position (r % 4 / 2, r % 2)
  * in it, the reference's pooling order. */
 static inline __attribute__((always_inline)) void conv_tile(const struct conv *L, const int nv, const int pw, int j,
                                                              int m, int y0, int y1, int first, int last)
 {
     vf acc[ACC_MAX][MAXV];
-    const int wp = (L->w - L->k + 1) / 2;
     const size_t row = (size_t)L->w * L->c;
     const float *pix[ACC_MAX];
     float *part = L->part + (size_t)j * 4 * MAXV * VW;
     for (int r = 0; r < 4 * pw; r++) {
-        int q = L->live[j + r / 4];
-        pix[r] = L->in + (2 * (q / wp) + r % 4 / 2) * row + (2 * (q % wp) + r % 2) * (size_t)L->c;
+        pix[r] = L->in + L->live[2 * (j + r / 4)] + (r % 4 / 2) * row + (r % 2) * (size_t)L->c;
         for (int v = 0; v < nv; v++)
             acc[r][v] = first ? (vf){0} : load(part + (r * MAXV + v) * VW);
     }
@@ -111,7 +112,7 @@ static inline __attribute__((always_inline)) void conv_tile(const struct conv *L
         for (int v = 0; v < nv; v++) {
             const vf *a = &acc[4 * w][v];
             vf s = ((relu(a[0]) + relu(a[MAXV])) + relu(a[2 * MAXV])) + relu(a[3 * MAXV]);
-            store(L->out + (size_t)L->live[j + w] * L->mp + m + v * VW, s * 0.25f);
+            store(L->out + L->live[2 * (j + w) + 1] + m + v * VW, s * 0.25f);
         }
 }
 
@@ -152,9 +153,10 @@ static int live_windows(const struct conv *L)
             for (int y = 2 * py; y < 2 * py + side && !any; y++)
                 for (int x = 2 * px; x < 2 * px + side; x++)
                     any |= L->lit[y * L->w + x];
-            if (any)
-                L->live[live++] = py * wp + px;
-            else
+            if (any) {
+                L->live[2 * live] = (2 * (size_t)py * L->w + 2 * (size_t)px) * L->c;
+                L->live[2 * live++ + 1] = ((size_t)py * wp + px) * L->mp;
+            } else
                 memset(L->out + (size_t)(py * wp + px) * L->mp, 0, L->mp * sizeof(float));
         }
     return live;
@@ -178,46 +180,58 @@ static void conv_relu_pool(const struct conv *L)
     }
 }
 
-/* out[r] = a[r] x b for the rows given (rows <= ROWS; missing rows repeat row 0 and are not stored). */
-static inline __attribute__((always_inline)) void dense_tile(const int nrv, const float *const *a, int rows, int kdim,
-                                                              const float *b, int ldb, float *out, int ldo, int do_relu)
+/* out[r] (+)= a[r][k0:k1] x b[k0:k1] for the rows given (rows <= ROWS; missing rows repeat row 0 and
+ * are not stored): the sum starts at 0 for the first block of k, ReLU applied after the last. */
+static inline __attribute__((always_inline)) void dense_tile(const int nv, const float *const *a, int rows, int k0,
+                                                              int k1, const float *b, int ldb, float *out, int ldo,
+                                                              int first, int last_relu)
 {
     vf acc[ROWS][MAXV];
     for (int r = 0; r < ROWS; r++)
-        for (int v = 0; v < nrv; v++)
-            acc[r][v] = (vf){0};
-    for (int i = 0; i < kdim; i++, b += ldb) {
+        for (int v = 0; v < nv; v++)
+            acc[r][v] = first || r >= rows ? (vf){0} : load(out + (size_t)r * ldo + v * VW);
+    b += (size_t)k0 * ldb;
+    for (int i = k0; i < k1; i++, b += ldb) {
         vf wv[MAXV];
-        for (int v = 0; v < nrv; v++)
+        for (int v = 0; v < nv; v++)
             wv[v] = load(b + v * VW);
         for (int r = 0; r < ROWS; r++) {
             vf x = splat(a[r][i]);
-            for (int v = 0; v < nrv; v++)
+            for (int v = 0; v < nv; v++)
                 acc[r][v] += x * wv[v];
         }
     }
     for (int r = 0; r < rows; r++)
-        for (int v = 0; v < nrv; v++)
-            store(out + (size_t)r * ldo + v * VW, do_relu ? relu(acc[r][v]) : acc[r][v]);
+        for (int v = 0; v < nv; v++)
+            store(out + (size_t)r * ldo + v * VW, last_relu ? relu(acc[r][v]) : acc[r][v]);
 }
 
+/* (n, kdim) x (kdim, np) -> (n, np), ReLU optional. The weights go in panels of rows that stay in
+ * L2 while every row of a passes them: each weight is read from memory once per call (fc1 of a
+ * 64x64 image is 11 MB). */
 static void dense(const float *a, int n, int kdim, const float *b, int np, float *out, int do_relu)
 {
-    for (int r0 = 0; r0 < n; r0 += ROWS) {
-        int rows = n - r0 < ROWS ? n - r0 : ROWS;
-        const float *rp[ROWS];
-        for (int r = 0; r < ROWS; r++)
-            rp[r] = a + (size_t)(r0 + (r < rows ? r : 0)) * kdim;
-        for (int m = 0; m < np; m += MAXV * VW) {
-            int nrv = (np - m) / VW < MAXV ? (np - m) / VW : MAXV;
-            float *o = out + (size_t)r0 * np + m;
-            switch (nrv) {
-            case 1: dense_tile(1, rp, rows, kdim, b + m, np, o, np, do_relu); break;
-            case 2: dense_tile(2, rp, rows, kdim, b + m, np, o, np, do_relu); break;
+    int panel = PANEL_BUDGET / (np * (int)sizeof(float));
+    if (panel < 1)
+        panel = 1;
+    for (int k0 = 0; k0 < kdim; k0 += panel) {
+        int k1 = k0 + panel < kdim ? k0 + panel : kdim, first = k0 == 0, last_relu = do_relu && k1 == kdim;
+        for (int r0 = 0; r0 < n; r0 += ROWS) {
+            int rows = n - r0 < ROWS ? n - r0 : ROWS;
+            const float *rp[ROWS];
+            for (int r = 0; r < ROWS; r++)
+                rp[r] = a + (size_t)(r0 + (r < rows ? r : 0)) * kdim;
+            for (int m = 0; m < np; m += MAXV * VW) {
+                int nv = (np - m) / VW < MAXV ? (np - m) / VW : MAXV;
+                float *o = out + (size_t)r0 * np + m;
+#define TILE(n) case n: dense_tile(n, rp, rows, k0, k1, b + m, np, o, np, first, last_relu); break
+                switch (nv) {
+                    TILE(1); TILE(2);
 #if MAXV >= 4
-            case 3: dense_tile(3, rp, rows, kdim, b + m, np, o, np, do_relu); break;
-            case 4: dense_tile(4, rp, rows, kdim, b + m, np, o, np, do_relu); break;
+                    TILE(3); TILE(4);
 #endif
+                }
+#undef TILE
             }
         }
     }
@@ -236,18 +250,21 @@ long long cn_forward(const float *x, long long n, const int *g, const float *w1,
     const int flat = g[7], hidden = g[8], classes = g[9], classes_p = g[10];
     const int h1 = (h - k1 + 1) / 2, w1p = (w - k1 + 1) / 2;
     const size_t windows = (size_t)h1 * w1p; /* more than conv2's */
-    const size_t need = windows * c1p + windows * 4 * MAXV * VW + (size_t)BLOCK * (flat + hidden + classes_p)
-                        + windows + ((size_t)h * w + 3) / 4; /* live (ints), lit (bytes) */
+    long long block = FEATURE_BUDGET / ((long long)flat * (long long)sizeof(float));
+    block = block < hidden ? hidden : block;
+    block = block < ROWS ? ROWS : block > n ? n : block;
+    const size_t need = windows * c1p + windows * 4 * MAXV * VW + (size_t)block * (flat + hidden + classes_p)
+                        + windows * 2 * sizeof(size_t) / sizeof(float) + ((size_t)h * w + 3) / 4; /* live, lit */
     float *scratch = aligned_alloc(64, (need * sizeof(float) + 63) / 64 * 64);
     if (!scratch)
         return -2;
     float *pool1 = scratch, *part = pool1 + windows * c1p, *feat = part + windows * 4 * MAXV * VW;
-    float *hid = feat + (size_t)BLOCK * flat, *out = hid + (size_t)BLOCK * hidden;
-    int *live = (int *)(out + (size_t)BLOCK * classes_p);
-    unsigned char *lit = (unsigned char *)(live + windows);
+    float *hid = feat + (size_t)block * flat, *out = hid + (size_t)block * hidden;
+    size_t *live = (size_t *)(out + (size_t)block * classes_p);
+    unsigned char *lit = (unsigned char *)(live + 2 * windows);
     long long bad = -1;
-    for (long long i0 = 0; i0 < n && bad < 0; i0 += BLOCK) {
-        int count = n - i0 < BLOCK ? (int)(n - i0) : BLOCK;
+    for (long long i0 = 0; i0 < n && bad < 0; i0 += block) {
+        int count = n - i0 < block ? (int)(n - i0) : block;
         for (int j = 0; j < count; j++) {
             struct conv a = {x + (size_t)(i0 + j) * h * w * c, h, w, c, w1, k1, c1p, pool1, part, live, lit};
             conv_relu_pool(&a);

@@ -59,6 +59,14 @@ def cache_root():
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cnninfer"
 
 
+def cores():
+    """The CPUs this process may run on (its affinity: taskset, a container's cpuset), else all."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def check():
     """Every variable checked at once (the command line calls this before any work)."""
     host_budget_mb()

@@ -69,3 +69,27 @@ def test_the_cpu_bench_compares_with_onnxruntime(ece408):
     assert set(rows) == {"cnninfer", "onnxruntime", "NumPy"}
     assert all(row["identical"] == 100 and row["median_s"] > 0 for row in rows.values())
     assert rows["onnxruntime"]["vs_onnxruntime"] == 1.0 and rows["cnninfer"]["vs_onnxruntime"] > 0
+
+
+def test_the_cpu_bench_takes_random_geometries():
+    import json
+
+    r = invoke("bench", "--backend", "cpu", "--random", "19x23x3,3:20,4:36,50,7", "40", "--repeats", "1", "--json")
+    assert r.exit_code == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result["n"] == 40 and result["geometry"] == "19x23x3,3:20,4:36,50,7"
+    assert all(row["identical"] == 40 for row in result["rows"])
+    r = invoke("bench", "--backend", "cpu", "--random", "19x23x3,3:20,4:36,50,7", "data.h5", "40")
+    assert r.exit_code == 2 and "takes only N" in r.stderr
+
+
+def test_the_cold_cpu_bench_runs_both_processes(ece408):
+    import json
+
+    r = invoke("bench", "--backend", "cpu", "--cold", ece408 / "test100.hdf5", ece408 / "model.hdf5", "--repeats", "1",
+               "--json")
+    assert r.exit_code == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    assert [row["correct"] for row in rows] == [95, 95] and all(row["median_s"] > 0 for row in rows)
+    r = invoke("bench", "--cold", ece408 / "test100.hdf5", ece408 / "model.hdf5")
+    assert r.exit_code == 2 and "--backend cpu" in r.stderr
