@@ -9,6 +9,9 @@ from . import atomic
 from .errors import InputError
 
 OPSET = 13  # ArgMax's select_last_index (from 12) and every op here; onnxruntime runs it everywhere
+# The file format's version: opset 13 needs 7; newer onnx packages write their own newest (14 in
+# onnx 1.23), which onnxruntime 1.30 refuses ("Unsupported model IR version: 14, max supported 13").
+IR_VERSION = 7
 
 
 def graph(model, image_shape=None):
@@ -48,7 +51,8 @@ def graph(model, image_shape=None):
         [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", classes]),
          helper.make_tensor_value_info("labels", TensorProto.INT64, ["N"])],
         initializer=weights)
-    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="cnninfer")
+    proto = helper.make_model(g, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="cnninfer",
+                              ir_version=IR_VERSION)
     proto.doc_string = f"cnninfer export of {model.path}: x NHWC float32 -> scores, labels"
     return proto
 

@@ -29,6 +29,7 @@ def test_onnxruntime_gives_the_command_lines_predictions(ece408, tmp_path, data,
     r = invoke("export-onnx", model, out)
     assert r.exit_code == 0, r.stderr
     assert "x (N, 28, 28, 1) float32 NHWC" in r.stderr
+    assert onnx.load(str(out)).ir_version == 7  # what runtimes back to onnxruntime 1.6 read
     with h5py.File(data) as f:
         x = f["x"][()]
     scores, labels = run_onnx(out, x)
