@@ -23,7 +23,9 @@ def contenders(model, image_shape):
     from .session import Session
 
     session = Session(model, "cpu")
-    out = [("cnninfer cpu (Session.predict)", session.predict)]
+    session.predict(np.zeros((1, *image_shape), np.float32))  # builds the backend, so its device is known
+    how = "native" if "native" in session.device else "NumPy"
+    out = [(f"cnninfer cpu ({how}, Session.predict)", session.predict)]
     try:
         import onnxruntime as ort
 

@@ -17,6 +17,7 @@
  *   conv2 outputs stay in L2 (FEATURE_BUDGET): the fc layers run on a block at once. Where fc1's
  *   weights outweigh that, blocks of `hidden` images: then fc1 reads no more weight bytes than
  *   feature bytes per image. */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,29 +80,33 @@ static inline __attribute__((always_inline)) void conv_tile(const struct conv *L
                                                              int m, int y0, int y1, int first, int last)
 {
     vf acc[ACC_MAX][MAXV];
-    const size_t row = (size_t)L->w * L->c;
-    const float *pix[ACC_MAX];
+    const size_t c = L->c, row = (size_t)L->w * c, diag = row + c; /* a window's other three pixels */
+    const float *win[ACC_MAX / 4];
     float *part = L->part + (size_t)j * 4 * MAXV * VW;
-    for (int r = 0; r < 4 * pw; r++) {
-        pix[r] = L->in + L->live[2 * (j + r / 4)] + (r % 4 / 2) * row + (r % 2) * (size_t)L->c;
+    for (int w = 0; w < pw; w++)
+        win[w] = L->in + L->live[2 * (j + w)];
+    for (int r = 0; r < 4 * pw; r++)
         for (int v = 0; v < nv; v++)
             acc[r][v] = first ? (vf){0} : load(part + (r * MAXV + v) * VW);
-    }
     /* One kernel row is k * c contiguous floats of the input and k * c weight rows: one run */
-    const int run = L->k * L->c;
-    for (int ky = y0; ky < y1; ky++) {
-        const float *b = L->wt + (size_t)ky * run * L->mp + m;
+    const int run = L->k * (int)c;
+    const float *b = L->wt + (size_t)y0 * run * L->mp + m;
+    for (int ky = y0; ky < y1; ky++)
         for (int i = 0; i < run; i++, b += L->mp) {
             vf wv[MAXV];
             for (int v = 0; v < nv; v++)
                 wv[v] = load(b + v * VW);
-            for (int r = 0; r < 4 * pw; r++) {
-                vf x = splat(pix[r][ky * row + i]);
-                for (int v = 0; v < nv; v++)
-                    acc[r][v] += x * wv[v];
+            for (int w = 0; w < pw; w++) {
+                const float *p = win[w] + ky * row + i;
+                vf x0 = splat(p[0]), x1 = splat(p[c]), x2 = splat(p[row]), x3 = splat(p[diag]);
+                for (int v = 0; v < nv; v++) {
+                    acc[4 * w][v] += x0 * wv[v];
+                    acc[4 * w + 1][v] += x1 * wv[v];
+                    acc[4 * w + 2][v] += x2 * wv[v];
+                    acc[4 * w + 3][v] += x3 * wv[v];
+                }
             }
         }
-    }
     if (!last) {
         for (int r = 0; r < 4 * pw; r++)
             for (int v = 0; v < nv; v++)
@@ -239,6 +244,47 @@ static void dense(const float *a, int n, int kdim, const float *b, int np, float
 
 int cn_vector_width(void) { return VW; }
 
+/* Each calling thread keeps its scratch memory between calls (freed when the thread ends): a
+ * fresh block per call would be mapped and unmapped each time, and every unmap interrupts all the
+ * threads of the process to flush their TLBs. */
+static pthread_key_t scratch_key;
+static pthread_once_t scratch_once = PTHREAD_ONCE_INIT;
+struct scratch {
+    size_t bytes;
+    float *at;
+};
+
+static void scratch_free(void *p)
+{
+    struct scratch *s = p;
+    free(s->at);
+    free(s);
+}
+
+static void scratch_init(void) { pthread_key_create(&scratch_key, scratch_free); }
+
+static float *scratch_get(size_t bytes)
+{
+    pthread_once(&scratch_once, scratch_init);
+    struct scratch *s = pthread_getspecific(scratch_key);
+    if (!s) {
+        if (!(s = calloc(1, sizeof *s)))
+            return NULL;
+        if (pthread_setspecific(scratch_key, s)) {
+            free(s);
+            return NULL;
+        }
+    }
+    if (s->bytes < bytes) {
+        free(s->at);
+        s->bytes = 0;
+        if (!(s->at = aligned_alloc(64, (bytes + 63) / 64 * 64)))
+            return NULL;
+        s->bytes = bytes;
+    }
+    return s->at;
+}
+
 /* Geometry g: h, w, c, k1, c1p, k2, c2p, flat_p (= h2 * w2 * c2p), hidden_p, classes, classes_p; w2 is
  * (k2, k2, c1p, c2p): conv2 reads pool1's padded channels too, so each kernel row is one run.
  * Returns -1 when every score is finite, else the first image with a non-finite score (nothing
@@ -255,7 +301,7 @@ long long cn_forward(const float *x, long long n, const int *g, const float *w1,
     block = block < ROWS ? ROWS : block > n ? n : block;
     const size_t need = windows * c1p + windows * 4 * MAXV * VW + (size_t)block * (flat + hidden + classes_p)
                         + windows * 2 * sizeof(size_t) / sizeof(float) + ((size_t)h * w + 3) / 4; /* live, lit */
-    float *scratch = aligned_alloc(64, (need * sizeof(float) + 63) / 64 * 64);
+    float *scratch = scratch_get(need * sizeof(float));
     if (!scratch)
         return -2;
     float *pool1 = scratch, *part = pool1 + windows * c1p, *feat = part + windows * 4 * MAXV * VW;
@@ -290,6 +336,5 @@ long long cn_forward(const float *x, long long n, const int *g, const float *w1,
             labels[i0 + j] = best;
         }
     }
-    free(scratch);
     return bad;
 }
