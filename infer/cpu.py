@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from . import env, native, reference
-from .errors import ScoresOverflow
+from .errors import BadValue, ScoresOverflow
 from .network import Geometry
 from .stream import HostSide
 
@@ -57,21 +57,25 @@ class NativeNet:
         self.image_shape, self.classes = tuple(image_shape), g.classes
 
     def __call__(self, x, labels, scores):
-        """Fill labels (int64) and scores (float32, C order) for x (N, H, W, C) float32; the index
-        (in x) of the first image whose scores are not all finite, or -1."""
+        """Fill labels (int64) and scores (float32, C order) for x (N, H, W, C) float32; -1, or
+        BadValue / ScoresOverflow for the first image (numbered in x) holding a value that is not
+        finite / whose scores are not all finite."""
         x = np.ascontiguousarray(x, np.float32)
         ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
         bad = self.lib.cn_forward(ptr(x), len(x), ptr(self.geometry), ptr(self.w1), ptr(self.w2), ptr(self.f1),
                                   ptr(self.f2), ptr(scores), ptr(labels))
         if bad == -2:
             raise MemoryError("no memory for the CPU network's scratch buffers")
+        if bad <= -3:
+            raise BadValue(-3 - bad)
+        if bad >= 0:
+            raise ScoresOverflow(self.model.path, bad)
         return bad
 
 
 class CpuBackend(HostSide):
     name = "cpu"
     profile = None  # the CPU backend keeps no per-kernel timings
-    checks_values = False  # the reader checks the images on its threads
     concurrent = True  # forward keeps no state: calls from several threads may run at once
     stream_block = 4096  # images per block when streaming from the file
     ring_depth = 3
@@ -84,6 +88,11 @@ class CpuBackend(HostSide):
         self.pool = None  # the compute threads, made on the first batch of several chunks
         self.lib = native.net_library()
         self.net = None  # NativeNet of the last model and image shape seen
+
+    @property
+    def checks_values(self):
+        """The native network checks the images as it reads them; for NumPy, the reader does."""
+        return self.lib is not None
 
     @property
     def device(self):
@@ -133,15 +142,17 @@ class CpuBackend(HostSide):
         def one(start):
             stop = min(start + chunk, len(x))
             if net is not None:
-                bad = net(x[start:stop], out[start:stop], kept[start:stop])
-            else:
-                with np.errstate(over="ignore", invalid="ignore"):
-                    scores = reference.scores(x[start:stop], self.model)
-                finite = np.isfinite(scores).all(axis=1)
-                bad = -1 if finite.all() else int(np.argmin(finite))
-                out[start:stop], kept[start:stop] = reference.argmax(scores), scores
-            if bad >= 0:
-                raise ScoresOverflow(self.model.path, start + bad)
+                try:
+                    net(x[start:stop], out[start:stop], kept[start:stop])
+                except (BadValue, ScoresOverflow) as e:
+                    raise e.shifted(start) from None
+                return stop - start
+            with np.errstate(over="ignore", invalid="ignore"):
+                scores = reference.scores(x[start:stop], self.model)
+            finite = np.isfinite(scores).all(axis=1)
+            if not finite.all():
+                raise ScoresOverflow(self.model.path, start + int(np.argmin(finite)))
+            out[start:stop], kept[start:stop] = reference.argmax(scores), scores
             return stop - start
 
         # Native calls and NumPy's copies and BLAS calls release the interpreter lock: a thread per
@@ -150,14 +161,23 @@ class CpuBackend(HostSide):
         # caller's thread.
         with _blas().limit(limits=1, user_api="blas") if net is None else contextlib.nullcontext():
             if len(starts) == 1:
-                done = map(one, starts)
-            else:
-                if self.pool is None:
-                    self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="cnninfer-cpu")
-                done = self.pool.map(one, starts)
-            for count in done:
+                count = one(0)
                 if progress is not None:
                     progress.update(count)
+                return out, kept
+            if self.pool is None:
+                self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="cnninfer-cpu")
+            failed = []
+            for future in [self.pool.submit(one, start) for start in starts]:
+                try:
+                    count = future.result()
+                except (BadValue, ScoresOverflow) as e:
+                    failed.append(e)
+                    continue
+                if progress is not None:
+                    progress.update(count)
+        if failed:  # as the other paths: the first image with a value that is not finite, else with overflow
+            raise min(failed, key=lambda e: (not isinstance(e, BadValue), e.image))
         return out, kept
 
     def forward_stream(self, ring, progress, out):
@@ -168,7 +188,7 @@ class CpuBackend(HostSide):
             at = start - ring.start
             try:
                 labels, scores = self.forward(x)
-            except ScoresOverflow as e:
+            except (ScoresOverflow, BadValue) as e:
                 raise e.shifted(start) from None
             out[at:at + len(x)] = labels
             if kept is not None:

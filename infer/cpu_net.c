@@ -141,16 +141,20 @@ static void conv_tiles(const struct conv *L, int nv, int pw, int j, int m, int y
 /* The windows with a non-zero input pixel, listed in L->live; the others' outputs set to 0 here.
  * Exact: a window whose inputs are all 0 sums products 0 * w (finite weights) to +-0, and ReLU and
  * the pool make that +0. MNIST-style digits on a blank page leave a third of conv1's windows out. */
-static int live_windows(const struct conv *L)
+static int live_windows(const struct conv *L, int *finite)
 {
     const int hp = (L->h - L->k + 1) / 2, wp = (L->w - L->k + 1) / 2, side = L->k + 1;
     const float *p = L->in;
+    int ok = 1;
     for (int i = 0; i < L->h * L->w; i++) {
         int any = 0;
-        for (int ci = 0; ci < L->c; ci++, p++)
+        for (int ci = 0; ci < L->c; ci++, p++) {
             any |= *p != 0.0f;
+            ok &= *p - *p == 0.0f; /* NaN for NaN and infinities */
+        }
         L->lit[i] = (unsigned char)any;
     }
+    *finite = ok;
     int live = 0;
     for (int py = 0; py < hp; py++)
         for (int px = 0; px < wp; px++) {
@@ -167,9 +171,11 @@ static int live_windows(const struct conv *L)
     return live;
 }
 
-static void conv_relu_pool(const struct conv *L)
+/* Returns whether every input value is finite (the images are checked here, on the way). */
+static int conv_relu_pool(const struct conv *L)
 {
-    const int live = live_windows(L);
+    int finite;
+    const int live = live_windows(L, &finite);
     for (int m = 0; m < L->mp; m += MAXV * VW) {
         /* as many windows per tile as the accumulator registers hold: fewer vectors of channels, more windows */
         int nv = (L->mp - m) / VW < MAXV ? (L->mp - m) / VW : MAXV;
@@ -183,6 +189,7 @@ static void conv_relu_pool(const struct conv *L)
                 conv_tiles(L, nv, live - j < pw ? live - j : pw, j, m, y0, y1, y0 == 0, y1 == L->k);
         }
     }
+    return finite;
 }
 
 /* out[r] (+)= a[r][k0:k1] x b[k0:k1] for the rows given (rows <= ROWS; missing rows repeat row 0 and
@@ -287,8 +294,9 @@ static float *scratch_get(size_t bytes)
 
 /* Geometry g: h, w, c, k1, c1p, k2, c2p, flat_p (= h2 * w2 * c2p), hidden_p, classes, classes_p; w2 is
  * (k2, k2, c1p, c2p): conv2 reads pool1's padded channels too, so each kernel row is one run.
- * Returns -1 when every score is finite, else the first image with a non-finite score (nothing
- * after it is guaranteed), or -2 when scratch memory cannot be had. */
+ * Returns -1 when every image and score is finite; else the first image whose scores are not
+ * finite (image i returned as i), or that holds a value that is not finite (returned as -3 - i),
+ * nothing after it guaranteed; or -2 when scratch memory cannot be had. */
 long long cn_forward(const float *x, long long n, const int *g, const float *w1, const float *w2, const float *f1,
                      const float *f2, float *scores, long long *labels)
 {
@@ -309,17 +317,22 @@ long long cn_forward(const float *x, long long n, const int *g, const float *w1,
     size_t *live = (size_t *)(out + (size_t)block * classes_p);
     unsigned char *lit = (unsigned char *)(live + 2 * windows);
     long long bad = -1;
-    for (long long i0 = 0; i0 < n && bad < 0; i0 += block) {
+    for (long long i0 = 0; i0 < n && bad == -1; i0 += block) {
         int count = n - i0 < block ? (int)(n - i0) : block;
         for (int j = 0; j < count; j++) {
             struct conv a = {x + (size_t)(i0 + j) * h * w * c, h, w, c, w1, k1, c1p, pool1, part, live, lit};
-            conv_relu_pool(&a);
+            if (!conv_relu_pool(&a)) {
+                bad = -3 - (i0 + j);
+                break;
+            }
             struct conv b = {pool1, h1, w1p, c1p, w2, k2, c2p, feat + (size_t)j * flat, part, live, lit};
             conv_relu_pool(&b);
         }
+        if (bad != -1)
+            break; /* a value that is not finite is the answer, whatever the scores */
         dense(feat, count, flat, f1, hidden, hid, 1);
         dense(hid, count, hidden, f2, classes_p, out, 0);
-        for (int j = 0; j < count && bad < 0; j++) {
+        for (int j = 0; j < count && bad == -1; j++) {
             const float *s = out + (size_t)j * classes_p;
             float *dst = scores + (size_t)(i0 + j) * classes;
             int best = 0;

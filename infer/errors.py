@@ -38,8 +38,9 @@ def where(path, dataset=None):
 
 
 class BadValue(Exception):
-    """The GPU found a value that is not finite in image `image` (numbered from the start of the
-    images it was given); the caller reads that image again for the message (dataset.bad_value)."""
+    """The GPU or the native CPU network found a value that is not finite in image `image`
+    (numbered from the start of the images it was given); the caller reads that image again for
+    the message (dataset.bad_value)."""
 
     def __init__(self, image):
         super().__init__(image)

@@ -6,7 +6,7 @@ import pytest
 
 from infer import native, reference
 from infer.cpu import CpuBackend, NativeNet
-from infer.errors import ScoresOverflow
+from infer.errors import BadValue, InputError, ScoresOverflow
 from infer.loader import Model
 
 # (h, w, c, k1, c1, k2, c2, hidden, classes)
@@ -141,3 +141,31 @@ def test_narrower_vector_units_give_the_same_answers(lib, rng, isa):
         labels, scores = np.empty(len(x), np.int64), np.empty((len(x), g[-1]), np.float32)
         assert NativeNet(narrow, model, x.shape[1:])(x, labels, scores) == -1
         assert_same_answers(labels, scores, x, model)
+
+
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_a_value_that_is_not_finite_names_its_image_before_any_overflow(lib, rng, chunk):
+    g = GEOMETRIES[0]
+    model, x = random_model(rng, g), images(rng, 12, g)
+    x[3] *= np.float32(3e37)  # overflows the scores
+    x[8, 20, 5, 0] = np.inf
+    x[11, 3, 3, 0] = np.nan
+    backend = CpuBackend(chunk=chunk)
+    backend.use(model)
+    with pytest.raises(BadValue) as e:
+        backend.forward(x)
+    assert e.value.image == 8
+    backend.close()
+
+
+def test_the_session_reads_a_float32_array_in_place_and_names_a_bad_image(lib, rng):
+    import cnninfer
+
+    g = GEOMETRIES[0]
+    model, x = random_model(rng, g), images(rng, 300, g)
+    with cnninfer.Session(model, backend="cpu") as s:
+        assert_same_answers(*s.classify(x, scores=True), x, model)
+        assert_same_answers(*s.classify(x[::2], scores=True), x[::2], model)  # not contiguous: copied
+        x[250, 1, 2, 0] = np.nan
+        with pytest.raises(InputError, match=r"\(250, 1, 2, 0\) is nan, not a finite"):
+            s.predict(x)
