@@ -71,6 +71,7 @@ struct conv {
     float *part;      /* partial sums between tap blocks: 4 * MAXV * VW floats per pool window */
     size_t *live;     /* the pool windows whose input is not all zero: (input offset, output offset) */
     unsigned char *lit; /* whether each input pixel has a non-zero channel: h * w */
+    int check;        /* whether to check that the input is finite (the images; not conv1's output) */
 };
 
 /* One register tile: pw pool windows (live windows j, j + 1, ...), output channels
@@ -148,11 +149,13 @@ static int live_windows(const struct conv *L, int *finite)
     int ok = 1;
     for (int i = 0; i < L->h * L->w; i++) {
         int any = 0;
-        for (int ci = 0; ci < L->c; ci++, p++) {
-            any |= *p != 0.0f;
-            ok &= *p - *p == 0.0f; /* NaN for NaN and infinities */
-        }
+        for (int ci = 0; ci < L->c; ci++)
+            any |= p[ci] != 0.0f;
+        if (L->check)
+            for (int ci = 0; ci < L->c; ci++)
+                ok &= p[ci] - p[ci] == 0.0f; /* NaN for NaN and infinities */
         L->lit[i] = (unsigned char)any;
+        p += L->c;
     }
     *finite = ok;
     int live = 0;
@@ -171,7 +174,8 @@ static int live_windows(const struct conv *L, int *finite)
     return live;
 }
 
-/* Returns whether every input value is finite (the images are checked here, on the way). */
+/* Returns 0 where L->check finds an input value that is not finite (the images are checked here, on
+ * the way), else 1. */
 static int conv_relu_pool(const struct conv *L)
 {
     int finite;
@@ -320,12 +324,12 @@ long long cn_forward(const float *x, long long n, const int *g, const float *w1,
     for (long long i0 = 0; i0 < n && bad == -1; i0 += block) {
         int count = n - i0 < block ? (int)(n - i0) : block;
         for (int j = 0; j < count; j++) {
-            struct conv a = {x + (size_t)(i0 + j) * h * w * c, h, w, c, w1, k1, c1p, pool1, part, live, lit};
+            struct conv a = {x + (size_t)(i0 + j) * h * w * c, h, w, c, w1, k1, c1p, pool1, part, live, lit, 1};
             if (!conv_relu_pool(&a)) {
                 bad = -3 - (i0 + j);
                 break;
             }
-            struct conv b = {pool1, h1, w1p, c1p, w2, k2, c2p, feat + (size_t)j * flat, part, live, lit};
+            struct conv b = {pool1, h1, w1p, c1p, w2, k2, c2p, feat + (size_t)j * flat, part, live, lit, 0};
             conv_relu_pool(&b);
         }
         if (bad != -1)
