@@ -2,7 +2,8 @@
 InputError (one line, exit 2 on the command line), never a traceback or a silent default.
 
     CNNINFER_HOST_BUDGET_MB  whole MiB of images read into host memory at once (0 or more; 512)
-    CNNINFER_NATIVE          0 or 1: the native read pool (1) or Python reader threads (0)
+    CNNINFER_NATIVE          0 or 1: native code (1: the read pool, the CPU network) or Python
+                             reader threads and the NumPy layers (0)
     CNNINFER_GRAPHS          0 or 1: replay each batch's enqueue as a CUDA graph (1) or not (0)
     CNNINFER_CACHE           folder of the kernel and native-library caches (~/.cache/cnninfer)
 
