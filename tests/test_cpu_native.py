@@ -169,3 +169,22 @@ def test_the_session_reads_a_float32_array_in_place_and_names_a_bad_image(lib, r
         x[250, 1, 2, 0] = np.nan
         with pytest.raises(InputError, match=r"\(250, 1, 2, 0\) is nan, not a finite"):
             s.predict(x)
+
+
+@pytest.mark.parametrize("data,model", [("testfull.hdf5", "model.hdf5"), (None, None)])
+def test_the_real_files_get_the_references_predictions(lib, ece408, data, model):
+    import h5py
+
+    from infer import loader
+    from tests.conftest import REPO
+
+    data = ece408 / data if data else REPO / "models" / "mnist-sample.hdf5"
+    m = loader.load_model(ece408 / model if model else REPO / "models" / "cnninfer-mnist.hdf5")
+    with h5py.File(data) as f:
+        x = f["x"][()].astype(np.float32)
+    backend = CpuBackend()
+    backend.use(m)
+    labels, _ = backend.forward(x)
+    backend.close()
+    expected = np.concatenate([reference.forward(x[i:i + 1000], m) for i in range(0, len(x), 1000)])
+    assert (labels == expected).all()
