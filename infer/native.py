@@ -81,7 +81,9 @@ def library():
     p, size = ctypes.c_void_p, ctypes.c_size_t
     for name, args, result in (("rp_create", [ctypes.c_int], p), ("rp_destroy", [p], None),
                                ("rp_submit", [p, ctypes.c_int, p, size, ctypes.c_longlong, size], p),
-                               ("rp_wait", [p, p], ctypes.c_int), ("rp_busy_ns", [p], ctypes.c_longlong)):
+                               ("rp_wait", [p, p], ctypes.c_int), ("rp_busy_ns", [p], ctypes.c_longlong),
+                               ("rp_lzf_decompress", [p, size, p, size], ctypes.c_longlong),
+                               ("rp_unshuffle", [p, p, size, size], None)):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, result
     return lib

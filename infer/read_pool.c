@@ -3,12 +3,14 @@
  * after every call, and with the consumer thread busy launching kernels they wait for it: 16 such
  * threads read 10 GB/s where 16 of these read 50 (tools/device_reader_probe.py). One Python call
  * queues a whole block (rp_submit, pieces spread over the threads) and one waits for it (rp_wait),
- * both through ctypes, which releases the interpreter lock for the wait.
+ * both through ctypes, which releases the interpreter lock for the wait. Also the chunk path's LZF
+ * decoder and shuffle undoer (rp_lzf_decompress, rp_unshuffle, at the end).
  * Built by infer/native.py with the C compiler, cached on disk; without one, Python threads read. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -189,4 +191,64 @@ long long rp_busy_ns(struct pool *p)
     long long ns = p->busy_ns;
     pthread_mutex_unlock(&p->lock);
     return ns;
+}
+
+/* LZF (h5py's filter 32000), decoded here so lzf chunks take the parallel chunk path instead of
+ * h5py's serial one. The format, from liblzf: a control byte c; c < 32: c + 1 literal bytes
+ * follow; else a back reference of length c >> 5 (7: plus the next byte) + 2, at distance
+ * ((c & 31) << 8) + the next byte + 1 behind the output. Returns the bytes written, or -1 where
+ * the input is damaged (a run past either end, a reference before the start). */
+long long rp_lzf_decompress(const unsigned char *in, size_t in_len, unsigned char *out, size_t out_len)
+{
+    const unsigned char *ip = in, *in_end = in + in_len;
+    unsigned char *op = out, *out_end = out + out_len;
+    while (ip < in_end) {
+        size_t c = *ip++;
+        if (c < 32) {
+            c++;
+            if ((size_t)(in_end - ip) < c || (size_t)(out_end - op) < c)
+                return -1;
+            memcpy(op, ip, c);
+            op += c;
+            ip += c;
+            continue;
+        }
+        size_t len = c >> 5;
+        if (len == 7) {
+            if (ip >= in_end)
+                return -1;
+            len += *ip++;
+        }
+        if (ip >= in_end)
+            return -1;
+        size_t back = ((c & 31) << 8) + *ip++ + 1;
+        len += 2;
+        if (back > (size_t)(op - out) || (size_t)(out_end - op) < len)
+            return -1;
+        const unsigned char *ref = op - back;
+        if (back >= len)
+            memcpy(op, ref, len);
+        else
+            for (size_t i = 0; i < len; i++) /* byte by byte: a run repeating what it writes */
+                op[i] = ref[i];
+        op += len;
+    }
+    return op - out;
+}
+
+/* Undo HDF5's shuffle filter: byte b of value i was stored at b * n + i. */
+void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size)
+{
+    if (size == 4) { /* float32, the usual case: a loop the compiler unrolls */
+        for (size_t i = 0; i < n; i++) {
+            dst[4 * i] = src[i];
+            dst[4 * i + 1] = src[n + i];
+            dst[4 * i + 2] = src[2 * n + i];
+            dst[4 * i + 3] = src[3 * n + i];
+        }
+        return;
+    }
+    for (size_t b = 0; b < size; b++)
+        for (size_t i = 0; i < n; i++)
+            dst[i * size + b] = src[b * n + i];
 }

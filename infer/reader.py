@@ -6,9 +6,11 @@ release the GIL, so reader threads run in parallel:
 - `pread`: a contiguous dataset is one run of bytes at a known file offset, read straight into the
   destination (page-locked memory for the GPU), no intermediate copy: by the native read pool
   (native.py: threads that never need the interpreter lock) where it builds, else os.preadv;
-- `chunks`: a chunked dataset whose chunks hold whole rows, raw or compressed with deflate
-  (optionally after shuffle): each chunk's bytes read with os.pread and inflated by zlib on the
-  reading thread;
+- `chunks`: a chunked dataset whose chunks hold whole rows, raw or compressed with deflate or
+  (with the native library) LZF, optionally after shuffle: each chunk's bytes read with os.pread
+  and decoded (zlib, read_pool.c's LZF and unshuffle) on the reading thread. 2 threads here,
+  50,000 MNIST images in chunks of 1,024: lzf 0.43M images/s (h5py 0.09M), shuffle + lzf 0.25M
+  (0.06M), gzip 1 0.40M (0.14M), shuffle + gzip 1 0.19M (0.07M);
 - `h5py`: any other layout (other filters, partial-row chunks, unallocated or non-native data),
   through h5py, one thread at a time;
 - `array`: rows of a NumPy array (the Python API), copied on threads.
@@ -132,14 +134,15 @@ class ChunkedRows(_FileRows):
     kind = "chunks"
 
     def __init__(self, path, ds, label, chunk_rows, index, filters):
-        import h5py
-
         super().__init__(path, ds, label)
         self.align, self.index = chunk_rows, index
         self._local = threading.local()
-        # Bit i of a chunk's filter mask set: filter i was skipped for that chunk.
-        self.shuffle = h5py.h5z.FILTER_SHUFFLE in filters
-        self.deflate_bit = 1 << filters.index(h5py.h5z.FILTER_DEFLATE) if h5py.h5z.FILTER_DEFLATE in filters else None
+        # Bit i of a chunk's filter mask set: filter i was skipped for that chunk (lzf is optional:
+        # h5py stores a chunk that would not shrink as it is).
+        self.shuffle = FILTER_SHUFFLE in filters
+        codec = filters[-1] if filters and filters[-1] in DECODERS else None
+        self.decode = DECODERS[codec] if codec else None
+        self.codec_bit = 1 << filters.index(codec) if codec else None
         for offset, size, _ in index:
             if offset + size > self.file_size:
                 self.close()
@@ -162,15 +165,20 @@ class ChunkedRows(_FileRows):
         nbytes = self.align * self.row_bytes
         shuffled = self.shuffle and not mask & 1
         out = dest if dest is not None and not shuffled else self._scratch("out", nbytes)
-        if self.deflate_bit is None or mask & self.deflate_bit:
+        if self.decode is None or mask & self.codec_bit:
             if size != nbytes:
                 raise InputError(f"{self.label}: chunk {j} holds {size} bytes, expected {nbytes}")
             self._pread(memoryview(out), offset)
         else:
             raw = self._scratch("raw", size)
             self._pread(memoryview(raw), offset)
-            _inflate(raw, out, f"{self.label}: chunk {j}")
+            self.decode(raw, out, f"{self.label}: chunk {j}")
         if shuffled:  # shuffle stored byte k of every value together
+            lib = native.library()
+            if lib is not None:  # 0.71 ms a 3.2 MB chunk, against 3.27 for NumPy's strided copy
+                into = dest if dest is not None else self._scratch("unshuffled", nbytes)
+                lib.rp_unshuffle(out.ctypes.data, into.ctypes.data, nbytes // self.dtype.itemsize, self.dtype.itemsize)
+                return into
             values = out.reshape(self.dtype.itemsize, -1).T
             if dest is None:
                 return values.reshape(-1)
@@ -227,6 +235,18 @@ def _inflate(src, dst, label):
         raise InputError(f"{label} cannot be decompressed (zlib status {status}, {length.value} of {len(dst)} bytes)")
 
 
+def _unlzf(src, dst, label):
+    """Decode the LZF stream src into dst (both uint8 arrays), which it must fill exactly."""
+    got = native.library().rp_lzf_decompress(src.ctypes.data, len(src), dst.ctypes.data, len(dst))
+    if got != len(dst):
+        raise InputError(f"{label} cannot be decompressed (lzf: " +
+                         ("damaged data)" if got < 0 else f"{got} of {len(dst)} bytes)"))
+
+
+FILTER_SHUFFLE, FILTER_DEFLATE, FILTER_LZF = 2, 1, 32000  # HDF5's numbers (lzf: h5py's)
+DECODERS = {FILTER_DEFLATE: _inflate, FILTER_LZF: _unlzf}
+
+
 def _chunk_index(ds):
     """[(file offset, stored size, filter mask)] of every chunk in row order, or None if any
     chunk was never written (its rows are fill values: h5py knows them)."""
@@ -251,14 +271,15 @@ def rows(path, ds, label):
     import h5py
 
     path = str(path)
-    native = ds.dtype.isnative or ds.dtype.itemsize == 1
+    in_order = ds.dtype.isnative or ds.dtype.itemsize == 1  # this machine's byte order
     plist = ds.id.get_create_plist()
     layout = plist.get_layout()
-    if native and layout == h5py.h5d.CONTIGUOUS and ds.id.get_offset() is not None:
+    if in_order and layout == h5py.h5d.CONTIGUOUS and ds.id.get_offset() is not None:
         return ContiguousRows(path, ds, label)
-    if native and layout == h5py.h5d.CHUNKED and tuple(ds.chunks[1:]) == tuple(ds.shape[1:]):
+    if in_order and layout == h5py.h5d.CHUNKED and tuple(ds.chunks[1:]) == tuple(ds.shape[1:]):
         filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
-        if filters in ([], [h5py.h5z.FILTER_DEFLATE], [h5py.h5z.FILTER_SHUFFLE, h5py.h5z.FILTER_DEFLATE]):
+        codecs = [FILTER_DEFLATE] + ([FILTER_LZF] if native.library() else [])
+        if filters == [] or (filters[-1] in codecs and filters[:-1] in ([], [FILTER_SHUFFLE])):
             index = _chunk_index(ds)
             if index is not None:
                 return ChunkedRows(path, ds, label, ds.chunks[0], index, filters)
