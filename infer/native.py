@@ -83,7 +83,8 @@ def library():
                                ("rp_submit", [p, ctypes.c_int, p, size, ctypes.c_longlong, size], p),
                                ("rp_wait", [p, p], ctypes.c_int), ("rp_busy_ns", [p], ctypes.c_longlong),
                                ("rp_lzf_decompress", [p, size, p, size], ctypes.c_longlong),
-                               ("rp_unshuffle", [p, p, size, size], None)):
+                               ("rp_unshuffle", [p, p, size, size], None),
+                               ("rp_fletcher32", [p, size], ctypes.c_uint)):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, result
     return lib

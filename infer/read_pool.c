@@ -4,7 +4,8 @@
  * threads read 10 GB/s where 16 of these read 50 (tools/device_reader_probe.py). One Python call
  * queues a whole block (rp_submit, pieces spread over the threads) and one waits for it (rp_wait),
  * both through ctypes, which releases the interpreter lock for the wait. Also the chunk path's LZF
- * decoder and shuffle undoer (rp_lzf_decompress, rp_unshuffle, at the end).
+ * decoder, shuffle undoer and fletcher32 checksum (rp_lzf_decompress, rp_unshuffle, rp_fletcher32, at
+ * the end).
  * Built by infer/native.py with the C compiler, cached on disk; without one, Python threads read. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -251,4 +252,30 @@ void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t
     for (size_t b = 0; b < size; b++)
         for (size_t i = 0; i < n; i++)
             dst[i * size + b] = src[b * n + i];
+}
+
+/* HDF5's fletcher32 filter checksum (H5_checksum_fletcher32): 16-bit big-endian words, sums
+ * folded every 360 words; an odd last byte is the high half of a word. */
+unsigned int rp_fletcher32(const unsigned char *data, size_t nbytes)
+{
+    unsigned int sum1 = 0, sum2 = 0;
+    for (size_t words = nbytes / 2; words;) {
+        size_t run = words > 360 ? 360 : words;
+        words -= run;
+        for (; run; run--, data += 2) {
+            sum1 += (unsigned int)data[0] << 8 | data[1];
+            sum2 += sum1;
+        }
+        sum1 = (sum1 & 0xffff) + (sum1 >> 16);
+        sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+    }
+    if (nbytes % 2) {
+        sum1 += (unsigned int)data[0] << 8;
+        sum2 += sum1;
+        sum1 = (sum1 & 0xffff) + (sum1 >> 16);
+        sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+    }
+    sum1 = (sum1 & 0xffff) + (sum1 >> 16);
+    sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+    return sum2 << 16 | sum1;
 }

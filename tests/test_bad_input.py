@@ -214,3 +214,23 @@ def test_overflowing_image_is_named(tmp_path, good, monkeypatch):
     for budget in ("512", "0"):  # in memory, and streamed block by block
         monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)
         assert_refused(run(tmp_path, {**good[0], "x": x}, good[1]), "model.h5", "image 3", "float32 overflow")
+
+
+@pytest.mark.parametrize("options", [dict(compression="gzip", shuffle=True), dict(compression="lzf"),
+                                     dict(compression="lzf", fletcher32=True)], ids=["shuffle+gzip", "lzf", "lzf+fletcher32"])
+def test_a_damaged_chunk_stops_the_run_and_nothing_is_written(tmp_path, rng, good, options):
+    from infer import reader
+
+    x = np.zeros((300, 12, 12, 1), np.float32)
+    x[:, 3:9, 3:9] = rng.random((300, 6, 6, 1), dtype=np.float32).round(1)
+    data = tmp_path / "data.h5"
+    write(data, dict(x=lambda f, n: f.create_dataset(n, data=x, chunks=(50, 12, 12, 1), **options),
+                     y=np.eye(10)[rng.integers(0, 10, 300)]))
+    with h5py.File(data) as f:
+        offset, size, _ = reader.rows(data, f["x"], "x").index[2]
+    with open(data, "r+b") as f:
+        f.seek(offset + size // 3)
+        f.write(b"\x00\xff" * 8)
+    out = tmp_path / "labels.npy"
+    assert_refused(run(tmp_path, data, good[1], "--predictions", out), "data.h5", "'x'", "chunk 2")
+    assert not out.exists()

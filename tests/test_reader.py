@@ -17,7 +17,12 @@ LAYOUTS = {  # dataset options -> the read path they must take
     "partial-row chunks": (dict(chunks=(7, 5, 3, 1)), "h5py"),
     "lzf": (dict(chunks=(7, 5, 3, 2), compression="lzf"), "chunks" if native.library() else "h5py"),
     "shuffle+lzf": (dict(chunks=(7, 5, 3, 2), compression="lzf", shuffle=True), "chunks" if native.library() else "h5py"),
-    "fletcher32+gzip": (dict(chunks=(7, 5, 3, 2), compression="gzip", fletcher32=True), "h5py"),
+    "fletcher32": (dict(chunks=(7, 5, 3, 2), fletcher32=True), "chunks" if native.library() else "h5py"),
+    "shuffle+gzip+fletcher32": (dict(chunks=(7, 5, 3, 2), compression="gzip", shuffle=True, fletcher32=True),
+                                "chunks" if native.library() else "h5py"),
+    "lzf+fletcher32": (dict(chunks=(7, 5, 3, 2), compression="lzf", fletcher32=True),
+                       "chunks" if native.library() else "h5py"),
+    "shuffle only": (dict(chunks=(7, 5, 3, 2), shuffle=True), "chunks"),
     "big-endian": (dict(big_endian=True), "h5py"),
 }
 
@@ -126,12 +131,17 @@ def test_a_file_truncated_under_us_is_refused(tmp_path, pool):
         rows.close()
 
 
-@pytest.mark.parametrize("codec", ["gzip", "lzf"])
-def test_a_corrupted_chunk_is_refused(tmp_path, pool, codec):
-    if codec == "lzf" and native.library() is None:
-        pytest.skip("lzf chunks take the h5py path without the native library")
+@pytest.mark.parametrize("options,words", [
+    (dict(compression="gzip"), "chunk 3 cannot be decompressed"),
+    (dict(compression="lzf"), "chunk 3 cannot be decompressed"),
+    (dict(fletcher32=True), "chunk 3 fails its fletcher32 checksum"),
+    (dict(compression="lzf", shuffle=True, fletcher32=True), "chunk 3 fails its fletcher32 checksum"),
+], ids=["gzip", "lzf", "fletcher32", "shuffle+lzf+fletcher32"])
+def test_a_corrupted_chunk_is_refused(tmp_path, pool, options, words):
+    if ("lzf" in options.values() or "fletcher32" in options) and native.library() is None:
+        pytest.skip("lzf and fletcher32 chunks take the h5py path without the native library")
     write(tmp_path / "d.h5", np.arange(700 * 16, dtype=np.float32).reshape(700, 4, 4, 1), chunks=(100, 4, 4, 1),
-          compression=codec)
+          **options)
     with h5py.File(tmp_path / "d.h5") as f:
         offset, size, _ = reader.rows(tmp_path / "d.h5", f["x"], "x").index[3]
     with open(tmp_path / "d.h5", "r+b") as f:
@@ -139,7 +149,7 @@ def test_a_corrupted_chunk_is_refused(tmp_path, pool, codec):
         f.write(b"\xff" * 16)
     with h5py.File(tmp_path / "d.h5") as f:
         rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
-        with pytest.raises(InputError, match="chunk 3 cannot be decompressed"):
+        with pytest.raises(InputError, match=words):
             pool.read(rows, 0, 700, np.empty((700, 4, 4, 1), np.float32), check=True)
         rows.close()
 
