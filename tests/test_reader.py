@@ -201,3 +201,15 @@ def test_lzf_chunks_that_shrank_are_decoded_natively(tmp_path, rng, pool, shuffl
             np.testing.assert_array_equal(out, values)
         finally:
             rows.close()
+
+
+def test_without_libdeflate_zlib_inflates_the_same(tmp_path, rng, pool, monkeypatch):
+    monkeypatch.setattr(reader, "_libdeflate", lambda: None)
+    values = (rng.random((500, 6, 6, 1)) * 4).round().astype(np.float32)
+    write(tmp_path / "d.h5", values, chunks=(64, 6, 6, 1), compression="gzip", shuffle=True)
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        out = np.empty_like(values)
+        pool.read(rows, 0, 500, out, check=True)
+        rows.close()
+    np.testing.assert_array_equal(out, values)
