@@ -320,8 +320,9 @@ def rows(path, ds, label):
     layout = plist.get_layout()
     if in_order and layout == h5py.h5d.CONTIGUOUS and ds.id.get_offset() is not None:
         return ContiguousRows(path, ds, label)
+    filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
+    _require_filters(filters, label)
     if in_order and layout == h5py.h5d.CHUNKED and tuple(ds.chunks[1:]) == tuple(ds.shape[1:]):
-        filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
         # [shuffle] [deflate | lzf] [fletcher32], in that order; lzf and fletcher32 need the native library
         have = native.library() is not None
         rest = filters[1:] if filters[:1] == [FILTER_SHUFFLE] else filters
@@ -331,6 +332,28 @@ def rows(path, ds, label):
             if index is not None:
                 return ChunkedRows(path, ds, label, ds.chunks[0], index, filters)
     return H5pyRows(ds, label)
+
+
+PLUGIN_FILTERS = {32001: "Blosc", 32004: "LZ4", 32008: "Bitshuffle", 32015: "Zstd", 32026: "Blosc2", 307: "bzip2",
+                  32017: "SZ", 32013: "ZFP", 32018: "FCIDECOMP", 32024: "SZ3"}
+
+
+def _require_filters(filters, label):
+    """Every filter of the dataset decodable by this HDF5: hdf5plugin's (an extra) registered when
+    one is missing, else one line naming the filter and what to install."""
+    import h5py
+
+    missing = [f for f in filters if not h5py.h5z.filter_avail(f)]
+    if missing:
+        try:
+            import hdf5plugin  # noqa: F401  (registers its filters with HDF5 on import)
+        except ImportError:
+            pass
+        missing = [f for f in missing if not h5py.h5z.filter_avail(f)]
+    if missing:
+        names = ", ".join(f"{f} ({PLUGIN_FILTERS[f]})" if f in PLUGIN_FILTERS else str(f) for f in missing)
+        raise InputError(f"{label}: compressed with HDF5 filter {names}, which this HDF5 cannot decode: "
+                         "pip install 'cnninfer[plugins]' (hdf5plugin)")
 
 
 def pieces(lo, hi, row_bytes, align, threads):

@@ -213,3 +213,37 @@ def test_without_libdeflate_zlib_inflates_the_same(tmp_path, rng, pool, monkeypa
         pool.read(rows, 0, 500, out, check=True)
         rows.close()
     np.testing.assert_array_equal(out, values)
+
+
+def test_hdf5plugin_filters_are_registered_when_installed(tmp_path, rng):
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    values = np.zeros((300, 12, 12, 1), np.float32)
+    values[:, 3:9, 2:10] = rng.random((300, 6, 8, 1), dtype=np.float32)
+    for name, options in (("blosc-lz4-bitshuffle", hdf5plugin.Blosc(cname="lz4", shuffle=hdf5plugin.Blosc.BITSHUFFLE)),
+                          ("zstd", hdf5plugin.Zstd())):
+        write(tmp_path / f"{name}.h5", values, chunks=(64, 12, 12, 1), **options)
+    import subprocess
+    import sys
+
+    # A fresh process, where nothing has imported hdf5plugin yet: the reader must register it
+    code = ("import sys, h5py, numpy as np; from infer import reader\n"
+            "for path in sys.argv[1:]:\n"
+            "    with h5py.File(path) as f:\n"
+            "        rows = reader.rows(path, f['x'], 'x'); out = np.empty((300, 12, 12, 1), np.float32)\n"
+            "        reader.Reader(2).read(rows, 0, 300, out, check=True); print(float(out.sum()))")
+    r = subprocess.run([sys.executable, "-c", code, *map(str, sorted(tmp_path.glob("*.h5")))], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    assert [float(v) for v in r.stdout.split()] == [pytest.approx(float(values.sum()), rel=1e-6)] * 2
+
+
+def test_a_filter_nothing_here_decodes_is_one_line(tmp_path, monkeypatch):
+    import sys
+
+    write(tmp_path / "d.h5", np.ones((20, 4, 4, 1), np.float32), chunks=(5, 4, 4, 1), compression="gzip")
+    monkeypatch.setattr(h5py.h5z, "filter_avail", lambda f: f != h5py.h5z.FILTER_DEFLATE)
+    monkeypatch.setitem(sys.modules, "hdf5plugin", None)  # import fails
+    with h5py.File(tmp_path / "d.h5") as f:
+        with pytest.raises(InputError, match=r"^d.h5: 'x': compressed with HDF5 filter 1, which this HDF5 cannot "
+                                             r"decode: pip install 'cnninfer\[plugins\]'"):
+            reader.rows(tmp_path / "d.h5", f["x"], "d.h5: 'x'")
