@@ -227,11 +227,13 @@ long long rp_lzf_decompress(const unsigned char *in, size_t in_len, unsigned cha
         if (back > (size_t)(op - out) || (size_t)(out_end - op) < len)
             return -1;
         const unsigned char *ref = op - back;
-        if (back >= len)
-            memcpy(op, ref, len);
-        else
-            for (size_t i = 0; i < len; i++) /* byte by byte: a run repeating what it writes */
-                op[i] = ref[i];
+        if (back == 1) /* a run of one byte: zeros of blank pixels */
+            memset(op, *ref, len);
+        else /* a repeating run: whole periods of `back` bytes, each copied from what is written */
+            for (size_t done = 0, n; done < len; done += n) {
+                n = len - done < back ? len - done : back;
+                memcpy(op + done, ref + done, n);
+            }
         op += len;
     }
     return op - out;

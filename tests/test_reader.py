@@ -247,3 +247,23 @@ def test_a_filter_nothing_here_decodes_is_one_line(tmp_path, monkeypatch):
         with pytest.raises(InputError, match=r"^d.h5: 'x': compressed with HDF5 filter 1, which this HDF5 cannot "
                                              r"decode: pip install 'cnninfer\[plugins\]'"):
             reader.rows(tmp_path / "d.h5", f["x"], "d.h5: 'x'")
+
+
+def test_lzf_repeating_runs_of_every_short_period(tmp_path, rng, pool):
+    """Back references shorter than what they copy (a run repeating its last `period` bytes)."""
+    if native.library() is None:
+        pytest.skip("lzf chunks take the h5py path without the native library")
+    rows_of = []
+    for period in range(1, 9):
+        pattern = rng.integers(0, 256, period, dtype=np.uint8)
+        rows_of.append(np.resize(pattern, (40, 10, 10, 3)))
+    values = np.concatenate(rows_of)
+    values[::7, 0, 0, 0] = 255  # and breaks in the runs
+    write(tmp_path / "d.h5", values, chunks=(16, 10, 10, 3), compression="lzf")
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        assert all(size < 16 * 300 // 4 for _, size, _ in rows.index)  # every chunk shrank: decoded
+        out = np.empty_like(values)
+        pool.read(rows, 0, len(values), out, check=False)
+        rows.close()
+    np.testing.assert_array_equal(out, values)
