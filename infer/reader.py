@@ -10,10 +10,10 @@ release the GIL, so reader threads run in parallel:
   (with the native library) LZF, optionally after shuffle: each chunk's bytes read with os.pread
   and decoded (libdeflate or zlib, read_pool.c's LZF and unshuffle) on the reading thread, the
   fletcher32 checksum checked there too. 2 threads here, 50,000 MNIST images in chunks of 1,024:
-  gzip 1 1.09M images/s (h5py 0.14M), gzip 6 1.00M, shuffle + gzip 6 0.46M (0.08M), lzf 0.41M
-  (0.09M); lzf after its run copies were batched: 0.65M
-- `h5py`: any other layout (other filters, partial-row chunks, unallocated or non-native data),
-  through h5py, one thread at a time;
+  gzip 1 1.09M images/s (h5py 0.14M), gzip 6 1.00M, shuffle + gzip 6 0.46M (0.08M), lzf 0.65M
+  (0.09M);
+- `h5py`: any other layout (hdf5plugin's filters, partial-row chunks, unallocated or non-native
+  data), through h5py, one thread at a time;
 - `array`: rows of a NumPy array (the Python API), copied on threads.
 Every row is read in the dataset's own type; converting to float32 and checking values is the
 caller's choice (see `fill`).
