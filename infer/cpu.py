@@ -4,7 +4,6 @@ import contextlib
 import ctypes
 import functools
 import math
-import os
 import platform
 from concurrent.futures import ThreadPoolExecutor
 
@@ -161,16 +160,15 @@ class CpuBackend(HostSide):
         # caller's thread.
         with _blas().limit(limits=1, user_api="blas") if net is None else contextlib.nullcontext():
             if len(starts) == 1:
-                count = one(0)
-                if progress is not None:
-                    progress.update(count)
-                return out, kept
-            if self.pool is None:
-                self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="cnninfer-cpu")
+                calls = [functools.partial(one, 0)]
+            else:
+                if self.pool is None:
+                    self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="cnninfer-cpu")
+                calls = [self.pool.submit(one, start).result for start in starts]
             failed = []
-            for future in [self.pool.submit(one, start) for start in starts]:
+            for call in calls:
                 try:
-                    count = future.result()
+                    count = call()
                 except (BadValue, ScoresOverflow) as e:
                     failed.append(e)
                     continue

@@ -7,11 +7,13 @@
  * padded channels come out 0 and the next layer's padded weight rows are 0, so they change nothing.
  *
  * conv_relu_pool: a direct NHWC convolution (valid, stride 1), ReLU and the 2x2 average pool in
- *   its epilogue ((a + b) + c) + d, times 0.25, as the reference); register tile: one or two pool
- *   windows (4 or 8 output pixels) x up to MAXV vectors of output channels, one FMA per input
- *   channel, tap and tile element. Taps go in blocks whose weights stay in L1 (16 KiB), partial
- *   sums parked in a per-image buffer between blocks; pixels that the floored pool drops are
- *   never computed. conv2 of the ECE408 model: 3.3M FMAs per image, 85% of the network.
+ *   its epilogue (((a + b) + c) + d, times 0.25, as the reference); register tile: 1 to 6 pool
+ *   windows (4 output pixels each) x 1 to MAXV vectors of output channels, up to ACC_MAX sums,
+ *   one FMA per input channel, tap and tile element. Kernel rows go in blocks whose weights stay
+ *   in L1 (TILE_BUDGET), partial sums parked in a per-image buffer between blocks; windows whose
+ *   input is all zero, and pixels that the floored pool drops, are never computed; the images
+ *   are checked for values that are not finite on the way. conv2 of the ECE408 model: 3.3M FMAs
+ *   per image, 85% of the network.
  * dense: (rows, K) x (K, Np), ReLU optional; register tile 6 rows x up to MAXV vectors.
  * cn_forward: n images -> scores (n, classes) and labels (first maximum), in blocks of images whose
  *   conv2 outputs stay in L2 (FEATURE_BUDGET): the fc layers run on a block at once. Where fc1's

@@ -19,8 +19,8 @@ HERE = Path(__file__).parent
 FLAGS = ("-O2", "-shared", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror")
 # The network's code is tuned to the vector width it finds; -march=native makes it this machine's,
 # so the cache key names the CPU too. Without -march=native (a compiler that lacks it), the baseline.
-NET_FLAGS = (("-O3", "-march=native", "-ffp-contract=fast", "-shared", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror"),
-             ("-O3", "-ffp-contract=fast", "-shared", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror"))
+NET_COMMON = ("-O3", "-ffp-contract=fast", *FLAGS[1:])
+NET_FLAGS = (("-march=native", *NET_COMMON), NET_COMMON)
 EOF = 1  # rp_wait: the file ended before the bytes asked for
 
 

@@ -241,21 +241,13 @@ def _libdeflate():
 def _inflate(src, dst, label):
     """Inflate the zlib stream src into dst (both uint8 arrays), which it must fill exactly."""
     fast = _libdeflate()
-    if fast is not None:
+    lib = None if fast else _libz()
+    if lib is None:  # a new bytes object, copied into dst
+        name, errors = ("libdeflate", fast.DeflateError) if fast else ("zlib", zlib.error)
         try:
-            data = fast.zlib_decompress(src, len(dst))
-        except fast.DeflateError as e:
-            raise InputError(f"{label} cannot be decompressed (libdeflate: {e})") from None
-        if len(data) != len(dst):
-            raise InputError(f"{label} holds {len(data)} bytes once decompressed, expected {len(dst)}")
-        dst[...] = np.frombuffer(data, np.uint8)
-        return
-    lib = _libz()
-    if lib is None:
-        try:
-            data = zlib.decompress(src)
-        except zlib.error as e:
-            raise InputError(f"{label} cannot be decompressed: {e}") from None
+            data = fast.zlib_decompress(src, len(dst)) if fast else zlib.decompress(src)
+        except errors as e:
+            raise InputError(f"{label} cannot be decompressed ({name}: {e})") from None
         if len(data) != len(dst):
             raise InputError(f"{label} holds {len(data)} bytes once decompressed, expected {len(dst)}")
         dst[...] = np.frombuffer(data, np.uint8)

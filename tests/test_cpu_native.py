@@ -133,8 +133,7 @@ def test_narrower_vector_units_give_the_same_answers(lib, rng, isa):
 
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("x86 vector flags")
-    narrow = native.load_net(("-O3", *NARROWER[isa], "-ffp-contract=fast", "-shared", "-fPIC", "-pthread", "-Wall", "-Wextra",
-                              "-Werror"))
+    narrow = native.load_net((*NARROWER[isa], *native.NET_COMMON))
     assert narrow is not None and narrow.cn_vector_width() == {"avx2": 8, "sse2": 4}[isa]
     for g in GEOMETRIES[:2] + GEOMETRIES[4:]:
         model, x = random_model(rng, g), images(rng, 20, g)
