@@ -7,11 +7,11 @@ release the GIL, so reader threads run in parallel:
   destination (page-locked memory for the GPU), no intermediate copy: by the native read pool
   (native.py: threads that never need the interpreter lock) where it builds, else os.preadv;
 - `chunks`: a chunked dataset whose chunks hold whole rows, raw or compressed with deflate or
-  (with the native library) LZF, optionally after shuffle: each chunk's bytes read with os.pread
-  and decoded (libdeflate or zlib, read_pool.c's LZF and unshuffle) on the reading thread, the
-  fletcher32 checksum checked there too. 2 threads here, 50,000 MNIST images in chunks of 1,024:
-  gzip 1 1.09M images/s (h5py 0.14M), gzip 6 1.00M, shuffle + gzip 6 0.46M (0.08M), lzf 0.65M
-  (0.09M);
+  (with the native library) LZF, optionally after shuffle: each chunk's bytes read, its fletcher32
+  checksum checked, decoded (libdeflate or zlib, LZF) and unshuffled by the native pool's threads
+  (read_pool.c) for reads in the stored type, else with os.pread on Python threads (the decoders
+  release the GIL). 2 threads here, 50,000 MNIST images in chunks of 1,024: gzip 1 1.09M images/s
+  (h5py 0.14M), gzip 6 1.00M, shuffle + gzip 6 0.46M (0.08M), lzf 0.65M (0.09M);
 - `h5py`: any other layout (hdf5plugin's filters, partial-row chunks, unallocated or non-native
   data), through h5py, one thread at a time;
 - `array`: rows of a NumPy array (the Python API), copied on threads.
@@ -47,6 +47,7 @@ class Rows:
     """Rows [lo, hi) of one dataset; `read(lo, hi, out)` fills out (hi - lo, ...) in the stored type."""
     kind = None
     align = 1  # pieces start on multiples of this many rows (a chunk's rows)
+    native = False  # submit(pool, lo, hi, out) reads on the native pool
 
     def __init__(self, label, shape, dtype):
         self.label, self.shape, self.dtype = label, tuple(shape), np.dtype(dtype)
@@ -121,6 +122,8 @@ class ContiguousRows(_FileRows):
             raise InputError(f"{label}: the file is truncated: the dataset's values need bytes up to {end}, "
                              f"but the file has {self.file_size}")
 
+    native = True
+
     def read(self, lo, hi, out):
         self._pread(memoryview(out).cast("B"), self.offset + lo * self.row_bytes)
 
@@ -128,7 +131,12 @@ class ContiguousRows(_FileRows):
         """Rows [lo, hi) into out (C-contiguous, the stored type) on the native pool: a Ticket."""
         offset, nbytes = self.offset + lo * self.row_bytes, (hi - lo) * self.row_bytes
         piece = min(PIECE_BYTES, max(NATIVE_PIECE_MIN, -(-nbytes // pool.threads)))
-        return Ticket(pool, pool.submit(self.fd, out.ctypes.data, nbytes, offset, piece), self, offset + nbytes)
+        end = offset + nbytes
+        return Ticket(pool, pool.submit(self.fd, out.ctypes.data, nbytes, offset, piece),
+                      lambda status, _: self.truncated(end) if status == native.EOF else self.failed(status))
+
+    def failed(self, status):
+        return InputError(f"{self.label}: cannot read: {os.strerror(-status)}")
 
 
 class ChunkedRows(_FileRows):
@@ -145,11 +153,56 @@ class ChunkedRows(_FileRows):
         self.decode = DECODERS[codec] if codec else None
         self.codec_bit = 1 << filters.index(codec) if codec else None
         self.summed = FILTER_FLETCHER32 in filters  # 4 bytes of checksum after the (coded) data
+        self.codec = codec
         for offset, size, _ in index:
             if offset + size > self.file_size:
                 self.close()
                 raise InputError(f"{label}: the file is truncated: a chunk needs bytes up to {offset + size}, "
                                  f"but the file has {self.file_size}")
+        self.spec = self._native_spec()
+        self.native = self.spec is not None
+
+    def _native_spec(self):
+        """The native pool's recipe for these chunks, or None where it cannot decode them."""
+        lib = native.library()
+        codec = {None: native.RAW, FILTER_LZF: native.LZF, FILTER_DEFLATE: native.DEFLATE}[self.codec]
+        if lib is None or (codec == native.DEFLATE and native.INFLATER is None):
+            return None
+        self.offsets = np.array([offset for offset, _, _ in self.index], np.int64)
+        self.sizes = np.array([size for _, size, _ in self.index], np.int64)
+        self.masks = np.array([mask for _, _, mask in self.index], np.uint32)
+        spec = lib.rp_chunks(self.fd, self.align * self.row_bytes, self.dtype.itemsize if self.shuffle else 0, codec,
+                             self.codec_bit or 0, self.summed)
+        if not spec:
+            raise MemoryError("no memory for the chunk reader")
+        return spec
+
+    def close(self):
+        if getattr(self, "spec", None):
+            native.library().rp_chunks_free(self.spec)
+            self.spec = None
+        super().close()
+
+    def submit(self, pool, lo, hi, out):
+        """Rows [lo, hi) into out (C-contiguous, the stored type), a job per chunk on the native
+        pool: a Ticket."""
+        first = lo // self.align
+        ticket = pool.submit_chunks(self.spec, first, self.offsets, self.sizes, self.masks, out.ctypes.data,
+                                    (lo - first * self.align) * self.row_bytes, (hi - lo) * self.row_bytes)
+        return Ticket(pool, ticket, self.failed)
+
+    def failed(self, status, j):
+        what = f"{self.label}: chunk {j}"
+        if status == native.EOF:
+            return self.truncated(int(self.offsets[j] + self.sizes[j]))
+        if status == native.DAMAGED:
+            name = native.INFLATER if self.codec == FILTER_DEFLATE else "lzf"
+            return InputError(f"{what} cannot be decompressed ({name}: damaged data)")
+        if status == native.SIZE:
+            return InputError(f"{what} does not decode to its {self.align * self.row_bytes} bytes")
+        if status == native.CHECKSUM:
+            return InputError(f"{what} fails its fletcher32 checksum: the file is damaged")
+        return InputError(f"{what}: cannot read: {os.strerror(-status)}")
 
     def _scratch(self, name, nbytes):
         """A buffer of this thread's, reused: large allocations per chunk would serialize the
@@ -383,19 +436,18 @@ def fill(rows, lo, hi, out, check):
 
 
 class Ticket:
-    """A read on the native pool, waited for as a future is (result, exception)."""
+    """A read on the native pool, waited for as a future is (result, exception); a failure is
+    failed(status, chunk)."""
 
-    def __init__(self, pool, ticket, rows, end):
-        self.pool, self.ticket, self.rows, self.end = pool, ticket, rows, end
+    def __init__(self, pool, ticket, failed):
+        self.pool, self.ticket, self.failed = pool, ticket, failed
         self.status = None
 
     def result(self):
         if self.status is None:
-            self.status = self.pool.wait(self.ticket)  # exactly once: it frees the ticket
-        if self.status == native.EOF:
-            raise self.rows.truncated(self.end)
-        if self.status < 0:
-            raise InputError(f"{self.rows.label}: cannot read: {os.strerror(-self.status)}")
+            self.status = self.pool.finish(self.ticket)  # exactly once: it frees the ticket
+        if self.status[0]:
+            raise self.failed(*self.status)
 
     def exception(self):
         try:
@@ -407,8 +459,8 @@ class Ticket:
 
 class Reader:
     """A pool of reader threads; `submit` cuts a read into pieces, `read` also waits for them.
-    Contiguous rows read in their stored type, unchecked (what the GPU takes) go to the native
-    pool where it builds (`pool` says which ran). `busy_s` adds up the threads' reading time."""
+    Contiguous rows and whole-row chunks read in their stored type, unchecked (what the GPU takes)
+    go to the native pool where it builds (`pool` says which ran). `busy_s` adds up the threads' reading time."""
 
     def __init__(self, threads=None, use_native=True):
         self.threads = threads or default_threads()
@@ -453,7 +505,7 @@ class Reader:
 
     def submit(self, rows, lo, hi, out, check):
         """Futures filling out (hi - lo rows) from rows [lo, hi), in row order."""
-        if (self.native is not None and isinstance(rows, ContiguousRows) and out.dtype == rows.dtype
+        if (self.native is not None and rows.native and out.dtype == rows.dtype
                 and not check and out.flags.c_contiguous and hi > lo):
             self.used_native = True
             return [rows.submit(self.native, lo, hi, out)]

@@ -92,7 +92,7 @@ def test_every_layout_reads_what_h5py_reads(tmp_path, rng, pool, layout, dtype):
                 converted = np.empty((hi - lo, 5, 3, 2), np.float32)
                 pool.read(rows, lo, hi, converted, check=True)
                 np.testing.assert_array_equal(converted, values[lo:hi].astype(np.float32))
-            assert pool.used_native == (pool.native is not None and kind == "pread")
+            assert pool.used_native == (pool.native is not None and kind in ("pread", "chunks"))
         finally:
             rows.close()
 
@@ -149,8 +149,9 @@ def test_a_corrupted_chunk_is_refused(tmp_path, pool, options, words):
         f.write(b"\xff" * 16)
     with h5py.File(tmp_path / "d.h5") as f:
         rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
-        with pytest.raises(InputError, match=words):
-            pool.read(rows, 0, 700, np.empty((700, 4, 4, 1), np.float32), check=True)
+        for check in (True, False):  # unchecked: the native pool's decoders
+            with pytest.raises(InputError, match=words):
+                pool.read(rows, 0, 700, np.empty((700, 4, 4, 1), np.float32), check=check)
         rows.close()
 
 
@@ -203,16 +204,69 @@ def test_lzf_chunks_that_shrank_are_decoded_natively(tmp_path, rng, pool, shuffl
             rows.close()
 
 
-def test_without_libdeflate_zlib_inflates_the_same(tmp_path, rng, pool, monkeypatch):
+@pytest.fixture
+def zlib_only(monkeypatch):
+    """Inflate with zlib, in Python threads and in the native pool: where `deflate` is missing."""
     monkeypatch.setattr(reader, "_libdeflate", lambda: None)
+    lib = native.library()
+    if lib is not None:
+        assert native.use_inflater(lib, "zlib") == "zlib"
+    yield
+    if lib is not None:
+        native.use_inflater(lib, "libdeflate")
+
+
+def test_without_libdeflate_zlib_inflates_the_same(tmp_path, rng, pool, zlib_only):
     values = (rng.random((500, 6, 6, 1)) * 4).round().astype(np.float32)
     write(tmp_path / "d.h5", values, chunks=(64, 6, 6, 1), compression="gzip", shuffle=True)
     with h5py.File(tmp_path / "d.h5") as f:
         rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
-        out = np.empty_like(values)
-        pool.read(rows, 0, 500, out, check=True)
+        for check in (True, False):
+            out = np.empty_like(values)
+            pool.read(rows, 3, 500, out[3:], check=check)
+            np.testing.assert_array_equal(out[3:], values[3:])
+        with open(tmp_path / "d.h5", "r+b") as f:
+            f.seek(rows.index[2][0] + rows.index[2][1] // 2)
+            f.write(b"\xff" * 16)
+        with pytest.raises(InputError, match=r"chunk 2 cannot be decompressed \(zlib"):
+            pool.read(rows, 0, 500, out, check=False)
         rows.close()
-    np.testing.assert_array_equal(out, values)
+
+
+def test_the_native_pool_decodes_chunks_in_parallel_with_libdeflate():
+    """The `deflate` package (a dependency) hands its libdeflate to the native pool."""
+    if native.library() is None:
+        pytest.skip("no native read pool here")
+    pytest.importorskip("deflate")
+    assert native.INFLATER == "libdeflate"
+
+
+def test_chunks_decoded_natively_report_the_lowest_bad_chunk(tmp_path, rng):
+    """Several chunks damaged, decoded on several threads in any order: the error names the first."""
+    if native.library() is None:
+        pytest.skip("no native read pool here")
+    values = (rng.random((900, 5, 5, 1)) * 8).round().astype(np.float32)
+    write(tmp_path / "d.h5", values, chunks=(30, 5, 5, 1), compression="gzip")
+    with h5py.File(tmp_path / "d.h5") as f:
+        index = reader.rows(tmp_path / "d.h5", f["x"], "x").index
+    with open(tmp_path / "d.h5", "r+b") as f:
+        for j in (29, 17, 9):
+            f.seek(index[j][0] + 2)
+            f.write(b"\x07" * (index[j][1] - 2))
+    p = reader.Reader(4)
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        try:
+            for _ in range(5):
+                with pytest.raises(InputError, match=r"^x: chunk 9 "):
+                    p.read(rows, 31, 900, np.empty((869, 5, 5, 1), np.float32), check=False)
+            out = np.empty((100, 5, 5, 1), np.float32)
+            p.read(rows, 170, 270, out, check=False)  # chunks 5-8, untouched, still read
+            np.testing.assert_array_equal(out, values[170:270])
+            assert p.used_native
+        finally:
+            rows.close()
+            p.close()
 
 
 def test_hdf5plugin_filters_are_registered_when_installed(tmp_path, rng):
