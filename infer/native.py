@@ -86,9 +86,10 @@ def library():
     for name, args, result in (("rp_create", [ctypes.c_int], p), ("rp_destroy", [p], None),
                                ("rp_submit", [p, ctypes.c_int, p, size, i64, size], p),
                                ("rp_wait", [p, p, ctypes.POINTER(i64)], ctypes.c_int), ("rp_busy_ns", [p], i64),
-                               ("rp_chunks", [ctypes.c_int, size, size, ctypes.c_int, ctypes.c_uint, ctypes.c_int], p),
+                               ("rp_chunks", [ctypes.c_int, size, ctypes.c_int, ctypes.c_int, ctypes.c_uint, ctypes.c_int,
+                                             ctypes.c_int, p, p], p),
                                ("rp_chunks_free", [p], None), ("rp_set_inflater", [p, p, p, p], None),
-                               ("rp_submit_chunks", [p, p, i64, p, p, p, p, size, size], p),
+                               ("rp_submit_chunks", [p, p, i64, i64, p, p, p, p], p),
                                ("rp_lzf_decompress", [p, size, p, size], ctypes.c_longlong),
                                ("rp_unshuffle", [p, p, size, size], None),
                                ("rp_fletcher32", [p, size], ctypes.c_uint)):
@@ -176,11 +177,11 @@ class ReadPool:
             raise MemoryError("no memory for a read's ticket")
         return ticket
 
-    def submit_chunks(self, spec, first, offsets, sizes, masks, address, skip, nbytes):
-        """Decoded bytes [skip, skip + nbytes) of chunks first, first + 1... (offsets, sizes and
-        masks: arrays over all the dataset's chunks, int64, int64, uint32) into address."""
-        ticket = self.lib.rp_submit_chunks(self.pool, spec, first, offsets.ctypes.data, sizes.ctypes.data,
-                                           masks.ctypes.data, address, skip, nbytes)
+    def submit_chunks(self, spec, lo, hi, offsets, sizes, masks, address):
+        """Rows [lo, hi) of a chunked dataset (spec: rp_chunks; offsets, sizes and masks: arrays
+        over all its chunks, int64, int64, uint32) into address."""
+        ticket = self.lib.rp_submit_chunks(self.pool, spec, lo, hi, offsets.ctypes.data, sizes.ctypes.data,
+                                           masks.ctypes.data, address)
         if not ticket:
             raise MemoryError("no memory for a read's ticket")
         return ticket

@@ -27,23 +27,32 @@ struct batch {                     /* one rp_submit: its pieces still to read, a
     pthread_cond_t done;
 };
 
-struct chunks {                    /* how one chunked dataset's chunks decode (rp_chunks) */
+#define RP_MAX_RANK 8
+
+struct chunks {                    /* how one chunked dataset's chunks decode and lie (rp_chunks) */
     int fd;
-    size_t nbytes;                 /* a chunk's bytes decoded */
-    size_t itemsize;               /* the shuffle filter's value size; 0: no shuffle */
+    size_t itemsize;
+    int shuffle;                   /* the shuffle filter, filter 0 where present */
     int codec;                     /* RP_RAW, RP_DEFLATE or RP_LZF */
     unsigned codec_bit;            /* set in a chunk's filter mask: the codec was skipped for it */
     int summed;                    /* fletcher32: 4 bytes of checksum after the stored data */
+    int rank;
+    long long shape[RP_MAX_RANK], chunk[RP_MAX_RANK];
+    long long per;                 /* chunks per row of chunks, numbered in C order within it */
+    int cut;                       /* chunks cut rows (per > 1, or a chunk wider than the data) */
+    size_t nbytes;                 /* a chunk's bytes decoded */
+    size_t row_bytes;              /* a dataset row's bytes */
 };
 
 struct piece {                     /* n bytes at `offset` of fd into dst; or, with spec, one chunk */
     int fd;
-    char *dst;
-    size_t n;                      /* bytes written to dst */
+    char *dst;                     /* a chunk: where row `lo` of the read goes */
+    size_t n;
     long long offset;
     struct batch *batch;
     const struct chunks *spec;
-    size_t stored, skip;           /* the chunk's stored bytes; decoded bytes before dst's first */
+    size_t stored;                 /* the chunk's stored bytes */
+    long long lo, from, to;        /* the read's first row; the rows [from, to) this chunk gives it */
     unsigned mask;                 /* the chunk's filter mask */
     long long index;               /* the chunk's number, for errors */
 };
@@ -139,14 +148,56 @@ static int inflate_into(const unsigned char *in, size_t in_len, unsigned char *o
     return r == 0 ? (got == n ? 0 : RP_SIZE) : r == -4 ? -ENOMEM : RP_DAMAGED;
 }
 
-/* One chunk read, checked and decoded into job->dst (its decoded bytes [skip, skip + n)). */
+/* The part of chunk j (decoded at src) in rows [from, to) into the read's rows from lo on at dst:
+ * runs along the innermost dimensions the chunk spans whole. */
+static void scatter(const struct chunks *c, long long j, const unsigned char *src, unsigned char *dst, long long lo,
+                    long long from, long long to)
+{
+    long long origin[RP_MAX_RANK], extent[RP_MAX_RANK], idx[RP_MAX_RANK] = {0}, k = j % c->per;
+    size_t src_stride[RP_MAX_RANK], dst_stride[RP_MAX_RANK];
+    src_stride[c->rank - 1] = dst_stride[c->rank - 1] = c->itemsize;
+    for (int d = c->rank - 1; d >= 1; d--) {
+        long long count = (c->shape[d] + c->chunk[d] - 1) / c->chunk[d];
+        origin[d] = k % count * c->chunk[d];
+        k /= count;
+        extent[d] = c->shape[d] - origin[d] < c->chunk[d] ? c->shape[d] - origin[d] : c->chunk[d];
+        if (d > 1) {
+            src_stride[d - 1] = src_stride[d] * (size_t)c->chunk[d];
+            dst_stride[d - 1] = dst_stride[d] * (size_t)c->shape[d];
+        }
+    }
+    int q = c->rank - 1;           /* the innermost dimension the chunk does not span whole */
+    while (q > 1 && c->chunk[q] == c->shape[q])
+        q--;
+    size_t run = (size_t)extent[q] * dst_stride[q];
+    long long first = j / c->per * c->chunk[0];
+    for (long long row = from; row < to; row++)
+        for (;;) {
+            size_t s = (size_t)(row - first) * c->nbytes / (size_t)c->chunk[0], t = (size_t)(row - lo) * c->row_bytes;
+            for (int d = 1; d <= q; d++) {
+                s += (size_t)idx[d] * src_stride[d];
+                t += (size_t)(origin[d] + idx[d]) * dst_stride[d];
+            }
+            memcpy(dst + t, src + s, run);
+            int d = q - 1;         /* the next run: an odometer over dimensions 1 .. q - 1 */
+            while (d >= 1 && ++idx[d] == extent[d])
+                idx[d--] = 0;
+            if (d < 1)
+                break;
+        }
+}
+
+/* One chunk read, checked and decoded into its place in the read's rows. */
 static int decode_chunk(const struct piece *job)
 {
     const struct chunks *c = job->spec;
-    int shuffled = c->itemsize > 1 && !(job->mask & 1);   /* shuffle is filter 0 where present */
+    int shuffled = c->shuffle && c->itemsize > 1 && !(job->mask & 1);
     int coded = c->codec != RP_RAW && !(job->mask & c->codec_bit);
-    int whole = job->skip == 0 && job->n == c->nbytes;
-    unsigned char *out = whole && !shuffled ? (unsigned char *)job->dst : grow(&decoded_bytes, c->nbytes);
+    long long first = job->index / c->per * c->chunk[0];
+    size_t skip = (size_t)(job->from - first) * c->row_bytes, n = (size_t)(job->to - job->from) * c->row_bytes;
+    char *dst = job->dst + (size_t)(job->from - job->lo) * c->row_bytes;
+    int whole = !c->cut && skip == 0 && n == c->nbytes;
+    unsigned char *out = whole && !shuffled ? (unsigned char *)dst : grow(&decoded_bytes, c->nbytes);
     if (!out)
         return -ENOMEM;
     size_t payload = job->stored - (c->summed ? 4 : 0);
@@ -176,14 +227,16 @@ static int decode_chunk(const struct piece *job)
     if (status)
         return status;
     if (shuffled) {
-        unsigned char *into = whole ? (unsigned char *)job->dst : grow(&unshuffled_bytes, c->nbytes);
+        unsigned char *into = whole ? (unsigned char *)dst : grow(&unshuffled_bytes, c->nbytes);
         if (!into)
             return -ENOMEM;
         rp_unshuffle(out, into, c->nbytes / c->itemsize, c->itemsize);
         out = into;
     }
-    if (!whole)
-        memcpy(job->dst, out + job->skip, job->n);
+    if (c->cut)
+        scatter(c, job->index, out, (unsigned char *)job->dst, job->lo, job->from, job->to);
+    else if (!whole)
+        memcpy(dst, out + skip, n);
     return 0;
 }
 
@@ -320,13 +373,28 @@ struct batch *rp_submit(struct pool *p, int fd, char *dst, size_t n, long long o
     return queued(p, b);
 }
 
-/* A chunked dataset's decoding recipe for rp_submit_chunks (freed by rp_chunks_free), or NULL. */
-struct chunks *rp_chunks(int fd, size_t nbytes, size_t itemsize, int codec, unsigned codec_bit, int summed)
+/* A chunked dataset's recipe for rp_submit_chunks (freed by rp_chunks_free), or NULL: its shape
+ * and chunk shape (rank dimensions, the first the rows), value size and filters. */
+struct chunks *rp_chunks(int fd, size_t itemsize, int shuffle, int codec, unsigned codec_bit, int summed, int rank,
+                         const long long *shape, const long long *chunk)
 {
-    struct chunks *c = malloc(sizeof *c);
-    if (c)
-        *c = (struct chunks){.fd = fd, .nbytes = nbytes, .itemsize = itemsize, .codec = codec, .codec_bit = codec_bit,
-                             .summed = summed};
+    if (rank < 1 || rank > RP_MAX_RANK)
+        return NULL;
+    struct chunks *c = calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    *c = (struct chunks){.fd = fd, .itemsize = itemsize, .shuffle = shuffle, .codec = codec, .codec_bit = codec_bit,
+                         .summed = summed, .rank = rank, .per = 1, .nbytes = itemsize, .row_bytes = itemsize};
+    for (int d = 0; d < rank; d++) {
+        c->shape[d] = shape[d];
+        c->chunk[d] = chunk[d];
+        c->nbytes *= (size_t)chunk[d];
+        if (d > 0) {
+            c->per *= (shape[d] + chunk[d] - 1) / chunk[d];
+            c->row_bytes *= (size_t)shape[d];
+            c->cut |= chunk[d] != shape[d];
+        }
+    }
     return c;
 }
 
@@ -345,20 +413,21 @@ void rp_set_inflater(void *alloc, void *release, void *zlib_decompress, void *un
     z_uncompress = (int (*)(unsigned char *, unsigned long *, const unsigned char *, unsigned long))uncompress;
 }
 
-/* Queue the n decoded bytes from byte `skip` of chunk `first` on (chunks first, first + 1, ...:
- * their file offsets, stored sizes and filter masks in the arrays) into dst, a job per chunk. */
-struct batch *rp_submit_chunks(struct pool *p, const struct chunks *c, long long first, const long long *offsets,
-                               const long long *sizes, const unsigned *masks, char *dst, size_t skip, size_t n)
+/* Queue rows [lo, hi) of a chunked dataset into dst, a job per chunk (chunk j: row of chunks
+ * j / per; its file offset, stored size and filter mask in the arrays). */
+struct batch *rp_submit_chunks(struct pool *p, const struct chunks *c, long long lo, long long hi,
+                               const long long *offsets, const long long *sizes, const unsigned *masks, char *dst)
 {
     struct batch *b = new_batch(p);
     if (!b)
         return NULL;
-    for (long long j = first; n; j++, skip = 0) {
-        size_t take = c->nbytes - skip < n ? c->nbytes - skip : n;
-        enqueue(p, b, (struct piece){.fd = c->fd, .dst = dst, .n = take, .offset = offsets[j], .batch = b, .spec = c,
-                                      .stored = (size_t)sizes[j], .skip = skip, .mask = masks[j], .index = j});
-        dst += take;
-        n -= take;
+    for (long long r = lo / c->chunk[0]; r * c->chunk[0] < hi; r++) {
+        long long from = r * c->chunk[0] > lo ? r * c->chunk[0] : lo;
+        long long to = (r + 1) * c->chunk[0] < hi ? (r + 1) * c->chunk[0] : hi;
+        for (long long j = r * c->per; j < (r + 1) * c->per; j++)
+            enqueue(p, b, (struct piece){.fd = c->fd, .dst = dst, .offset = offsets[j], .batch = b, .spec = c,
+                                          .stored = (size_t)sizes[j], .lo = lo, .from = from, .to = to,
+                                          .mask = masks[j], .index = j});
     }
     return queued(p, b);
 }

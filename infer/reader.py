@@ -37,10 +37,11 @@ _H5PY = threading.Lock()  # h5py is thread-safe, but serial: one caller at a tim
 
 def default_threads(native=False):
     """Reader threads: one per core, at most 16 (where parallel reads of cached files level off);
-    native ones at most 8: 8 read 25 GB/s, more than a GPU classifies, and 16 leave no core to
-    the thread launching the kernels (H100 machine: 6.9M float32 images/s streamed with 8, 6.0-6.9M
-    with 16)."""
-    return max(1, min(8 if native else 16, os.cpu_count() or 1))
+    native ones one core short of that, leaving one to the thread launching the kernels (H100
+    machine, 1M images streamed, 8 threads against 15: float32 7.4 / 7.3-7.9M images/s, where 8
+    read 25 GB/s; decoding chunks, gzip 2.7-3.0 / 3.4-3.6M, lzf 2.5-2.9 / 4.6-4.8M), at least 8."""
+    cores = os.cpu_count() or 1
+    return max(1, min(16, cores) if not native else max(min(8, cores), min(15, cores - 1)))
 
 
 class Rows:
@@ -142,9 +143,14 @@ class ContiguousRows(_FileRows):
 class ChunkedRows(_FileRows):
     kind = "chunks"
 
-    def __init__(self, path, ds, label, chunk_rows, index, filters):
+    def __init__(self, path, ds, label, chunks, index, filters):
         super().__init__(path, ds, label)
-        self.align, self.index = chunk_rows, index
+        self.chunks, self.align, self.index = tuple(chunks), chunks[0], index
+        # Chunks per row of chunks (index[j]: row of chunks j // per), 1 where chunks hold whole rows
+        self.grid = tuple(-(-n // c) for n, c in zip(self.shape[1:], self.chunks[1:]))
+        self.per = int(np.prod(self.grid, dtype=np.int64))
+        self.cut = self.chunks[1:] != self.shape[1:]
+        self.chunk_bytes = int(np.prod(self.chunks, dtype=np.int64)) * self.dtype.itemsize
         self._local = threading.local()
         # Bit i of a chunk's filter mask set: filter i was skipped for that chunk (lzf is optional:
         # h5py stores a chunk that would not shrink as it is).
@@ -171,8 +177,9 @@ class ChunkedRows(_FileRows):
         self.offsets = np.array([offset for offset, _, _ in self.index], np.int64)
         self.sizes = np.array([size for _, size, _ in self.index], np.int64)
         self.masks = np.array([mask for _, _, mask in self.index], np.uint32)
-        spec = lib.rp_chunks(self.fd, self.align * self.row_bytes, self.dtype.itemsize if self.shuffle else 0, codec,
-                             self.codec_bit or 0, self.summed)
+        dims = np.array([self.shape, self.chunks], np.int64)
+        spec = lib.rp_chunks(self.fd, self.dtype.itemsize, self.shuffle, codec, self.codec_bit or 0, self.summed,
+                             len(self.shape), dims[0].ctypes.data, dims[1].ctypes.data)
         if not spec:
             raise MemoryError("no memory for the chunk reader")
         return spec
@@ -186,9 +193,7 @@ class ChunkedRows(_FileRows):
     def submit(self, pool, lo, hi, out):
         """Rows [lo, hi) into out (C-contiguous, the stored type), a job per chunk on the native
         pool: a Ticket."""
-        first = lo // self.align
-        ticket = pool.submit_chunks(self.spec, first, self.offsets, self.sizes, self.masks, out.ctypes.data,
-                                    (lo - first * self.align) * self.row_bytes, (hi - lo) * self.row_bytes)
+        ticket = pool.submit_chunks(self.spec, lo, hi, self.offsets, self.sizes, self.masks, out.ctypes.data)
         return Ticket(pool, ticket, self.failed)
 
     def failed(self, status, j):
@@ -199,7 +204,7 @@ class ChunkedRows(_FileRows):
             name = native.INFLATER if self.codec == FILTER_DEFLATE else "lzf"
             return InputError(f"{what} cannot be decompressed ({name}: damaged data)")
         if status == native.SIZE:
-            return InputError(f"{what} does not decode to its {self.align * self.row_bytes} bytes")
+            return InputError(f"{what} does not decode to its {self.chunk_bytes} bytes")
         if status == native.CHECKSUM:
             return InputError(f"{what} fails its fletcher32 checksum: the file is damaged")
         return InputError(f"{what}: cannot read: {os.strerror(-status)}")
@@ -218,7 +223,7 @@ class ChunkedRows(_FileRows):
         unless this chunk skipped them), written into dest (uint8, the chunk's size) when given,
         else into a scratch buffer."""
         offset, size, mask = self.index[j]
-        nbytes = self.align * self.row_bytes
+        nbytes = self.chunk_bytes
         shuffled = self.shuffle and not mask & 1
         coded = self.decode is not None and not mask & self.codec_bit
         out = dest if dest is not None and not shuffled else self._scratch("out", nbytes)
@@ -251,6 +256,8 @@ class ChunkedRows(_FileRows):
         return out
 
     def read(self, lo, hi, out):
+        if self.cut:
+            return self._read_cut(lo, hi, out)
         flat = out.reshape(len(out), -1).view(np.uint8).reshape(len(out), self.row_bytes)
         j = lo // self.align
         while lo < hi:
@@ -262,6 +269,19 @@ class ChunkedRows(_FileRows):
                 rows = self._chunk(j).reshape(self.align, self.row_bytes)
                 flat[:take] = rows[lo - first:lo - first + take]
             flat, lo, j = flat[take:], lo + take, j + 1
+
+
+    def _read_cut(self, lo, hi, out):
+        """Rows [lo, hi) from chunks that each hold a block of them: each decoded, its block copied."""
+        for r in range(lo // self.align, -(-hi // self.align)):
+            first = r * self.align
+            rows = slice(max(lo, first) - first, min(hi, first + self.align) - first)
+            for k, at in enumerate(np.ndindex(*self.grid)):
+                block = self._chunk(r * self.per + k).view(self.dtype).reshape(self.chunks)
+                origin = [i * c for i, c in zip(at, self.chunks[1:])]
+                inner = tuple(slice(0, min(c, n - o)) for c, n, o in zip(self.chunks[1:], self.shape[1:], origin))
+                place = tuple(slice(o, o + s.stop) for o, s in zip(origin, inner))
+                out[(slice(rows.start + first - lo, rows.stop + first - lo),) + place] = block[(rows,) + inner]
 
 
 @functools.lru_cache(maxsize=None)
@@ -337,11 +357,12 @@ DECODERS = {FILTER_DEFLATE: _inflate, FILTER_LZF: _unlzf}
 
 
 def _chunk_index(ds):
-    """[(file offset, stored size, filter mask)] of every chunk in row order, or None if any
-    chunk was never written (its rows are fill values: h5py knows them)."""
+    """[(file offset, stored size, filter mask)] of every chunk, rows of chunks in order and in C
+    order within each, or None if any chunk was never written (its values are fill values: h5py
+    knows them)."""
     d = ds.id
-    rows = ds.chunks[0]
-    count = -(-ds.shape[0] // rows)
+    grid = [-(-n // c) for n, c in zip(ds.shape, ds.chunks)]
+    count = int(np.prod(grid, dtype=np.int64))
     if d.get_num_chunks() < count:
         return None
     index = [None] * count
@@ -351,7 +372,8 @@ def _chunk_index(ds):
     else:
         infos = [d.get_chunk_info(i) for i in range(d.get_num_chunks())]
     for info in infos:
-        index[info.chunk_offset[0] // rows] = (info.byte_offset, info.size, info.filter_mask)
+        at = [o // c for o, c in zip(info.chunk_offset, ds.chunks)]
+        index[int(np.ravel_multi_index(at, grid))] = (info.byte_offset, info.size, info.filter_mask)
     return None if None in index else index
 
 
@@ -367,7 +389,7 @@ def rows(path, ds, label):
         return ContiguousRows(path, ds, label)
     filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
     _require_filters(filters, label)
-    if in_order and layout == h5py.h5d.CHUNKED and tuple(ds.chunks[1:]) == tuple(ds.shape[1:]):
+    if in_order and layout == h5py.h5d.CHUNKED and 1 <= len(ds.shape) <= 8 and 0 not in ds.shape:
         # [shuffle] [deflate | lzf] [fletcher32], in that order; lzf and fletcher32 need the native library
         have = native.library() is not None
         rest = filters[1:] if filters[:1] == [FILTER_SHUFFLE] else filters
@@ -375,7 +397,7 @@ def rows(path, ds, label):
         if rest in ([], [FILTER_DEFLATE]) or (rest == [FILTER_LZF] and have):
             index = _chunk_index(ds)
             if index is not None:
-                return ChunkedRows(path, ds, label, ds.chunks[0], index, filters)
+                return ChunkedRows(path, ds, label, ds.chunks, index, filters)
     return H5pyRows(ds, label)
 
 

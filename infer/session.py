@@ -235,7 +235,7 @@ class Session:
         if at_once:  # only the model, not prepare's per-call settings (keep_scores)
             backend.use(self.model)
         else:
-            backend.prepare(self.model, x_shape, scores, wire, streamed)
+            backend.prepare(self.model, x_shape, scores, wire, streamed, data.align)
         timing = dict(load=0.0, prepare=_ms(t))
         try:
             if streamed:

@@ -14,7 +14,12 @@ LAYOUTS = {  # dataset options -> the read path they must take
     "chunked": (dict(chunks=(7, 5, 3, 2)), "chunks"),
     "gzip": (dict(chunks=(7, 5, 3, 2), compression="gzip"), "chunks"),
     "shuffle+gzip": (dict(chunks=(7, 5, 3, 2), compression="gzip", shuffle=True), "chunks"),
-    "partial-row chunks": (dict(chunks=(7, 5, 3, 1)), "h5py"),
+    "chunks cutting channels": (dict(chunks=(7, 5, 3, 1)), "chunks"),
+    "chunks cutting H, edge chunks": (dict(chunks=(7, 2, 3, 2)), "chunks"),
+    "chunks cutting W and C, gzip": (dict(chunks=(6, 5, 2, 1), compression="gzip"), "chunks"),
+    "chunks cutting H and W, shuffle+gzip": (dict(chunks=(64, 3, 2, 2), compression="gzip", shuffle=True), "chunks"),
+    "chunks cutting H, lzf+fletcher32": (dict(chunks=(9, 4, 3, 2), compression="lzf", fletcher32=True),
+                                         "chunks" if native.library() else "h5py"),
     "lzf": (dict(chunks=(7, 5, 3, 2), compression="lzf"), "chunks" if native.library() else "h5py"),
     "shuffle+lzf": (dict(chunks=(7, 5, 3, 2), compression="lzf", shuffle=True), "chunks" if native.library() else "h5py"),
     "fletcher32": (dict(chunks=(7, 5, 3, 2), fletcher32=True), "chunks" if native.library() else "h5py"),
@@ -136,12 +141,14 @@ def test_a_file_truncated_under_us_is_refused(tmp_path, pool):
     (dict(compression="lzf"), "chunk 3 cannot be decompressed"),
     (dict(fletcher32=True), "chunk 3 fails its fletcher32 checksum"),
     (dict(compression="lzf", shuffle=True, fletcher32=True), "chunk 3 fails its fletcher32 checksum"),
-], ids=["gzip", "lzf", "fletcher32", "shuffle+lzf+fletcher32"])
+    (dict(compression="gzip", shuffle=True, chunks=(100, 2, 4, 1)),
+     "chunk 3 (cannot be decompressed|does not decode to its 3200 bytes)"),  # an inflater may stop early
+], ids=["gzip", "lzf", "fletcher32", "shuffle+lzf+fletcher32", "shuffle+gzip, chunks cutting H"])
 def test_a_corrupted_chunk_is_refused(tmp_path, pool, options, words):
     if ("lzf" in options.values() or "fletcher32" in options) and native.library() is None:
         pytest.skip("lzf and fletcher32 chunks take the h5py path without the native library")
-    write(tmp_path / "d.h5", np.arange(700 * 16, dtype=np.float32).reshape(700, 4, 4, 1), chunks=(100, 4, 4, 1),
-          **options)
+    write(tmp_path / "d.h5", np.arange(700 * 16, dtype=np.float32).reshape(700, 4, 4, 1),
+          **{"chunks": (100, 4, 4, 1), **options})
     with h5py.File(tmp_path / "d.h5") as f:
         offset, size, _ = reader.rows(tmp_path / "d.h5", f["x"], "x").index[3]
     with open(tmp_path / "d.h5", "r+b") as f:

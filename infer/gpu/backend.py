@@ -132,10 +132,11 @@ class CudaBackend(HostSide):
         cuda.memcpy_htod(buf, array)
         return buf
 
-    def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False):
+    def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False, align=1):
         """Compile (or load cached) kernels for this network and upload the weights (once per
         model and image shape), allocate the buffers for x_shape (n, H, W, C) images of type wire
-        (once per batch shape; streamed: the images arrive block by block, see forward_stream) and
+        (once per batch shape; streamed: the images arrive block by block, see forward_stream, in
+        blocks on multiples of `align` rows, the file's chunk, so no chunk is decoded twice) and
         run the network once, so the timed forward pays neither allocation nor the first launch's
         module loading."""
         t = time.perf_counter()
@@ -168,7 +169,7 @@ class CudaBackend(HostSide):
         if wire != np.float32 and wire not in self.converters:
             self.converters[wire] = launch.Convert(self.build, wire)
         self.keep_scores = scores
-        key = (x_shape[0], tuple(x_shape[1:]), wire.str, bool(streamed))
+        key = (x_shape[0], tuple(x_shape[1:]), wire.str, bool(streamed), align if streamed else 1)
         if self._run is None or self._run.key != key:
             run = self.buffers(key)
             count = min(run.chunk, x_shape[0])
@@ -189,13 +190,15 @@ class CudaBackend(HostSide):
         block = min(n, chunk * max(1, self.STREAM_BYTES // (chunk * image_bytes)))
         return block, min(self.ring_depth, -(-n // block))
 
-    def _plan(self, n, wire_bytes, float_bytes, streamed):
+    def _plan(self, n, wire_bytes, float_bytes, streamed, align=1):
         """(chunk, inputs resident): the whole input on the device when it fits (streamed: a ring
         of blocks), chunks that fit."""
         free, _ = cuda.mem_get_info()
         budget = int(free * 0.8)
         # By default enough chunks that every stream has work and copies hide behind kernels.
         best = getattr(self.pipeline, "STREAM_CHUNK", self.pipeline.CHUNK) if streamed else self.pipeline.CHUNK
+        if streamed and align <= best:  # blocks (whole chunks) of whole file chunks: 8192-image blocks of
+            best -= best % align        # 1000-image chunks decoded a fifth of them twice
         chunk = min(self.chunk or min(best, -(-n // self.n_streams)), n)
         resident = self._images_bytes(n, chunk, streamed, wire_bytes) <= budget // 2
         converts = wire_bytes != float_bytes
@@ -222,11 +225,11 @@ class CudaBackend(HostSide):
         stop being resident, then chunks halve, down to one image."""
         if self._run is not None and self._run.key == key:
             return self._run
-        n, image_shape, wire, streamed = key
+        n, image_shape, wire, streamed, align = key
         wire = np.dtype(wire)
         elems = int(np.prod(image_shape))
         self._free_run()
-        chunk, resident = self._plan(n, elems * wire.itemsize, 4 * elems, streamed)
+        chunk, resident = self._plan(n, elems * wire.itemsize, 4 * elems, streamed, align)
         while True:
             try:
                 self._run = self._allocate(key, n, elems, wire, chunk, resident)

@@ -49,10 +49,10 @@ class MultiGpuBackend:
         """Portable page-locked memory (every context can copy from it), owned by the first GPU."""
         return self.workers[0].submit(self.gpus[0].host_buffers, shape, dtype, count).result()
 
-    def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False):
+    def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False, align=1):
         self.ranges = split(x_shape[0], len(self.gpus))
         self._each(lambda i, g: g.prepare(model, (self.ranges[i][1] - self.ranges[i][0],) + tuple(x_shape[1:]),
-                                          scores, wire, streamed))
+                                          scores, wire, streamed, align))
 
     def _gather(self, parts):
         labels, scores = zip(*parts)
