@@ -10,7 +10,7 @@ import pycuda.driver as cuda
 from ..errors import BadValue, InputError, ScoresOverflow
 from ..loader import geometry
 from ..stream import HostSide
-from . import graph, launch, pipelines
+from . import graph, launch, pipelines, plan
 from .device import Device
 from .launch import INT_MAX
 from .profile import NullProfiler, Profiler
@@ -183,12 +183,9 @@ class CudaBackend(HostSide):
         self._host("buffers + warm-up", t)
 
     def _ring(self, n, chunk, streamed, image_bytes):
-        """(images per resident block, blocks): all n images in one block, or for a streamed batch
-        a ring of blocks of whole chunks, about STREAM_BYTES each, as deep as the host's ring."""
-        if not streamed:
-            return n, 1
-        block = min(n, chunk * max(1, self.STREAM_BYTES // (chunk * image_bytes)))
-        return block, min(self.ring_depth, -(-n // block))
+        """(images per resident block, blocks): see plan.ring; blocks about STREAM_BYTES, the ring
+        as deep as the host's."""
+        return plan.ring(n, chunk, streamed, image_bytes, self.STREAM_BYTES, self.ring_depth)
 
     def _plan(self, n, wire_bytes, float_bytes, streamed, align=1):
         """(chunk, inputs resident): the whole input on the device when it fits (streamed: a ring
@@ -197,8 +194,8 @@ class CudaBackend(HostSide):
         budget = int(free * 0.8)
         # By default enough chunks that every stream has work and copies hide behind kernels.
         best = getattr(self.pipeline, "STREAM_CHUNK", self.pipeline.CHUNK) if streamed else self.pipeline.CHUNK
-        if streamed and align <= best:  # blocks (whole chunks) of whole file chunks: 8192-image blocks of
-            best -= best % align        # 1000-image chunks decoded a fifth of them twice
+        if streamed:
+            best = plan.aligned_chunk(best, align)
         chunk = min(self.chunk or min(best, -(-n // self.n_streams)), n)
         resident = self._images_bytes(n, chunk, streamed, wire_bytes) <= budget // 2
         converts = wire_bytes != float_bytes

@@ -7,12 +7,7 @@ import numpy as np
 
 from ..errors import BadValue, ScoresOverflow
 from .backend import CudaBackend
-
-
-def split(n, parts):
-    """Contiguous [lo, hi) ranges of n items, as equal as possible."""
-    edges = [n * i // parts for i in range(parts + 1)]
-    return list(zip(edges[:-1], edges[1:]))
+from .plan import split
 
 
 class MultiGpuBackend:
@@ -50,7 +45,7 @@ class MultiGpuBackend:
         return self.workers[0].submit(self.gpus[0].host_buffers, shape, dtype, count).result()
 
     def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False, align=1):
-        self.ranges = split(x_shape[0], len(self.gpus))
+        self.ranges = split(x_shape[0], len(self.gpus), align if streamed else 1)
         self._each(lambda i, g: g.prepare(model, (self.ranges[i][1] - self.ranges[i][0],) + tuple(x_shape[1:]),
                                           scores, wire, streamed, align))
 
