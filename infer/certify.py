@@ -1,0 +1,143 @@
+"""Certified low precision, the NumPy oracle (docs/certified.md has the derivation).
+
+The low-precision pass computes conv2, 85% of the network's multiply-adds, with float16 weights
+and inputs and float32 accumulation; conv1 and the fc layers are computed exactly as the exact
+path computes them (`--precision exact`: 3xTF32 on the GPU, float32 here), so conv1's outputs are
+the same bits on both paths. Beside the scores it bounds, per image and per pair (top class t,
+other class c), how far (s_t - s_c) can lie from the exact path's: conv2's fresh rounding on both
+paths, pushed through ReLU, pooling and the fc layers with the image's own ReLU pattern (a unit
+whose sign the error could flip is bounded on its own). Where every pair's score difference
+exceeds its bound, the exact path must give the same first maximum; every other image is
+recomputed on it.
+
+A bound pushed through |W| alone (interval arithmetic) is sound but useless here: on testfull it
+came out ~4000x the observed error, larger than most top-2 margins (0 of 2000 images certified).
+"""
+import numpy as np
+
+from . import reference
+
+U16 = 2.0**-11  # float16: unit roundoff (10 fraction bits, round to nearest)
+ETA16 = 2.0**-25  # half float16's subnormal spacing: the absolute error where values underflow
+F16_MAX = 65504.0
+U32 = 2.0**-24
+UACC = 2.0**-23  # one float32 addition on tensor cores (they may truncate: a whole ulp, not half)
+U_EXACT = 2.0**-20  # 3xTF32 products: the dropped and rounded terms stay under 3 * 2^-22 |w||a|
+SPLIT = 1 + 2.0**-8  # 3xTF32's three products of a multiply-add: their magnitudes sum to at most this * |w||a|
+TINY = 2.0**-120  # per |w| and per |a|: what TF32 splits and float32 lose to underflow, with room
+BLOCK = 256  # images per block of the oracle (conv2's windows in float64: 105 MB)
+STYLES = ("componentwise", "window-max")
+
+
+def gamma(n, u=UACC):
+    """Higham's gamma_n: |float sum of n terms - exact sum| <= gamma_n * the sum of their magnitudes."""
+    if n * u >= 0.5:
+        raise ValueError(f"{n} terms are too many for a float32 accumulation bound")
+    return n * u / (1 - n * u)
+
+
+def to_half(v):
+    """v rounded to float16 (nearest, ties to even), as float32 values: what the kernels feed the MMA."""
+    with np.errstate(over="ignore"):
+        return v.astype(np.float16).astype(np.float32)
+
+
+def _windows(a, k):
+    """(N, Ho, Wo, K*K*C): each output pixel's receptive field, (kh, kw, c) order."""
+    n, h, w, c = a.shape
+    return reference.unroll(a, k).reshape(n, h - k + 1, w - k + 1, k * k * c)
+
+
+def conv2_gap(a1, w2, style):
+    """Bound on |float16 conv2 - exact path's conv2| per output (N, Ho, Wo, C2), both fed the same
+    conv1 outputs a1: per product, float16 rounds w and a (2u + u^2 of |w||a|, plus what underflow
+    loses), 3xTF32 keeps 3 * 2^-22; float32 sums of n (float16) and 3n (3xTF32) products."""
+    k, n = w2.shape[0], w2[..., 0].size
+    alpha = 2 * U16 + U16 * U16 + gamma(n) * (1 + U16) ** 2 + U_EXACT + gamma(3 * n) * SPLIT
+    beta = (1 + U16) * ETA16 * (1 + gamma(n)) + TINY  # per |w| and per |a|: the underflow terms
+    w_abs = np.abs(w2).reshape(n, -1).astype(np.float64)
+    a = _windows(np.abs(a1).astype(np.float64), k)
+    if style == "componentwise":  # |W2| as 64 more output channels
+        through = (alpha * a + beta) @ w_abs
+    else:  # every term at its window's largest |a|: the window's maximum times |W2|'s column sums
+        through = (alpha * a.max(axis=-1, keepdims=True) + beta) * w_abs.sum(axis=0)
+    return through + beta * a.sum(axis=-1, keepdims=True) + n * ETA16 * ETA16 * (1 + gamma(n))
+
+
+def fc_rounding(n):
+    """A float32 fc layer's sum of n products on either path (3xTF32 where the GPU uses it): at most
+    this times the sum of |w||a|."""
+    return gamma(3 * n) * SPLIT + U_EXACT
+
+
+def half_pass(x, model, style="componentwise"):
+    """The low-precision pass over float32 images x (N, H, W, C): (scores (N, classes) float32,
+    gap (N, classes) float64). gap[i, c] bounds |(s_t - s_c) - (s'_t - s'_c)| for image i's top
+    class t (s: these scores, s': the exact path's); gap[i, t] = 0. inf where anything overflowed."""
+    if style not in STYLES:
+        raise ValueError(f"no bound style {style!r}: {', '.join(STYLES)}")
+    x = np.asarray(x, np.float32)
+    parts = [_half_pass(x[i:i + BLOCK], model, style) for i in range(0, len(x), BLOCK)]
+    return np.concatenate([s for s, _ in parts]), np.concatenate([g for _, g in parts])
+
+
+def _half_pass(x, model, style):
+    n = len(x)
+    a1 = reference.avgpool2(reference.relu(reference.conv2d(x, model.conv1)))  # the exact path's, bit for bit
+    finite = np.isfinite(a1).reshape(n, -1).all(axis=1) & (np.abs(a1) <= F16_MAX).reshape(n, -1).all(axis=1)
+    z2 = reference.conv2d(to_half(a1), to_half(model.conv2))
+    d2 = conv2_gap(a1, model.conv2, style)
+    v = reference.relu(z2)
+    p = reference.flatten(reference.avgpool2(v))
+    # Pooling is non-expansive; each path's three float32 additions add gamma_3 of its magnitudes
+    # (the exact path's within d2 of these)
+    v_abs = np.abs(v).astype(np.float64)
+    d_p = reference.flatten(reference.avgpool2(d2) + gamma(3, U32) * reference.avgpool2(2 * v_abs + d2)) + 2.0**-148
+    # fc1 on both paths, float32 sums of the same weights on inputs d_p apart
+    w1, w2 = model.fc1.astype(np.float64), model.fc2.astype(np.float64)
+    z = reference.fc(p, model.fc1)
+    p_abs = np.abs(p).astype(np.float64)
+    r1 = fc_rounding(w1.shape[0]) * ((2 * p_abs + d_p) @ np.abs(w1))
+    e1 = d_p @ np.abs(w1) + r1  # |z - z'| per hidden unit
+    h = reference.relu(z)
+    scores = reference.fc(h, model.fc2)
+    stable = np.abs(z) > e1  # same sign on both paths: ReLU is linear on the whole segment
+    active = stable & (z > 0)
+    top = reference.argmax(scores)
+    rows = np.arange(n)
+    dw = w2[:, top].T[:, :, None] - w2[None, :, :]  # (N, hidden, classes): w2_t - w2_c
+    g = np.einsum("kj,njc->nkc", w1, active[:, :, None] * dw)  # d(s_t - s_c)/dp along the stable units
+    gap = np.einsum("nkc,nk->nc", np.abs(g), d_p)
+    gap += np.einsum("njc,nj->nc", np.abs(dw), np.where(stable, active * r1, e1))
+    # fc2's float32 sums on both paths, for s_t and s_c
+    h_abs = np.abs(h).astype(np.float64)
+    r2 = fc_rounding(w2.shape[0]) * ((2 * h_abs + np.where(stable, active * e1, e1)) @ np.abs(w2))
+    gap += r2 + r2[rows, top][:, None]
+    gap *= 1 + 2.0**-20  # the bound's own float64 arithmetic
+    gap[rows, top] = 0
+    finite &= np.isfinite(scores).all(axis=1)
+    gap[~finite] = np.inf
+    return scores, gap
+
+
+def certified(scores, gap):
+    """Per image: the first maximum of the scores is certainly the exact path's first maximum."""
+    top = reference.argmax(scores)
+    rows = np.arange(len(scores))
+    margin = scores[rows, top][:, None].astype(np.float64) - scores - gap
+    margin[rows, top] = np.inf
+    return (margin > 0).all(axis=1)
+
+
+def predict(x, model, style="componentwise", zero_bound=False):
+    """(labels, certified mask): the low-precision pass's answer where certified, the exact path's
+    (float32 here) elsewhere. zero_bound trusts every low-precision answer: the tests' proof that
+    the check matters."""
+    scores, gap = half_pass(x, model, style)
+    if zero_bound:
+        gap = np.zeros_like(gap)
+    sure = certified(scores, gap)
+    labels = reference.argmax(scores)
+    if not sure.all():
+        labels[~sure] = reference.forward(np.asarray(x, np.float32)[~sure], model)
+    return labels, sure

@@ -1,0 +1,98 @@
+"""The certificate's oracle (infer/certify.py): its bound holds against the exact path on random
+networks, tiny values and huge ones, comes within 2x of an error built to reach it, and the
+certified answers equal the exact path's on near ties, where trusting float16 would not."""
+import h5py
+import numpy as np
+import pytest
+
+from infer import certify, defaults, loader, reference
+from infer.bench import random_case
+
+from .near_ties import near_ties
+
+
+def observed_and_gap(x, model, style):
+    scores, gap = certify.half_pass(x, model, style)
+    exact = reference.scores(x, model)
+    rows, top = np.arange(len(x)), reference.argmax(scores)
+    observed = np.abs((scores[rows, top][:, None] - scores) - (exact[rows, top][:, None] - exact))
+    return observed, gap
+
+
+@pytest.mark.parametrize("style", certify.STYLES)
+@pytest.mark.parametrize("spec,scale", [("13x11x3,3:7,3:9,17", 1.0), ("20x18x1,5:12,3:20,33", 1.0),
+                                        ("13x11x3,3:7,3:9,17", 1e-4),  # conv1's outputs under float16's normals
+                                        ("14x14x2,3:5,3:8,11", 300.0)])
+def test_the_gap_bounds_the_paths_difference(spec, scale, style):
+    model, x = random_case(spec, 61, seed=3)
+    observed, gap = observed_and_gap(x * np.float32(scale), model, style)
+    assert np.isfinite(gap).all() and (observed <= gap).all()
+    assert (observed > 0).any()  # float16 changed something: the comparison had something to bound
+
+
+V = np.float32(1 + 0.49 * 2**-10)  # float16 rounds it down to 1, by almost a unit roundoff
+
+
+def built(conv1, conv2, fc1, fc2):
+    """A network on 10x10 images of ones: conv1 1x1 then conv2 3x3 leave one pooled pixel."""
+    model = loader.model_from_arrays(dict(conv1=np.full((1, 1, 1, 16), conv1, np.float32),
+                                          conv2=np.stack([np.full((3, 3, 16), w, np.float32) for w in conv2], -1),
+                                          fc1=np.asarray(fc1, np.float32), fc2=np.asarray(fc2, np.float32)))
+    return observed_and_gap(np.ones((2, 10, 10, 1), np.float32), model, "componentwise")
+
+
+def test_the_gap_is_within_2x_of_an_error_built_to_reach_it():
+    """Every conv2 operand V: all the products' errors have one sign, and the fc layers add them up."""
+    observed, gap = built(V, [V] * 8, np.eye(8, 4) * 0.5, [[1, 0]] * 4)
+    assert (observed <= gap).all()
+    assert (observed[:, 1] >= 0.5 * gap[:, 1]).all(), (observed, gap)  # 0.90 here
+
+
+def test_a_hidden_unit_the_error_switches_off_is_bounded():
+    """Exact: z = 144 V (V - c) > 0; float16: 144 (1 - c) < 0. The unit is on for one path only."""
+    observed, gap = built(V, [V, 1], [[1], [-(1 + 0.25 * 2**-10)]], [[1, 0]])
+    assert (observed[:, 1] > 0.03).all() and (observed <= gap).all()
+
+
+@pytest.mark.parametrize("conv1,conv2", [(1.4 * 2**-24, 1), (1, 1.4 * 2**-24)], ids=["activations", "weights"])
+def test_values_in_float16s_subnormals_are_bounded(conv1, conv2):
+    """1.4 * 2^-24: float16 keeps 2^-24, 29% off, which no relative bound covers."""
+    observed, gap = built(conv1, [conv2] * 2, np.eye(2) * 2**20, [[1, 0], [0, 0]])
+    assert (observed[:, 1] > 1e-3).all() and (observed <= gap).all()
+
+
+def test_values_beyond_float16_leave_no_certificate():
+    model, x = random_case("13x11x3,3:7,3:9,17", 5, seed=1)
+    x[2] *= np.float32(1e7)  # conv1's outputs past 65504
+    with np.errstate(invalid="ignore", over="ignore"):
+        scores, gap = certify.half_pass(x, model)
+        labels, sure = certify.predict(x, model)
+        exact = reference.forward(x, model)
+    assert np.isinf(gap[2]).all() and np.isfinite(gap[[0, 1, 3, 4]]).all()
+    assert not sure[2]
+    np.testing.assert_array_equal(labels, exact)
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    with h5py.File(defaults.sample()) as f:
+        return loader.load_model(str(defaults.model())), f["x"][:300]
+
+
+def test_certified_answers_equal_the_exact_paths_on_near_ties(bundled):
+    model, x = bundled
+    images, margins = near_ties(x, model, pairs=5)
+    assert margins.min() < 1e-6 and margins.max() > 1e-1
+    exact = reference.forward(images, model)
+    labels, sure = certify.predict(images, model)
+    np.testing.assert_array_equal(labels, exact)
+    assert 0 < sure.sum() < len(sure)  # both branches taken: certified, and recomputed
+    trusting, _ = certify.predict(images, model, zero_bound=True)
+    assert (trusting != exact).any(), "float16 alone never differed: the near ties are not near enough"
+
+
+def test_most_of_the_bundled_sample_is_certified(bundled):
+    model, x = bundled
+    labels, sure = certify.predict(x, model)
+    np.testing.assert_array_equal(labels, reference.forward(x, model))
+    assert sure.mean() > 0.95  # 99.7% here: a bound that lost its tightness would recompute most images
