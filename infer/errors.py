@@ -1,12 +1,16 @@
-"""Errors the command line turns into one line on stderr and an exit code, never a traceback."""
-import click
+"""The library's errors: plain Python exceptions (the library never imports click); the command
+line turns them into one line on stderr and an exit code, never a traceback."""
 
 
-class InputError(click.ClickException, ValueError):
-    """Bad input from the user (a file, a dataset, an option, an array): exit code 2 on the
-    command line; a ValueError to Python callers."""
+class InputError(ValueError):
+    """Bad input from the user (a file, a dataset, an option, an array): a ValueError to Python
+    callers, exit code 2 on the command line."""
 
     exit_code = 2
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.message = message
 
 
 class BackendUnavailable(InputError):
@@ -24,12 +28,6 @@ class ScoresOverflow(InputError):
 
     def shifted(self, offset):
         return ScoresOverflow(self.model_path, self.image + offset)
-
-
-class AccuracyMismatch(click.ClickException):
-    """The run worked but its accuracy is not the expected one (the CI regression check)."""
-
-    exit_code = 1
 
 
 def where(path, dataset=None):

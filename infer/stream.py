@@ -6,7 +6,6 @@ import sys
 import threading
 import time
 
-import click
 import numpy as np
 
 from . import reader
@@ -160,6 +159,8 @@ class Progress:
         if self.bar is not None:
             self.bar.update(count)
         elif self.enabled and time.perf_counter() - self.t0 > self.DELAY_S:
+            import click  # the terminal's bar: the only use of click outside the command line
+
             self.bar = click.progressbar(length=self.total, label="images", file=sys.stderr)
             self.bar.__enter__()
             self.bar.update(self.done)

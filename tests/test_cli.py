@@ -138,3 +138,16 @@ def test_random_case_is_seeded_and_has_the_geometry():
     g = loader.geometry(model, x.shape)
     assert (g.h, g.w, g.c, g.k1, g.c1, g.k2, g.c2, g.hidden, g.classes) == (29, 31, 3, 7, 12, 3, 20, 50, 7)
     assert (x == y).all() and (model.conv2 == again.conv2).all() and x.dtype == np.float32
+
+
+def test_the_library_is_free_of_click():
+    """Python callers get plain exceptions; only the command line imports click."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nimport infer, infer.session, infer.engine, infer.reader, infer.server, infer.certify\n"
+            "from infer.errors import InputError\n"
+            "assert 'click' not in sys.modules, 'click imported'\n"
+            "e = InputError('x.h5: bad'); assert isinstance(e, ValueError) and e.message == str(e) == 'x.h5: bad'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
