@@ -9,6 +9,10 @@ from click.testing import CliRunner
 from infer.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
+# The reference results (../shared/README.md): testfull's correct answers, test100's, and how many
+# of testfull's 10,000 predictions must equal the CPU's (the --check rule: 99.95%)
+TESTFULL_CORRECT, TEST100_CORRECT = 8722, 95
+TESTFULL_AGREE = 9995
 SHARED_DATA = REPO.parent / "shared" / "data"
 
 

@@ -2,8 +2,10 @@
 import pytest
 
 from infer import engine
+from tests.conftest import TEST100_CORRECT, TESTFULL_CORRECT
 
-EXPECTED = {"testfull.hdf5": (10000, 8722), "test100.hdf5": (100, 95), "test10.hdf5": (10, 10), "test2.hdf5": (2, 2)}
+EXPECTED = {"testfull.hdf5": (10000, TESTFULL_CORRECT), "test100.hdf5": (100, TEST100_CORRECT), "test10.hdf5": (10, 10),
+            "test2.hdf5": (2, 2)}
 
 
 @pytest.mark.parametrize("name", list(EXPECTED))

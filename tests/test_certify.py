@@ -8,7 +8,7 @@ import pytest
 from infer import certify, defaults, loader, reference
 from infer.bench import random_case
 
-from .near_ties import near_ties
+from tests.near_ties import near_ties
 
 
 def observed_and_gap(x, model, style):

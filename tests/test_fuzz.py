@@ -4,6 +4,7 @@ import os
 
 import h5py
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -87,6 +88,7 @@ def assert_clean_refusal(r, out):
     assert not out.exists()
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_fuzzed_data_files(tmp_path_factory, data):
@@ -99,6 +101,7 @@ def test_fuzzed_data_files(tmp_path_factory, data):
     assert_clean_refusal(r, out)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data())
 def test_fuzzed_model_files(tmp_path_factory, data):
@@ -111,6 +114,7 @@ def test_fuzzed_model_files(tmp_path_factory, data):
     assert_clean_refusal(r, out)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=st.data(), which=st.sampled_from(["data", "model"]))
 def test_fuzzed_bytes(tmp_path_factory, data, which):

@@ -8,6 +8,7 @@ from infer.bench import variants
 from infer.gpu.launch import GEMMS, gemm_runs_on
 from infer.gpu.pipelines import ALGORITHMS
 from infer.network import Geometry
+from tests.conftest import TESTFULL_AGREE, TESTFULL_CORRECT
 
 pytestmark = pytest.mark.gpu
 
@@ -314,8 +315,8 @@ def test_testfull_on_the_gpu(ece408, cpu_testfull, algo, gemm, tile_width, strea
     runs_here(algo, gemm)
     r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo,
                    gemm_algo=gemm or "auto", tile_width=tile_width, streams=streams, chunk=chunk)
-    assert r.correct == 8722
-    assert np.count_nonzero(r.predictions == cpu_testfull) >= 9995
+    assert r.correct == TESTFULL_CORRECT
+    assert np.count_nonzero(r.predictions == cpu_testfull) >= TESTFULL_AGREE
 
 
 @pytest.mark.parametrize("gemm,kernels", [("tf32x3", ("unroll_kernel2", "gemm_kernel3", "place_kernel1")),
@@ -338,8 +339,8 @@ def test_streamed_equals_in_memory_on_the_gpu(ece408, cpu_testfull, monkeypatch,
     runs_here(algo)
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "4")  # testfull (31 MB) streams through the ring
     r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo, chunk=700)
-    assert r.streamed and r.correct == 8722
-    assert np.count_nonzero(r.predictions == cpu_testfull) >= 9995
+    assert r.streamed and r.correct == TESTFULL_CORRECT
+    assert np.count_nonzero(r.predictions == cpu_testfull) >= TESTFULL_AGREE
 
 
 @pytest.mark.parametrize("images", ["device ring", "staging"])
@@ -414,7 +415,7 @@ def test_out_of_device_memory_falls_back_to_smaller_chunks(ece408, cpu_testfull,
 
     monkeypatch.setattr(cuda, "mem_alloc", small_only)
     r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo="unroll")
-    assert r.correct == 8722 and np.count_nonzero(r.predictions == cpu_testfull) >= 9995
+    assert r.correct == TESTFULL_CORRECT and np.count_nonzero(r.predictions == cpu_testfull) >= TESTFULL_AGREE
 
 
 def test_bench_validates_and_times_every_algorithm(ece408):
@@ -458,8 +459,8 @@ def test_overflowing_scores_are_refused(ece408, tmp_path, monkeypatch, algo, bud
 def test_fast_math_keeps_the_predictions(ece408, cpu_testfull, algo):
     runs_here(algo)
     r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo, fast_math=True)
-    assert r.correct == 8722
-    assert np.count_nonzero(r.predictions == cpu_testfull) >= 9995
+    assert r.correct == TESTFULL_CORRECT
+    assert np.count_nonzero(r.predictions == cpu_testfull) >= TESTFULL_AGREE
 
 
 def test_check_on_the_gpu(ece408):

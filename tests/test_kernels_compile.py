@@ -47,12 +47,14 @@ def ids(variants):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("name,defines", VARIANTS, ids=ids(VARIANTS))
+@pytest.mark.slow
 def test_kernel_compiles_without_spills(tmp_path, name, defines, arch):
     compile_without_spills(tmp_path, name, defines, arch)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 @pytest.mark.parametrize("name,defines", HOPPER, ids=ids(HOPPER))
+@pytest.mark.slow
 def test_hopper_kernel_compiles_without_spills(tmp_path, name, defines):
     compile_without_spills(tmp_path, name, defines, "sm_90a")
 

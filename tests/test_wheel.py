@@ -7,9 +7,12 @@ import venv
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO
 
 
+@pytest.mark.slow
 def test_wheel_installs_and_runs_anywhere(tmp_path):
     wheels = tmp_path / "wheels"
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, REPO], check=True)
