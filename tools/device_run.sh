@@ -10,24 +10,25 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw --format=csv | te
 cnninfer info | tee -a "$out/gpu.txt"
 python3 -m pytest -q -m gpu -p no:cacheprovider --maxfail=10 2>&1 | tee "$out/gpu-tests.log" | tail -30
 {
-  for algo in fused-tc fused unroll; do
+  for algo in fused-wgmma implicit-wgmma fused-tc unroll; do
     for tw in 8 16 32; do
       [ "$algo" != unroll ] && [ "$tw" != 16 ] && continue
       for s in 1 2 4 8; do
-        printf '%-7s tile %-2s streams %s: ' "$algo" "$tw" "$s"
+        printf '%-14s tile %-2s streams %s: ' "$algo" "$tw" "$s"
         cnninfer run "$data/testfull.hdf5" "$data/model.hdf5" 10000 --backend cuda --conv-algo "$algo" \
           --tile-width "$tw" --streams "$s" | tail -1
       done
     done
   done
 } 2>&1 | tee "$out/runs.log"
-for algo in fused-tc fused unroll; do
+for algo in fused-wgmma implicit-wgmma unroll; do
   cnninfer run "$data/testfull.hdf5" "$data/model.hdf5" 10000 --backend cuda --conv-algo "$algo" --profile
 done 2>&1 | tee "$out/profile.log"
 cnninfer bench "$data/testfull.hdf5" "$data/model.hdf5" --json > "$out/bench.json" 2> "$out/bench.err"
 python3 -c "import json,sys; from infer import bench; print('\n'.join(bench.table(json.load(open(sys.argv[1])))))" "$out/bench.json" \
   | tee "$out/bench.txt" || cat "$out/bench.err"
-cubin=$(ls -t "$CNNINFER_CACHE"/kernels/fused-*.cubin | head -1)  # the last built: fused-tc (auto)
+cubin=$(for c in "$CNNINFER_CACHE"/kernels/fused-*.cubin; do  # the one holding fused-wgmma's kernel
+  cuobjdump --dump-sass "$c" | grep -q "Function : fused_kernel3" && echo "$c"; done | head -1)
 cuobjdump --dump-sass "$cubin" | grep -oE '^\s+/\*[0-9a-f]+\*/\s+[A-Z][A-Z0-9.]*' | awk '{print $2}' | sort | uniq -c | sort -rn | head -15 | tee "$out/fused-sass.txt"
 # A whole cold process with the kernels already in the disk cache: wall time and peak RSS.
 python3 - "$data" <<'PY' | tee "$out/cold.txt"
