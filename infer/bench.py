@@ -130,10 +130,9 @@ def time_cnninfer(model, x_host_data, expected, algo, gemm, tile_width, streams,
         if identical < engine.MIN_AGREEMENT * len(x):
             raise InputError(f"bench: {algo} {gemm or ''} (tile {tile_width}) agrees with the reference on only "
                              f"{identical} of {len(x)} images; not timing it")
-        run = b._run
-        if run.x_dev is None:
+        if not b.resident:
             raise InputError(f"bench: {len(x)} images do not fit on the GPU at once; use a smaller N")
-        gpu_ms = _median_events(lambda: b.enqueue(run), warmup, repeats)
+        gpu_ms = _median_events(b.enqueue_resident, warmup, repeats)
         e2e_ms = _median_host(lambda: b.forward(x), warmup, repeats)
         return dict(name=f"cnninfer {algo}" + (f" {gemm} tile {tile_width}" if gemm else ""),
                     gpu_ms=gpu_ms, e2e_ms=e2e_ms, identical=identical, labels=labels)

@@ -330,6 +330,18 @@ class CudaBackend(HostSide):
                 cuda.Context.synchronize()
         self._enqueue_all(run, x)
 
+    @property
+    def resident(self):
+        """Whether the images of the last prepare() stay on the device (they fit at once)."""
+        return self._run is not None and self._run.x_dev is not None
+
+    def enqueue_resident(self):
+        """Queue the forward pass over the images the last forward() left on the device: no
+        upload, no labels back. What `cnninfer bench` times with CUDA events."""
+        if not self.resident:
+            raise InputError("the images are not resident on the GPU: prepare() and forward() fewer of them first")
+        self.enqueue(self._run)
+
     def _enqueue_all(self, run, x):
         n = len(run.labels)
         for i, start in enumerate(range(0, n, run.chunk)):

@@ -17,6 +17,10 @@ class Profiler:
         import pycuda.driver as cuda
 
         self.cuda = cuda
+        self.reset()
+
+    def reset(self):
+        """Forget what was measured: the next rows() covers only what runs from now on."""
         self.open = {}
         self.events = []  # (name, start event, end event)
         self.host = {}  # name -> ms measured on the host clock
