@@ -40,6 +40,20 @@ def test_every_kernel_file_is_covered():
     assert sorted({name for name, _ in VARIANTS}) == compiler.kernel_names()
 
 
+def test_grep_finds_each_kernels_launcher():
+    """Every kernel exported by cuda/*.cu is named, whole, in the Python that launches it, and every
+    kernel name there is exported by some .cu file: grep for a symbol finds both sides."""
+    import re
+
+    from tests.conftest import REPO
+
+    exported = {m for f in (REPO / "cuda").glob("*.cu")
+                for m in re.findall(r'extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+(\w+_kernel\d+)\(',
+                                    f.read_text())}
+    named = {m for f in (REPO / "infer").rglob("*.py") for m in re.findall(r'"(\w+_kernel\d+)"', f.read_text())}
+    assert len(exported) >= 20 and exported == named, (exported - named, named - exported)
+
+
 def ids(variants):
     return [f"{n}-{'-'.join(map(str, d.values())).replace(' ', '_') or 'plain'}" for n, d in variants]
 

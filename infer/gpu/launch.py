@@ -11,6 +11,7 @@ INT_MAX = 2**31 - 1
 
 
 class GemmSpec(NamedTuple):
+    kernel: str  # its exported name in cuda/gemm.cu
     version: int
     tiles: tuple  # --tile-width: version 1's square tile; the rows of the block tile of 2, 3 and 4
     min_arch: int  # the oldest architecture it runs on
@@ -19,9 +20,15 @@ class GemmSpec(NamedTuple):
 
 # The classic pipeline's GEMMs (--gemm-algo), auto's order of preference. Versions 1-3 compute
 # weights . unrolled (C_out x pixels, then placeIntoY); version 4 the transposed product, NHWC.
-GEMMS = {"wgmma": GemmSpec(4, (128,), 90, True), "tf32x3": GemmSpec(3, (32, 64, 128), 80),
-         "blocked": GemmSpec(2, (32, 64, 128), 0), "tiled": GemmSpec(1, (8, 16, 32), 0)}
+GEMMS = {"wgmma": GemmSpec("gemm_kernel4", 4, (128,), 90, True), "tf32x3": GemmSpec("gemm_kernel3", 3, (32, 64, 128), 80),
+         "blocked": GemmSpec("gemm_kernel2", 2, (32, 64, 128), 0), "tiled": GemmSpec("gemm_kernel1", 1, (8, 16, 32), 0)}
 TILE_WIDTHS = tuple(sorted({t for spec in GEMMS.values() for t in spec.tiles}))
+
+
+def version_of(kernel):
+    """The version a kernel's exported name carries (fused_kernel3: 3): the -D ..._VERSION its .cu
+    file is built with to define it."""
+    return int(kernel.rsplit("_kernel", 1)[1])
 
 
 def needs_hopper(arch):
@@ -130,12 +137,13 @@ class Gemm(Launcher):
     V4_BNS, V4_STAGES, V4_BK = (16, 32, 64), 4, 16
 
     def __init__(self, build, version, tile=None, rows=None, cols=None):
-        tiles = next(spec.tiles for spec in GEMMS.values() if spec.version == version)
+        spec = next(spec for spec in GEMMS.values() if spec.version == version)
+        tiles = spec.tiles
         if tile is None:
             tile = 16 if version == 1 else next((t for t in tiles if rows is not None and t >= rows), tiles[-1])
         if tile not in tiles:
             raise ValueError(f"GEMM version {version} has tile widths {tiles}, not {tile}")
-        self.kernel, self.version, self.tile = f"gemm_kernel{version}", version, tile
+        self.kernel, self.version, self.tile = spec.kernel, version, tile
         if version == 4:
             self.bn = next((bn for bn in self.V4_BNS if cols is not None and cols <= bn), self.V4_BNS[-1])
             super().__init__(build, "sm_90a", GEMM_VERSION=version, TILE_WIDTH=tile, GEMM_BN=self.bn)
@@ -172,16 +180,17 @@ class Gemm(Launcher):
 class Conv(Launcher):
     """One conv layer -> ReLU -> 2x2 average pool of any geometry, an implicit GEMM on the tensor
     cores in 3xTF32: x (n, h, w, c) -> (n, (h-k+1)//2, (w-k+1)//2, c_out). Version 1 on mma.sync
-    (sm_80 and later), weights (k, k, c, c_out) as stored; version 2 on Hopper's wgmma (sm_90a),
+    (sm_80 and later, conv_kernel1), weights (k, k, c, c_out) as stored; version 2 on Hopper's wgmma (sm_90a, conv_kernel2),
     weights as pipelines.ImplicitWarpgroup lays them out for column blocks of `bn` channels."""
     source, arg_types = "conv", "PPPi"
     THREADS, BK = 256, 16
     ARCH = {2: "sm_90a"}
 
-    def __init__(self, build, h, w, c, k, c_out, version=1):
+    def __init__(self, build, h, w, c, k, c_out, kernel="conv_kernel1"):
+        version = version_of(kernel)
         sizes = (32, 64, 128) if version == 1 else (16, 32, 64)  # the column block's channels (BN)
         bn = next((bn for bn in sizes if c_out <= bn), sizes[-1])
-        self.kernel = f"conv_kernel{version}"
+        self.kernel = kernel
         super().__init__(build, self.ARCH.get(version), IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn,
                          CONV_VERSION=version)
         self.bn, self.c_out, self.image = bn, c_out, h * w * c
@@ -250,8 +259,9 @@ class Check(Launcher):
 
 class Fused(Launcher):
     """conv1 -> ReLU -> pool -> conv2 -> ReLU -> pool for IMGS images per 256-thread block;
-    version 1 on FP32 FFMA, version 2 on the tensor cores in 3xTF32 (mma.sync, sm_80 and later),
-    version 3 the same on Hopper's warpgroup MMA (wgmma, sm_90a only)."""
+    version 1 on FP32 FFMA (fused_kernel1), version 2 on the tensor cores in 3xTF32 (mma.sync, sm_80
+    and later: fused_kernel2), version 3 the same on Hopper's warpgroup MMA (wgmma, sm_90a only:
+    fused_kernel3)."""
     source, arg_types = "fused", "PPPiP"
     THREADS = 256
     SMEM_LIMIT = 227 * 1024
@@ -308,8 +318,8 @@ class Fused(Launcher):
             defines["CONV1_TAIL"] = cls.conv1_steps(g.k1 * g.k1 * g.c)[1]
         return defines
 
-    def __init__(self, build, g, version=1):
-        self.kernel = f"fused_kernel{version}"
+    def __init__(self, build, g, kernel="fused_kernel1"):
+        self.kernel, version = kernel, version_of(kernel)
         super().__init__(build, self.ARCH.get(version), **self.defines(g, version))
         self.imgs, self.shared = self.plan(g, version)
         import pycuda.driver as cuda

@@ -164,13 +164,13 @@ class Implicit(Algorithm):
     NAME = "implicit-tc"
     MIN_ARCH = 80
     SCRATCH_BYTES = 64 << 20  # per stream: sets the chunk for large images
-    CONV_VERSION = 1
+    CONV_KERNEL = "conv_kernel1"
 
     def __init__(self, build, g):
         self.g = g
         (p1h, p1w) = g.pool1_out
-        self.conv1 = launch.Conv(build, g.h, g.w, g.c, g.k1, g.c1, self.CONV_VERSION)
-        self.conv2 = launch.Conv(build, p1h, p1w, g.c1, g.k2, g.c2, self.CONV_VERSION)
+        self.conv1 = launch.Conv(build, g.h, g.w, g.c, g.k1, g.c1, self.CONV_KERNEL)
+        self.conv2 = launch.Conv(build, p1h, p1w, g.c1, g.k2, g.c2, self.CONV_KERNEL)
         self.check = launch.Check(build)
         try:
             self.fcs = launch.FullyConnected(build, g)
@@ -219,11 +219,11 @@ class Fused(Algorithm):
     NAME = "fused"
     CHUNK = 2048  # in memory: chunks on 4 streams hide the upload of one behind the kernels of others
     STREAM_CHUNK = 8192  # streamed: a whole block per launch, 3x fewer launches for the host to make
-    VERSION = 1
+    KERNEL = "fused_kernel1"
 
     def __init__(self, build, g):
         self.g = g
-        self.convs = launch.Fused(build, g, self.VERSION)
+        self.convs = launch.Fused(build, g, self.KERNEL)
         self.fcs = launch.FullyConnected(build, g)
 
     @classmethod
@@ -233,7 +233,7 @@ class Fused(Algorithm):
         if why:
             return why
         try:
-            launch.Fused.defines(g, cls.VERSION)
+            launch.Fused.defines(g, launch.version_of(cls.KERNEL))
             launch.FullyConnected.defines(g)
         except ValueError as e:
             return str(e)
@@ -270,7 +270,7 @@ class FusedTensorCores(Fused):
     """Fused with conv2 on the tensor cores in 3xTF32: operands split into a TF32 part and a TF32
     remainder, three products each, FP32-level accuracy."""
     NAME = "fused-tc"
-    VERSION = 2
+    KERNEL = "fused_kernel2"
     MIN_ARCH = 80
 
     @staticmethod
@@ -301,7 +301,7 @@ class FusedWarpgroup(Hopper, FusedTensorCores):
     """Both convs on Hopper's warpgroup MMA (wgmma) in 3xTF32, the weights read by the tensor cores
     from shared memory; sm_90 only."""
     NAME = "fused-wgmma"
-    VERSION = 3
+    KERNEL = "fused_kernel3"
 
     @staticmethod
     def conv1_weights(conv1):
@@ -325,7 +325,7 @@ class ImplicitWarpgroup(Hopper, Implicit):
     """Implicit with each conv layer on Hopper's warpgroup MMA (wgmma, conv_kernel2) in 3xTF32, the
     weights read by the tensor cores from shared memory; sm_90 only."""
     NAME = "implicit-wgmma"
-    CONV_VERSION = 2
+    CONV_KERNEL = "conv_kernel2"
 
     @staticmethod
     def conv_weights(weights, bn):
