@@ -133,23 +133,20 @@ def test_gemm_kernel(gpu, rng, name, version, tile, m, n, k, relu):
 # version 2's tensor-core sums (9x9x64x3: 36 k-tiles)
 CONVS = [(28, 28, 1, 5, 32), (12, 12, 32, 5, 64), (29, 31, 3, 7, 12), (11, 12, 12, 3, 20), (13, 13, 7, 7, 50),
          (20, 17, 5, 3, 100), (9, 9, 64, 3, 256)]
-CONV_ALGOS = {1: "implicit-tc", 2: "implicit-wgmma"}
-
-
-@pytest.mark.parametrize("version", CONV_ALGOS)
+@pytest.mark.parametrize("algo", ["implicit-tc", "implicit-wgmma"])  # conv_kernel1, conv_kernel2
 @pytest.mark.parametrize("h,w,c,k,c_out", CONVS, ids=["x".join(map(str, v)) for v in CONVS])
-def test_conv_kernel(gpu, rng, h, w, c, k, c_out, version):
+def test_conv_kernel(gpu, rng, h, w, c, k, c_out, algo):
     from infer.gpu.launch import Conv
 
     needs_arch(gpu, 80)
-    runs_here(CONV_ALGOS[version])
+    runs_here(algo)
     n = 9
     x, wt = rand(rng, n, h, w, c), rand(rng, k, k, c, c_out) * 0.2
     expected = reference.avgpool2(reference.relu(reference.conv2d(x, wt)))
     d = Dev()
     out = d.empty((n + 1,) + expected.shape[1:])
-    conv = Conv(build(gpu), h, w, c, k, c_out, version)
-    weights = ALGORITHMS[CONV_ALGOS[version]].conv_weights(wt, conv.bn)
+    conv = Conv(build(gpu), h, w, c, k, c_out, ALGORITHMS[algo].CONV_KERNEL)
+    weights = ALGORITHMS[algo].conv_weights(wt, conv.bn)
     conv(None, d.put(x), d.put(weights), out, n)
     got = d.get(out, (n + 1,) + expected.shape[1:])
     np.testing.assert_allclose(got[:n], expected, rtol=1e-5, atol=1e-5 * np.sqrt(k * k * c))
@@ -219,7 +216,7 @@ def test_fused_conv_kernel(gpu, rng, g, algo):
     expected = reference.avgpool2(reference.relu(reference.conv2d(
         reference.avgpool2(reference.relu(reference.conv2d(x, w.conv1))), w.conv2)))
     d = Dev()
-    k = Fused(build(gpu), g, pipeline.VERSION)
+    k = Fused(build(gpu), g, pipeline.KERNEL)
     d.cuda.memcpy_htod(k.conv1_constant, pipeline.conv1_weights(w.conv1))
     feat = d.empty((n + 1, g.flat))  # one row more than written: it must stay poisoned
     w2, bad = d.put(pipeline.conv2_weights(w.conv2)), d.put([2**31 - 1], np.int32)
