@@ -90,9 +90,7 @@ def library():
                                              ctypes.c_int, p, p], p),
                                ("rp_chunks_free", [p], None), ("rp_set_inflater", [p, p, p, p], None),
                                ("rp_submit_chunks", [p, p, i64, i64, p, p, p, p], p),
-                               ("rp_lzf_decompress", [p, size, p, size], ctypes.c_longlong),
-                               ("rp_unshuffle", [p, p, size, size], None),
-                               ("rp_fletcher32", [p, size], ctypes.c_uint)):
+                               ("rp_read_chunks", [p, i64, i64, p, p, p, p, ctypes.POINTER(i64)], ctypes.c_int)):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, result
     use_inflater(lib, "libdeflate")

@@ -7,7 +7,7 @@
  * The same threads decode chunked datasets (rp_submit_chunks: a job per chunk, read, checked
  * (fletcher32), inflated (libdeflate or zlib, through function pointers the caller hands over,
  * so this file needs neither's headers) or LZF-decoded, unshuffled, straight into the destination
- * when the chunk lies wholly in the read). 
+ * when the chunk lies wholly in the read); rp_read_chunks decodes on the calling thread.
  * Built by infer/native.py with the C compiler, cached on disk; without one, Python threads read. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -75,13 +75,48 @@ static void *(*ld_alloc)(void);
 static void (*ld_free)(void *);
 static int (*ld_zlib)(void *, const void *, size_t, void *, size_t, size_t *);
 static int (*z_uncompress)(unsigned char *, unsigned long *, const unsigned char *, unsigned long);
-static __thread void *decompressor;
 
 struct scratch {
     unsigned char *p;
     size_t n;
 };
-static __thread struct scratch stored_bytes, decoded_bytes, unshuffled_bytes;  /* reused: see grow */
+
+/* What a thread that decodes chunks keeps between chunks (the pool's threads and Python's, which
+ * call rp_read_chunks), freed when it exits. */
+struct local {
+    struct scratch stored, decoded, unshuffled;  /* reused: see grow */
+    void *decompressor;
+    void (*release)(void *);       /* the free that goes with the decompressor's allocator */
+};
+static pthread_key_t local_key;
+static pthread_once_t local_once = PTHREAD_ONCE_INIT;
+
+static void free_local(void *state)
+{
+    struct local *l = state;
+    if (l->decompressor)
+        l->release(l->decompressor);
+    free(l->stored.p);
+    free(l->decoded.p);
+    free(l->unshuffled.p);
+    free(l);
+}
+
+static void make_local_key(void)
+{
+    pthread_key_create(&local_key, free_local);
+}
+
+static struct local *thread_local_state(void)
+{
+    pthread_once(&local_once, make_local_key);
+    struct local *l = pthread_getspecific(local_key);
+    if (!l && (l = calloc(1, sizeof *l)) && pthread_setspecific(local_key, l)) {
+        free(l);
+        l = NULL;
+    }
+    return l;
+}
 
 static long long now_ns(void)
 {
@@ -121,9 +156,9 @@ static unsigned char *grow(struct scratch *s, size_t n)
     return s->p;
 }
 
-long long rp_lzf_decompress(const unsigned char *in, size_t in_len, unsigned char *out, size_t out_len);
-void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size);
-unsigned int rp_fletcher32(const unsigned char *data, size_t nbytes);
+static long long rp_lzf_decompress(const unsigned char *in, size_t in_len, unsigned char *out, size_t out_len);
+static void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size);
+static unsigned int rp_fletcher32(const unsigned char *data, size_t nbytes);
 
 static int checksum_ok(const unsigned char *raw, size_t payload)
 {
@@ -134,13 +169,16 @@ static int checksum_ok(const unsigned char *raw, size_t payload)
 }
 
 /* Inflate a zlib stream into exactly n bytes: 0, RP_DAMAGED or RP_SIZE. */
-static int inflate_into(const unsigned char *in, size_t in_len, unsigned char *out, size_t n)
+static int inflate_into(struct local *l, const unsigned char *in, size_t in_len, unsigned char *out, size_t n)
 {
     if (ld_zlib) {
-        if (!decompressor && !(decompressor = ld_alloc()))
-            return -ENOMEM;
+        if (!l->decompressor) {
+            if (!(l->decompressor = ld_alloc()))
+                return -ENOMEM;
+            l->release = ld_free;
+        }
         size_t got = 0;
-        int r = ld_zlib(decompressor, in, in_len, out, n, &got);
+        int r = ld_zlib(l->decompressor, in, in_len, out, n, &got);
         return r == 0 ? (got == n ? 0 : RP_SIZE) : r == 3 ? RP_SIZE : RP_DAMAGED; /* 3: output too small */
     }
     unsigned long got = n;
@@ -197,7 +235,10 @@ static int decode_chunk(const struct piece *job)
     size_t skip = (size_t)(job->from - first) * c->row_bytes, n = (size_t)(job->to - job->from) * c->row_bytes;
     char *dst = job->dst + (size_t)(job->from - job->lo) * c->row_bytes;
     int whole = !c->cut && skip == 0 && n == c->nbytes;
-    unsigned char *out = whole && !shuffled ? (unsigned char *)dst : grow(&decoded_bytes, c->nbytes);
+    struct local *l = thread_local_state();
+    if (!l)
+        return -ENOMEM;
+    unsigned char *out = whole && !shuffled ? (unsigned char *)dst : grow(&l->decoded, c->nbytes);
     if (!out)
         return -ENOMEM;
     size_t payload = job->stored - (c->summed ? 4 : 0);
@@ -209,7 +250,7 @@ static int decode_chunk(const struct piece *job)
             return RP_SIZE;
         status = read_fully(c->fd, (char *)out, c->nbytes, job->offset);
     } else {
-        unsigned char *raw = grow(&stored_bytes, job->stored);
+        unsigned char *raw = grow(&l->stored, job->stored);
         if (!raw)
             return -ENOMEM;
         status = read_fully(c->fd, (char *)raw, job->stored, job->offset);
@@ -218,7 +259,7 @@ static int decode_chunk(const struct piece *job)
         if (!status && !coded)
             payload == c->nbytes ? (void)memcpy(out, raw, payload) : (void)(status = RP_SIZE);
         else if (!status && c->codec == RP_DEFLATE)
-            status = inflate_into(raw, payload, out, c->nbytes);
+            status = inflate_into(l, raw, payload, out, c->nbytes);
         else if (!status) {
             long long got = rp_lzf_decompress(raw, payload, out, c->nbytes);
             status = got < 0 ? RP_DAMAGED : (size_t)got != c->nbytes ? RP_SIZE : 0;
@@ -227,7 +268,7 @@ static int decode_chunk(const struct piece *job)
     if (status)
         return status;
     if (shuffled) {
-        unsigned char *into = whole ? (unsigned char *)dst : grow(&unshuffled_bytes, c->nbytes);
+        unsigned char *into = whole ? (unsigned char *)dst : grow(&l->unshuffled, c->nbytes);
         if (!into)
             return -ENOMEM;
         rp_unshuffle(out, into, c->nbytes / c->itemsize, c->itemsize);
@@ -266,11 +307,6 @@ static void *worker(void *arg)
             pthread_cond_broadcast(&job.batch->done);
     }
     pthread_mutex_unlock(&p->lock);
-    if (decompressor)
-        ld_free(decompressor);
-    free(stored_bytes.p);
-    free(decoded_bytes.p);
-    free(unshuffled_bytes.p);
     return NULL;
 }
 
@@ -413,23 +449,54 @@ void rp_set_inflater(void *alloc, void *release, void *zlib_decompress, void *un
     z_uncompress = (int (*)(unsigned char *, unsigned long *, const unsigned char *, unsigned long))uncompress;
 }
 
-/* Queue rows [lo, hi) of a chunked dataset into dst, a job per chunk (chunk j: row of chunks
- * j / per; its file offset, stored size and filter mask in the arrays). */
+/* Chunk j's job in the read of rows [lo, hi) into dst (chunk j: row of chunks j / per; its file
+ * offset, stored size and filter mask in the arrays); the read's chunks are j in chunk_range. */
+static struct piece chunk_job(const struct chunks *c, long long lo, long long hi, const long long *offsets,
+                              const long long *sizes, const unsigned *masks, char *dst, long long j)
+{
+    long long first = j / c->per * c->chunk[0], end = first + c->chunk[0];
+    return (struct piece){.fd = c->fd, .dst = dst, .offset = offsets[j], .spec = c, .stored = (size_t)sizes[j],
+                          .lo = lo, .from = first > lo ? first : lo, .to = end < hi ? end : hi, .mask = masks[j],
+                          .index = j};
+}
+
+static void chunk_range(const struct chunks *c, long long lo, long long hi, long long *begin, long long *end)
+{
+    *begin = lo / c->chunk[0] * c->per;
+    *end = (hi + c->chunk[0] - 1) / c->chunk[0] * c->per;
+}
+
+/* Queue rows [lo, hi) of a chunked dataset into dst, a job per chunk, for rp_wait. */
 struct batch *rp_submit_chunks(struct pool *p, const struct chunks *c, long long lo, long long hi,
                                const long long *offsets, const long long *sizes, const unsigned *masks, char *dst)
 {
     struct batch *b = new_batch(p);
     if (!b)
         return NULL;
-    for (long long r = lo / c->chunk[0]; r * c->chunk[0] < hi; r++) {
-        long long from = r * c->chunk[0] > lo ? r * c->chunk[0] : lo;
-        long long to = (r + 1) * c->chunk[0] < hi ? (r + 1) * c->chunk[0] : hi;
-        for (long long j = r * c->per; j < (r + 1) * c->per; j++)
-            enqueue(p, b, (struct piece){.fd = c->fd, .dst = dst, .offset = offsets[j], .batch = b, .spec = c,
-                                          .stored = (size_t)sizes[j], .lo = lo, .from = from, .to = to,
-                                          .mask = masks[j], .index = j});
+    long long j, end;
+    for (chunk_range(c, lo, hi, &j, &end); j < end; j++) {
+        struct piece job = chunk_job(c, lo, hi, offsets, sizes, masks, dst, j);
+        job.batch = b;
+        enqueue(p, b, job);
     }
     return queued(p, b);
+}
+
+/* The same read on the calling thread (Python's reader threads, for reads they check or convert):
+ * 0 or a failure as rp_wait's, *where the chunk. */
+int rp_read_chunks(const struct chunks *c, long long lo, long long hi, const long long *offsets,
+                   const long long *sizes, const unsigned *masks, char *dst, long long *where)
+{
+    long long j, end;
+    for (chunk_range(c, lo, hi, &j, &end); j < end; j++) {
+        struct piece job = chunk_job(c, lo, hi, offsets, sizes, masks, dst, j);
+        int status = decode_chunk(&job);
+        if (status) {
+            *where = j;
+            return status;
+        }
+    }
+    return 0;
 }
 
 /* Wait for a ticket's pieces, free it, and say how the read went: 0, RP_EOF, RP_DAMAGED (a chunk
@@ -462,7 +529,7 @@ long long rp_busy_ns(struct pool *p)
  * follow; else a back reference of length c >> 5 (7: plus the next byte) + 2, at distance
  * ((c & 31) << 8) + the next byte + 1 behind the output. Returns the bytes written, or -1 where
  * the input is damaged (a run past either end, a reference before the start). */
-long long rp_lzf_decompress(const unsigned char *in, size_t in_len, unsigned char *out, size_t out_len)
+static long long rp_lzf_decompress(const unsigned char *in, size_t in_len, unsigned char *out, size_t out_len)
 {
     const unsigned char *ip = in, *in_end = in + in_len;
     unsigned char *op = out, *out_end = out + out_len;
@@ -512,7 +579,7 @@ long long rp_lzf_decompress(const unsigned char *in, size_t in_len, unsigned cha
 }
 
 /* Undo HDF5's shuffle filter: byte b of value i was stored at b * n + i. */
-void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size)
+static void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size)
 {
     if (size == 4) { /* float32, the usual case */
         size_t i = 0;
@@ -546,7 +613,7 @@ void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t
 
 /* HDF5's fletcher32 filter checksum (H5_checksum_fletcher32): 16-bit big-endian words, sums
  * folded every 360 words; an odd last byte is the high half of a word. */
-unsigned int rp_fletcher32(const unsigned char *data, size_t nbytes)
+static unsigned int rp_fletcher32(const unsigned char *data, size_t nbytes)
 {
     unsigned int sum1 = 0, sum2 = 0;
     for (size_t words = nbytes / 2; words;) {

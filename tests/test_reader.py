@@ -328,3 +328,24 @@ def test_lzf_repeating_runs_of_every_short_period(tmp_path, rng, pool):
         pool.read(rows, 0, len(values), out, check=False)
         rows.close()
     np.testing.assert_array_equal(out, values)
+
+
+@pytest.mark.parametrize("options", [dict(chunks=(7, 5, 3, 2), compression="gzip", shuffle=True),
+                                     dict(chunks=(9, 2, 3, 1), compression="gzip"), dict(chunks=(7, 5, 2, 2))],
+                         ids=["shuffle+gzip", "gzip, chunks cutting H and C", "raw, chunks cutting W"])
+def test_without_the_native_library_python_decodes_raw_and_deflate_chunks(tmp_path, rng, monkeypatch, options):
+    monkeypatch.setattr(native, "library", lambda: None)
+    values = (rng.random((300, 5, 3, 2)) * 100).astype(np.float32)
+    write(tmp_path / "d.h5", values, **options)
+    p = reader.Reader(3, use_native=False)
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        try:
+            assert rows.kind == "chunks" and rows.spec is None
+            for lo, hi in [(0, 300), (5, 291), (14, 17)]:
+                out = np.empty((hi - lo, 5, 3, 2), np.float32)
+                p.read(rows, lo, hi, out, check=True)
+                np.testing.assert_array_equal(out, values[lo:hi])
+        finally:
+            rows.close()
+            p.close()
