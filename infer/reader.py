@@ -43,7 +43,9 @@ def default_threads(native=False):
     machine, 1M images streamed, 8 threads against 15: float32 7.4 / 7.3-7.9M images/s, where 8
     read 25 GB/s; decoding chunks, gzip 2.7-3.0 / 3.4-3.6M, lzf 2.5-2.9 / 4.6-4.8M), at least 8."""
     cores = os.cpu_count() or 1
-    return max(1, min(16, cores) if not native else max(min(8, cores), min(15, cores - 1)))
+    if not native:
+        return min(16, cores)
+    return max(min(8, cores), min(15, cores - 1))
 
 
 class Rows:
