@@ -51,8 +51,7 @@ def stroke(page, points):
 
 def shown(page):
     """(label shown, the ten bar widths) once the page is answered and settled."""
-    page.wait_for_function("document.querySelectorAll('#bars .bar').length === 10")
-    page.wait_for_timeout(300)  # the last stroke's answer
+    page.wait_for_function("document.getElementById('pad').dataset.settled === 'yes'", timeout=20000)
     return page.inner_text("#label").strip(), page.locator("#bars .fill").evaluate_all(
         "els => els.map(e => parseFloat(e.style.width))")
 
@@ -87,5 +86,6 @@ def test_drawing_a_seven_shows_7_and_the_screenshot(page, tmp_path):
 
 def test_clear_resets(page):
     page.click("#clear")
+    assert page.locator("#pad").get_attribute("data-settled") == "yes"
     assert page.inner_text("#label").strip() == "–"
     assert page.locator("#bars .bar").count() == 0
