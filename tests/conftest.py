@@ -2,6 +2,7 @@ import os
 import zlib
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -76,3 +77,80 @@ def pytest_collection_modifyitems(config, items):
         skip = pytest.mark.skip(reason=gpu_unusable())
         for item in gpu_items:
             item.add_marker(skip)
+
+
+def small_model(rng):
+    """A model for 12x12x1 images: 3x3 -> 10 -> pool 5 -> 2x2 -> 4 -> pool 2 -> 2*2*6 = 24."""
+    return dict(conv1=rng.standard_normal((3, 3, 1, 4)).astype(np.float32),
+                conv2=rng.standard_normal((2, 2, 4, 6)).astype(np.float32),
+                fc1=rng.standard_normal((24, 8)).astype(np.float32),
+                fc2=rng.standard_normal((8, 10)).astype(np.float32))
+
+
+def small_data(rng, n=5):
+    y = np.eye(10)[rng.integers(0, 10, n)]
+    return dict(x=rng.random((n, 12, 12, 1)).astype(np.float32), y=y)
+
+
+def write(path, datasets):
+    """Write datasets; a callable value is called with (file, name) to make something unusual."""
+    with h5py.File(path, "w") as f:
+        for name, value in datasets.items():
+            if callable(value):
+                value(f, name)
+            elif value is not None:
+                f[name] = value
+    return path
+
+
+def assert_refused(r, *words):
+    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    for w in words:
+        assert w in lines[0], lines[0]
+
+
+@pytest.fixture(scope="module")
+def gpu():
+    from infer.gpu.device import Device
+
+    d = Device(0)
+    yield d
+    import pycuda.driver as cuda
+
+    cuda.Context.synchronize()
+    d.close()
+
+
+def build(gpu, tile_width=None, gemm="auto"):
+    from infer.gpu.backend import Build
+    from infer.gpu.profile import NullProfiler
+
+    return Build(gpu.arch, False, tile_width, NullProfiler(), gemm, gpu.l2_bytes, gpu.sms)
+
+
+class Dev:
+    """Device copies of host arrays, and results back; float32 unless given otherwise."""
+
+    def __init__(self):
+        import pycuda.driver as cuda
+
+        self.cuda, self.bufs = cuda, []
+
+    def put(self, a, dtype=np.float32):
+        a = np.ascontiguousarray(a, dtype)
+        buf = self.cuda.mem_alloc(max(a.nbytes, 4))
+        self.cuda.memcpy_htod(buf, a)
+        self.bufs.append(buf)
+        return buf
+
+    def empty(self, shape, dtype=np.float32, poison=np.nan):
+        return self.put(np.full(shape, poison, dtype), dtype)  # poisoned: unwritten outputs show
+
+    def get(self, buf, shape, dtype=np.float32):
+        out = np.empty(shape, dtype)
+        self.cuda.Context.synchronize()
+        self.cuda.memcpy_dtoh(out, buf)
+        return out

@@ -3,31 +3,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import invoke
-
-
-def small_model(rng):
-    """A model for 12x12x1 images: 3x3 -> 10 -> pool 5 -> 2x2 -> 4 -> pool 2 -> 2*2*6 = 24."""
-    return dict(conv1=rng.standard_normal((3, 3, 1, 4)).astype(np.float32),
-                conv2=rng.standard_normal((2, 2, 4, 6)).astype(np.float32),
-                fc1=rng.standard_normal((24, 8)).astype(np.float32),
-                fc2=rng.standard_normal((8, 10)).astype(np.float32))
-
-
-def small_data(rng, n=5):
-    y = np.eye(10)[rng.integers(0, 10, n)]
-    return dict(x=rng.random((n, 12, 12, 1)).astype(np.float32), y=y)
-
-
-def write(path, datasets):
-    """Write datasets; a callable value is called with (file, name) to make something unusual."""
-    with h5py.File(path, "w") as f:
-        for name, value in datasets.items():
-            if callable(value):
-                value(f, name)
-            elif value is not None:
-                f[name] = value
-    return path
+from tests.conftest import assert_refused, invoke, small_data, small_model, write
 
 
 @pytest.fixture
@@ -40,14 +16,6 @@ def run(tmp_path, data, model, *extra):
     m = write(tmp_path / "model.h5", model) if isinstance(model, dict) else model
     return invoke("run", d, m, *extra, "--backend", "cpu")
 
-
-def assert_refused(r, *words):
-    assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1, r.stderr
-    assert "Traceback" not in r.stderr and r.stdout == ""
-    for w in words:
-        assert w in lines[0], lines[0]
 
 
 def test_good_small_files_run(tmp_path, good):

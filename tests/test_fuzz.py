@@ -8,8 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import invoke
-from tests.test_bad_input import small_data, small_model, write
+from tests.conftest import invoke, small_data, small_model, write
 
 RANKS = {"x": 4, "y": 2, "conv1": 4, "conv2": 4, "fc1": 2, "fc2": 2}
 FUZZ = settings(max_examples=int(os.environ.get("CNNINFER_FUZZ_EXAMPLES", 300)), deadline=None, derandomize=not os.environ.get("CNNINFER_FUZZ_RANDOM"),

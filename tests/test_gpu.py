@@ -8,28 +8,9 @@ from infer.bench import variants
 from infer.gpu.launch import GEMMS, gemm_runs_on
 from infer.gpu.pipelines import ALGORITHMS
 from infer.network import Geometry
-from tests.conftest import TESTFULL_AGREE, TESTFULL_CORRECT
+from tests.conftest import TESTFULL_AGREE, TESTFULL_CORRECT, Dev, build
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def gpu():
-    from infer.gpu.device import Device
-
-    d = Device(0)
-    yield d
-    import pycuda.driver as cuda
-
-    cuda.Context.synchronize()
-    d.close()
-
-
-def build(gpu, tile_width=None, gemm="auto"):
-    from infer.gpu.backend import Build
-    from infer.gpu.profile import NullProfiler
-
-    return Build(gpu.arch, False, tile_width, NullProfiler(), gemm, gpu.l2_bytes, gpu.sms)
 
 
 def runs_here(algo, gemm=None):
@@ -46,31 +27,6 @@ def runs_here(algo, gemm=None):
 def needs_arch(gpu, min_arch):
     if int(gpu.arch[3:]) < min_arch:
         pytest.skip(f"needs sm_{min_arch}, this GPU is {gpu.arch}")
-
-
-class Dev:
-    """Device copies of host arrays, and results back; float32 unless given otherwise."""
-
-    def __init__(self):
-        import pycuda.driver as cuda
-
-        self.cuda, self.bufs = cuda, []
-
-    def put(self, a, dtype=np.float32):
-        a = np.ascontiguousarray(a, dtype)
-        buf = self.cuda.mem_alloc(max(a.nbytes, 4))
-        self.cuda.memcpy_htod(buf, a)
-        self.bufs.append(buf)
-        return buf
-
-    def empty(self, shape, dtype=np.float32, poison=np.nan):
-        return self.put(np.full(shape, poison, dtype), dtype)  # poisoned: unwritten outputs show
-
-    def get(self, buf, shape, dtype=np.float32):
-        out = np.empty(shape, dtype)
-        self.cuda.Context.synchronize()
-        self.cuda.memcpy_dtoh(out, buf)
-        return out
 
 
 def rand(rng, *shape):
@@ -502,8 +458,8 @@ def test_tile_width_the_gemm_lacks_exits_2(ece408):
 def test_graph_replay_equals_kernel_by_kernel(ece408, cpu_testfull, monkeypatch, algo):
     """The recorded graph replays the same work: equal labels and scores, with and without graphs,
     and a second forward on the same buffers replays (no new graph)."""
-    from infer.bench import read_all
     from infer import loader
+    from infer.bench import read_all
     from infer.gpu.backend import CudaBackend
 
     model = loader.load_model(ece408 / "model.hdf5")

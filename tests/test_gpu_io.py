@@ -6,9 +6,7 @@ import pytest
 
 from infer import Session, engine, reference
 from infer.errors import InputError
-from tests.conftest import TESTFULL_AGREE, invoke
-from tests.test_bad_input import assert_refused
-from tests.test_gpu import Dev, build, gpu  # noqa: F401  (the module-scoped GPU fixture)
+from tests.conftest import TESTFULL_AGREE, Dev, assert_refused, build, invoke
 
 pytestmark = pytest.mark.gpu
 

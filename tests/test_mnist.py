@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from infer import defaults
-from tests.conftest import SHARED_DATA, invoke
-from tests.test_bad_input import assert_refused
+from tests.conftest import SHARED_DATA, assert_refused, invoke
 
 MNIST = SHARED_DATA / "mnist"
 

@@ -6,8 +6,7 @@ import pytest
 
 from infer import engine, loader, stream
 from infer.dataset import DataSet
-from tests.conftest import invoke
-from tests.test_bad_input import assert_refused
+from tests.conftest import assert_refused, invoke
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ TILE_WIDTHS = tuple(sorted({t for spec in GEMMS.values() for t in spec.tiles}))
 
 def version_of(kernel):
     """The version a kernel's exported name carries (fused_kernel3: 3): the -D ..._VERSION its .cu
-    file is built with to define it."""
+    file is built with to define it, or the file (fused3.cu)."""
     return int(kernel.rsplit("_kernel", 1)[1])
 
 
@@ -257,20 +257,38 @@ class Check(Launcher):
         self.launch(stream, (min(ceil_div(n * per_image, 256), 4096), 1), (256, 1, 1), x, n, per_image, bad)
 
 
+class FusedLayout(NamedTuple):
+    """One block's shared memory in a fused kernel, in floats: the pooled conv1 output p1 (IMGS images,
+    strides pstr between pixels, rstr between rows, istr between images), then the stage area (the
+    images, and version 3's split conv1 weights from w1_at, in phase 1; two w2 slabs in phase 2)."""
+    imgs: int
+    pstr: int
+    rstr: int
+    istr: int
+    stage: int
+    w1_at: int = 0
+
+    @property
+    def shared(self):
+        return 4 * (self.imgs * self.istr + self.stage)
+
+
 class Fused(Launcher):
     """conv1 -> ReLU -> pool -> conv2 -> ReLU -> pool for IMGS images per 256-thread block;
-    version 1 on FP32 FFMA (fused_kernel1), version 2 on the tensor cores in 3xTF32 (mma.sync, sm_80
-    and later: fused_kernel2), version 3 the same on Hopper's warpgroup MMA (wgmma, sm_90a only:
-    fused_kernel3)."""
-    source, arg_types = "fused", "PPPiP"
+    fused_kernel1 on FP32 FFMA (cuda/fused1.cu), fused_kernel2 on the tensor cores in 3xTF32
+    (mma.sync, sm_80 and later: fused2.cu), fused_kernel3 the same on Hopper's warpgroup MMA (wgmma,
+    sm_90a only: fused3.cu). The host owns the shared-memory layout (plan) and passes it as -D
+    options; the kernels static_assert what they rely on."""
+    arg_types = "PPPiP"
     THREADS = 256
     SMEM_LIMIT = 227 * 1024
     ARCH = {3: "sm_90a"}  # versions compiled for a target other than the GPU's own
 
     @classmethod
     def plan(cls, g, version=1):
-        """(images per block, shared bytes) for geometry g, or (None, why the kernel cannot run it)."""
+        """(FusedLayout, None) for geometry g, or (None, why the kernel cannot run it)."""
         (p1h, p1w), (p2h, p2w) = g.pool1_out, g.pool2_out
+        images = lambda imgs: imgs * g.h * g.w * g.c  # noqa: E731
         if g.k1 * g.k1 * g.c > 64 or cls.THREADS % g.c1:
             return None, "it needs conv1 channels dividing 256 and at most 64 conv1 weights per channel"
         if version == 1:
@@ -279,27 +297,36 @@ class Fused(Launcher):
             groups = p2h * (p2w // 2) * (g.c2 // 8)
             if cls.THREADS % groups or (cls.THREADS // groups) * p2h * (p2w // 2) % 16 or (g.c2 // 8) % 2:
                 return None, f"its 256-thread micro-tiling does not divide {p2h}x{p2w}x{g.c2} pooled conv2 outputs"
+            # A pixel stride of C1 + 4 floats and an image stride of 4 mod 32 spread the 8 float4
+            # reads of a quarter warp over all 32 banks.
             imgs, pstr = cls.THREADS // groups, g.c1 + 4
             rstr = p1w * pstr
             istr = p1h * rstr + (36 - p1h * rstr % 32) % 32
-            stage = max(imgs * g.h * g.w * g.c, 2 * g.c1 * g.c2)
+            layout = FusedLayout(imgs, pstr, rstr, istr, max(images(imgs), 2 * g.c1 * g.c2))
         elif version == 2:
             if (p2h * p2w) % 16 or g.c2 % 16 or g.c2 > 64 or g.c1 % 8 or (2 * g.c1 * g.c2) % (4 * cls.THREADS):
                 return None, ("it needs pooled conv2 outputs in groups of 16, conv2 channels a multiple of 16 "
                               "up to 64, conv1 channels a multiple of 8")
-            imgs, row = 4, p1w * (g.c1 + 2)
-            istr = p1h * (row + (24 - row % 16) % 16)
-            stage = max(imgs * g.h * g.w * g.c, 4 * g.c1 * g.c2)
+            # The A fragments' scalar loads (8 pixels x 4 channels): a pixel stride of C1 + 2 puts
+            # columns 2 apart 4 banks apart, a row stride of 8 mod 16 rows 2 apart 16 banks apart, so
+            # a warp's 32 loads hit 32 banks (4x4 pooled outputs, C1 = 32).
+            pstr = g.c1 + 2
+            rstr = p1w * pstr + (24 - p1w * pstr % 16) % 16
+            layout = FusedLayout(4, pstr, rstr, p1h * rstr, max(images(4), 4 * g.c1 * g.c2))
         else:
             if (p2h * p2w) % 16 or g.c1 != 32 or g.c2 != 64:
                 return None, "it needs pooled conv2 outputs in groups of 16, 32 conv1 channels and 64 conv2 channels"
-            imgs, istr = 4, p1h * p1w * (g.c1 + 4)
+            # A warp's 8 row-groups gather 8 adjacent pixels of a p1 row, 4 channels each: a pixel
+            # stride of C1 + 4 puts them in 32 banks. conv1's split weights follow the images,
+            # 128-byte aligned.
+            pstr = g.c1 + 4
             steps, tail = cls.conv1_steps(g.k1 * g.k1 * g.c)
-            stage = max(-(-imgs * g.h * g.w * g.c // 32) * 32 + (16 * steps + tail) * g.c1, 4 * g.c1 * g.c2)
-        shared = 4 * (imgs * istr + stage)
-        if shared > cls.SMEM_LIMIT:
-            return None, f"it needs {shared} bytes of shared memory per block, more than {cls.SMEM_LIMIT}"
-        return imgs, shared
+            w1_at = ceil_div(images(4), 32) * 32
+            layout = FusedLayout(4, pstr, p1w * pstr, p1h * p1w * pstr,
+                                 max(w1_at + (16 * steps + tail) * g.c1, 4 * g.c1 * g.c2), w1_at)
+        if layout.shared > cls.SMEM_LIMIT:
+            return None, f"it needs {layout.shared} bytes of shared memory per block, more than {cls.SMEM_LIMIT}"
+        return layout, None
 
     @staticmethod
     def conv1_steps(k):
@@ -310,18 +337,21 @@ class Fused(Launcher):
 
     @classmethod
     def defines(cls, g, version=1):
-        imgs, why = cls.plan(g, version)
-        if imgs is None:
+        layout, why = cls.plan(g, version)
+        if layout is None:
             raise ValueError(f"the fused kernel cannot run this network: {why}")
-        defines = dict(IN_H=g.h, IN_W=g.w, IN_C=g.c, K1=g.k1, C1=g.c1, K2=g.k2, C2=g.c2, IMGS=imgs, FUSED_VERSION=version)
+        defines = dict(IN_H=g.h, IN_W=g.w, IN_C=g.c, K1=g.k1, C1=g.c1, K2=g.k2, C2=g.c2, IMGS=layout.imgs,
+                       PSTR=layout.pstr, RSTR=layout.rstr, ISTR=layout.istr, STAGE_FLOATS=layout.stage)
         if version == 3:
-            defines["CONV1_TAIL"] = cls.conv1_steps(g.k1 * g.k1 * g.c)[1]
+            defines.update(CONV1_TAIL=cls.conv1_steps(g.k1 * g.k1 * g.c)[1], X_PAD=layout.w1_at)
         return defines
 
     def __init__(self, build, g, kernel="fused_kernel1"):
         self.kernel, version = kernel, version_of(kernel)
+        self.source = f"fused{version}"
         super().__init__(build, self.ARCH.get(version), **self.defines(g, version))
-        self.imgs, self.shared = self.plan(g, version)
+        layout = self.plan(g, version)[0]
+        self.imgs, self.shared = layout.imgs, layout.shared
         import pycuda.driver as cuda
 
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)

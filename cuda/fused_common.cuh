@@ -1,0 +1,37 @@
+// What the fused kernels (fused1.cu, fused2.cu, fused3.cu) share: the geometry that follows from the
+// -D shapes, the host's shared-memory layout checked, and phase 0 (the images staged and checked).
+#pragma once
+
+#define FUSED_THREADS 256
+#if !defined(IMGS) || !defined(PSTR) || !defined(RSTR) || !defined(ISTR) || !defined(STAGE_FLOATS)
+#error "fused: the host passes the images per block and the shared-memory layout (launch.Fused.plan) as -D options"
+#endif
+
+#include "common.cuh"
+
+constexpr int H1 = IN_H - K1 + 1, W1 = IN_W - K1 + 1;
+constexpr int P1H = H1 / 2, P1W = W1 / 2;
+constexpr int H2 = P1H - K2 + 1, W2 = P1W - K2 + 1;
+constexpr int P2H = H2 / 2, P2W = W2 / 2;
+constexpr int X_FLOATS = IMGS * IN_H * IN_W * IN_C;
+constexpr int SLAB = C1 * C2;  // one (kh, kw) slab of w2
+constexpr int P1_FLOATS = IMGS * ISTR;  // the pooled conv1 output, then the stage area
+
+static_assert(FUSED_THREADS % C1 == 0, "fused: conv1 channels must divide the block");
+static_assert(PSTR >= C1 && RSTR >= P1W * PSTR && ISTR >= P1H * RSTR, "fused: p1 strides overlap its pixels");
+static_assert(P1_FLOATS % 4 == 0, "fused: the stage area must start 16-byte aligned");
+static_assert(STAGE_FLOATS >= X_FLOATS, "fused: the stage area must hold the block's images");
+static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused: shared memory over the 227 KB a block may have");
+
+// Phase 0: images [img0, img0 + imgs) of x into stage (zeros past them up to IMGS), each value checked
+// where bad is not null.
+__device__ __forceinline__ void stage_images(float* stage, const float* __restrict__ x, int img0, int imgs,
+                                             int* __restrict__ bad) {
+    constexpr int IMG = IN_H * IN_W * IN_C;
+    const float* xb = x + (size_t)img0 * IMG;
+    for (int i = threadIdx.x; i < X_FLOATS; i += FUSED_THREADS) {
+        const float v = i < imgs * IMG ? xb[i] : 0.0f;
+        if (bad != nullptr && !isfinite(v)) atomicMin(bad, img0 + i / IMG);
+        stage[i] = v;
+    }
+}
