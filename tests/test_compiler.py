@@ -14,13 +14,14 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 
 @needs_nvcc
 def test_a_kernel_nvcc_rejects_is_named_and_quoted(tmp_path, monkeypatch):
-    (tmp_path / "gemm.cu").write_text('extern "C" __global__ void gemm_kernel1() { undeclared_thing = 1; }\n')
+    (tmp_path / "common.cuh").write_text("")
+    (tmp_path / "gemm1.cu").write_text('extern "C" __global__ void gemm_kernel1() { undeclared_thing = 1; }\n')
     monkeypatch.setattr(compiler, "kernel_dir", lambda: tmp_path)
     monkeypatch.setenv("CNNINFER_CACHE", str(tmp_path / "cache"))
     with pytest.raises(compiler.KernelCompileError) as e:
-        compiler.cubin("gemm", "sm_90", {"TILE_WIDTH": 16})
+        compiler.cubin("gemm1", "sm_90", {"TILE_WIDTH": 16})
     assert e.value.exit_code == 2
-    assert "cuda/gemm.cu" in e.value.message and "undeclared_thing" in e.value.message
+    assert "cuda/gemm1.cu" in e.value.message and "undeclared_thing" in e.value.message
     assert "\n" not in e.value.message
     assert not list((tmp_path / "cache").rglob("*.cubin"))  # nothing half-written is cached
 

@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from infer.gpu import compiler
-from infer.gpu.launch import GEMMS, FullyConnected, Fused
+from infer.gpu.launch import GEMMS, Conv, FullyConnected, Fused, Gemm
 from infer.network import Geometry
 
 MNIST = Geometry(h=28, w=28, c=1, k1=5, c1=32, k2=5, c2=64, hidden=128, classes=10)
@@ -20,19 +20,27 @@ CONVS = [(28, 28, 1, 5, 32, 32), (12, 12, 32, 5, 64, 64), (29, 31, 3, 7, 12, 32)
 HOPPER_CONVS = [(28, 28, 1, 5, 32, 32), (12, 12, 32, 5, 64, 64), (29, 31, 3, 7, 12, 16), (62, 62, 256, 7, 256, 64)]
 
 
-def conv(sizes, **extra):
-    return "conv", dict(zip(("IN_H", "IN_W", "IN_C", "KS", "C_OUT", "BN"), sizes), **extra)
+def conv(sizes, version=1):
+    defines = dict(zip(("IN_H", "IN_W", "IN_C", "KS", "C_OUT", "BN"), sizes))
+    return f"conv{version}", dict(defines, SHARED_FLOATS=Conv.layout(version, defines["BN"])[1] // 4)
 
 
-VARIANTS = ([("gemm", {"GEMM_VERSION": s.version, "TILE_WIDTH": tw}) for s in GEMMS.values() if not s.hopper_only for tw in s.tiles]
+def gemm(version, tile, **extra):
+    """gemm<version>.cu's defines as launch.Gemm gives them."""
+    shared = {3: 4 * Gemm.STAGES * (tile * 20 + 16 * (Gemm.BN + 8)),
+              4: 4 * Gemm.V4_STAGES * (tile * (Gemm.V4_BK + 4) + 2 * Gemm.V4_BK * extra.get("GEMM_BN", 0))}.get(version)
+    return f"gemm{version}", dict(TILE_WIDTH=tile, **extra, **({"SHARED_FLOATS": shared // 4} if shared else {}))
+
+
+VARIANTS = ([gemm(s.version, tw) for s in GEMMS.values() if not s.hopper_only for tw in s.tiles]
             + [conv(c) for c in CONVS]
             + [(f"fused{version}", Fused.defines(MNIST, version)) for version in (1, 2)] + [("fc", FullyConnected.defines(g)) for g in (MNIST, SMALL_FC, WIDE_FC)]
             + [(name, {}) for name in ("unroll", "place", "pool", "argmax")]
             + [("stage", {"SRC_T": t}) for t in ("unsigned char", "short", "long long")])
 HOPPER = ([("fused3", Fused.defines(g, 3)) for g in (MNIST, Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7),  # conv1 tails 1, 0
                                                      Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7), Geometry(24, 24, 2, 1, 32, 5, 64, 100, 7))]  # 2, 0
-          + [conv(c, CONV_VERSION=2) for c in HOPPER_CONVS]
-          + [("gemm", {"GEMM_VERSION": 4, "TILE_WIDTH": 128, "GEMM_BN": bn}) for bn in (16, 32, 64)])
+          + [conv(c, version=2) for c in HOPPER_CONVS]
+          + [gemm(4, 128, GEMM_BN=bn) for bn in (16, 32, 64)])
 REPORT = []
 
 

@@ -18,7 +18,7 @@ def test_wheel_installs_and_runs_anywhere(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", wheels, REPO], check=True)
     (wheel,) = wheels.glob("cnninfer-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    for name in ("infer/kernels/fused3.cu", "infer/kernels/gemm.cu", "infer/kernels/common.cuh", "infer/models/cnninfer-mnist.hdf5",
+    for name in ("infer/kernels/fused3.cu", "infer/kernels/gemm1.cu", "infer/kernels/common.cuh", "infer/models/cnninfer-mnist.hdf5",
                  "infer/models/mnist-sample.hdf5", "infer/gpu/backend.py", "infer/read_pool.c", "infer/cpu_net.c"):
         assert name in names
     env_dir = tmp_path / "venv"

@@ -24,7 +24,7 @@ def kernel_dir():
     """The kernel sources: inside the installed package, or cuda/ of a checkout."""
     here = Path(__file__).resolve().parent.parent
     for folder in (here / "kernels", here.parent / "cuda"):
-        if (folder / "gemm.cu").is_file():
+        if (folder / "common.cuh").is_file():
             return folder
     raise BackendUnavailable(f"the kernel sources (cuda/*.cu) are not installed beside {here}")
 

@@ -11,7 +11,7 @@ INT_MAX = 2**31 - 1
 
 
 class GemmSpec(NamedTuple):
-    kernel: str  # its exported name in cuda/gemm.cu
+    kernel: str  # its exported name, in cuda/gemm<version>.cu
     version: int
     tiles: tuple  # --tile-width: version 1's square tile; the rows of the block tile of 2, 3 and 4
     min_arch: int  # the oldest architecture it runs on
@@ -132,7 +132,7 @@ class Gemm(Launcher):
     smallest block tile covering `rows` (all of M in one block row where it fits), 16 for version 1.
     Version 4 (sm_90a) takes b as `weights` lays it out, in column blocks of 16, 32 or 64: the
     smallest covering `cols` (N)."""
-    source, arg_types = "gemm", "PPPiiii"
+    arg_types = "PPPiiii"
     BN, THREADS, STAGES = 128, 256, 3
     V4_BNS, V4_STAGES, V4_BK = (16, 32, 64), 4, 16
 
@@ -143,14 +143,17 @@ class Gemm(Launcher):
             tile = 16 if version == 1 else next((t for t in tiles if rows is not None and t >= rows), tiles[-1])
         if tile not in tiles:
             raise ValueError(f"GEMM version {version} has tile widths {tiles}, not {tile}")
-        self.kernel, self.version, self.tile = spec.kernel, version, tile
+        self.kernel, self.version, self.tile, self.source = spec.kernel, version, tile, f"gemm{version}"
         if version == 4:
             self.bn = next((bn for bn in self.V4_BNS if cols is not None and cols <= bn), self.V4_BNS[-1])
-            super().__init__(build, "sm_90a", GEMM_VERSION=version, TILE_WIDTH=tile, GEMM_BN=self.bn)
             self.shared = 4 * self.V4_STAGES * (tile * (self.V4_BK + 4) + 2 * self.V4_BK * self.bn)
+            super().__init__(build, "sm_90a", TILE_WIDTH=tile, GEMM_BN=self.bn, SHARED_FLOATS=self.shared // 4)
+        elif version == 3:
+            self.shared = 4 * self.STAGES * (tile * 20 + 16 * (self.BN + 8))
+            super().__init__(build, TILE_WIDTH=tile, SHARED_FLOATS=self.shared // 4)
         else:
-            super().__init__(build, GEMM_VERSION=version, TILE_WIDTH=tile)
-            self.shared = 4 * self.STAGES * (tile * 20 + 16 * (self.BN + 8)) if version == 3 else 0
+            self.shared = 0
+            super().__init__(build, TILE_WIDTH=tile)
         if self.shared:
             import pycuda.driver as cuda
 
@@ -182,7 +185,7 @@ class Conv(Launcher):
     cores in 3xTF32: x (n, h, w, c) -> (n, (h-k+1)//2, (w-k+1)//2, c_out). Version 1 on mma.sync
     (sm_80 and later, conv_kernel1), weights (k, k, c, c_out) as stored; version 2 on Hopper's wgmma (sm_90a, conv_kernel2),
     weights as pipelines.ImplicitWarpgroup lays them out for column blocks of `bn` channels."""
-    source, arg_types = "conv", "PPPi"
+    arg_types = "PPPi"
     THREADS, BK = 256, 16
     ARCH = {2: "sm_90a"}
 
@@ -190,21 +193,26 @@ class Conv(Launcher):
         version = version_of(kernel)
         sizes = (32, 64, 128) if version == 1 else (16, 32, 64)  # the column block's channels (BN)
         bn = next((bn for bn in sizes if c_out <= bn), sizes[-1])
-        self.kernel = kernel
-        super().__init__(build, self.ARCH.get(version), IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn,
-                         CONV_VERSION=version)
+        self.kernel, self.source = kernel, f"conv{version}"
         self.bn, self.c_out, self.image = bn, c_out, h * w * c
         self.windows = ((h - k + 1) // 2) * ((w - k + 1) // 2)
-        if version == 1:
-            self.block_windows = 16 * (8 // (bn // 32))
-            rows, stages = 4 * self.block_windows, 2 if bn == 32 else 3
-            self.shared = 4 * (rows + stages * (rows * (self.BK + 4) + self.BK * (bn + 8)))
-        else:
-            self.block_windows, rows = 32, 128
-            self.shared = 4 * (rows + 4 * (rows * (self.BK + 4) + 2 * self.BK * bn))
+        self.block_windows, self.shared = self.layout(version, bn)
+        super().__init__(build, self.ARCH.get(version), IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn,
+                         SHARED_FLOATS=self.shared // 4)
         import pycuda.driver as cuda
 
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)
+
+    @classmethod
+    def layout(cls, version, bn):
+        """(pool windows per block, dynamic shared bytes): the block's row table (one int per GEMM
+        row, 4 rows a window), then its pipeline stages of an a tile and a k-tile of weights."""
+        if version == 1:
+            windows = 16 * (8 // (bn // 32))
+            rows, stages = 4 * windows, 2 if bn == 32 else 3
+            return windows, 4 * (rows + stages * (rows * (cls.BK + 4) + cls.BK * (bn + 8)))
+        windows, rows = 32, 128
+        return windows, 4 * (rows + 4 * (rows * (cls.BK + 4) + 2 * cls.BK * bn))
 
     def __call__(self, stream, x, w, out, n):
         _check_int32(conv_inputs=n * self.image, conv_outputs=n * self.windows * self.c_out)

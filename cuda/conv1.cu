@@ -6,42 +6,17 @@
 // GEMM view: rows = conv outputs, grouped as (pool window, position in the window); columns = output
 // channels; k = (kh, kw, c), gathered from x through a per-row base offset plus a per-k offset
 // (the im2col is the addressing, nothing is unrolled in memory).
+// The dynamic shared memory (SHARED_FLOATS, -D from the host's launch.Conv) is static_asserted
+// against the kernel's row table and stages.
 // conv_kernel1 (sm_80+): 3xTF32 (FP32-level accuracy); block 256 threads = 8 warps, (8 / (BN/32)) x
 //   (BN/32) warps; a warp owns 16 pool windows x 32 channels as 4 m-tiles (the 4 window positions)
 //   x 4 n-tiles of mma.m16n8k8, so the pool is a sum of its own registers; k-tiles of 16 through a
 //   cp.async pipeline (16-byte copies where IN_C % 4 == 0, zero-filled past the edges); grid
 //   (ceil(windows / (16 * warps_m)), ceil(C_OUT / BN)); 2 * 4 * windows * C_OUT * KTOT FLOPs;
 //   x read once per column block (through L1/L2, KS*KS-fold reuse), w once per block from L2.
-// conv_kernel2 (sm_90a, CONV_VERSION 2): the same GEMM on Hopper's warpgroup MMA (wgmma), 3xTF32;
-//   block 2 warpgroups, each one m64nBNk8 tile of 16 pool windows x 4 positions (rows (window, dx)
-//   for dy = 0, 1 per thread; the pool adds the partner lane's dx = 1 by shuffles, as fused_kernel3);
-//   BN 16, 32 or 64; w pre-split by the host into TF32 parts and remainders as wgmma's K-major core
-//   matrices, (C_OUT / BN, KP / 8, {hi, lo}, BN / 8, 2, 8, 4), KP = KTOT rounded up to BK, read by
-//   the tensor cores from shared memory; A gathered as in version 1 and split in registers; k-tiles
-//   of 16 through a 4-stage cp.async pipeline fetched 2 ahead, so the stage refilled was last read
-//   two tiles back and no wgmma is drained for it; KCH k-tiles summed in the tensor cores, then
-//   added in FP32. Grid (ceil(windows / 32), ceil(C_OUT / BN)); 2 * 3 * 4 * windows * BN * KP
-//   tensor FLOPs per column block.
 
-#ifndef CONV_MIN_BLOCKS
-#define CONV_MIN_BLOCKS 1
-#endif
-#ifndef BN
-#define BN 64
-#endif
-#ifndef CONV_VERSION
-#define CONV_VERSION 1
-#endif
+#include "conv_geometry.cuh"
 
-#include "common.cuh"
-#include "mma.cuh"
-
-constexpr int OH = IN_H - KS + 1, OW = IN_W - KS + 1, PH = OH / 2, PW = OW / 2, WINDOWS = PH * PW;
-constexpr int KTOT = KS * KS * IN_C;
-constexpr int THREADS = 256, BK = 16;
-constexpr int AST = BK + 4;  // conflict-free fragment loads (see gemm.cu)
-constexpr bool VEC_A = IN_C % 4 == 0;
-#if CONV_VERSION == 1
 constexpr int WARPS_N = BN / 32, WARPS_M = 8 / WARPS_N;
 constexpr int BW = 16 * WARPS_M;  // pool windows per block
 constexpr int ROWS = 4 * BW;      // GEMM rows per block: row q * BW + w is position q of window w
@@ -50,46 +25,13 @@ constexpr int BST = BN + 8;
 constexpr int A_FLOATS = ROWS * AST, STAGE_FLOATS = A_FLOATS + BK * BST;
 constexpr bool VEC_B = C_OUT % 4 == 0;
 static_assert(BN == 32 || BN == 64 || BN == 128, "conv: BN is 32, 64 or 128");
-#else
-constexpr int BW = 32;            // pool windows per block: 16 per warpgroup
-constexpr int ROWS = 4 * BW;      // row 64 wg + 16 w + 8 dy + g: window 16 wg + 4 w + g / 2, dx = g % 2
-constexpr int STAGES = 4, KCH = 16;
-constexpr int KP = (KTOT + BK - 1) / BK * BK;
-constexpr int A_FLOATS = ROWS * AST, B_FLOATS = 2 * BK * BN, STAGE_FLOATS = A_FLOATS + B_FLOATS;
-static_assert(BN == 16 || BN == 32 || BN == 64, "conv v2: BN is 16, 32 or 64");
+#ifndef SHARED_FLOATS
+#error "conv: the host passes the dynamic shared memory it gives a block as -DSHARED_FLOATS"
 #endif
-static_assert(PH >= 1 && PW >= 1, "conv: the pooled output is empty");
+static_assert(ROWS + STAGES * STAGE_FLOATS == SHARED_FLOATS, "conv: the host's shared memory (launch.Conv) differs from the kernel's");
 
-// Offset in x of k index r = (kh, kw, c) from a conv output's top-left input value.
-__device__ __forceinline__ int k_offset(int r) {
-    const int kh = r / (KS * IN_C), kw = (r / IN_C) % KS, c = r % IN_C;
-    return (kh * IN_W + kw) * IN_C + c;
-}
+#include "conv_gather.cuh"
 
-// Gather the k-tile [k0, k0 + BK) of the block's ROWS GEMM rows into as (row stride AST), zeros past
-// KTOT and for rows past the last window (rowbase -1).
-__device__ __forceinline__ void fetch_a(float* as, const int* rowbase, const float* __restrict__ x, int k0) {
-    const int t = threadIdx.x;
-    if (VEC_A) {  // 4 consecutive channels of one (kh, kw) per copy; a thread's k group is fixed
-        const int r = k0 + 4 * (t % 4), off = k_offset(r);
-#pragma unroll
-        for (int i = 0; i < ROWS * BK / 4 / THREADS; ++i) {
-            const int row = t / 4 + i * (THREADS / 4), base = rowbase[row];
-            const bool ok = base >= 0 && r < KTOT;
-            cp_async16(as + row * AST + 4 * (t % 4), ok ? x + base + off : x, ok);
-        }
-    } else {
-        const int r = k0 + t % BK, off = k_offset(r);
-#pragma unroll 4
-        for (int i = 0; i < ROWS * BK / THREADS; ++i) {
-            const int row = t / BK + i * (THREADS / BK), base = rowbase[row];
-            const bool ok = base >= 0 && r < KTOT;
-            cp_async4(as + row * AST + t % BK, ok ? x + base + off : x, ok);
-        }
-    }
-}
-
-#if CONV_VERSION == 1
 __device__ __forceinline__ void fetch(float* stage, const int* rowbase, const float* __restrict__ x,
                                       const float* __restrict__ w, int n0, int k0) {
     const int t = threadIdx.x;
@@ -110,7 +52,7 @@ __device__ __forceinline__ void fetch(float* stage, const int* rowbase, const fl
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, CONV_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
 conv_kernel1(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int n) {
     extern __shared__ float4 smem4[];
     int* rowbase = reinterpret_cast<int*>(smem4);  // ROWS ints, then the pipeline stages
@@ -189,52 +131,3 @@ conv_kernel1(const float* __restrict__ x, const float* __restrict__ w, float* __
         }
     }
 }
-#else  // CONV_VERSION == 2
-
-#include "wgmma.cuh"
-
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
-conv_kernel2(const float* __restrict__ x, const float* __restrict__ wf, float* __restrict__ out, int n) {
-    extern __shared__ float4 smem4[];
-    int* rowbase = reinterpret_cast<int*>(smem4);  // ROWS ints, then the pipeline stages
-    float* stages = reinterpret_cast<float*>(smem4) + ROWS;
-    const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tig = lane % 4;
-    const int wg = warp / 4, w = warp % 4;  // warpgroup and warp in it
-    const int total = n * WINDOWS, w0 = blockIdx.x * BW;
-    const float* wb = wf + (size_t)blockIdx.y * KP * 2 * BN;  // this column block's weights
-
-    for (int p = t; p < ROWS; p += THREADS) {
-        const int r = p % 64, gg = r % 8;
-        const int win = w0 + 16 * (p / 64) + 4 * (r / 16) + gg / 2;
-        const int img = win / WINDOWS, rem = win % WINDOWS;
-        const int oh = 2 * (rem / PW) + (r % 16) / 8, ow = 2 * (rem % PW) + gg % 2;
-        rowbase[p] = win < total ? ((img * IN_H + oh) * IN_W + ow) * IN_C : -1;
-    }
-    __syncthreads();
-
-    auto fetch = [&](int tile) {
-        float* stage = stages + (tile % STAGES) * STAGE_FLOATS;
-        fetch_a(stage, rowbase, x, tile * BK);
-        const float4* src = reinterpret_cast<const float4*>(wb + (size_t)tile * B_FLOATS);
-        for (int e = t; e < B_FLOATS / 4; e += THREADS) cp_async16(stage + A_FLOATS + 4 * e, src + e, true);
-    };
-
-    float acc[1][BN / 2];
-    mma3_k_loop<BN, BK, STAGES, KCH, AST, A_FLOATS, STAGE_FLOATS>(acc, stages, (64 * wg + 16 * w + g) * AST + tig, KP / BK, fetch);
-
-    const int win = w0 + 16 * wg + 4 * w + g / 2;
-    float* dst = out + (size_t)win * C_OUT;
-#pragma unroll
-    for (int c = 0; c < BN / 8; ++c) {
-        const float2 o = pool_pair(acc[0], c);  // every lane takes part in the shuffles
-        const int ch = blockIdx.y * BN + 8 * c + 2 * tig;
-        if (g % 2 || win >= total) continue;
-        if (C_OUT % 2 == 0 && ch + 1 < C_OUT) {
-            *reinterpret_cast<float2*>(dst + ch) = o;
-        } else {
-            if (ch < C_OUT) dst[ch] = o.x;
-            if (ch + 1 < C_OUT) dst[ch + 1] = o.y;
-        }
-    }
-}
-#endif

@@ -1,0 +1,34 @@
+// What conv_kernel1 and conv_kernel2 share: the implicit im2col, a k-tile of the block's ROWS GEMM
+// rows gathered from x into shared memory (ROWS, AST, VEC_A from the including kernel).
+#pragma once
+
+static_assert(PH >= 1 && PW >= 1, "conv: the pooled output is empty");
+
+// Offset in x of k index r = (kh, kw, c) from a conv output's top-left input value.
+__device__ __forceinline__ int k_offset(int r) {
+    const int kh = r / (KS * IN_C), kw = (r / IN_C) % KS, c = r % IN_C;
+    return (kh * IN_W + kw) * IN_C + c;
+}
+
+// Gather the k-tile [k0, k0 + BK) of the block's ROWS GEMM rows into as (row stride AST), zeros past
+// KTOT and for rows past the last window (rowbase -1).
+__device__ __forceinline__ void fetch_a(float* as, const int* rowbase, const float* __restrict__ x, int k0) {
+    const int t = threadIdx.x;
+    if (VEC_A) {  // 4 consecutive channels of one (kh, kw) per copy; a thread's k group is fixed
+        const int r = k0 + 4 * (t % 4), off = k_offset(r);
+#pragma unroll
+        for (int i = 0; i < ROWS * BK / 4 / THREADS; ++i) {
+            const int row = t / 4 + i * (THREADS / 4), base = rowbase[row];
+            const bool ok = base >= 0 && r < KTOT;
+            cp_async16(as + row * AST + 4 * (t % 4), ok ? x + base + off : x, ok);
+        }
+    } else {
+        const int r = k0 + t % BK, off = k_offset(r);
+#pragma unroll 4
+        for (int i = 0; i < ROWS * BK / THREADS; ++i) {
+            const int row = t / BK + i * (THREADS / BK), base = rowbase[row];
+            const bool ok = base >= 0 && r < KTOT;
+            cp_async4(as + row * AST + t % BK, ok ? x + base + off : x, ok);
+        }
+    }
+}
