@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from . import engine, loader, reference
+from . import loader, network, reference
 from .dataset import DataSet
 from .reader import Reader, wait
 from .errors import InputError
@@ -127,7 +127,7 @@ def time_cnninfer(model, x_host_data, expected, algo, gemm, tile_width, streams,
         b.prepare(model, x.shape)
         labels, _ = b.forward(x)
         identical = int(np.count_nonzero(labels == expected))
-        if identical < engine.MIN_AGREEMENT * len(x):
+        if identical < reference.MIN_AGREEMENT * len(x):
             raise InputError(f"bench: {algo} {gemm or ''} (tile {tile_width}) agrees with the reference on only "
                              f"{identical} of {len(x)} images; not timing it")
         if not b.resident:
@@ -243,7 +243,7 @@ def bench_arrays(model, x, streams=4, warmup=5, repeats=20, torch_compile=True):
     from .gpu.device import Device
 
     n = len(x)
-    g = loader.geometry(model, x.shape)
+    g = network.geometry(model, x.shape)
     expected = np.concatenate([reference.forward(x[i:i + 512], model) for i in range(0, n, 512)])
     gpu = Device(0)
     try:

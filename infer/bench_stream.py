@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from . import engine, loader
+from . import loader, session
 from .dataset import DataSet
 from .reader import Reader, wait
 
@@ -70,7 +70,7 @@ def stream_bench(data_path, model_path, readers=None, devices=None, conv_algo="a
     budget = os.environ.get("CNNINFER_HOST_BUDGET_MB")
     os.environ["CNNINFER_HOST_BUDGET_MB"] = "0"  # stream whatever the file's size
     try:
-        r = engine.run(data_path, model, backend="cuda", readers=readers, devices=devices, conv_algo=conv_algo)
+        r = session.run(data_path, model, backend="cuda", readers=readers, devices=devices, conv_algo=conv_algo)
     finally:
         if budget is None:
             os.environ.pop("CNNINFER_HOST_BUDGET_MB")

@@ -1,11 +1,11 @@
-"""The command line: thin click commands over the library (engine, loader, mnist, bench)."""
+"""The command line: thin click commands over the library (session, loader, mnist, bench)."""
 import glob
 import json
 import os
 
 import click
 
-from . import __version__, backends, defaults, engine, mnist, predictions
+from . import __version__, backends, defaults, mnist, predictions, reference, session
 from .errors import InputError
 from .gpu import compiler
 from .gpu.launch import GEMMS, TILE_WIDTHS
@@ -140,7 +140,7 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
         predictions.check_path(predictions_path)
     if scores_path:
         predictions.check_path(scores_path, formats=(".npy",))
-    result = engine.run(data, model, n, backend=backend, notice=notice, progress=not quiet, scores=bool(scores_path),
+    result = session.run(data, model, n, backend=backend, notice=notice, progress=not quiet, scores=bool(scores_path),
                         chunk=chunk, readers=readers, streams=streams, tile_width=tile_width and int(tile_width),
                         gemm_algo=gemm_algo, conv_algo=conv_algo,
                         devices=devices or [device_ordinal], fast_math=fast_math, profile=profile)
@@ -172,11 +172,11 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
     if scores_path:
         predictions.write_array(scores_path, result.scores)
     if check:
-        reference = engine.run(data, model, n, backend="cpu", progress=not quiet)
-        same = int((reference.predictions == result.predictions).sum())
+        cpu = session.run(data, model, n, backend="cpu", progress=not quiet)
+        same = int((cpu.predictions == result.predictions).sum())
         notice(f"check: {same} of {result.n} predictions equal the NumPy reference's "
-               f"({reference.correct} correct there)")
-        if same < engine.MIN_AGREEMENT * result.n:
+               f"({cpu.correct} correct there)")
+        if same < reference.MIN_AGREEMENT * result.n:
             raise Failure(f"only {same} of {result.n} predictions equal the NumPy reference's")
     if expect_accuracy is not None and abs(result.accuracy - expect_accuracy) > tolerance:
         raise Failure(f"accuracy {result.accuracy:g} differs from the expected {expect_accuracy:g} "

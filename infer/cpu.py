@@ -12,7 +12,7 @@ import numpy as np
 from . import env, native, reference
 from .errors import BadValue, ScoresOverflow
 from .network import Geometry
-from .stream import HostSide
+from .host import HostSide
 
 NUMPY_CHUNK = 32  # small chunks keep each thread's im2col buffer in cache
 NATIVE_CHUNK = 32, 1024  # the native path's chunk bounds: about four chunks per thread between them
@@ -180,7 +180,7 @@ class CpuBackend(HostSide):
 
     def forward_stream(self, ring, progress, out):
         """Labels found (and scores) of images streamed block by block from `ring`, into out (see
-        stream.outputs)."""
+        host.outputs)."""
         out, _, kept = out
         for start, x, buf in ring:
             at = start - ring.start

@@ -5,7 +5,7 @@ import io
 
 import numpy as np
 
-from . import loader
+from . import network
 from .errors import InputError
 from .reader import check_finite
 
@@ -35,7 +35,7 @@ def from_npy(body, model):
         raise InputError(f"{LABEL}: type {x.dtype} is not a number type (integer or float)")
     if x.ndim != 4:
         raise InputError(f"{LABEL}: shape {x.shape}, expected (N, H, W, C) images")
-    loader.geometry(model, (max(len(x), 1),) + x.shape[1:], LABEL)
+    network.geometry(model, (max(len(x), 1),) + x.shape[1:], LABEL)
     if x.dtype.kind == "f":
         with np.errstate(over="ignore", invalid="ignore"):
             as32 = x.astype(np.float32, copy=False)

@@ -6,6 +6,8 @@ The CPU backend runs these layers chunk by chunk; every GPU kernel is tested aga
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
+MIN_AGREEMENT = 0.9995  # share of predictions a GPU run must share with the reference (--check)
+
 
 def unroll(x, k):
     """im2col: (N, H, W, C) -> (N*Ho*Wo, K*K*C), each row one output pixel's window in (kh, kw, c) order."""

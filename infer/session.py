@@ -17,13 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import backends, defaults, env, loader
+from . import backends, defaults, env, loader, network
 from .dataset import DataSet, expand
 from .errors import BadValue, InputError
 from .options import Options
 from .reader import INLINE_BYTES, Inline, wait
 from .result import Result
-from .stream import NoProgress, Progress
+from .progress import NoProgress, Progress
 
 
 def host_budget():
@@ -168,7 +168,7 @@ class Session:
         if x.ndim != 4:
             raise InputError(f"x: shape {x.shape}, expected (N, H, W, C) images")
         if len(x) == 0:
-            loader.geometry(self.model, (1,) + x.shape[1:], "x")
+            network.geometry(self.model, (1,) + x.shape[1:], "x")
             return np.empty(0, np.int64), np.empty((0, self.classes), np.float32)
         data = DataSet.from_array(x)
         predictions, _, kept, _ = self._forward(data, scores, NoProgress())
@@ -211,7 +211,7 @@ class Session:
             backend = self._backend()
         n = data.size
         x_shape = (n,) + tuple(data.image_shape)
-        loader.geometry(self.model, x_shape, data.parts[0][0])
+        network.geometry(self.model, x_shape, data.parts[0][0])
         wire = backend.wire_dtype(data.dtype)
         streamed = n * data.image_bytes(wire) > host_budget()
         if backend.concurrent and not streamed:
@@ -266,3 +266,13 @@ class Session:
             timing["prepare"] += self.setup_ms
             self.setup_ms = 0.0
         return predictions, labels, kept if scores else None, timing
+
+
+def run(data_path, model_path, n=None, backend="auto", notice=print, progress=False, scores=False, **options):
+    """Classify the first n images of data_path (a path, or a list of shards taken as one data set)
+    with the model; `options` go to the backend. Images that fit the host budget are read whole,
+    then timed from host memory to labels in host memory; larger inputs stream from the files
+    through a ring of buffers, and `forward` then includes the reading (timing read: the reader
+    threads' mean busy time, wait: compute waiting for them)."""
+    with Session(model_path, backend, notice=notice, **options) as session:
+        return session.evaluate(data_path, n, scores=scores, progress=progress)

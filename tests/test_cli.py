@@ -7,6 +7,7 @@ import sys
 import numpy as np
 import pytest
 
+import infer
 from tests.conftest import invoke
 
 
@@ -70,8 +71,7 @@ def test_predictions_file(ece408, tmp_path, suffix):
     assert r.exit_code == 0, r.stderr
     labels = np.load(out) if suffix == ".npy" else np.loadtxt(out, skiprows=1, dtype=np.int64)
     assert labels.shape == (100,) and labels.dtype == np.int64
-    from infer import engine
-    assert (labels == engine.run(*files(ece408), backend="cpu").predictions).all()
+    assert (labels == infer.run(*files(ece408), backend="cpu").predictions).all()
     assert [p.name for p in tmp_path.iterdir()] == [out.name]  # no temporary file left
 
 
@@ -105,9 +105,9 @@ def test_profile_on_the_cpu_says_there_is_none(ece408):
 def test_check_compares_with_the_reference(ece408, monkeypatch):
     r = invoke("run", *files(ece408), "--backend", "cpu", "--check")
     assert r.exit_code == 0 and r.stderr.strip() == "check: 100 of 100 predictions equal the NumPy reference's (95 correct there)"
-    from infer import engine
+    from infer import session
 
-    real, calls = engine.run, []
+    real, calls = session.run, []
 
     def off_by_one(*a, **k):  # the run under test (the first call) gets image 0 wrong
         result = real(*a, **k)
@@ -116,7 +116,7 @@ def test_check_compares_with_the_reference(ece408, monkeypatch):
         calls.append(k["backend"])
         return result
 
-    monkeypatch.setattr(engine, "run", off_by_one)
+    monkeypatch.setattr(session, "run", off_by_one)
     r = invoke("run", *files(ece408), "--backend", "cpu", "--check")
     assert r.exit_code == 1 and "only 99 of 100 predictions equal" in r.stderr
 
@@ -130,12 +130,12 @@ def test_bench_random_geometry_is_checked_before_the_gpu(spec, message):
 
 
 def test_random_case_is_seeded_and_has_the_geometry():
-    from infer import loader
+    from infer import network
     from infer.bench import random_case
 
     model, x = random_case("29x31x3,7:12,3:20,50,7", 5)
     again, y = random_case("29x31x3,7:12,3:20,50,7", 5)
-    g = loader.geometry(model, x.shape)
+    g = network.geometry(model, x.shape)
     assert (g.h, g.w, g.c, g.k1, g.c1, g.k2, g.c2, g.hidden, g.classes) == (29, 31, 3, 7, 12, 3, 20, 50, 7)
     assert (x == y).all() and (model.conv2 == again.conv2).all() and x.dtype == np.float32
 
@@ -145,7 +145,7 @@ def test_the_library_is_free_of_click():
     import subprocess
     import sys
 
-    code = ("import sys\nimport infer, infer.session, infer.engine, infer.reader, infer.server, infer.certify\n"
+    code = ("import sys\nimport infer, infer.session, infer.reader, infer.server, infer.certify\n"
             "from infer.errors import InputError\n"
             "assert 'click' not in sys.modules, 'click imported'\n"
             "e = InputError('x.h5: bad'); assert isinstance(e, ValueError) and e.message == str(e) == 'x.h5: bad'")

@@ -3,7 +3,7 @@ predictions as one process on the same shards."""
 import h5py
 import pytest
 
-from infer import engine
+import infer
 
 distributed = pytest.importorskip("distributed")
 da = pytest.importorskip("dask.array")
@@ -33,7 +33,7 @@ def test_shards_on_the_cluster_equal_one_process(client, shards, ece408):
     from infer.cluster import evaluate_shards
 
     model = ece408 / "model.hdf5"
-    one = engine.run(shards, model, backend="cpu")
+    one = infer.run(shards, model, backend="cpu")
     many = evaluate_shards(client, shards, model, backend="cpu")
     assert (many.predictions == one.predictions).all() and (many.labels == one.labels).all()
     assert many.per_shard() == one.per_shard() and many.correct == one.correct
@@ -57,7 +57,7 @@ def test_a_glob_string_is_the_shards_and_the_result_has_timing(client, shards, e
     whose as_dict() works like a local one's (raised KeyError: 'forward')."""
     from infer.cluster import evaluate_shards
 
-    one = engine.run(shards, ece408 / "model.hdf5", backend="cpu")
+    one = infer.run(shards, ece408 / "model.hdf5", backend="cpu")
     many = evaluate_shards(client, str(shards[0].parent / "part*.h5"), str(ece408 / "model.hdf5"), backend="cpu")
     assert many.data_paths == [str(p) for p in shards]
     assert (many.predictions == one.predictions).all()

@@ -3,7 +3,8 @@ the whole forward on testfull for every algorithm, stream count and tile width. 
 import numpy as np
 import pytest
 
-from infer import engine, reference
+import infer
+from infer import network, reference
 from infer.bench import variants
 from infer.gpu.launch import GEMMS, gemm_runs_on
 from infer.gpu.pipelines import ALGORITHMS
@@ -230,12 +231,11 @@ NETWORKS = ["28x28x1,5:32,5:64,128", "32x32x3,5:32,5:64,256", "28x28x1,3:16,3:32
 def test_every_algorithm_on_every_geometry(gpu, spec, algo):
     """Scores against the NumPy reference on seeded random weights and images, for every algorithm
     that accepts the geometry (unroll with each GEMM)."""
-    from infer import loader
     from infer.bench import random_case
     from infer.gpu.backend import CudaBackend
 
     model, x = random_case(spec, 37)
-    g = loader.geometry(model, x.shape)
+    g = network.geometry(model, x.shape)
     if ALGORITHMS[algo].available(g, gpu.arch) is not None:
         pytest.skip(f"{algo} does not take {spec}")
     expected = reference.scores(x, model)
@@ -257,7 +257,7 @@ def test_every_algorithm_on_every_geometry(gpu, spec, algo):
 
 @pytest.fixture(scope="module")
 def cpu_testfull(ece408):
-    return engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cpu").predictions
+    return infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cpu").predictions
 
 
 CONFIGS = [(algo, gemm, tw, s, None) for algo, gemm, tw in variants("sm_90") for s in (1, 4)] + [("fused", None, None, 3, 999)]
@@ -266,7 +266,7 @@ CONFIGS = [(algo, gemm, tw, s, None) for algo, gemm, tw in variants("sm_90") for
 @pytest.mark.parametrize("algo,gemm,tile_width,streams,chunk", CONFIGS)
 def test_testfull_on_the_gpu(ece408, cpu_testfull, algo, gemm, tile_width, streams, chunk):
     runs_here(algo, gemm)
-    r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo,
+    r = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo,
                    gemm_algo=gemm or "auto", tile_width=tile_width, streams=streams, chunk=chunk)
     assert r.correct == TESTFULL_CORRECT
     assert np.count_nonzero(r.predictions == cpu_testfull) >= TESTFULL_AGREE
@@ -291,7 +291,7 @@ def test_cli_profile_lists_kernels_and_copies(ece408, gemm, kernels):
 def test_streamed_equals_in_memory_on_the_gpu(ece408, cpu_testfull, monkeypatch, algo):
     runs_here(algo)
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "4")  # testfull (31 MB) streams through the ring
-    r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo, chunk=700)
+    r = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo, chunk=700)
     assert r.streamed and r.correct == TESTFULL_CORRECT
     assert np.count_nonzero(r.predictions == cpu_testfull) >= TESTFULL_AGREE
 
@@ -306,14 +306,14 @@ def test_streamed_blocks_wrap_around_the_device_ring(ece408, monkeypatch, images
     from infer.gpu.backend import CudaBackend
 
     data, model = ece408 / "testfull.hdf5", ece408 / "model.hdf5"
-    whole = engine.run(data, model, backend="cuda", chunk=300, scores=True)
+    whole = infer.run(data, model, backend="cuda", chunk=300, scores=True)
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "1")
     monkeypatch.setattr(CudaBackend, "STREAM_BYTES", 1000 * 28 * 28 * 4)
     if images == "staging":
         real = cuda.mem_alloc
         monkeypatch.setattr(cuda, "mem_alloc", lambda n: real(n) if n <= 4 << 20 else (_ for _ in ()).throw(
             cuda.MemoryError("cuMemAlloc failed: out of memory")))
-    streamed = engine.run(data, model, backend="cuda", chunk=300, scores=True)
+    streamed = infer.run(data, model, backend="cuda", chunk=300, scores=True)
     assert streamed.streamed and not whole.streamed
     np.testing.assert_array_equal(streamed.predictions, whole.predictions)
     np.testing.assert_array_equal(streamed.scores, whole.scores)
@@ -329,9 +329,9 @@ def test_split_over_gpus_equals_one_gpu(ece408, monkeypatch, budget):
     pair = [0, 1] if device.visible_devices() > 1 else [0, 0]
     if pair == [0, 0]:  # two contexts on one GPU share its legacy stream: one's graph capture fails the other's calls
         monkeypatch.setenv("CNNINFER_GRAPHS", "0")
-    one = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda", scores=True)
+    one = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda", scores=True)
     monkeypatch.setattr("infer.backends.create_cuda", lambda devices=None, **o: MultiGpuBackend(pair, **o))
-    two = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda", scores=True)
+    two = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda", scores=True)
     assert two.device.startswith("2 GPUs") and two.streamed == (budget == "4")
     assert (two.predictions == one.predictions).all() and (two.labels == one.labels).all()
     np.testing.assert_array_equal(two.scores, one.scores)
@@ -367,7 +367,7 @@ def test_out_of_device_memory_falls_back_to_smaller_chunks(ece408, cpu_testfull,
         return real(nbytes)
 
     monkeypatch.setattr(cuda, "mem_alloc", small_only)
-    r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo="unroll")
+    r = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo="unroll")
     assert r.correct == TESTFULL_CORRECT and np.count_nonzero(r.predictions == cpu_testfull) >= TESTFULL_AGREE
 
 
@@ -404,14 +404,14 @@ def test_overflowing_scores_are_refused(ece408, tmp_path, monkeypatch, algo, bud
     from infer.errors import ScoresOverflow
 
     with pytest.raises(ScoresOverflow) as e:
-        engine.run(bad, ece408 / "model.hdf5", backend="cuda", conv_algo=algo, chunk=300)
+        infer.run(bad, ece408 / "model.hdf5", backend="cuda", conv_algo=algo, chunk=300)
     assert e.value.image == 777
 
 
 @pytest.mark.parametrize("algo", list(ALGORITHMS))
 def test_fast_math_keeps_the_predictions(ece408, cpu_testfull, algo):
     runs_here(algo)
-    r = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo, fast_math=True)
+    r = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo, fast_math=True)
     assert r.correct == TESTFULL_CORRECT
     assert np.count_nonzero(r.predictions == cpu_testfull) >= TESTFULL_AGREE
 
@@ -474,7 +474,7 @@ def test_graph_replay_equals_kernel_by_kernel(ece408, cpu_testfull, monkeypatch,
             b.prepare(model, x.shape, scores=True)
             first = b.forward(host)
             second = b.forward(host)
-            assert len(b.graphs) == (graphs == "1") and b.use_graphs == (graphs == "1")
+            assert len(b.executor.graphs) == (graphs == "1") and b.executor.use_graphs == (graphs == "1")
         finally:
             b.close()
         np.testing.assert_array_equal(first[0], second[0])

@@ -4,7 +4,8 @@ import h5py
 import numpy as np
 import pytest
 
-from infer import Session, engine, reference
+import infer
+from infer import Session, reference
 from infer.errors import InputError
 from tests.conftest import TESTFULL_AGREE, Dev, assert_refused, build, invoke
 
@@ -53,8 +54,8 @@ def testfull_u8(ece408, tmp_path_factory):
 @pytest.mark.parametrize("budget", ["512", "2"])
 def test_uint8_images_on_the_gpu_equal_the_host_conversion(ece408, testfull_u8, monkeypatch, name, budget):
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)  # 2 MiB: 7.8 MB of uint8 images stream
-    gpu_run = engine.run(testfull_u8 / name, ece408 / "model.hdf5", backend="cuda")
-    cpu_run = engine.run(testfull_u8 / name, ece408 / "model.hdf5", backend="cpu")
+    gpu_run = infer.run(testfull_u8 / name, ece408 / "model.hdf5", backend="cuda")
+    cpu_run = infer.run(testfull_u8 / name, ece408 / "model.hdf5", backend="cpu")
     assert gpu_run.streamed == (budget == "2")
     assert gpu_run.reader["layout"] == ("pread" if name == "plain.h5" else "chunks")
     assert np.count_nonzero(gpu_run.predictions == cpu_run.predictions) >= TESTFULL_AGREE
@@ -113,8 +114,8 @@ def test_scores_file_on_the_gpu_equals_the_cpus(ece408, tmp_path):
 
 @pytest.mark.parametrize("algo", ["unroll", "fused-tc"])
 def test_scores_from_every_algorithm(ece408, algo):
-    r = engine.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo, scores=True)
-    c = engine.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu", scores=True)
+    r = infer.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cuda", conv_algo=algo, scores=True)
+    c = infer.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu", scores=True)
     np.testing.assert_allclose(r.scores, c.scores, rtol=1e-4, atol=1e-4)
 
 

@@ -5,7 +5,8 @@ import h5py
 import numpy as np
 import pytest
 
-from infer import engine, loader, reference
+import infer
+from infer import loader, reference
 from tests.conftest import REPO, invoke
 
 onnx = pytest.importorskip("onnx")
@@ -33,7 +34,7 @@ def test_onnxruntime_gives_the_command_lines_predictions(ece408, tmp_path, data,
     with h5py.File(data) as f:
         x = f["x"][()]
     scores, labels = run_onnx(out, x)
-    run = engine.run(data, model, backend="cpu", scores=True)
+    run = infer.run(data, model, backend="cpu", scores=True)
     assert len(labels) == count and labels.dtype == np.int64
     assert (labels == run.predictions).all()
     np.testing.assert_allclose(scores, run.scores, rtol=1e-4, atol=1e-4)

@@ -1,7 +1,8 @@
 """The GPU backend's planning, which needs no GPU: splits over GPUs and streamed blocks on a
-chunked file's chunk edges."""
+chunked file's chunk edges, and what fits in device memory."""
 import pytest
 
+from infer.errors import InputError
 from infer.gpu import plan
 
 
@@ -26,3 +27,32 @@ def test_streamed_blocks_never_cut_a_file_chunk():
     assert plan.aligned_chunk(8192, 1) == 8192
     assert plan.aligned_chunk(2048, 5000) == 2048  # chunks larger than a launch: nothing to align to
     assert plan.ring(5000, 2048, False, 3136, 25 << 20, 4) == (5000, 1)
+
+
+MNIST_SCRATCH = lambda c: 5000 * c  # noqa: E731  (about fused-wgmma's floats of scratch per image)
+
+
+def memory(n, free, chunk=None, wire=3136, streamed=False, streams=4):
+    return plan.memory(n, free, streams, chunk, 2048, MNIST_SCRATCH, 10, wire, 3136, streamed, 25 << 20, streams + 2)
+
+
+def test_a_batch_that_fits_stays_resident_in_chunks_for_every_stream():
+    assert memory(10_000, 80 << 30) == (2048, True)
+    assert memory(3_000, 80 << 30) == (750, True)  # fewer images: each of 4 streams still gets a chunk
+    assert memory(10_000, 80 << 30, chunk=333) == (333, True)
+    assert memory(1, 80 << 30) == (1, True)
+
+
+def test_images_over_two_fifths_of_free_memory_are_staged_not_resident():
+    n, free = 1_000_000, 4 << 30  # 3.1 GB of float32 images, 4 GiB free
+    chunk, resident = memory(n, free)
+    assert not resident and chunk == 2048
+    assert memory(n, free, streamed=True) == (2048, True)  # streamed: a ring of ~25 MB blocks
+
+
+def test_chunks_halve_until_scratch_fits_and_too_little_memory_is_one_clear_error():
+    chunk, _ = memory(10_000, 100 << 20)  # 80 MB budget: 4 streams x scratch must fit
+    assert chunk < 2048 and 4 * (4 * MNIST_SCRATCH(chunk) + chunk * 3136) + 10_000 * 44 <= (100 << 20) * 0.8
+    assert 4 * (4 * MNIST_SCRATCH(2 * chunk) + 2 * chunk * 3136) + 10_000 * 44 > (100 << 20) * 0.8
+    with pytest.raises(InputError, match="MiB free, too little for even one image per chunk"):
+        memory(10_000, 1 << 10)

@@ -10,7 +10,7 @@ import h5py
 import numpy as np
 import pytest
 
-from infer import engine
+import infer
 from tests.serving import NPY, Server, npy, png
 
 httpx = pytest.importorskip("httpx")
@@ -23,7 +23,7 @@ pytest.importorskip("PIL")
 def data(ece408):
     with h5py.File(ece408 / "test100.hdf5") as f:
         x = f["x"][()]
-    cli = engine.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu")
+    cli = infer.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu")
     return x, cli.predictions, cli
 
 
@@ -53,7 +53,7 @@ def test_npy_requests_equal_the_command_line(server, data):
     assert scores.shape == (100, 10) and (np.argmax(scores, axis=1) == expected).all()
     # Any integer or float type, converted as the command line converts files
     u8 = np.round(x * 255).astype(np.uint8)
-    assert post(server, npy(u8)).json()["labels"] == engine.run(
+    assert post(server, npy(u8)).json()["labels"] == infer.run(
         cli.data_paths, cli.model_path, backend="cpu").predictions.tolist()
     assert post(server, npy(x.astype(np.float64)[:17])).json()["labels"] == expected[:17].tolist()
     assert post(server, npy(x[:0])).json() == {"labels": []}
@@ -69,8 +69,9 @@ def test_png_requests_equal_the_command_line(server, data):
 
 def test_a_photo_like_picture_is_brought_to_mnist_form(server, data):
     """Dark ink on light paper, larger and off-centre, as JPEG and PNG: the digit's class."""
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     x, expected, _ = data
     for i in (0, 1, 2, 3):  # digits the model gets right

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import cnninfer
-from infer import engine, reference
+import infer
+from infer import reference
 from infer.errors import InputError
 from tests.conftest import invoke
 
@@ -26,7 +27,7 @@ def session(ece408):
 
 def test_three_lines_do_what_run_does(ece408, images, session):
     x, labels = images
-    run = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 300, backend="cpu")
+    run = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 300, backend="cpu")
     assert (session.predict(x) == run.predictions).all()
     # The backend runs the reference layers on chunks: BLAS may sum a chunk in another order
     np.testing.assert_allclose(session.scores(x), reference.scores(x, session.model), rtol=1e-5, atol=1e-5)
@@ -134,7 +135,7 @@ def test_scores_file_and_per_class_table(ece408, tmp_path):
     confusion = np.array(d["confusion"])
     assert confusion.sum() == 100 and np.trace(confusion) == d["correct"] == 95
     assert [c["correct"] for c in d["per_class"]] == list(np.diag(confusion))
-    run = engine.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu")
+    run = infer.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu")
     assert (np.argmax(scores, axis=1) == run.predictions).all()
     r = invoke("run", ece408 / "test2.hdf5", ece408 / "model.hdf5", "--backend", "cpu", "--scores", tmp_path / "s.csv")
     assert r.exit_code == 2 and "written as .npy" in r.stderr

@@ -4,7 +4,8 @@ import h5py
 import numpy as np
 import pytest
 
-from infer import engine, loader, stream
+import infer
+from infer import host, loader, progress
 from infer.dataset import DataSet
 from tests.conftest import assert_refused, invoke
 
@@ -15,9 +16,9 @@ def tiny_budget(monkeypatch):
 
 
 def test_streamed_equals_in_memory(ece408, tiny_budget, monkeypatch):
-    streamed = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 5001, backend="cpu")
+    streamed = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 5001, backend="cpu")
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "512")
-    whole = engine.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 5001, backend="cpu")
+    whole = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 5001, backend="cpu")
     assert streamed.streamed and not whole.streamed
     assert (streamed.predictions == whole.predictions).all() and (streamed.labels == whole.labels).all()
     assert set(streamed.timing) == {"load", "prepare", "forward", "read", "wait"}
@@ -30,7 +31,7 @@ def test_streams_compressed_chunked_files(tmp_path, ece408, tiny_budget):
     with h5py.File(big, "w") as f:
         f.create_dataset("x", data=np.concatenate([x] * 30), compression="gzip", chunks=(64, 28, 28, 1))
         f.create_dataset("y", data=np.concatenate([y] * 30), compression="gzip", chunks=True)
-    r = engine.run(big, ece408 / "model.hdf5", backend="cpu")
+    r = infer.run(big, ece408 / "model.hdf5", backend="cpu")
     assert r.streamed and r.n == 3000 and r.correct == 30 * 95
 
 
@@ -62,7 +63,7 @@ def test_bad_label_in_the_last_streamed_block(tmp_path, ece408, tiny_budget):
     assert not out.exists()
 
 
-class CountingBackend(stream.HostSide):
+class CountingBackend(host.HostSide):
     """Records the host buffers it allocates; classifies everything as 0."""
     stream_block, ring_depth, checks_values = 100, 3, False
 
@@ -89,13 +90,13 @@ def test_host_memory_is_the_ring_whatever_the_size(ece408):
     data = DataSet.open([ece408 / "testfull.hdf5"], model)
     b = CountingBackend()
     try:
-        out = stream.outputs(10000, 10, scores=False)
-        _, labels, _, read_s, _ = b.stream(data, 0, 10000, stream.NoProgress(), out)
+        out = host.outputs(10000, 10, scores=False)
+        _, labels, _, read_s, _ = b.stream(data, 0, 10000, progress.NoProgress(), out)
         assert b.buffers == [(100, 28, 28, 1)] * 3  # 3 blocks of 100 images for 10,000 images
         assert labels is out[1] and read_s > 0
         with h5py.File(ece408 / "testfull.hdf5") as f:
             assert (labels == np.argmax(f["y"][()], axis=1)).all()
-        again = b.stream(data, 0, 10000, stream.NoProgress(), stream.outputs(10000, 10, False))[1]
+        again = b.stream(data, 0, 10000, progress.NoProgress(), host.outputs(10000, 10, False))[1]
         assert len(b.buffers) == 3 and (again == labels).all()  # the same shape again: nothing new
     finally:
         b.close_host()
@@ -103,10 +104,10 @@ def test_host_memory_is_the_ring_whatever_the_size(ece408):
 
 
 def test_progress_bar_only_on_a_terminal_after_the_delay(monkeypatch):
-    p = stream.Progress(10)
+    p = progress.Progress(10)
     assert not p.enabled  # pytest's stderr is not a terminal
-    monkeypatch.setattr(stream.sys.stderr, "isatty", lambda: True, raising=False)
-    p = stream.Progress(10)
+    monkeypatch.setattr(progress.sys.stderr, "isatty", lambda: True, raising=False)
+    p = progress.Progress(10)
     p.update(3)
     assert p.bar is None  # not before 2 s
     p.t0 -= 3

@@ -25,6 +25,6 @@ for profile in (True, False):  # profiled launches are never captured: graphs ar
             print(f"{spec}, {n} images, {b.device}")
             print("\n".join(table(b.profile)))
         else:
-            print("graph capture and replay:", "ok" if b.use_graphs else "failed: kernels launched one by one")
+            print("graph capture and replay:", "ok" if b.executor.use_graphs else "failed: kernels launched one by one")
     finally:
         b.close()

@@ -1,5 +1,7 @@
-"""Planning with no GPU in sight (unit-tested on any machine): how images split over GPUs, and how
-a streamed batch is cut into chunks (one launch) and blocks (one read, one upload)."""
+"""Planning with no GPU in sight (unit-tested on any machine): how images split over GPUs, how a
+batch is cut into chunks (one launch) and a streamed one into blocks (one read, one upload), and
+what fits in the device's memory."""
+from ..errors import InputError
 
 
 def split(n, parts, align=1):
@@ -24,3 +26,31 @@ def ring(n, chunk, streamed, image_bytes, block_bytes, depth):
         return n, 1
     block = min(n, chunk * max(1, block_bytes // (chunk * image_bytes)))
     return block, min(depth, -(-n // block))
+
+
+def memory(n, free, streams, chunk, best, scratch_floats, classes, wire_bytes, float_bytes,
+           streamed=False, block_bytes=25 << 20, depth=6):
+    """(images per chunk, whether the images stay resident) for n images of wire_bytes each
+    (float_bytes once converted) with `free` device bytes: the whole input resident when it takes at
+    most 40% of the free memory (streamed: a ring of blocks, see ring), else staged per stream;
+    `chunk` as asked, else `best` or fewer so every stream has work; halved until the streams'
+    scratch (scratch_floats(chunk) floats each), staging and the outputs fit in 80%."""
+    budget = int(free * 0.8)
+    chunk = min(chunk or min(best, -(-n // streams)), n)
+
+    def images_bytes(c):
+        block, slots = ring(n, c, streamed, wire_bytes, block_bytes, depth)
+        return block * slots * wire_bytes
+
+    resident = images_bytes(chunk) <= budget // 2
+    converts = wire_bytes != float_bytes
+
+    def need(c):
+        per_stream = 4 * scratch_floats(c) + (0 if resident else c * wire_bytes) + (c * float_bytes if converts else 0)
+        return streams * per_stream + (images_bytes(c) if resident else 0) + 4 * n * (1 + classes)
+
+    while chunk > 1 and need(chunk) > budget:
+        chunk //= 2
+    if need(chunk) > budget:
+        raise InputError(f"the GPU has {free / 2**20:.0f} MiB free, too little for even one image per chunk")
+    return chunk, resident

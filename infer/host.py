@@ -1,8 +1,8 @@
-"""Data sets larger than the host-memory budget: reader threads fill a ring of host buffers
-(page-locked for CUDA) block by block while the backend computes on earlier blocks, so file
-reading, upload and compute overlap and host memory stays bounded whatever the file's size."""
+"""What the CPU and CUDA backends share on the host: buffers kept for repeated runs, the reader
+threads, and data sets larger than the host-memory budget streamed through a ring of host buffers
+(page-locked for CUDA) that reader threads fill block by block while the backend computes on
+earlier blocks, so file reading, upload and compute overlap and host memory stays bounded."""
 import queue
-import sys
 import threading
 import time
 
@@ -138,42 +138,3 @@ class HostSide:
 def outputs(n, classes, scores):
     """What a run of n images fills: (labels found, true labels, scores or None)."""
     return np.empty(n, np.int64), np.empty(n, np.int64), np.empty((n, classes), np.float32) if scores else None
-
-
-class Progress:
-    """A progress bar on stderr, shown once a run has taken 2 s, only when stderr is a terminal."""
-    DELAY_S = 2.0
-
-    def __init__(self, total, enabled=True):
-        self.total, self.done, self.bar = total, 0, None
-        self.enabled = enabled and sys.stderr.isatty()
-        self.t0 = time.perf_counter()
-        self.lock = threading.Lock()  # several GPUs' threads report
-
-    def update(self, count):
-        with self.lock:
-            self._update(count)
-
-    def _update(self, count):
-        self.done += count
-        if self.bar is not None:
-            self.bar.update(count)
-        elif self.enabled and time.perf_counter() - self.t0 > self.DELAY_S:
-            import click  # the terminal's bar: the only use of click outside the command line
-
-            self.bar = click.progressbar(length=self.total, label="images", file=sys.stderr)
-            self.bar.__enter__()
-            self.bar.update(self.done)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.__exit__(None, None, None)
-            self.bar = None
-
-
-class NoProgress:
-    def update(self, count):
-        pass
-
-    def close(self):
-        pass

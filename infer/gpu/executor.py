@@ -1,0 +1,218 @@
+"""Running a prepared pipeline over one batch: the batch's device and page-locked buffers (a Run),
+chunk i on stream i mod S (upload, check or convert, the network, labels back), the whole queue
+recorded once as a CUDA graph and replayed, and the per-chunk flags that name a bad image."""
+from dataclasses import dataclass
+
+import numpy as np
+import pycuda.driver as cuda
+
+from ..errors import BadValue, ScoresOverflow
+from . import graph
+from .launch import INT_MAX
+
+
+@dataclass
+class Run:
+    """The buffers of one batch: images as uploaded (resident, or per-stream staging) in the wire
+    type; resident images of a streamed batch are a ring of `slots` blocks of `block` images, a
+    block of images [b * block, (b + 1) * block) in slot b mod slots (one slot of all images
+    otherwise), per-stream float32 images where the wire type is an integer, scratch, labels, scores
+    (40 bytes an image for 10 classes: always there, copied back only when asked for),
+    and per chunk two flags: its first image with non-finite scores, its first image holding a
+    non-finite value (INT_MAX if none)."""
+    key: tuple
+    chunk: int
+    block: int
+    slots: int
+    elems: int  # values per image
+    wire: np.dtype
+    x_dev: object
+    staging: list
+    floats: list
+    scratch: list
+    labels_dev: object
+    labels: np.ndarray
+    scores_dev: object
+    scores: np.ndarray
+    flags_dev: object
+    buffers: list  # every device allocation above, freed when the run is replaced
+
+    @property
+    def chunks(self):
+        return -(-len(self.labels) // self.chunk)
+
+    @property
+    def wire_bytes(self):
+        return self.elems * self.wire.itemsize
+
+    @property
+    def resident(self):
+        return self.x_dev is not None
+
+    def images(self, i, start, streams):
+        """Where chunk i's images (from image start) are on the device, in the wire type."""
+        if self.x_dev is None:
+            return int(self.staging[i % streams])
+        return int(self.x_dev) + ((start // self.block) % self.slots * self.block + start % self.block) * self.wire_bytes
+
+
+class Executor:
+    """The streams and the run of one CUDA backend. `pipeline` (the network's kernels) and
+    `converters` (integer wire types to float32, by type) are set by the backend as it prepares."""
+
+    def __init__(self, streams, profiler, use_graphs):
+        self.streams = [cuda.Stream() for _ in range(streams)]
+        self.profiler, self.use_graphs = profiler, use_graphs
+        self.pipeline, self.converters, self.keep_scores = None, {}, False
+        self.run = None
+        self.graphs = {}  # (x's address or None, scores kept) -> the run's recorded queue
+
+    def allocate(self, key, n, elems, wire, chunk, resident, block, slots):
+        """A Run's buffers, all or none: on failure what was taken is given back."""
+        taken, pinned = [], []
+
+        def alloc(nbytes):
+            taken.append(cuda.mem_alloc(max(nbytes, 4)))
+            return taken[-1]
+
+        def host(shape, dtype):
+            pinned.append(cuda.pagelocked_empty(shape, dtype))
+            return pinned[-1]
+
+        classes = self.pipeline.g.classes
+        try:
+            return Run(key=key, chunk=chunk, block=block, slots=slots, elems=elems, wire=wire,
+                       x_dev=alloc(block * slots * elems * wire.itemsize) if resident else None,
+                       staging=[None if resident else alloc(chunk * elems * wire.itemsize) for _ in self.streams],
+                       floats=[alloc(4 * chunk * elems) if wire != np.float32 else None for _ in self.streams],
+                       scratch=[alloc(4 * self.pipeline.scratch_floats(chunk)) for _ in self.streams],
+                       labels_dev=alloc(4 * n), labels=host(n, np.int32),
+                       scores_dev=alloc(4 * n * classes), scores=host((n, classes), np.float32),
+                       flags_dev=alloc(8 * -(-n // chunk)), buffers=taken + pinned)
+        except BaseException:
+            for buf in taken:
+                buf.free()
+            for buf in pinned:
+                buf.base.free()
+            raise
+
+    def drop_graphs(self):
+        for g in self.graphs.values():
+            g.close()
+        self.graphs = {}
+
+    def free_run(self):
+        self.drop_graphs()
+        if self.run is not None:
+            cuda.Context.synchronize()
+            for buf in self.run.buffers:
+                if isinstance(buf, np.ndarray):
+                    buf.base.free()
+                else:
+                    buf.free()
+            self.run = None
+
+    def warm_up(self):
+        """The network once over the run's first chunk of zeros: module loading and first-launch
+        costs paid before anything is timed."""
+        run = self.run
+        count = min(run.chunk, len(run.labels))
+        cuda.memset_d8(run.images(0, 0, len(self.streams)), 0, count * run.wire_bytes)
+        self.clear_flags()
+        self.enqueue_chunk(0, 0, count)
+        cuda.Context.synchronize()
+
+    def forward(self, x, model_path):
+        """(labels, scores or None) of images x in page-locked host memory, of the run's wire type."""
+        self.clear_flags()
+        self.enqueue(x)
+        for s in self.streams:
+            s.synchronize()
+        self.check_flags(model_path)
+        return self.run.labels.astype(np.int64), self.run.scores.copy() if self.keep_scores else None
+
+    def clear_flags(self):
+        cuda.memset_d32(self.run.flags_dev, INT_MAX, 2 * self.run.chunks)
+
+    def check_flags(self, model_path):
+        """BadValue for the first image holding a non-finite value, else ScoresOverflow for the
+        first image whose scores the kernels found not finite."""
+        run = self.run
+        flags = np.empty((2, run.chunks), np.int32)
+        cuda.memcpy_dtoh(flags, run.flags_dev)
+        for row, error in ((1, BadValue), (0, lambda i: ScoresOverflow(model_path, i))):
+            hit = np.flatnonzero(flags[row] != INT_MAX)
+            if len(hit):
+                raise error(int(hit[0]) * run.chunk + int(flags[row, hit[0]]))
+
+    def enqueue(self, x=None):
+        """Chunk i goes to stream i mod S; x None means the images are already resident. Replayed
+        from a CUDA graph recorded on the first call for these host buffers, where graphs work."""
+        if self.use_graphs:
+            key = (None if x is None else x.ctypes.data, self.keep_scores)
+            try:
+                if key not in self.graphs:
+                    self.graphs[key] = graph.Graph(self.streams[0], self.streams[1:], lambda: self._enqueue_all(x))
+                self.graphs[key].launch(self.streams[0])
+                return
+            except (graph.GraphError, AttributeError, OSError):
+                self.use_graphs = False  # launch kernel by kernel from now on
+                cuda.Context.synchronize()
+        self._enqueue_all(x)
+
+    def _enqueue_all(self, x):
+        n, chunk = len(self.run.labels), self.run.chunk
+        for i, start in enumerate(range(0, n, chunk)):
+            stop = min(n, start + chunk)
+            self.enqueue_chunk(i, start, stop - start, None if x is None else x[start:stop])
+
+    def enqueue_chunk(self, i, start, count, x=None):
+        """Upload images [start, start + count) unless x is None, convert or check them, the
+        network, labels (and scores) back; all on stream i mod S."""
+        stream = self.streams[i % len(self.streams)]
+        if x is not None:
+            self.upload(stream, i, start, x)
+        self.compute(i, start, count)
+        self.download(stream, start, count)
+
+    def upload(self, stream, i, start, x):
+        """Copy images x (from image start; chunk i's, or whole chunks from chunk i where resident)
+        to the device on stream; the event that completes with the copy."""
+        self.profiler.start("memcpy HtoD (images)", stream)
+        cuda.memcpy_htod_async(self.run.images(i, start, len(self.streams)), x, stream)
+        self.profiler.stop("memcpy HtoD (images)", stream)
+        return event(stream)
+
+    def compute(self, i, start, count):
+        """Check or convert chunk i's images, then the network, on stream i mod S."""
+        run, s = self.run, i % len(self.streams)
+        stream = self.streams[s]
+        src = run.images(i, start, len(self.streams))
+        chunk_index = start // run.chunk
+        bad = 0  # integer images convert to finite floats: nothing to check
+        if run.floats[s] is None:
+            images, bad = src, int(run.flags_dev) + 4 * (run.chunks + chunk_index)
+        else:
+            images = int(run.floats[s])
+            self.converters[run.wire](stream, src, images, count * run.elems)
+        self.pipeline.enqueue(stream, images, count, int(run.labels_dev) + 4 * start, int(run.scratch[s]),
+                              int(run.flags_dev) + 4 * chunk_index, self._scores(start), bad)
+
+    def _scores(self, start):
+        return int(self.run.scores_dev) + 4 * start * self.pipeline.g.classes if self.keep_scores else 0
+
+    def download(self, stream, start, count):
+        """Labels (and scores) of images [start, start + count) back to the host."""
+        run = self.run
+        self.profiler.start("memcpy DtoH (labels)", stream)
+        cuda.memcpy_dtoh_async(run.labels[start:start + count], int(run.labels_dev) + 4 * start, stream)
+        if self.keep_scores:
+            cuda.memcpy_dtoh_async(run.scores[start:start + count], self._scores(start), stream)
+        self.profiler.stop("memcpy DtoH (labels)", stream)
+
+
+def event(stream):
+    """An event recorded on stream now (no timing: the cheapest kind)."""
+    e = cuda.Event(cuda.event_flags.DISABLE_TIMING)
+    e.record(stream)
+    return e

@@ -1,0 +1,77 @@
+"""A data set larger than host memory through one GPU: the blocks the reader threads fill (a
+host.Ring) uploaded and computed as they arrive, each buffer handed back to the readers as soon as
+its upload is done, so reading, uploads and kernels overlap."""
+import collections
+
+import numpy as np
+
+from ..errors import BadValue, ScoresOverflow
+from .executor import event
+
+
+def forward_stream(ex, copies, ring, progress, out, aside, model_path):
+    """Labels found (and scores) of the images streamed from `ring` by executor ex, into out (see
+    host.outputs). Where the images are resident a block is one upload on the `copies` stream
+    (never queued behind kernels) and its chunks' kernels wait for it; the labels come back once,
+    at the end: little Python work per block. aside(fn, *args) runs fn on a reader thread."""
+    run, streams = ex.run, ex.streams
+    ex.clear_flags()
+    # The outputs are written only after the last kernel, on this thread; their fresh pages are
+    # faulted in on a reader thread while the GPU works (1M images, H100 machine: the time from
+    # the GPU done to the outputs in place fell from 3.4-3.8 ms to 1.4-1.7).
+    faulted = aside(_fault_in, out[0], out[2])
+    pending = collections.deque()
+    computed = collections.deque()  # per block: events after its kernels, on every stream used
+
+    def hand_back():
+        uploads, buf, count = pending.popleft()
+        for e in uploads:
+            e.synchronize()
+        ring.release(buf)
+        progress.update(count)
+
+    for start, x, buf in ring:
+        at = start - ring.start
+        first = at // run.chunk
+        uploads = []
+        if run.resident:
+            if len(computed) == run.slots:  # the slot's previous block must be computed
+                for e in computed.popleft():
+                    copies.wait_for_event(e)
+            uploads.append(ex.upload(copies, first, at, x))
+        for offset in range(0, len(x), run.chunk):
+            i, count = first + offset // run.chunk, min(run.chunk, len(x) - offset)
+            stream = streams[i % len(streams)]
+            if not run.resident:  # through the stream's staging buffer, chunk by chunk
+                uploads.append(ex.upload(stream, i, at + offset, x[offset:offset + count]))
+            else:
+                stream.wait_for_event(uploads[0])
+            ex.compute(i, at + offset, count)
+        if run.resident:
+            used = min(len(streams), -(-len(x) // run.chunk))
+            computed.append([event(streams[(first + j) % len(streams)]) for j in range(used)])
+        pending.append((uploads, buf, len(x)))
+        while pending and (len(pending) >= ring.depth - 1 or all(e.query() for e in pending[0][0])):
+            hand_back()
+    while pending:
+        hand_back()
+    for s in streams:
+        s.synchronize()
+    try:
+        ex.check_flags(model_path)
+    except (ScoresOverflow, BadValue) as e:
+        raise e.shifted(ring.start) from None
+    ex.download(streams[0], 0, ring.stop - ring.start)
+    streams[0].synchronize()
+    faulted.result()
+    np.copyto(out[0], run.labels)
+    if out[2] is not None:
+        np.copyto(out[2], run.scores)
+
+
+def _fault_in(*arrays):
+    """Touch every page of the arrays (None skipped) so writing them later takes no page faults;
+    NumPy fills large arrays without the interpreter lock."""
+    for a in arrays:
+        if a is not None:
+            a.fill(0)
