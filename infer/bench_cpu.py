@@ -51,9 +51,14 @@ def contenders(model, image_shape):
 RANDOM_N = 1000  # --random's default: the larger geometries cost 100x an MNIST image
 
 
-def cpu_bench(data_path, model_path, n=None, warmup=1, repeats=5, random=None):
+SETTLE_S = 0.3  # a pause before each timed call: the previous contender's threads go idle
+
+
+def cpu_bench(data_path, model_path, n=None, warmup=1, repeats=5, random=None, settle_s=SETTLE_S):
     """The comparison on the first n images of a data file, or (random: a geometry, see
-    bench.random_case) on n random images and weights."""
+    bench.random_case) on n random images and weights. Each timed call starts settle_s after the
+    previous one ended: OpenBLAS's threads (the NumPy reference's) spin on the cores for a while
+    after a call, and on 16 cores they slowed the contender timed next by 1.3-1.4x."""
     from . import loader
     from .bench import random_case, read_all
 
@@ -72,6 +77,7 @@ def cpu_bench(data_path, model_path, n=None, warmup=1, repeats=5, random=None):
                 same[name] = int((np.asarray(fn(x)) == expected).sum())
         for _ in range(repeats):  # alternated: each round runs every contender once
             for name, fn in runs:
+                time.sleep(settle_s)
                 t = time.perf_counter()
                 fn(x)
                 times[name].append(time.perf_counter() - t)
