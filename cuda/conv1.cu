@@ -25,10 +25,6 @@ constexpr int BST = BN + 8;
 constexpr int A_FLOATS = ROWS * AST, STAGE_FLOATS = A_FLOATS + BK * BST;
 constexpr bool VEC_B = C_OUT % 4 == 0;
 static_assert(BN == 32 || BN == 64 || BN == 128, "conv: BN is 32, 64 or 128");
-#ifndef SHARED_FLOATS
-#error "conv: the host passes the dynamic shared memory it gives a block as -DSHARED_FLOATS"
-#endif
-static_assert(ROWS + STAGES * STAGE_FLOATS == SHARED_FLOATS, "conv: the host's shared memory (launch.Conv) differs from the kernel's");
 
 #include "conv_gather.cuh"
 

@@ -27,10 +27,6 @@ constexpr int STAGES = 4, KCH = 16;
 constexpr int KP = (KTOT + BK - 1) / BK * BK;
 constexpr int A_FLOATS = ROWS * AST, B_FLOATS = 2 * BK * BN, STAGE_FLOATS = A_FLOATS + B_FLOATS;
 static_assert(BN == 16 || BN == 32 || BN == 64, "conv v2: BN is 16, 32 or 64");
-#ifndef SHARED_FLOATS
-#error "conv: the host passes the dynamic shared memory it gives a block as -DSHARED_FLOATS"
-#endif
-static_assert(ROWS + STAGES * STAGE_FLOATS == SHARED_FLOATS, "conv: the host's shared memory (launch.Conv) differs from the kernel's");
 
 #include "conv_gather.cuh"
 

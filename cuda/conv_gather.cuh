@@ -1,6 +1,12 @@
-// What conv_kernel1 and conv_kernel2 share: the implicit im2col, a k-tile of the block's ROWS GEMM
-// rows gathered from x into shared memory (ROWS, AST, VEC_A from the including kernel).
+// What conv_kernel1 and conv_kernel2 share once their block layout is set (ROWS, STAGES,
+// STAGE_FLOATS, AST, VEC_A from the including kernel): the host's shared memory checked against it,
+// and the implicit im2col, a k-tile of the block's ROWS GEMM rows gathered from x into shared memory.
 #pragma once
+
+#ifndef SHARED_FLOATS
+#error "conv: the host passes the dynamic shared memory it gives a block as -DSHARED_FLOATS"
+#endif
+static_assert(ROWS + STAGES * STAGE_FLOATS == SHARED_FLOATS, "conv: the host's shared memory (launch.Conv) differs from the kernel's");
 
 static_assert(PH >= 1 && PW >= 1, "conv: the pooled output is empty");
 

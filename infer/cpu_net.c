@@ -37,16 +37,10 @@
 #define MAXV 2     /* 16 registers: up to 12 accumulators */
 #define ACC_MAX 12
 #endif
-#ifndef TILE_BUDGET
 #define TILE_BUDGET (16 * 1024) /* bytes of weights per tap block: they stay in L1 */
-#endif
 #define ROWS 6                  /* dense: rows per register tile */
-#ifndef PANEL_BUDGET
 #define PANEL_BUDGET (256 * 1024) /* bytes of fc weights per panel: they stay in L2 */
-#endif
-#ifndef FEATURE_BUDGET
 #define FEATURE_BUDGET (1 << 20)  /* bytes of conv2 outputs per fc pass (L2), unless fc1 is larger */
-#endif
 
 typedef float vf __attribute__((vector_size(VW * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(VW * sizeof(float))));

@@ -28,8 +28,8 @@ def ring(n, chunk, streamed, image_bytes, block_bytes, depth):
     return block, min(depth, -(-n // block))
 
 
-def memory(n, free, streams, chunk, best, scratch_floats, classes, wire_bytes, float_bytes,
-           streamed=False, block_bytes=25 << 20, depth=6):
+def memory(n, free, streams, chunk, best, scratch_floats, classes, wire_bytes, float_bytes, streamed,
+           block_bytes, depth):
     """(images per chunk, whether the images stay resident) for n images of wire_bytes each
     (float_bytes once converted) with `free` device bytes: the whole input resident when it takes at
     most 40% of the free memory (streamed: a ring of blocks, see ring), else staged per stream;
