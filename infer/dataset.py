@@ -47,6 +47,7 @@ class DataSet:
         dtypes = {p[1].dtype for p in parts}
         self.dtype = dtypes.pop() if len(dtypes) == 1 else None  # a common stored type, if any
         self.kind = "+".join(sorted({p[1].kind for p in parts}))
+        self.filters = "+".join(sorted({p[1].filters for p in parts} - {""})) or "none"
         # Rows per chunk of a single chunked file: streamed blocks cut on these decode no chunk twice
         self.align = x.align if len(parts) == 1 else 1
 

@@ -25,7 +25,7 @@ NET_FLAGS = (("-march=native", *NET_COMMON), NET_COMMON)
 # rp_wait's failures besides -errno: the file ended before the bytes asked for; a chunk that does
 # not decode, one that decodes to another size, one that fails its checksum
 EOF, DAMAGED, SIZE, CHECKSUM = 1, 2, 3, 4
-RAW, DEFLATE, LZF = 0, 1, 2  # rp_chunks' codecs
+RAW, DEFLATE, LZF, PLUGIN = 0, 1, 2, 3  # rp_chunks' codecs
 
 
 def compiler():
@@ -89,6 +89,7 @@ def library():
                                ("rp_chunks", [ctypes.c_int, size, ctypes.c_int, ctypes.c_int, ctypes.c_uint, ctypes.c_int,
                                              ctypes.c_int, p, p], p),
                                ("rp_chunks_free", [p], None), ("rp_set_inflater", [p, p, p, p], None),
+                               ("rp_chunks_plugin", [p, p, ctypes.c_uint, size, p], ctypes.c_int),
                                ("rp_submit_chunks", [p, p, i64, i64, p, p, p, p], p),
                                ("rp_read_chunks", [p, i64, i64, p, p, p, p, ctypes.POINTER(i64)], ctypes.c_int)):
         fn = getattr(lib, name)
@@ -132,6 +133,41 @@ def use_inflater(lib, name):
 
 
 INFLATER = None  # what use_inflater handed over
+
+
+class _FilterClass(ctypes.Structure):
+    """HDF5's H5Z_class2_t, what a filter plugin's H5PLget_plugin_info returns."""
+    _fields_ = [("version", ctypes.c_int), ("id", ctypes.c_int), ("encoder_present", ctypes.c_uint),
+                ("decoder_present", ctypes.c_uint), ("name", ctypes.c_char_p), ("can_apply", ctypes.c_void_p),
+                ("set_local", ctypes.c_void_p), ("filter", ctypes.c_void_p)]
+
+
+@functools.lru_cache(maxsize=None)
+def plugin_filter(filter_id):
+    """(address of the decoding function, name) of hdf5plugin's plugin for an HDF5 filter id, for
+    the read pool's threads to call without HDF5 (the plugins hdf5plugin builds call no HDF5
+    function on success; on a damaged chunk they push onto HDF5's error stack), or None where
+    hdf5plugin (an extra) does not have it."""
+    try:
+        import hdf5plugin
+    except ImportError:
+        return None
+    name = next((k for k, v in hdf5plugin.FILTERS.items() if v == filter_id), None)
+    path = hdf5plugin.get_config().registered_filters.get(name)
+    if path is None or not os.path.isfile(path):
+        return None
+    if name in ("blosc", "blosc2"):
+        # c-blosc takes a global lock per call unless BLOSC_NOLOCK is set; read at every call
+        os.environ.setdefault("BLOSC_NOLOCK", "1")
+    try:
+        info = ctypes.CDLL(path).H5PLget_plugin_info
+    except (OSError, AttributeError):
+        return None
+    info.restype = ctypes.POINTER(_FilterClass)
+    cls = info()
+    if not cls or cls.contents.version != 1 or cls.contents.id != filter_id or not cls.contents.decoder_present:
+        return None
+    return cls.contents.filter, name
 
 
 @functools.lru_cache(maxsize=None)

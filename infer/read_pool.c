@@ -28,12 +28,20 @@ struct batch {                     /* one rp_submit: its pieces still to read, a
 };
 
 #define RP_MAX_RANK 8
+#define RP_MAX_CD 32
+
+/* An HDF5 filter's function (H5Z_func_t): with H5Z_FLAG_REVERSE in flags it decodes the nbytes at
+ * *buf (malloc'd, *buf_size long) and returns the decoded size, or 0 on failure; it may replace
+ * *buf with a new malloc'd block, freeing the old one. */
+typedef size_t (*plugin_fn)(unsigned flags, size_t cd_nelmts, const unsigned cd_values[], size_t nbytes,
+                            size_t *buf_size, void **buf);
+#define H5Z_FLAG_REVERSE 0x0100
 
 struct chunks {                    /* how one chunked dataset's chunks decode and lie (rp_chunks) */
     int fd;
     size_t itemsize;
     int shuffle;                   /* the shuffle filter, filter 0 where present */
-    int codec;                     /* RP_RAW, RP_DEFLATE or RP_LZF */
+    int codec;                     /* RP_RAW, RP_DEFLATE, RP_LZF or RP_PLUGIN */
     unsigned codec_bit;            /* set in a chunk's filter mask: the codec was skipped for it */
     int summed;                    /* fletcher32: 4 bytes of checksum after the stored data */
     int rank;
@@ -42,6 +50,10 @@ struct chunks {                    /* how one chunked dataset's chunks decode an
     int cut;                       /* chunks cut rows (per > 1, or a chunk wider than the data) */
     size_t nbytes;                 /* a chunk's bytes decoded */
     size_t row_bytes;              /* a dataset row's bytes */
+    plugin_fn plugin;              /* RP_PLUGIN: an HDF5 filter plugin's function, its flags, cd_values */
+    unsigned plugin_flags;
+    size_t cd_count;
+    unsigned cd[RP_MAX_CD];
 };
 
 struct piece {                     /* n bytes at `offset` of fd into dst; or, with spec, one chunk */
@@ -68,7 +80,7 @@ struct pool {
 };
 
 enum { RP_EOF = 1, RP_DAMAGED, RP_SIZE, RP_CHECKSUM };     /* rp_wait's failures besides -errno */
-enum { RP_RAW, RP_DEFLATE, RP_LZF };
+enum { RP_RAW, RP_DEFLATE, RP_LZF, RP_PLUGIN };
 
 /* The inflater, set once by rp_set_inflater: libdeflate's (a decompressor per thread) or zlib's. */
 static void *(*ld_alloc)(void);
@@ -225,6 +237,29 @@ static void scatter(const struct chunks *c, long long j, const unsigned char *sr
         }
 }
 
+/* A chunk through the dataset's filter plugin: read into a malloc'd block (the plugin frees or
+ * replaces it), checked, decoded; *owned: the decoded chunk, the caller's to free. */
+static int plugin_decode(const struct chunks *c, const struct piece *job, void **owned)
+{
+    size_t size = job->stored, payload = job->stored - (c->summed ? 4 : 0);
+    void *buf = malloc(size ? size : 1);
+    if (!buf)
+        return -ENOMEM;
+    int status = read_fully(c->fd, buf, size, job->offset);
+    if (!status && c->summed && !checksum_ok(buf, payload))
+        status = RP_CHECKSUM;
+    if (!status) {
+        size_t got = c->plugin(c->plugin_flags | H5Z_FLAG_REVERSE, c->cd_count, c->cd, payload, &size, &buf);
+        status = got == 0 ? RP_DAMAGED : got != c->nbytes ? RP_SIZE : 0;
+    }
+    if (status) {
+        free(buf);
+        return status;
+    }
+    *owned = buf;
+    return 0;
+}
+
 /* One chunk read, checked and decoded into its place in the read's rows. */
 static int decode_chunk(const struct piece *job)
 {
@@ -238,14 +273,21 @@ static int decode_chunk(const struct piece *job)
     struct local *l = thread_local_state();
     if (!l)
         return -ENOMEM;
-    unsigned char *out = whole && !shuffled ? (unsigned char *)dst : grow(&l->decoded, c->nbytes);
-    if (!out)
+    int plugin = coded && c->codec == RP_PLUGIN;
+    unsigned char *out = plugin ? NULL : whole && !shuffled ? (unsigned char *)dst : grow(&l->decoded, c->nbytes);
+    if (!out && !plugin)
         return -ENOMEM;
     size_t payload = job->stored - (c->summed ? 4 : 0);
     if (c->summed && job->stored < 4)
         return RP_CHECKSUM;
     int status = 0;
-    if (!coded && !c->summed) {
+    void *owned = NULL;            /* a plugin's output, freed once placed */
+    if (coded && c->codec == RP_PLUGIN) {
+        status = plugin_decode(c, job, &owned);
+        if (status)
+            return status;
+        out = owned;
+    } else if (!coded && !c->summed) {
         if (job->stored != c->nbytes)
             return RP_SIZE;
         status = read_fully(c->fd, (char *)out, c->nbytes, job->offset);
@@ -269,15 +311,18 @@ static int decode_chunk(const struct piece *job)
         return status;
     if (shuffled) {
         unsigned char *into = whole ? (unsigned char *)dst : grow(&l->unshuffled, c->nbytes);
-        if (!into)
+        if (!into) {
+            free(owned);
             return -ENOMEM;
+        }
         rp_unshuffle(out, into, c->nbytes / c->itemsize, c->itemsize);
         out = into;
     }
     if (c->cut)
         scatter(c, job->index, out, (unsigned char *)job->dst, job->lo, job->from, job->to);
-    else if (!whole)
+    else if (out != (unsigned char *)dst)
         memcpy(dst, out + skip, n);
+    free(owned);
     return 0;
 }
 
@@ -437,6 +482,19 @@ struct chunks *rp_chunks(int fd, size_t itemsize, int shuffle, int codec, unsign
 void rp_chunks_free(struct chunks *c)
 {
     free(c);
+}
+
+/* Decode c's chunks with an HDF5 filter plugin's function (codec RP_PLUGIN), called with the
+ * dataset's filter flags and cd_values: 0, or -EINVAL where there are too many values. */
+int rp_chunks_plugin(struct chunks *c, void *filter, unsigned flags, size_t cd_count, const unsigned *cd)
+{
+    if (cd_count > RP_MAX_CD)
+        return -EINVAL;
+    c->plugin = (plugin_fn)filter;
+    c->plugin_flags = flags;
+    c->cd_count = cd_count;
+    memcpy(c->cd, cd, cd_count * sizeof *cd);
+    return 0;
 }
 
 /* Hand over the inflater: libdeflate's allocator, free and zlib decompressor, or (those NULL)
@@ -612,17 +670,42 @@ static void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n,
 }
 
 /* HDF5's fletcher32 filter checksum (H5_checksum_fletcher32): 16-bit big-endian words, sums
- * folded every 360 words; an odd last byte is the high half of a word. */
+ * folded every 360 words; an odd last byte is the high half of a word. A block of n words w_i adds
+ * sum w_i to sum1 and n * sum1 + sum (n - i) w_i to sum2 (both below 2^32 for n <= 360, and HDF5's
+ * uint32 arithmetic wraps as ours does), so the words can be summed independently: with SSE2,
+ * 0.5 ms a 3 MB chunk against 1.6 word by word here. */
 static unsigned int rp_fletcher32(const unsigned char *data, size_t nbytes)
 {
     unsigned int sum1 = 0, sum2 = 0;
     for (size_t words = nbytes / 2; words;) {
-        size_t run = words > 360 ? 360 : words;
+        unsigned int run = words > 360 ? 360 : (unsigned int)words, a = 0, b = 0, i = 0;
         words -= run;
-        for (; run; run--, data += 2) {
-            sum1 += (unsigned int)data[0] << 8 | data[1];
-            sum2 += sum1;
+#ifdef __SSE2__ /* 8 words at a time, high and low bytes apart: a word's weight times a byte fits madd's int16 */
+        __m128i weight = _mm_sub_epi16(_mm_set1_epi16((short)run), _mm_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7));
+        __m128i sums = _mm_setzero_si128(), bhi = sums, blo = sums, low = _mm_set1_epi16(0xff);
+        for (; i + 8 <= run; i += 8) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(data + 2 * i));
+            __m128i hi = _mm_and_si128(v, low), lo = _mm_srli_epi16(v, 8); /* data[2i], data[2i + 1] */
+            sums = _mm_add_epi64(sums, _mm_add_epi64(_mm_slli_epi64(_mm_sad_epu8(hi, _mm_setzero_si128()), 8),
+                                                     _mm_sad_epu8(lo, _mm_setzero_si128())));
+            bhi = _mm_add_epi32(bhi, _mm_madd_epi16(hi, weight));
+            blo = _mm_add_epi32(blo, _mm_madd_epi16(lo, weight));
+            weight = _mm_sub_epi16(weight, _mm_set1_epi16(8));
         }
+        unsigned int lanes[4], halves[4];
+        _mm_storeu_si128((__m128i *)lanes, _mm_add_epi32(_mm_slli_epi32(bhi, 8), blo));
+        _mm_storeu_si128((__m128i *)halves, sums);
+        a = halves[0] + halves[2];
+        b = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+#endif
+        for (; i < run; i++) {
+            unsigned int w = (unsigned int)data[2 * i] << 8 | data[2 * i + 1];
+            a += w;
+            b += (run - i) * w;
+        }
+        data += 2 * run;
+        sum2 += run * sum1 + b;
+        sum1 += a;
         sum1 = (sum1 & 0xffff) + (sum1 >> 16);
         sum2 = (sum2 & 0xffff) + (sum2 >> 16);
     }

@@ -13,8 +13,12 @@ release the GIL, so reader threads run in parallel:
   Python thread that reads (ctypes releases the GIL); without the native library, raw and deflate
   chunks are decoded in Python. 1M MNIST images on the H100 host, 15 threads: gzip 1 5.5-5.7M
   images/s, lzf 4.9-5.5M (h5py: 0.06M);
-- `h5py`: any other layout (hdf5plugin's filters, unallocated or non-native data, lzf and
-  fletcher32 without the native library), through h5py, one thread at a time;
+- with the native library, chunks coded by one of hdf5plugin's filters (Blosc, Blosc2, Zstd, LZ4,
+  Bitshuffle, bzip2...; the `plugins` extra) take the `chunks` path too: the plugin's own decoding
+  function (native.plugin_filter) is called on the pool's threads, without HDF5 or its lock;
+- `h5py`: any other layout (unallocated or non-native data, HDF5's own scale-offset, n-bit and szip
+  filters, lzf, fletcher32 and plugins without the native library), through h5py, one thread at a
+  time (h5py serializes every call on one lock);
 - `array`: rows of a NumPy array (the Python API), copied on threads.
 Every row is read in the dataset's own type; converting to float32 and checking values is the
 caller's choice (see `fill`).
@@ -51,6 +55,7 @@ def default_threads(native=False):
 class Rows:
     """Rows [lo, hi) of one dataset; `read(lo, hi, out)` fills out (hi - lo, ...) in the stored type."""
     kind = None
+    filters = ""  # the dataset's HDF5 filters as stored, in order ("shuffle+deflate"), for --json
     align = 1  # pieces start on multiples of this many rows (a chunk's rows)
     native = False  # submit(pool, lo, hi, out) reads on the native pool
 
@@ -147,7 +152,7 @@ class ContiguousRows(_FileRows):
 class ChunkedRows(_FileRows):
     kind = "chunks"
 
-    def __init__(self, path, ds, label, chunks, index, filters):
+    def __init__(self, path, ds, label, chunks, index, filters, plist):
         super().__init__(path, ds, label)
         self.chunks, self.align, self.index = tuple(chunks), chunks[0], index
         # Chunks per row of chunks (index[j]: row of chunks j // per), 1 where chunks hold whole rows
@@ -159,8 +164,9 @@ class ChunkedRows(_FileRows):
         # Bit i of a chunk's filter mask set: filter i was skipped for that chunk (lzf is optional:
         # h5py stores a chunk that would not shrink as it is).
         self.shuffle = FILTER_SHUFFLE in filters
-        codec = next((f for f in filters if f in (FILTER_DEFLATE, FILTER_LZF)), None)
+        codec = next((f for f in filters if f not in (FILTER_SHUFFLE, FILTER_FLETCHER32)), None)
         self.codec_bit = 1 << filters.index(codec) if codec else None
+        self.codec_values = plist.get_filter(filters.index(codec))[1:3] if codec else None  # (flags, cd_values)
         self.summed = FILTER_FLETCHER32 in filters  # 4 bytes of checksum after the (coded) data
         self.codec = codec
         for offset, size, _ in index:
@@ -174,8 +180,9 @@ class ChunkedRows(_FileRows):
     def _native_spec(self):
         """The native pool's recipe for these chunks, or None where it cannot decode them."""
         lib = native.library()
-        codec = {None: native.RAW, FILTER_LZF: native.LZF, FILTER_DEFLATE: native.DEFLATE}[self.codec]
-        if lib is None or (codec == native.DEFLATE and native.INFLATER is None):
+        codec = {None: native.RAW, FILTER_LZF: native.LZF, FILTER_DEFLATE: native.DEFLATE}.get(self.codec, native.PLUGIN)
+        plugin = native.plugin_filter(self.codec) if codec == native.PLUGIN else None
+        if lib is None or (codec == native.DEFLATE and native.INFLATER is None) or (codec == native.PLUGIN and not plugin):
             return None
         self.offsets = np.array([offset for offset, _, _ in self.index], np.int64)
         self.sizes = np.array([size for _, size, _ in self.index], np.int64)
@@ -185,6 +192,13 @@ class ChunkedRows(_FileRows):
                              len(self.shape), dims[0].ctypes.data, dims[1].ctypes.data)
         if not spec:
             raise MemoryError("no memory for the chunk reader")
+        if plugin:
+            flags, values = self.codec_values
+            cd = np.array(values, np.uint32)
+            if lib.rp_chunks_plugin(spec, plugin[0], flags, len(cd), cd.ctypes.data):
+                lib.rp_chunks_free(spec)
+                return None
+            self.codec_name = plugin[1]
         return spec
 
     def close(self):
@@ -204,7 +218,7 @@ class ChunkedRows(_FileRows):
         if status == native.EOF:
             return self.truncated(int(self.offsets[j] + self.sizes[j]))
         if status == native.DAMAGED:
-            name = native.INFLATER if self.codec == FILTER_DEFLATE else "lzf"
+            name = native.INFLATER if self.codec == FILTER_DEFLATE else "lzf" if self.codec == FILTER_LZF else self.codec_name
             return InputError(f"{what} cannot be decompressed ({name}: damaged data)")
         if status == native.SIZE:
             return InputError(f"{what} does not decode to its {self.chunk_bytes} bytes")
@@ -353,15 +367,28 @@ def rows(path, ds, label):
         return ContiguousRows(path, ds, label)
     filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
     _require_filters(filters, label)
+    rows = _fastest(path, ds, label, plist, layout, filters, in_order)
+    rows.filters = "+".join(plist.get_filter(i)[3].decode(errors="replace") for i in range(len(filters)))
+    return rows
+
+
+def _fastest(path, ds, label, plist, layout, filters, in_order):
+    import h5py
+
     if in_order and layout == h5py.h5d.CHUNKED and 1 <= len(ds.shape) <= 8 and 0 not in ds.shape:
-        # [shuffle] [deflate | lzf] [fletcher32], in that order; lzf and fletcher32 need the native library
+        # [shuffle] [deflate | lzf | an hdf5plugin filter] [fletcher32], in that order; all but raw
+        # and deflate chunks need the native library
         have = native.library() is not None
         rest = filters[1:] if filters[:1] == [FILTER_SHUFFLE] else filters
         rest = rest[:-1] if rest[-1:] == [FILTER_FLETCHER32] and have else rest
-        if rest in ([], [FILTER_DEFLATE]) or (rest == [FILTER_LZF] and have):
+        if (rest in ([], [FILTER_DEFLATE]) or (rest == [FILTER_LZF] and have)
+                or (len(rest) == 1 and have and native.plugin_filter(rest[0]))):
             index = _chunk_index(ds)
             if index is not None:
-                return ChunkedRows(path, ds, label, ds.chunks, index, filters)
+                rows = ChunkedRows(path, ds, label, ds.chunks, index, filters, plist)
+                if rows.spec is not None or rest in ([], [FILTER_DEFLATE]):
+                    return rows
+                rows.close()
     return H5pyRows(ds, label)
 
 

@@ -197,7 +197,7 @@ class Session:
                               predictions=predictions, labels=labels, scores=kept, classes=self.classes,
                               shards=dataset.shards, backend=backend.name, device=backend.device,
                               profile=backend.profile, timing=timing, streamed="read" in timing,
-                              reader=dict(layout=dataset.kind, threads=backend.reader.threads_used,
+                              reader=dict(layout=dataset.kind, filters=dataset.filters, threads=backend.reader.threads_used,
                                           pool=backend.reader.kind))
         finally:
             dataset.close()

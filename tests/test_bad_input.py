@@ -185,10 +185,13 @@ def test_overflowing_image_is_named(tmp_path, good, monkeypatch):
 
 
 @pytest.mark.parametrize("options", [dict(compression="gzip", shuffle=True), dict(compression="lzf"),
-                                     dict(compression="lzf", fletcher32=True)], ids=["shuffle+gzip", "lzf", "lzf+fletcher32"])
+                                     dict(compression="lzf", fletcher32=True), dict(plugin="Blosc"), dict(plugin="Zstd")],
+                         ids=["shuffle+gzip", "lzf", "lzf+fletcher32", "blosc", "zstd"])
 def test_a_damaged_chunk_stops_the_run_and_nothing_is_written(tmp_path, rng, good, options):
     from infer import reader
 
+    if "plugin" in options:
+        options = dict(compression=getattr(pytest.importorskip("hdf5plugin"), options["plugin"])())
     x = np.zeros((300, 12, 12, 1), np.float32)
     x[:, 3:9, 3:9] = rng.random((300, 6, 6, 1), dtype=np.float32).round(1)
     data = tmp_path / "data.h5"

@@ -9,6 +9,7 @@ import pytest
 from infer import native, reader
 from infer.errors import InputError
 
+NATIVE = "chunks" if native.library() else "h5py"  # lzf, fletcher32 and plugins need the native library
 LAYOUTS = {  # dataset options -> the read path they must take
     "contiguous": ({}, "pread"),
     "chunked": (dict(chunks=(7, 5, 3, 2)), "chunks"),
@@ -29,6 +30,16 @@ LAYOUTS = {  # dataset options -> the read path they must take
                        "chunks" if native.library() else "h5py"),
     "shuffle only": (dict(chunks=(7, 5, 3, 2), shuffle=True), "chunks"),
     "big-endian": (dict(big_endian=True), "h5py"),
+    # hdf5plugin's filters (the plugins extra): their decoders called on the native pool's threads
+    "blosc lz4 + bitshuffle": (dict(chunks=(7, 5, 3, 2), plugin=("Blosc", dict(cname="lz4", shuffle=2))), NATIVE),
+    "blosc zstd + shuffle, chunks cutting H": (dict(chunks=(9, 2, 3, 2), plugin=("Blosc", dict(cname="zstd"))), NATIVE),
+    "blosc2 lz4 + bitshuffle": (dict(chunks=(7, 5, 3, 2), plugin=("Blosc2", dict(cname="lz4", filters=2))), NATIVE),
+    "zstd": (dict(chunks=(7, 5, 3, 2), plugin=("Zstd", {})), NATIVE),
+    "shuffle+zstd+fletcher32": (dict(chunks=(7, 5, 3, 2), shuffle=True, fletcher32=True, plugin=("Zstd", {})), NATIVE),
+    "lz4, chunks cutting W": (dict(chunks=(11, 5, 2, 2), plugin=("LZ4", {})), NATIVE),
+    "bitshuffle lz4": (dict(chunks=(7, 5, 3, 2), plugin=("Bitshuffle", dict(cname="lz4"))), NATIVE),
+    "bitshuffle zstd": (dict(chunks=(7, 5, 3, 2), plugin=("Bitshuffle", dict(cname="zstd"))), NATIVE),
+    "bzip2": (dict(chunks=(7, 5, 3, 2), plugin=("BZip2", {})), NATIVE),
 }
 
 
@@ -71,7 +82,12 @@ def test_the_native_pool_reads_many_small_pieces_and_tickets(tmp_path, rng):
         os.close(fd)
 
 
-def write(path, values, **options):
+def write(path, values, plugin=None, **options):
+    """values as dataset x; plugin: (hdf5plugin's filter class name, its arguments), skipped
+    without hdf5plugin."""
+    if plugin is not None:
+        hdf5plugin = pytest.importorskip("hdf5plugin")
+        options["compression"] = getattr(hdf5plugin, plugin[0])(**plugin[1])
     with h5py.File(path, "w") as f:
         f.create_dataset("x", data=values, **options)
 
@@ -160,6 +176,54 @@ def test_a_corrupted_chunk_is_refused(tmp_path, pool, options, words):
             with pytest.raises(InputError, match=words):
                 pool.read(rows, 0, 700, np.empty((700, 4, 4, 1), np.float32), check=check)
         rows.close()
+
+
+@pytest.mark.parametrize("plugin,name", [(("Blosc", dict(cname="lz4", shuffle=2)), "blosc"),
+                                         (("Blosc2", dict(cname="zstd")), "blosc2"), (("Zstd", {}), "zstd"),
+                                         (("LZ4", {}), "lz4"), (("Bitshuffle", dict(cname="lz4")), "bshuf")],
+                         ids=["blosc", "blosc2", "zstd", "lz4", "bitshuffle"])
+def test_a_corrupted_plugin_chunk_is_refused(tmp_path, pool, plugin, name):
+    """A damaged chunk header, decoded by the plugin on the pool's threads: one InputError naming
+    the chunk and the plugin, whichever way the plugin notices."""
+    if native.library() is None:
+        pytest.skip("plugin chunks take the h5py path without the native library")
+    values = np.arange(700 * 16, dtype=np.float32).reshape(700, 4, 4, 1)
+    write(tmp_path / "d.h5", values, plugin=plugin, chunks=(100, 4, 4, 1))
+    with h5py.File(tmp_path / "d.h5") as f:
+        offset, size, _ = reader.rows(tmp_path / "d.h5", f["x"], "x").index[3]
+    with open(tmp_path / "d.h5", "r+b") as f:
+        f.seek(offset)
+        f.write(bytes(range(1, 17)))
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        assert rows.kind == "chunks" and rows.native
+        for check in (True, False):
+            with pytest.raises(InputError, match=rf"^x: chunk 3 (cannot be decompressed \({name}: damaged data\)|"
+                                                 r"does not decode to its 6400 bytes)$"):
+                pool.read(rows, 0, 700, np.empty((700, 4, 4, 1), np.float32), check=check)
+        rows.close()
+
+
+def test_a_filter_plugin_decodes_on_several_threads_at_once(tmp_path, rng):
+    """The plugins' decoders share no state between calls (c-blosc's global lock is off): many
+    chunks decoded on 4 threads at once, over and over, equal h5py's read."""
+    if native.library() is None:
+        pytest.skip("no native library")
+    values = (rng.random((4000, 6, 6, 1)) * (rng.random((4000, 6, 6, 1)) > 0.4)).astype(np.float32)
+    for plugin in (("Blosc", dict(cname="lz4", shuffle=2)), ("Blosc2", dict(cname="lz4")), ("Zstd", {})):
+        write(tmp_path / "d.h5", values, plugin=plugin, chunks=(13, 6, 6, 1))
+        with h5py.File(tmp_path / "d.h5") as f:
+            rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+            pool = reader.Reader(4)
+            try:
+                for _ in range(5):
+                    out = np.empty_like(values)
+                    pool.read(rows, 0, len(values), out, check=False)
+                    assert pool.used_native
+                    np.testing.assert_array_equal(out, values)
+            finally:
+                pool.close()
+                rows.close()
 
 
 def test_the_pool_threads_start_with_the_reader():

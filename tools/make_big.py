@@ -20,11 +20,28 @@ LAYOUTS = {
     "shuf_lzf": dict(compression="lzf", shuffle=True),
     "lzf_f32": dict(compression="lzf", fletcher32=True),
     "gz1_h": dict(compression="gzip", compression_opts=1, chunks=(ROWS, 14, 28, 1)),  # chunks cutting images
+    # hdf5plugin's filters (the `plugins` extra)
+    "blosc_lz4": dict(compression=("Blosc", dict(cname="lz4", clevel=5, shuffle=2))),  # bitshuffle inside
+    "blosc_zstd": dict(compression=("Blosc", dict(cname="zstd", clevel=3, shuffle=1))),
+    "blosc2_lz4": dict(compression=("Blosc2", dict(cname="lz4", clevel=5, filters=2))),
+    "zstd": dict(compression=("Zstd", dict(clevel=3))),
+    "lz4": dict(compression=("LZ4", {})),
+    "bshuf_lz4": dict(compression=("Bitshuffle", dict(cname="lz4"))),
 }
 
 
+def _plugin(filters):
+    """An hdf5plugin filter named in a layout, made here so the other layouts need no hdf5plugin."""
+    if isinstance(filters.get("compression"), tuple):
+        import hdf5plugin
+
+        name, args = filters["compression"]
+        filters["compression"] = getattr(hdf5plugin, name)(**args)
+    return filters
+
+
 def filtered(x, y, path, filters):
-    chunks = filters.pop("chunks", (ROWS,) + x.shape[1:])
+    chunks = _plugin(filters).pop("chunks", (ROWS,) + x.shape[1:])
     with h5py.File(path + ".tmp", "w", driver="core", backing_store=False) as small:
         d = small.create_dataset("x", data=x, chunks=chunks, **filters)
         offsets = [d.id.get_chunk_info(i).chunk_offset for i in range(d.id.get_num_chunks())]
