@@ -239,7 +239,7 @@ static void scatter(const struct chunks *c, long long j, const unsigned char *sr
 
 /* A chunk through the dataset's filter plugin: read into a malloc'd block (the plugin frees or
  * replaces it), checked, decoded; *owned: the decoded chunk, the caller's to free. */
-static int plugin_decode(const struct chunks *c, const struct piece *job, void **owned)
+static int plugin_decode_once(const struct chunks *c, const struct piece *job, void **owned)
 {
     size_t size = job->stored, payload = job->stored - (c->summed ? 4 : 0);
     void *buf = malloc(size ? size : 1);
@@ -258,6 +258,22 @@ static int plugin_decode(const struct chunks *c, const struct piece *job, void *
     }
     *owned = buf;
     return 0;
+}
+
+/* A plugin's failure is final only when it fails alone: Blosc2's filter tears down the library's
+ * global state (blosc2_destroy) whenever a chunk fails, and chunks other threads are decoding at
+ * that moment fail with it. So a chunk that fails is decoded again with no other retry running. */
+static pthread_mutex_t plugin_retry = PTHREAD_MUTEX_INITIALIZER;
+
+static int plugin_decode(const struct chunks *c, const struct piece *job, void **owned)
+{
+    int status = plugin_decode_once(c, job, owned);
+    if (status == RP_DAMAGED || status == RP_SIZE) {
+        pthread_mutex_lock(&plugin_retry);
+        status = plugin_decode_once(c, job, owned);
+        pthread_mutex_unlock(&plugin_retry);
+    }
+    return status;
 }
 
 /* One chunk read, checked and decoded into its place in the read's rows. */

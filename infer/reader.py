@@ -368,7 +368,7 @@ def rows(path, ds, label):
     filters = [plist.get_filter(i)[0] for i in range(plist.get_nfilters())]
     _require_filters(filters, label)
     rows = _fastest(path, ds, label, plist, layout, filters, in_order)
-    rows.filters = "+".join(plist.get_filter(i)[3].decode(errors="replace") for i in range(len(filters)))
+    rows.filters = "+".join(FILTER_NAMES.get(f) or PLUGIN_FILTERS.get(f, f"filter {f}").lower() for f in filters)
     return rows
 
 
@@ -392,6 +392,7 @@ def _fastest(path, ds, label, plist, layout, filters, in_order):
     return H5pyRows(ds, label)
 
 
+FILTER_NAMES = {1: "deflate", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset", 32000: "lzf"}
 PLUGIN_FILTERS = {32001: "Blosc", 32004: "LZ4", 32008: "Bitshuffle", 32015: "Zstd", 32026: "Blosc2", 307: "bzip2",
                   32017: "SZ", 32013: "ZFP", 32018: "FCIDECOMP", 32024: "SZ3"}
 

@@ -118,6 +118,18 @@ def test_every_layout_reads_what_h5py_reads(tmp_path, rng, pool, layout, dtype):
             rows.close()
 
 
+def test_the_reader_names_the_filters_in_pipeline_order(tmp_path, rng):
+    values = rng.random((40, 5, 3, 2)).astype(np.float32)
+    for options, names in ((dict(compression="gzip", shuffle=True, fletcher32=True), "shuffle+deflate+fletcher32"),
+                           (dict(compression="lzf"), "lzf"), (dict(chunks=(7, 5, 3, 2)), ""), ({}, ""),
+                           (dict(plugin=("Zstd", {}), fletcher32=True), "zstd+fletcher32")):
+        write(tmp_path / "d.h5", values, **options)
+        with h5py.File(tmp_path / "d.h5") as f:
+            rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+            assert rows.filters == names
+            rows.close()
+
+
 def test_pieces_cover_the_range_on_chunk_edges():
     cuts = reader.pieces(5, 1003, 120, 7, 4)
     assert cuts[0][0] == 5 and cuts[-1][1] == 1003
