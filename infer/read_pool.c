@@ -6,8 +6,9 @@
  * both through ctypes, which releases the interpreter lock for the wait.
  * The same threads decode chunked datasets (rp_submit_chunks: a job per chunk, read, checked
  * (fletcher32), inflated (libdeflate or zlib, through function pointers the caller hands over,
- * so this file needs neither's headers) or LZF-decoded, unshuffled, straight into the destination
- * when the chunk lies wholly in the read); rp_read_chunks decodes on the calling thread.
+ * so this file needs neither's headers), LZF-decoded or decoded by an HDF5 filter plugin's own
+ * function (hdf5plugin's: Blosc, Zstd, LZ4...), unshuffled, straight into the destination when
+ * the chunk lies wholly in the read); rp_read_chunks decodes on the calling thread.
  * Built by infer/native.py with the C compiler, cached on disk; without one, Python threads read. */
 #define _GNU_SOURCE
 #include <errno.h>

@@ -1,7 +1,8 @@
 """Write the 1,000,000-image streaming files from testfull.hdf5 (tiled 100 times) into a folder:
 big.hdf5 (float32 contiguous), big_u8.hdf5 (uint8 contiguous, rint(x * 255)) and, for each filtered
 layout in LAYOUTS, big_<layout>.hdf5 (float32, 1000-image chunks, whole images but in gz1_h). A filtered file is written by
-h5py's own filters for testfull's 10 distinct chunks, whose stored bytes are then copied 100 times.
+h5py's filters (hdf5plugin's for the plugin layouts) for testfull's 10 distinct chunks, whose stored bytes are then
+copied 100 times.
 Usage:  python3 tools/make_big.py DATA_DIR OUT_DIR [big big_u8 big_gz1 big_lzf ...]"""
 import os
 import sys
