@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
-# Several GPUs on a streamed file (nvidia-h200-x2): the 1,000,000-image float32 and uint8 files
+# Several GPUs on a streamed file (nvidia-h200-x2): the 1,000,000-image float32, uint8 and gzip 1 files
 # through `cnninfer run` on GPU 0 and on all GPUs, 5 runs each (images/s, peak RSS), the speed-up
 # of the medians, and the predictions of both compared; then the same in one warm process. Usage:  . .device/setup.sh && bash tools/device_multi_stream.sh
 set -uo pipefail
 out="${OUT:-device-out}"; mkdir -p "$out"
 export CNNINFER_CACHE=/tmp/cnninfer-cache
 nvidia-smi --query-gpu=index,name --format=csv,noheader | tee "$out/gpus.txt"
-python3 tools/make_big.py "$CNNINFER_DATA" /tmp big big_u8
+python3 tools/make_big.py "$CNNINFER_DATA" /tmp big big_u8 big_gz1
 python3 - "$CNNINFER_DATA" <<'PY' 2>&1 | tee "$out/multi-stream.txt"
 import json, resource, statistics, subprocess, sys
 import numpy as np
 model = f"{sys.argv[1]}/model.hdf5"
-for name in ("big", "big_u8"):
+for name in ("big", "big_u8", "big_gz1"):
     medians = {}
     for devices in ("0", "all"):
         rates = []
@@ -48,7 +48,7 @@ def first_block(self):
         local.first = local.first or time.perf_counter()
         yield item
 B.CudaBackend.stream, S.Ring.__iter__ = timed_stream, first_block
-for name in ("big", "big_u8"):
+for name in ("big", "big_u8", "big_gz1"):
     medians = {}
     for devices in ([0], "all"):
         with infer.Session(model, devices=devices) as s:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Streaming on the device: 1,000,000-image files (testfull tiled 100 times) in every layout
 # tools/make_big.py writes (float32 and uint8 contiguous, gzip 1/6, shuffle, lzf, fletcher32, chunks
-# cutting images): `cnninfer bench --stream` on three of them (the run beside the raw parallel read
+# cutting images, and hdf5plugin's Blosc, Blosc2, Zstd, LZ4 and Bitshuffle: hdf5plugin on the path): `cnninfer bench --stream` on three of them (the run beside the raw parallel read
 # and the GPU alone), 3 fresh `cnninfer run`s of each (images/s, reader, peak RSS), and every
 # layout's 1M predictions against the contiguous file's.
 # Usage:  . .device/setup.sh && bash tools/device_stream.sh   (logs in $OUT, or ./device-out)
