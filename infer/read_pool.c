@@ -299,7 +299,7 @@ static int decode_chunk(const struct piece *job)
         return RP_CHECKSUM;
     int status = 0;
     void *owned = NULL;            /* a plugin's output, freed once placed */
-    if (coded && c->codec == RP_PLUGIN) {
+    if (plugin) {
         status = plugin_decode(c, job, &owned);
         if (status)
             return status;

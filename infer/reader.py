@@ -182,7 +182,8 @@ class ChunkedRows(_FileRows):
         lib = native.library()
         codec = {None: native.RAW, FILTER_LZF: native.LZF, FILTER_DEFLATE: native.DEFLATE}.get(self.codec, native.PLUGIN)
         plugin = native.plugin_filter(self.codec) if codec == native.PLUGIN else None
-        if lib is None or (codec == native.DEFLATE and native.INFLATER is None) or (codec == native.PLUGIN and not plugin):
+        decoder_missing = {native.DEFLATE: native.INFLATER is None, native.PLUGIN: plugin is None}.get(codec, False)
+        if lib is None or decoder_missing:
             return None
         self.offsets = np.array([offset for offset, _, _ in self.index], np.int64)
         self.sizes = np.array([size for _, size, _ in self.index], np.int64)
