@@ -47,6 +47,8 @@ def create(name, notice, chunk=None, readers=None, **cuda_options):
     """A ready backend by name; `notice` takes the one-line notices: when `auto` falls back to the
     CPU, when an option has no effect on the algorithm that runs."""
     if name == "cpu":
+        if cuda_options.get("decode") == "gpu":
+            raise InputError("--decode gpu needs the CUDA backend")
         return CpuBackend(chunk=chunk, readers=readers)
     try:
         return create_cuda(chunk=chunk, readers=readers, notice=once(notice), **cuda_options)

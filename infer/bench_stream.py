@@ -71,14 +71,32 @@ def stream_bench(data_path, model_path, readers=None, devices=None, conv_algo="a
     os.environ["CNNINFER_HOST_BUDGET_MB"] = "0"  # stream whatever the file's size
     try:
         r = session.run(data_path, model, backend="cuda", readers=readers, devices=devices, conv_algo=conv_algo)
+        rows["cnninfer run (streamed)"] = r.n / r.timing["forward"] * 1e3
+        if gpu_decodes(data_path, model):  # against nvCOMP decoding the chunks on the GPU
+            gpu = session.run(data_path, model, backend="cuda", readers=readers, devices=devices,
+                              conv_algo=conv_algo, decode="gpu")
+            if (gpu.predictions != r.predictions).any():
+                raise AssertionError(f"{data_path}: decoding on the host and on the GPU gave different predictions")
+            rows["cnninfer run --decode gpu (nvCOMP)"] = gpu.n / gpu.timing["forward"] * 1e3
     finally:
         if budget is None:
             os.environ.pop("CNNINFER_HOST_BUDGET_MB")
         else:
             os.environ["CNNINFER_HOST_BUDGET_MB"] = budget
-    rows["cnninfer run (streamed)"] = r.n / r.timing["forward"] * 1e3
     return dict(data=str(data_path), n=r.n, correct=r.correct, layout=layout, readers=r.reader["threads"],
                 device=r.device, timing_ms=r.timing, rates=rows)
+
+
+def gpu_decodes(data_path, model):
+    """Whether --decode gpu can stream this file (nvCOMP installed, deflate chunks of whole images)."""
+    from .gpu import chunk_decode
+    from .gpu.backend import CudaBackend
+
+    data = DataSet.open([data_path], model)
+    try:
+        return chunk_decode.unsupported(data, CudaBackend.wire_dtype(data.dtype)) is None
+    finally:
+        data.close()
 
 
 def _size(data_path, model):

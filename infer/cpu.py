@@ -122,7 +122,7 @@ class CpuBackend(HostSide):
     def new_host_buffer(shape, dtype):
         return np.empty(shape, dtype)
 
-    def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False, align=1):
+    def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False, align=1, source=None):
         self.model, self.keep_scores = model, scores
 
     def use(self, model):

@@ -12,13 +12,15 @@ from . import reader
 
 
 class Ring:
-    """Blocks of images [start, stop) of a data set, read ahead into `buffers` by the reader's
-    threads (several blocks in flight); iterate for (first image, images, buffer) in order and
-    hand each buffer back with release() once it has been consumed."""
+    """Blocks of `block` images [start, stop) of a data set, read ahead into `buffers` by the
+    reader's threads (several blocks in flight); iterate for (first image, images, buffer) in order
+    and hand each buffer back with release() once it has been consumed. The images of a block are
+    view(buffer, count) (default: the buffer's first rows) as data.submit_images fills them."""
 
-    def __init__(self, data, start, stop, buffers, pool, check, labels):
+    def __init__(self, data, start, stop, buffers, block, pool, check, labels, view=None):
         self.data, self.start, self.stop, self.pool, self.check = data, start, stop, pool, check
-        self.block, self.depth = len(buffers[0]), len(buffers)
+        self.view = view or (lambda buf, count: buf[:count])  # a buffer as a block of `count` images
+        self.block, self.depth = block, len(buffers)
         self.labels = labels  # (stop - start) int64, filled with the true labels
         self.wait_s = 0.0  # the consumer waiting for reads
         # Labels are only needed at the end: a block goes to compute once its images are in
@@ -37,7 +39,7 @@ class Ring:
                 if buf is None:  # the consumer gave up
                     return
                 hi = min(self.stop, lo + self.block)
-                x = buf[:hi - lo]
+                x = self.view(buf, hi - lo)
                 futures = self.data.submit_images(self.pool, lo, hi, x, self.check)
                 if self.data.classes is not None:
                     self.label_reads += self.data.submit_labels(self.pool, lo, hi,
@@ -114,15 +116,21 @@ class HostSide:
         (labels found, true labels, scores or None, reader busy seconds, seconds compute waited).
         The outputs go into `out` (see outputs) where given: several GPUs fill one set in place."""
         out = out or self.outputs(stop - start)
-        shape = (min(self.stream_block, stop - start),) + tuple(data.image_shape)
-        buffers = self.host_buffers(shape, self.wire_dtype(data.dtype), self.ring_depth)
+        source, buffers, view = self.stream_source(data, start, stop)
         busy = self.reader.busy_s
-        ring = Ring(data, start, stop, buffers, self.reader, not self.checks_values, out[1])
+        ring = Ring(source, start, stop, buffers, min(self.stream_block, stop - start), self.reader,
+                    not self.checks_values, out[1], view)
         try:
             self.forward_stream(ring, progress, out)
         finally:
             ring.close()
         return out + ((self.reader.busy_s - busy) / self.reader.threads_used, ring.wait_s)
+
+    def stream_source(self, data, start, stop):
+        """(what the ring reads, its buffers, how a buffer is cut to a block (None: its first rows)):
+        here the data set's images, in blocks of stream_block images of the wire type."""
+        shape = (min(self.stream_block, stop - start),) + tuple(data.image_shape)
+        return data, self.host_buffers(shape, self.wire_dtype(data.dtype), self.ring_depth), None
 
     def outputs(self, n):
         """A fresh set of outputs for n images of the prepared model (see outputs)."""

@@ -7,6 +7,8 @@ from .errors import InputError
 from .gpu.launch import GEMMS, TILE_WIDTHS
 from .gpu.pipelines import ALGORITHMS, AUTO
 
+DECODE_MODES = ("host", "gpu")
+
 
 @dataclass(frozen=True)
 class Options:
@@ -20,6 +22,7 @@ class Options:
     devices: object = None  # a list of distinct GPU numbers, or "all" (overrides device)
     fast_math: bool = False
     profile: bool = False
+    decode: str = "host"  # where a streamed file's compressed chunks are decoded: host or gpu
 
     @classmethod
     def of(cls, **given):
@@ -45,6 +48,8 @@ class Options:
             raise InputError(f"conv_algo must be one of {', '.join((AUTO, *ALGORITHMS))}, not {self.conv_algo!r}")
         if self.gemm_algo not in ("auto", *GEMMS):
             raise InputError(f"gemm_algo must be one of {', '.join(('auto', *GEMMS))}, not {self.gemm_algo!r}")
+        if self.decode not in DECODE_MODES:
+            raise InputError(f"decode must be one of {', '.join(DECODE_MODES)}, not {self.decode!r}")
         if self.devices is not None and self.devices != "all":
             try:
                 devices = [int(d) for d in self.devices]
@@ -64,4 +69,4 @@ class Options:
         """What backends.create takes: the host options, the GPUs, and the CUDA backend's own."""
         return dict(chunk=self.chunk, readers=self.readers, devices=self.devices or [self.device],
                     streams=self.streams, tile_width=self.tile_width, conv_algo=self.conv_algo,
-                    gemm_algo=self.gemm_algo, fast_math=self.fast_math, profile=self.profile)
+                    gemm_algo=self.gemm_algo, fast_math=self.fast_math, profile=self.profile, decode=self.decode)

@@ -198,7 +198,7 @@ class Session:
                               shards=dataset.shards, backend=backend.name, device=backend.device,
                               profile=backend.profile, timing=timing, streamed="read" in timing,
                               reader=dict(layout=dataset.kind, filters=dataset.filters, threads=backend.reader.threads_used,
-                                          pool=backend.reader.kind))
+                                          pool=backend.reader.kind, decode=getattr(backend, "decoding", "host")))
         finally:
             dataset.close()
 
@@ -235,7 +235,7 @@ class Session:
         if at_once:  # only the model, not prepare's per-call settings (keep_scores)
             backend.use(self.model)
         else:
-            backend.prepare(self.model, x_shape, scores, wire, streamed, data.align)
+            backend.prepare(self.model, x_shape, scores, wire, streamed, data.align, data if streamed else None)
         timing = dict(load=0.0, prepare=_ms(t))
         try:
             if streamed:

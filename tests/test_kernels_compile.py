@@ -36,7 +36,8 @@ VARIANTS = ([gemm(s.version, tw) for s in GEMMS.values() if not s.hopper_only fo
             + [conv(c) for c in CONVS]
             + [(f"fused{version}", Fused.defines(MNIST, version)) for version in (1, 2)] + [("fc", FullyConnected.defines(g)) for g in (MNIST, SMALL_FC, WIDE_FC)]
             + [(name, {}) for name in ("unroll", "place", "pool", "argmax")]
-            + [("stage", {"SRC_T": t}) for t in ("unsigned char", "short", "long long")])
+            + [("stage", {"SRC_T": t}) for t in ("unsigned char", "short", "long long")]
+            + [("decode", {"VALUE_BYTES": b}) for b in (1, 2, 4, 8)])
 HOPPER = ([("fused3", Fused.defines(g, 3)) for g in (MNIST, Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7),  # conv1 tails 1, 0
                                                      Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7), Geometry(24, 24, 2, 1, 32, 5, 64, 100, 7))]  # 2, 0
           + [conv(c, version=2) for c in HOPPER_CONVS]

@@ -26,6 +26,7 @@ LAYOUTS = {
     "blosc_zstd": dict(compression=("Blosc", dict(cname="zstd", clevel=3, shuffle=1))),
     "blosc2_lz4": dict(compression=("Blosc2", dict(cname="lz4", clevel=5, filters=2))),
     "zstd": dict(compression=("Zstd", dict(clevel=3))),
+    "shuf_zstd": dict(compression=("Zstd", dict(clevel=3)), shuffle=True),
     "lz4": dict(compression=("LZ4", {})),
     "bshuf_lz4": dict(compression=("Bitshuffle", dict(cname="lz4"))),
 }

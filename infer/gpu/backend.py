@@ -10,7 +10,7 @@ import pycuda.driver as cuda
 from ..errors import InputError
 from ..host import HostSide
 from ..network import geometry
-from . import graph, launch, pipelines, plan
+from . import chunk_decode, graph, launch, pipelines, plan
 from .device import Device
 from .executor import Executor
 from .profile import NullProfiler, Profiler
@@ -39,16 +39,20 @@ class CudaBackend(HostSide):
     STREAM_BYTES = 25 << 20
 
     def __init__(self, chunk=None, streams=4, tile_width=None, conv_algo=pipelines.AUTO, device=0,
-                 fast_math=False, profile=False, readers=None, gemm_algo="auto", notice=None):
+                 fast_math=False, profile=False, readers=None, gemm_algo="auto", notice=None, decode="host"):
         t = time.perf_counter()
         if streams < 1:
             raise InputError(f"--streams must be at least 1, got {streams}")
-        self.gpu = Device(device)
+        # Decoding on the GPU keeps ~30 streams busy at once: as many hardware queues, which cost
+        # the context ~250 MB more host memory (H100: 630 MB peak against 400), so only then
+        self.gpu = Device(device, hardware_queues=32 if decode == "gpu" else None)
         self.profiler = Profiler() if profile else NullProfiler()
         self.build = Build(self.gpu.arch, fast_math, tile_width, self.profiler, gemm_algo, self.gpu.l2_bytes,
                            self.gpu.sms)
         self.notice = notice
         self.algo, self.chunk, self.readers = conv_algo, chunk, readers
+        self.decode = decode  # --decode: where compressed chunks of a streamed file are decoded
+        self.decoder = None  # the GPU decoder of the stream in progress
         self.weights, self.model = [], None
         self.executor = Executor(streams, self.profiler, graph.enabled() and not profile)
         self.copies = cuda.Stream()  # streamed uploads to resident images: never queued behind kernels
@@ -102,11 +106,12 @@ class CudaBackend(HostSide):
         cuda.memcpy_htod(buf, array)
         return buf
 
-    def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False, align=1):
+    def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False, align=1, source=None):
         """Compile (or load cached) kernels for this network and upload the weights (once per
         model and image shape), allocate the buffers for x_shape (n, H, W, C) images of type wire
         (once per batch shape; streamed: the images arrive block by block, see forward_stream, in
-        blocks on multiples of `align` rows, the file's chunk, so no chunk is decoded twice) and
+        blocks on multiples of `align` rows, the file's chunk, so no chunk is decoded twice; of
+        the DataSet `source`, whose compressed chunks the GPU decodes where --decode allows) and
         run the network once, so the timed forward pays neither allocation nor the first launch's
         module loading."""
         t = time.perf_counter()
@@ -141,31 +146,51 @@ class CudaBackend(HostSide):
         if wire != np.float32 and wire not in ex.converters:
             ex.converters[wire] = launch.Convert(self.build, wire)
         ex.keep_scores = scores
-        key = (x_shape[0], tuple(x_shape[1:]), wire.str, bool(streamed), align if streamed else 1)
+        decoding = streamed and source is not None and self._gpu_decodes(source, wire)
+        key = (x_shape[0], tuple(x_shape[1:]), wire.str, bool(streamed), align if streamed else 1, decoding)
         if ex.run is None or ex.run.key != key:
             self._allocate(key)
             ex.warm_up()
-        if streamed:  # the ring's page-locked buffers (pinning 150 MB takes tens of ms), the readers
+            if decoding:
+                chunk_decode.warm_up(self.build, source.parts[0][1])
+        if decoding and not ex.run.resident:
+            raise InputError(f"{source.parts[0][0]}: --decode gpu: the GPU has too little free memory for the "
+                             "decoded blocks")
+        if streamed and not decoding:  # the ring's page-locked buffers (pinning 150 MB takes tens of ms)
             self.host_buffers((self.stream_block,) + tuple(x_shape[1:]), wire, self.ring_depth)
+        if streamed:
             _ = self.reader
         self._host("buffers + warm-up", t)
+
+    def _gpu_decodes(self, source, wire):
+        """Whether the GPU decodes `source`'s chunks (--decode gpu); one line where it cannot."""
+        if self.decode != "gpu":
+            return False
+        why = chunk_decode.unsupported(source, wire)
+        if why:
+            raise InputError(f"{source.parts[0][0]}: --decode gpu: {why}")
+        return True
 
     def _allocate(self, key):
         """Device and page-locked buffers for a batch (n, image shape, wire type, streamed, align) as
         plan.memory plans them. If the device runs out of memory all the same, the images stop
         being resident, then chunks halve, down to one image."""
         ex = self.executor
-        n, image_shape, wire, streamed, align = key
+        n, image_shape, wire, streamed, align, decoding = key
         wire = np.dtype(wire)
         elems = int(np.prod(image_shape))
         ex.free_run()
         best = getattr(self.pipeline, "STREAM_CHUNK", self.pipeline.CHUNK) if streamed else self.pipeline.CHUNK
-        chunk, resident = plan.memory(n, cuda.mem_get_info()[0], len(ex.streams), self.chunk,
+        # Blocks the GPU decodes are larger, and their ring deeper: chunks decoding at once make its speed
+        free = cuda.mem_get_info()[0]
+        block_bytes, depth = ((chunk_decode.BLOCK_BYTES, chunk_decode.slots(free)) if decoding
+                              else (self.STREAM_BYTES, self.ring_depth))
+        chunk, resident = plan.memory(n, free, len(ex.streams), self.chunk,
                                       plan.aligned_chunk(best, align) if streamed else best,
                                       self.pipeline.scratch_floats, self.pipeline.g.classes, elems * wire.itemsize,
-                                      4 * elems, streamed, self.STREAM_BYTES, self.ring_depth)
+                                      4 * elems, streamed, block_bytes, depth)
         while True:
-            block, slots = plan.ring(n, chunk, streamed, elems * wire.itemsize, self.STREAM_BYTES, self.ring_depth)
+            block, slots = plan.ring(n, chunk, streamed, elems * wire.itemsize, block_bytes, depth)
             try:
                 ex.run = ex.allocate(key, n, elems, wire, chunk, resident, block, slots)
                 return
@@ -210,9 +235,51 @@ class CudaBackend(HostSide):
     def ring_depth(self):
         return len(self.executor.streams) + 2
 
+    @property
+    def decoding(self):
+        """Where the chunks of the last stream were decoded, for --json."""
+        return self.__dict__.get("_decoding", "host")
+
+    def stream_source(self, data, start, stop):
+        """(what the ring reads, its buffers, how a buffer is cut to a block): the file's chunks as
+        stored, for the GPU to decode, where prepare() planned it; else the images (host.HostSide)."""
+        if not self.executor.run.key[5]:
+            self._decoding = "host"
+            return super().stream_source(data, start, stop)
+        run = self.executor.run
+        taken = []
+
+        def alloc(nbytes):
+            taken.append(cuda.mem_alloc(max(nbytes, 4)))
+            return taken[-1]
+
+        rows = data.parts[0][1]
+        streams = max(1, run.slots - chunk_decode.SPARE_SLOTS)
+        while True:
+            try:
+                self.decoder = chunk_decode.Decoder(self.build, rows, run.block, streams, alloc, taken)
+                break
+            except cuda.MemoryError:
+                for buf in taken:
+                    buf.free()
+                taken.clear()
+                if streams == 1:
+                    raise InputError("the GPU ran out of memory for decoding even one block of chunks") from None
+                streams //= 2
+        self.decoder.start()
+        self._decoding = self.decoder.describe()
+        buffers = self.host_buffers((self.decoder.capacity,), np.uint8, self.ring_depth)
+        return chunk_decode.Blocks(data, self.decoder), buffers, chunk_decode.Block
+
     def forward_stream(self, ring, progress, out):
         """Labels found (and scores) of images streamed from `ring`, into out (see host.outputs)."""
-        forward_stream(self.executor, self.copies, ring, progress, out, self.reader.aside, self.model.path)
+        try:
+            forward_stream(self.executor, self.copies, ring, progress, out, self.reader.aside, self.model.path,
+                           self.decoder)
+        finally:
+            if self.decoder is not None:
+                self.decoder.free()
+                self.decoder = None
 
     def close(self):
         """Free device and page-locked memory, stop the readers, then release the context."""

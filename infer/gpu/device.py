@@ -1,4 +1,6 @@
 """The CUDA device and its context: made by the command that needs it, released by close()."""
+import os
+
 from ..errors import BackendUnavailable, InputError
 
 
@@ -14,10 +16,15 @@ def visible_devices():
 
 
 class Device:
-    def __init__(self, ordinal=0):
+    def __init__(self, ordinal=0, hardware_queues=None):
+        """hardware_queues: how many the contexts of this process get (CUDA_DEVICE_MAX_CONNECTIONS,
+        8 by default, read as the first context is made), unless the environment says: streams
+        share them, and work waiting at the head of one blocks the streams queued behind it."""
         import pycuda.driver as cuda
 
         self.cuda = cuda
+        if hardware_queues:
+            os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", str(hardware_queues))
         try:
             cuda.init()
             count = cuda.Device.count()

@@ -265,6 +265,33 @@ class Check(Launcher):
         self.launch(stream, (min(ceil_div(n * per_image, 256), 4096), 1), (256, 1, 1), x, n, per_image, bad)
 
 
+class DecodeCheck(Launcher):
+    """bad[0] = min(bad[0], first + c) for every chunk c nvCOMP did not decode to chunk_bytes; with
+    adler (zlib streams) bad[1] likewise where the decoded bytes fail the stream's adler32."""
+    source, kernel, arg_types = "decode", "decode_check_kernel1", "PPPPPqqiiP"
+
+    def __call__(self, stream, chunks, src_ptrs, src_bytes, decoded_bytes, statuses, decoded, chunk_bytes, stride, adler,
+                 first, bad):
+        self.launch(stream, (chunks, 1), (1024, 1, 1), src_ptrs, src_bytes, decoded_bytes, statuses, decoded,
+                    chunk_bytes, stride, int(adler), first, bad)
+
+
+class Unshuffle(Launcher):
+    """values values of value_bytes bytes from value first_value of decoded chunks stored
+    byte-shuffled (HDF5's shuffle), chunk_values values each, stride bytes apart, into consecutive
+    values of dst."""
+    source, kernel, arg_types = "decode", "unshuffle_kernel1", "PPqqqq"
+
+    def __init__(self, build, value_bytes):
+        if value_bytes not in (1, 2, 4, 8):
+            raise ValueError(f"no unshuffle for {value_bytes}-byte values")
+        super().__init__(build, VALUE_BYTES=value_bytes)
+
+    def __call__(self, stream, decoded, dst, first_value, values, chunk_values, stride):
+        self.launch(stream, (min(ceil_div(values, 256), 8192), 1), (256, 1, 1), decoded, dst, first_value, values,
+                    chunk_values, stride)
+
+
 class FusedLayout(NamedTuple):
     """One block's shared memory in a fused kernel, in floats: the pooled conv1 output p1 (IMGS images,
     strides pstr between pixels, rstr between rows, istr between images), then the stage area (the

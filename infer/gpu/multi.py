@@ -44,10 +44,14 @@ class MultiGpuBackend:
         """Portable page-locked memory (every context can copy from it), owned by the first GPU."""
         return self.workers[0].submit(self.gpus[0].host_buffers, shape, dtype, count).result()
 
-    def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False, align=1):
+    def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False, align=1, source=None):
         self.ranges = split(x_shape[0], len(self.gpus), align if streamed else 1)
         self._each(lambda i, g: g.prepare(model, (self.ranges[i][1] - self.ranges[i][0],) + tuple(x_shape[1:]),
-                                          scores, wire, streamed, align))
+                                          scores, wire, streamed, align, source))
+
+    @property
+    def decoding(self):
+        return self.gpus[0].decoding
 
     def _gather(self, parts):
         labels, scores = zip(*parts)

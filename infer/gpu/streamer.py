@@ -9,11 +9,13 @@ from ..errors import BadValue, ScoresOverflow
 from .executor import event
 
 
-def forward_stream(ex, copies, ring, progress, out, aside, model_path):
+def forward_stream(ex, copies, ring, progress, out, aside, model_path, decoder=None):
     """Labels found (and scores) of the images streamed from `ring` by executor ex, into out (see
     host.outputs). Where the images are resident a block is one upload on the `copies` stream
-    (never queued behind kernels) and its chunks' kernels wait for it; the labels come back once,
-    at the end: little Python work per block. aside(fn, *args) runs fn on a reader thread."""
+    (never queued behind kernels), or with a decoder (chunk_decode.Decoder) its compressed chunks
+    uploaded and decoded on one of the decoder's streams, and its chunks' kernels wait for it; the
+    labels come back once, at the end: little Python work per block. aside(fn, *args) runs fn on a
+    reader thread."""
     run, streams = ex.run, ex.streams
     ex.clear_flags()
     # The outputs are written only after the last kernel, on this thread; their fresh pages are
@@ -33,19 +35,24 @@ def forward_stream(ex, copies, ring, progress, out, aside, model_path):
     for start, x, buf in ring:
         at = start - ring.start
         first = at // run.chunk
-        uploads = []
+        uploads, ready = [], None
         if run.resident:
-            if len(computed) == run.slots:  # the slot's previous block must be computed
-                for e in computed.popleft():
+            free = computed.popleft() if len(computed) == run.slots else ()  # the slot's previous block computed
+            if decoder is not None:
+                uploaded, ready = decoder.enqueue(run.images(first, at, len(streams)), x, free)
+                uploads.append(uploaded)
+            else:
+                for e in free:
                     copies.wait_for_event(e)
-            uploads.append(ex.upload(copies, first, at, x))
+                ready = ex.upload(copies, first, at, x)
+                uploads.append(ready)
         for offset in range(0, len(x), run.chunk):
             i, count = first + offset // run.chunk, min(run.chunk, len(x) - offset)
             stream = streams[i % len(streams)]
             if not run.resident:  # through the stream's staging buffer, chunk by chunk
                 uploads.append(ex.upload(stream, i, at + offset, x[offset:offset + count]))
             else:
-                stream.wait_for_event(uploads[0])
+                stream.wait_for_event(ready)
             ex.compute(i, at + offset, count)
         if run.resident:
             used = min(len(streams), -(-len(x) // run.chunk))
@@ -57,6 +64,9 @@ def forward_stream(ex, copies, ring, progress, out, aside, model_path):
         hand_back()
     for s in streams:
         s.synchronize()
+    failure = decoder and decoder.failures()  # garbage decoded from a damaged chunk is no bad image
+    if failure:
+        raise failure
     try:
         ex.check_flags(model_path)
     except (ScoresOverflow, BadValue) as e:

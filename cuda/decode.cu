@@ -1,0 +1,105 @@
+// Compressed HDF5 chunks decoded on the GPU (by nvCOMP, into a block of whole chunks, `stride` bytes
+// apart) -> checked, then placed as the images the network reads, in the stored type.
+// decode_check_kernel1: one block per chunk: nvCOMP's status and decoded size, then where ADLER is
+//   set (zlib streams) the adler32 of the decoded bytes (A = 1 + sum d_i, B = n + sum (n - i) d_i,
+//   mod 65521, summed 16 bytes a thread-step) against the 4 big-endian bytes after the deflate data;
+//   the lowest failing chunk (first + index) into bad[0] (did not decode) or bad[1] (checksum).
+//   Reads each decoded byte once.
+// unshuffle_kernel1: `values` values of VALUE_BYTES bytes from row `first` of the block on (chunks of
+//   chunk_values values `stride` bytes apart, each stored byte-shuffled: byte k of every value together, HDF5's shuffle)
+//   into consecutive values of dst; one value per thread, grid-stride; reads and writes
+//   values * VALUE_BYTES bytes.
+
+#ifndef VALUE_BYTES
+#define VALUE_BYTES 4
+#endif
+#define ADLER_MOD 65521u
+
+extern "C" __global__ void decode_check_kernel1(const unsigned char* const* __restrict__ src_ptrs,
+                                                const unsigned long long* __restrict__ src_bytes,
+                                                const unsigned long long* __restrict__ decoded_bytes,
+                                                const int* __restrict__ statuses,
+                                                const unsigned char* __restrict__ decoded, long long chunk_bytes,
+                                                long long stride, int adler, int first, int* __restrict__ bad) {
+    const int c = blockIdx.x;
+    if (statuses[c] != 0 || decoded_bytes[c] != (unsigned long long)chunk_bytes) {
+        if (threadIdx.x == 0) atomicMin(bad, first + c);
+        return;
+    }
+    if (!adler) return;
+    const unsigned char* d = decoded + (long long)c * stride;
+    const long long n = chunk_bytes;
+    unsigned long long a = 0, b = 0, w = 0;  // sum d, sum (n - base) * (group sum) mod M, sum offset * d
+    long long done = 0;
+    if (n % 16 == 0) {
+        const uint4* q = reinterpret_cast<const uint4*>(d);
+        for (long long j = threadIdx.x; j < n / 16; j += blockDim.x) {
+            const uint4 v = __ldg(q + j);
+            const unsigned int words[4] = {v.x, v.y, v.z, v.w};
+            unsigned int s = 0, t = 0;
+#pragma unroll
+            for (int k = 0; k < 16; ++k) {
+                const unsigned int byte = (words[k / 4] >> (8 * (k % 4))) & 0xffu;
+                s += byte;
+                t += k * byte;
+            }
+            a += s;
+            b += ((unsigned long long)(n - 16 * j) % ADLER_MOD) * s;
+            w += t;
+        }
+        done = n;
+    }
+    for (long long i = done + threadIdx.x; i < n; i += blockDim.x) {
+        const unsigned int byte = d[i];
+        a += byte;
+        b += ((unsigned long long)(n - i) % ADLER_MOD) * byte;
+    }
+    b = (b % ADLER_MOD + ADLER_MOD - w % ADLER_MOD) % ADLER_MOD;
+    for (int off = 16; off > 0; off >>= 1) {
+        a += __shfl_down_sync(0xffffffffu, a, off);
+        b += __shfl_down_sync(0xffffffffu, b, off);
+    }
+    __shared__ unsigned long long sa[32], sb[32];
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    if (lane == 0) {
+        sa[warp] = a;
+        sb[warp] = b;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        a = b = 0;
+        for (int k = 0; k < (int)(blockDim.x + 31) / 32; ++k) {
+            a += sa[k];
+            b += sb[k];
+        }
+        const unsigned int A = (unsigned int)((1 + a) % ADLER_MOD);
+        const unsigned int B = (unsigned int)((n % ADLER_MOD + b) % ADLER_MOD);
+        const unsigned char* t = src_ptrs[c] + src_bytes[c];  // the zlib trailer
+        const unsigned int want = ((unsigned int)t[0] << 24) | ((unsigned int)t[1] << 16) | ((unsigned int)t[2] << 8) | t[3];
+        if (want != ((B << 16) | A)) atomicMin(bad + 1, first + c);
+    }
+}
+
+#if VALUE_BYTES == 1
+typedef unsigned char value_t;
+#elif VALUE_BYTES == 2
+typedef unsigned short value_t;
+#elif VALUE_BYTES == 4
+typedef unsigned int value_t;
+#else
+typedef unsigned long long value_t;
+#endif
+
+extern "C" __global__ void unshuffle_kernel1(const unsigned char* __restrict__ decoded, value_t* __restrict__ dst,
+                                             long long first_value, long long values, long long chunk_values,
+                                             long long stride) {
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < values;
+         e += (long long)gridDim.x * blockDim.x) {
+        const long long at = first_value + e, c = at / chunk_values, v = at % chunk_values;
+        const unsigned char* planes = decoded + c * stride + v;
+        value_t out = 0;
+#pragma unroll
+        for (int k = 0; k < VALUE_BYTES; ++k) out |= (value_t)__ldg(planes + (long long)k * chunk_values) << (8 * k);
+        dst[e] = out;
+    }
+}

@@ -1,0 +1,69 @@
+"""Which files --decode gpu takes, and why not (no GPU needed): deflate chunks of whole images in
+the type the GPU reads, in one file, with nvCOMP installed; everything else one line saying why."""
+import h5py
+import numpy as np
+import pytest
+
+from infer import loader
+from infer.dataset import DataSet
+from infer.gpu import chunk_decode, nvcomp
+from infer.options import Options
+from infer.errors import InputError
+from tests.conftest import assert_refused, invoke
+
+
+@pytest.fixture
+def model(ece408):
+    return loader.load_model(ece408 / "model.hdf5")
+
+
+def why(tmp_path, model, rng, wire=np.float32, shards=1, dtype="f4", **options):
+    x = rng.random((120, 28, 28, 1)).astype(dtype)
+    paths = []
+    for i in range(shards):
+        paths.append(tmp_path / f"d{i}.h5")
+        with h5py.File(paths[-1], "w") as f:
+            f.create_dataset("x", data=x, **options)
+            f["y"] = np.eye(10)[rng.integers(0, 10, 120)]
+    data = DataSet.open(paths, model)
+    try:
+        return chunk_decode.unsupported(data, np.dtype(wire))
+    finally:
+        data.close()
+
+
+GZIP = dict(compression="gzip", chunks=(16, 28, 28, 1))
+
+
+@pytest.mark.parametrize("options,wire,dtype,shards,reason", [
+    (dict(compression="lzf", chunks=(16, 28, 28, 1)), "f4", "f4", 1, "not lzf"),
+    (dict(chunks=(16, 28, 28, 1)), "f4", "f4", 1, "not raw chunks"),
+    ({}, "f4", "f4", 1, "not stored in chunks (pread)"),
+    (dict(compression="gzip", chunks=(16, 14, 28, 1)), "f4", "f4", 1, "chunks cut images"),
+    (dict(GZIP, fletcher32=True), "f4", "f4", 1, "fletcher32"),
+    (GZIP, "f4", "f8", 1, "float64 values are converted on the host"),
+    (GZIP, "f4", "f4", 2, "spans several files"),
+])
+def test_what_the_gpu_does_not_decode_says_why(tmp_path, model, rng, options, wire, dtype, shards, reason):
+    assert reason in why(tmp_path, model, rng, wire, shards, dtype, **options)
+
+
+def test_deflate_chunks_of_whole_images_need_only_nvcomp(tmp_path, model, rng, monkeypatch):
+    monkeypatch.setenv("CNNINFER_NVCOMP", str(tmp_path / "missing.so"))
+    nvcomp.library.cache_clear()
+    try:
+        assert "does not load" in why(tmp_path, model, rng, **GZIP)
+        assert "does not load" in why(tmp_path, model, rng, shuffle=True, **GZIP)
+    finally:
+        nvcomp.library.cache_clear()
+
+
+def test_the_decode_option_is_checked():
+    assert Options().decode == "host"
+    with pytest.raises(InputError, match="decode must be one of host, gpu, not 'cpu'"):
+        Options.of(decode="cpu")
+
+
+def test_decode_gpu_on_the_cpu_backend_is_one_line(ece408):
+    r = invoke("run", ece408 / "test100.hdf5", ece408 / "model.hdf5", "--backend", "cpu", "--decode", "gpu")
+    assert_refused(r, "--decode gpu needs the CUDA backend")

@@ -1,0 +1,161 @@
+"""Deflate chunks decoded on the GPU by nvCOMP (--decode gpu): the predictions of the host's
+decoding for every level, shuffle, value type and chunk size (blocks starting and ending inside
+chunks, chunks a stride apart or back to back, odd byte counts), and a damaged chunk refused in one
+line naming it. Needs a GPU and nvCOMP (the gpu-decode extra)."""
+import h5py
+import numpy as np
+import pytest
+
+from infer import Session
+from infer.errors import InputError
+from infer.gpu import nvcomp
+from tests.conftest import assert_refused, invoke, small_model
+
+pytestmark = pytest.mark.gpu
+SMALL = small_model(np.random.default_rng(13))  # takes 13x13x1 images as well as 12x12x1
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    """Every file streamed, in blocks of a few chunks, over a ring shallower than its blocks."""
+    if nvcomp.library()[0] is None:
+        pytest.skip(nvcomp.library()[1])
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
+    monkeypatch.setattr("infer.gpu.chunk_decode.BLOCK_BYTES", 150_000)
+    monkeypatch.setattr("infer.gpu.chunk_decode.MAX_STREAMS", 2)
+
+
+def codec(name):
+    if name == "zstd":
+        return dict(pytest.importorskip("hdf5plugin").Zstd(clevel=3))
+    return dict(compression="gzip", compression_opts=int(name[4]), shuffle=name.endswith("shuffle"))
+
+
+def write(path, x, y, chunk, name):
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, chunks=(chunk,) + x.shape[1:], **codec(name))
+        f["y"] = y
+    return path
+
+
+@pytest.fixture(scope="module")
+def sessions():
+    """A Session per (model, --decode), made once for the module: one context, kernels built once."""
+    made = {}
+
+    def session(model, decode):
+        key = (str(model) if not isinstance(model, dict) else "small", decode)
+        if key not in made:
+            made[key] = Session(model, "cuda", decode=decode)
+        return made[key]
+    yield session
+    for s in made.values():
+        s.close()
+
+
+def assert_same_as_host(sessions, path, model, what="GPU"):
+    gpu, host = sessions(model, "gpu").evaluate(path), sessions(model, "host").evaluate(path)
+    assert gpu.streamed and gpu.reader["decode"].startswith(what), gpu.reader
+    assert host.reader["decode"] == "host"
+    np.testing.assert_array_equal(gpu.predictions, host.predictions)
+    np.testing.assert_array_equal(gpu.labels, host.labels)
+    return gpu
+
+
+@pytest.mark.parametrize("name", ["gzip1", "gzip6", "gzip1_shuffle", "gzip6_shuffle"])
+@pytest.mark.parametrize("chunk", [16, 37])  # 16 float32 images: 50,176 bytes, back to back; 37: a stride apart
+def test_mnist_float32_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, name, chunk):
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:1999], f["y"][:1999]
+    r = assert_same_as_host(sessions, write(tmp_path / "c.h5", x, y, chunk, name), ece408 / "model.hdf5")
+    assert r.correct > 1700
+
+
+@pytest.mark.parametrize("name", ["gzip1", "gzip6_shuffle"])
+@pytest.mark.parametrize("dtype", ["u1", "i2"])
+def test_odd_sized_images_of_integer_types(tmp_path, rng, sessions, name, dtype):
+    """13x13x1 images (169 values: chunks of odd byte counts, adler32 byte by byte), 2-byte values
+    unshuffled, converted to float32 on the GPU after decoding."""
+    x = (rng.random((613, 13, 13, 1)) * 200).astype(dtype)
+    y = np.eye(10)[rng.integers(0, 10, len(x))]
+    assert_same_as_host(sessions, write(tmp_path / "o.h5", x, y, 37, name), SMALL)
+
+
+def test_float64_images_are_refused_for_the_gpu_with_the_reason(tmp_path, rng):
+    x = rng.random((300, 28, 28, 1))
+    path = write(tmp_path / "f.h5", x, np.eye(10)[rng.integers(0, 10, 300)], 37, "gzip1")
+    r = invoke("run", path, "--decode", "gpu")
+    assert_refused(r, "f.h5", "--decode gpu", "converted on the host")
+
+
+def test_the_host_decodes_unless_asked_and_gpu_refuses_what_it_cannot(tmp_path, ece408, sessions):
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:700], f["y"][:700]
+    gz = write(tmp_path / "g.h5", x, y, 50, "gzip1")
+    s = sessions(ece408 / "model.hdf5", "gpu")
+    assert s.evaluate(gz).reader["decode"].startswith("GPU: nvCOMP")
+    with Session(ece408 / "model.hdf5", "cuda") as default:
+        assert default.evaluate(gz).reader["decode"] == "host"
+    with h5py.File(tmp_path / "l.h5", "w") as f:
+        f.create_dataset("x", data=x, chunks=(50, 28, 28, 1), compression="lzf")
+        f["y"] = y
+    with pytest.raises(InputError, match="not lzf"):
+        s.evaluate(tmp_path / "l.h5")
+    assert s.evaluate(gz).reader["decode"].startswith("GPU: nvCOMP")  # and the session goes on
+    r = invoke("run", tmp_path / "l.h5", ece408 / "model.hdf5", "--decode", "gpu")
+    assert_refused(r, "l.h5", "--decode gpu", "the GPU decodes deflate (gzip) chunks, not lzf")
+    if zstd_ok():
+        write(tmp_path / "z.h5", x, y, 50, "zstd")
+        r = invoke("run", tmp_path / "z.h5", ece408 / "model.hdf5", "--decode", "gpu")
+        assert_refused(r, "z.h5", "--decode gpu", "not zstd")
+
+
+def zstd_ok():
+    try:
+        import hdf5plugin  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def damaged(tmp_path, ece408, name, where):
+    """A copy of 900 testfull images in chunks of 50, chunk 3's bytes damaged at `where` (a
+    function of the chunk's size: the offsets to flip)."""
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:900], f["y"][:900]
+    path = write(tmp_path / "bad.h5", x, y, 50, name)
+    with h5py.File(path) as f:
+        info = f["x"].id.get_chunk_info(3)
+    raw = bytearray(path.read_bytes())
+    for at in where(info.size):
+        raw[info.byte_offset + at] ^= 0x5A
+    path.write_bytes(bytes(raw))
+    return path
+
+
+@pytest.mark.parametrize("where,words", [
+    (lambda size: range(size // 3, size // 3 + 64), ["chunk 3"]),
+    (lambda size: [size - 1], ["chunk 3", "adler32"]),
+    (lambda size: [0], ["chunk 3", "not a zlib stream"]),
+])
+def test_a_damaged_chunk_is_refused_in_one_line(tmp_path, ece408, where, words):
+    path = damaged(tmp_path, ece408, "gzip1", where)
+    out = tmp_path / "p.npy"
+    r = invoke("run", path, ece408 / "model.hdf5", "--decode", "gpu", "--predictions", out)
+    assert_refused(r, "bad.h5", "'x'", *words)
+    assert not out.exists()
+
+
+def test_damage_anywhere_in_a_chunk_is_found_and_the_session_goes_on(tmp_path, ece408, sessions, rng):
+    """24 damages of 1 to 64 bytes at random places of chunk 3 (nvCOMP's own checks or adler32
+    find each); after each, the same session decodes the good file right."""
+    s = sessions(ece408 / "model.hdf5", "gpu")
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        good = write(tmp_path / "good.h5", f["x"][:900], f["y"][:900], 50, "gzip1")
+    want = s.evaluate(good).predictions
+    for k in range(24):
+        count = int(rng.integers(1, 65))
+        path = damaged(tmp_path, ece408, "gzip1", lambda size: rng.choice(size, count, replace=False))
+        with pytest.raises(InputError, match="chunk 3"):
+            s.evaluate(path)
+        np.testing.assert_array_equal(s.evaluate(good).predictions, want)
