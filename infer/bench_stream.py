@@ -12,14 +12,15 @@ from .dataset import DataSet
 from .reader import Reader, wait
 
 
-def raw_read(data_path, model, readers, block):
+def raw_read(data_path, model, readers, block, hardware_queues=None):
     """Images/s reading every image of the file, in its stored type, into a ring of 4 page-locked
-    blocks on `readers` threads (no compute, no checks): the reader's ceiling."""
+    blocks on `readers` threads (no compute, no checks): the reader's ceiling. The process's first
+    context: hardware_queues as --decode gpu will want them (see Device)."""
     import pycuda.driver as cuda
 
     from .gpu.device import Device
 
-    gpu = Device(0)  # page-locked memory needs a context
+    gpu = Device(0, hardware_queues)  # page-locked memory needs a context
     data = DataSet.open([data_path], model)
     pool = Reader(readers)
     buffers = [cuda.pagelocked_empty((block,) + data.image_shape, data.dtype or np.float32) for _ in range(4)]
@@ -63,7 +64,8 @@ def gpu_resident(data_path, model, n, conv_algo, warmup=3, repeats=20):
 def stream_bench(data_path, model_path, readers=None, devices=None, conv_algo="auto", resident_images=200_000):
     model = loader.load_model(model_path)
     rows = {}
-    rate, layout = raw_read(data_path, model, readers, 8192)
+    decodes = gpu_decodes(data_path, model)
+    rate, layout = raw_read(data_path, model, readers, 8192, 32 if decodes else None)
     rows["raw parallel read (page-locked ring)"] = rate
     rows["GPU alone, images resident"] = gpu_resident(data_path, model, None if _size(data_path, model) <= resident_images
                                                       else resident_images, conv_algo)
@@ -72,7 +74,7 @@ def stream_bench(data_path, model_path, readers=None, devices=None, conv_algo="a
     try:
         r = session.run(data_path, model, backend="cuda", readers=readers, devices=devices, conv_algo=conv_algo)
         rows["cnninfer run (streamed)"] = r.n / r.timing["forward"] * 1e3
-        if gpu_decodes(data_path, model):  # against nvCOMP decoding the chunks on the GPU
+        if decodes:  # against nvCOMP decoding the chunks on the GPU
             gpu = session.run(data_path, model, backend="cuda", readers=readers, devices=devices,
                               conv_algo=conv_algo, decode="gpu")
             if (gpu.predictions != r.predictions).any():

@@ -17,8 +17,9 @@ release the GIL, so reader threads run in parallel:
   Bitshuffle, bzip2...; the `plugins` extra) take the `chunks` path too: the plugin's own decoding
   function (native.plugin_filter) is called on the pool's threads, without HDF5 or its lock;
 - `h5py`: any other layout (unallocated or non-native data, HDF5's own scale-offset, n-bit and szip
-  filters, lzf, fletcher32 and plugins without the native library), through h5py, one thread at a
-  time (h5py serializes every call on one lock);
+  filters, lzf, fletcher32 and plugins without the native library), through h5py, which serializes
+  every call in a process on one lock: one thread at a time, or for datasets of 64 MB and more,
+  `h5py processes`, pieces read in parallel by worker processes (h5py_workers.py);
 - `array`: rows of a NumPy array (the Python API), copied on threads.
 Every row is read in the dataset's own type; converting to float32 and checking values is the
 caller's choice (see `fill`).
@@ -33,7 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from . import native
+from . import h5py_workers, native
 from .errors import InputError
 
 PIECE_BYTES = 4 << 20  # bytes per read call and thread: large enough to amortize the call
@@ -79,18 +80,41 @@ class ArrayRows(Rows):
 
 
 class H5pyRows(Rows):
+    """Through h5py: in this process, one call at a time, or where the dataset holds at least
+    PROCESS_BYTES and there are cores to spare, in worker processes, a piece each (h5py_workers)."""
     kind = "h5py"
+    PROCESS_BYTES = 64 << 20
 
-    def __init__(self, ds, label):
+    def __init__(self, ds, label, path=None):
         super().__init__(label, ds.shape, ds.dtype.newbyteorder("="))
-        self.ds = ds
+        self.ds, self.path = ds, path
+        self.workers = None
+        self.pids = set()  # the worker processes that read
+        if path is not None and self.shape[0] * self.row_bytes >= self.PROCESS_BYTES and (os.cpu_count() or 1) > 1:
+            self.kind = "h5py processes"
+            self._lock = threading.Lock()
 
     def read(self, lo, hi, out):
-        with _H5PY:
-            try:
-                self.ds.read_direct(out, np.s_[lo:hi])
-            except Exception as e:  # h5py raises OSError, ValueError... on damaged files
-                raise InputError(f"{self.label}: cannot read: {' '.join(str(e).split()) or type(e).__name__}") from None
+        try:
+            if self.kind == "h5py":
+                with _H5PY:
+                    self.ds.read_direct(out, np.s_[lo:hi])
+                return
+            with self._lock:
+                if self.workers is None:
+                    self.workers = h5py_workers.Workers()
+            rows, pid = self.workers.read(self.path, self.ds.name, lo, hi, out.dtype)
+            self.pids.add(pid)
+            out[...] = rows
+        except h5py_workers.WorkerDied as e:
+            raise InputError(f"{self.label}: cannot read: a reader process died ({e})") from None
+        except Exception as e:  # h5py raises OSError, ValueError... on damaged files
+            raise InputError(f"{self.label}: cannot read: {' '.join(str(e).split()) or type(e).__name__}") from None
+
+    def close(self):
+        if self.workers is not None:
+            self.workers.close()
+            self.workers = None
 
 
 class _FileRows(Rows):
@@ -390,7 +414,7 @@ def _fastest(path, ds, label, plist, layout, filters, in_order):
                 if rows.spec is not None or rest in ([], [FILTER_DEFLATE]):
                     return rows
                 rows.close()
-    return H5pyRows(ds, label)
+    return H5pyRows(ds, label, path)
 
 
 FILTER_NAMES = {1: "deflate", 2: "shuffle", 3: "fletcher32", 4: "szip", 5: "nbit", 6: "scaleoffset", 32000: "lzf"}

@@ -425,3 +425,55 @@ def test_without_the_native_library_python_decodes_raw_and_deflate_chunks(tmp_pa
         finally:
             rows.close()
             p.close()
+
+
+@pytest.fixture
+def h5py_processes(monkeypatch):
+    """Every h5py-only dataset read by worker processes, however small."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("one core: the h5py fallback reads in this process")
+    monkeypatch.setattr(reader.H5pyRows, "PROCESS_BYTES", 1)
+
+
+def unwritten(f, values):
+    """Chunks of 7 rows, only every third one written: the rest are fill values only h5py knows."""
+    d = f.create_dataset("x", values.shape, values.dtype, chunks=(7,) + values.shape[1:], fillvalue=-3)
+    for lo in range(0, len(values), 21):
+        d[lo:lo + 7] = values[lo:lo + 7]
+
+
+@pytest.mark.parametrize("layout", ["big-endian", "scale-offset", "chunks never written"])
+def test_the_h5py_fallback_reads_in_parallel_processes(tmp_path, rng, h5py_processes, layout):
+    values = rng.integers(-1000, 1000, (301, 6, 5, 2)).astype(np.int32)
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        if layout == "big-endian":
+            f.create_dataset("x", data=values.astype(">i4"))
+        elif layout == "scale-offset":
+            f.create_dataset("x", data=values, chunks=(13, 6, 5, 2), scaleoffset=0)
+        else:
+            unwritten(f, values)
+    with h5py.File(tmp_path / "d.h5") as f:
+        want = f["x"][()]
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "d.h5: dataset 'x'")
+        pool = reader.Reader(4, use_native=False)
+        try:
+            assert rows.kind == "h5py processes"
+            got = pool.read(rows, 3, 299, np.empty((296, 6, 5, 2), np.int32), check=False)
+            np.testing.assert_array_equal(got, want[3:299])
+            assert rows.pids and os.getpid() not in rows.pids
+        finally:
+            pool.close()
+            rows.close()
+
+
+def test_an_h5py_worker_failing_is_one_line(tmp_path, rng, h5py_processes):
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f.create_dataset("x", data=rng.random((50, 4, 4, 1)).astype(">f4"))
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "d.h5: dataset 'x'")
+        os.truncate(tmp_path / "d.h5", 900)  # the worker opens the file afresh
+        try:
+            with pytest.raises(InputError, match=r"^d.h5: dataset 'x': cannot read: .*truncated"):
+                rows.read(0, 50, np.empty((50, 4, 4, 1), np.float32))
+        finally:
+            rows.close()
