@@ -12,15 +12,14 @@ from .dataset import DataSet
 from .reader import Reader, wait
 
 
-def raw_read(data_path, model, readers, block, hardware_queues=None):
+def raw_read(data_path, model, readers, block):
     """Images/s reading every image of the file, in its stored type, into a ring of 4 page-locked
-    blocks on `readers` threads (no compute, no checks): the reader's ceiling. The process's first
-    context: hardware_queues as --decode gpu will want them (see Device)."""
+    blocks on `readers` threads (no compute, no checks): the reader's ceiling."""
     import pycuda.driver as cuda
 
     from .gpu.device import Device
 
-    gpu = Device(0, hardware_queues)  # page-locked memory needs a context
+    gpu = Device(0)  # page-locked memory needs a context
     data = DataSet.open([data_path], model)
     pool = Reader(readers)
     buffers = [cuda.pagelocked_empty((block,) + data.image_shape, data.dtype or np.float32) for _ in range(4)]
@@ -62,10 +61,15 @@ def gpu_resident(data_path, model, n, conv_algo, warmup=3, repeats=20):
 
 
 def stream_bench(data_path, model_path, readers=None, devices=None, conv_algo="auto", resident_images=200_000):
+    from .backends import create_cuda
+
     model = loader.load_model(model_path)
     rows = {}
     decodes = gpu_decodes(data_path, model)
-    rate, layout = raw_read(data_path, model, readers, 8192, 32 if decodes else None)
+    # One clear line when there is no usable GPU; the process's first context, so with the hardware
+    # queues --decode gpu wants (the driver takes their number once)
+    create_cuda(chunk=None, decode="gpu" if decodes else "host").close()
+    rate, layout = raw_read(data_path, model, readers, 8192)
     rows["raw parallel read (page-locked ring)"] = rate
     rows["GPU alone, images resident"] = gpu_resident(data_path, model, None if _size(data_path, model) <= resident_images
                                                       else resident_images, conv_algo)
@@ -92,8 +96,10 @@ def stream_bench(data_path, model_path, readers=None, devices=None, conv_algo="a
 def gpu_decodes(data_path, model):
     """Whether --decode gpu can stream this file (nvCOMP installed, deflate chunks of whole images)."""
     from .gpu import chunk_decode
-    from .gpu.backend import CudaBackend
-
+    try:
+        from .gpu.backend import CudaBackend
+    except ImportError:  # no PyCUDA: create_cuda says so in one line
+        return False
     data = DataSet.open([data_path], model)
     try:
         return chunk_decode.unsupported(data, CudaBackend.wire_dtype(data.dtype)) is None

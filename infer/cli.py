@@ -280,7 +280,6 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
         if len(paths) > 1:
             raise InputError("bench takes one DATA file")
         data = paths[0]
-    create_cuda(chunk=None).close()  # one clear line when there is no usable GPU
     if streamed:
         from . import bench_stream as benchmark
 
@@ -288,6 +287,7 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
     else:
         from . import bench as benchmark
 
+        create_cuda(chunk=None).close()  # one clear line when there is no usable GPU
         result = benchmark.bench(data, model, n, streams=streams, warmup=warmup, repeats=repeats,
                                  random=random_geometry, torch_compile=torch_compile)
     click.echo(json.dumps(result) if as_json else "\n".join(benchmark.table(result)))
