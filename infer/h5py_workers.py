@@ -27,16 +27,20 @@ class Workers:
         self._lock = threading.Lock()
 
     def _worker(self):
-        """An idle worker, started on first need (a read waits only for its own)."""
-        with self._lock:
-            if len(self.all) < self.count and self.idle.empty():
-                here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this infer package's folder
-                path = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
-                p = subprocess.Popen([sys.executable, "-m", "infer.h5py_workers"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=path))
-                self.all.append(p)
-                return p
-        return self.idle.get()
+        """An idle worker, started on first need, or in place of one that died."""
+        while True:
+            with self._lock:
+                if len(self.all) < self.count and self.idle.empty():
+                    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this infer package's folder
+                    path = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
+                    p = subprocess.Popen([sys.executable, "-m", "infer.h5py_workers"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=path))
+                    self.all.append(p)
+                    return p
+            try:
+                return self.idle.get(timeout=0.2)
+            except queue.Empty:
+                pass
 
     def read(self, path, name, lo, hi, dtype):
         """Rows [lo, hi) of dataset `name` of file `path`, in dtype, read by a worker: (rows, its pid).
@@ -47,6 +51,10 @@ class Workers:
             p.stdin.flush()
             status, value, pid = pickle.load(p.stdout)
         except (OSError, EOFError, pickle.UnpicklingError):
+            p.kill()
+            with self._lock:
+                self.all.remove(p)
+            p.wait()
             raise WorkerDied(f"worker {p.pid} ended") from None
         self.idle.put(p)
         if status != "ok":

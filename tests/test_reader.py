@@ -477,3 +477,23 @@ def test_an_h5py_worker_failing_is_one_line(tmp_path, rng, h5py_processes):
                 rows.read(0, 50, np.empty((50, 4, 4, 1), np.float32))
         finally:
             rows.close()
+
+
+def test_an_h5py_worker_killed_is_one_line_and_replaced(tmp_path, rng, h5py_processes):
+    values = rng.random((80, 4, 4, 1)).astype(">f4")
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f.create_dataset("x", data=values)
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "d.h5: dataset 'x'")
+        out = np.empty((80, 4, 4, 1), np.float32)
+        try:
+            rows.read(0, 80, out)
+            for p in rows.workers.all:
+                p.kill()
+                p.wait()
+            with pytest.raises(InputError, match=r"^d.h5: dataset 'x': cannot read: a reader process died"):
+                rows.read(0, 80, out)
+            rows.read(0, 80, out)  # a fresh worker
+            np.testing.assert_array_equal(out, values)
+        finally:
+            rows.close()

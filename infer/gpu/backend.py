@@ -44,7 +44,7 @@ class CudaBackend(HostSide):
         if streams < 1:
             raise InputError(f"--streams must be at least 1, got {streams}")
         # Decoding on the GPU keeps ~30 streams busy at once: as many hardware queues, which cost
-        # the context ~250 MB more host memory (H100: 630 MB peak against 400), so only then
+        # the context ~230 MB more host memory (H100: peak RSS 600-690 MB against 390-450), so only then
         self.gpu = Device(device, hardware_queues=32 if decode == "gpu" else None)
         self.profiler = Profiler() if profile else NullProfiler()
         self.build = Build(self.gpu.arch, fast_math, tile_width, self.profiler, gemm_algo, self.gpu.l2_bytes,
@@ -53,6 +53,7 @@ class CudaBackend(HostSide):
         self.algo, self.chunk, self.readers = conv_algo, chunk, readers
         self.decode = decode  # --decode: where compressed chunks of a streamed file are decoded
         self.decoder = None  # the GPU decoder of the stream in progress
+        self.decoding = "host"  # where the last stream's chunks were decoded, for --json
         self.weights, self.model = [], None
         self.executor = Executor(streams, self.profiler, graph.enabled() and not profile)
         self.copies = cuda.Stream()  # streamed uploads to resident images: never queued behind kernels
@@ -172,8 +173,8 @@ class CudaBackend(HostSide):
         return True
 
     def _allocate(self, key):
-        """Device and page-locked buffers for a batch (n, image shape, wire type, streamed, align) as
-        plan.memory plans them. If the device runs out of memory all the same, the images stop
+        """Device and page-locked buffers for a batch (n, image shape, wire type, streamed, align,
+        decoded on the GPU) as plan.memory plans them. If the device runs out of memory all the same, the images stop
         being resident, then chunks halve, down to one image."""
         ex = self.executor
         n, image_shape, wire, streamed, align, decoding = key
@@ -235,16 +236,11 @@ class CudaBackend(HostSide):
     def ring_depth(self):
         return len(self.executor.streams) + 2
 
-    @property
-    def decoding(self):
-        """Where the chunks of the last stream were decoded, for --json."""
-        return self.__dict__.get("_decoding", "host")
-
     def stream_source(self, data, start, stop):
         """(what the ring reads, its buffers, how a buffer is cut to a block): the file's chunks as
         stored, for the GPU to decode, where prepare() planned it; else the images (host.HostSide)."""
         if not self.executor.run.key[5]:
-            self._decoding = "host"
+            self.decoding = "host"
             return super().stream_source(data, start, stop)
         run = self.executor.run
         taken = []
@@ -267,7 +263,7 @@ class CudaBackend(HostSide):
                     raise InputError("the GPU ran out of memory for decoding even one block of chunks") from None
                 streams //= 2
         self.decoder.start()
-        self._decoding = self.decoder.describe()
+        self.decoding = self.decoder.describe()
         buffers = self.host_buffers((self.decoder.capacity,), np.uint8, self.ring_depth)
         return chunk_decode.Blocks(data, self.decoder), buffers, chunk_decode.Block
 

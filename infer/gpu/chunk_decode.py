@@ -3,10 +3,10 @@
 The reader threads only read each block's chunks (pread, no decoding) into page-locked memory; the
 block goes up as it is stored, nvCOMP decodes its chunks into a device buffer of whole chunks, a
 kernel checks them (nvCOMP's status, the decoded size, deflate's adler32) and HDF5's shuffle is
-undone as the images are placed where the network reads them. One deflate chunk of 1,000 MNIST
-images takes nvCOMP 35-75 ms on an H100 whatever the batch (it decodes each stream serially), and
-1,000 such chunks in one batch 42-92 ms: throughput comes from chunks in flight, so blocks decode on
-several streams at once (DECODE_STREAMS) into a deep ring of device slots.
+undone as the images are placed where the network reads them. A batch of 8 deflate chunks of 1,000
+MNIST images takes nvCOMP 35-74 ms on an H100 (it decodes each stream serially), and 1,000 such
+chunks in one batch 44-92 ms: throughput comes from chunks in flight, so blocks decode on several
+streams at once (up to MAX_STREAMS) into a deep ring of device slots.
 """
 import os
 
@@ -80,7 +80,8 @@ def unsupported(data, wire):
         return f"its {rows.dtype} values are converted on the host"
     if rows.shuffle and rows.dtype.itemsize not in (1, 2, 4, 8):
         return f"no unshuffle for {rows.dtype.itemsize}-byte values"
-    return nvcomp.library()[0] is None and nvcomp.library()[1] or None
+    lib, why = nvcomp.library()
+    return why if lib is None else None
 
 
 class Blocks:
@@ -117,7 +118,7 @@ class Decoder:
     def __init__(self, build, rows, block, streams, alloc, buffers):
         import pycuda.driver as cuda
 
-        self.rows, self.block, self.buffers = rows, block, buffers  # buffers: what alloc took
+        self.rows, self.buffers = rows, buffers  # buffers: what alloc took
         self.codec, self.head, self.tail, self.adler = GPU_CODECS[rows.codec]
         index = np.array(rows.index, np.int64).reshape(-1, 3)
         self.offsets, self.sizes = index[:, 0], index[:, 1]
@@ -238,7 +239,7 @@ class Decoder:
         else:
             done = 0
             for k in range(n):
-                lo = max(first, k * self.per) if k == 0 else k * self.per
+                lo = first if k == 0 else k * self.per
                 rows = min(self.per * (k + 1), first + len(block)) - lo
                 cuda.memcpy_dtod_async(dst + done * self.row_bytes, int(decoded) + k * self.stride
                                        + (lo - k * self.per) * self.row_bytes, rows * self.row_bytes, stream)
