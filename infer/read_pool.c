@@ -6,9 +6,10 @@
  * both through ctypes, which releases the interpreter lock for the wait.
  * The same threads decode chunked datasets (rp_submit_chunks: a job per chunk, read, checked
  * (fletcher32), inflated (libdeflate or zlib, through function pointers the caller hands over,
- * so this file needs neither's headers), LZF-decoded or decoded by an HDF5 filter plugin's own
- * function (hdf5plugin's: Blosc, Zstd, LZ4...), unshuffled, straight into the destination when
- * the chunk lies wholly in the read); rp_read_chunks decodes on the calling thread.
+ * so this file needs neither's headers), LZF-decoded, decoded by the codec inside hdf5plugin's
+ * Zstd, LZ4 and Blosc plugins (their libraries export it: rp_chunks_direct) or by an HDF5 filter
+ * plugin's own function (the other plugins: Blosc2, Bitshuffle...), unshuffled, straight into the
+ * destination when the chunk lies wholly in the read); rp_read_chunks decodes on the calling thread.
  * Built by infer/native.py with the C compiler, cached on disk; without one, Python threads read. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -42,7 +43,7 @@ struct chunks {                    /* how one chunked dataset's chunks decode an
     int fd;
     size_t itemsize;
     int shuffle;                   /* the shuffle filter, filter 0 where present */
-    int codec;                     /* RP_RAW, RP_DEFLATE, RP_LZF or RP_PLUGIN */
+    int codec;                     /* RP_RAW, RP_DEFLATE, RP_LZF, RP_PLUGIN, or a direct codec: RP_ZSTD... */
     unsigned codec_bit;            /* set in a chunk's filter mask: the codec was skipped for it */
     int summed;                    /* fletcher32: 4 bytes of checksum after the stored data */
     int rank;
@@ -51,6 +52,7 @@ struct chunks {                    /* how one chunked dataset's chunks decode an
     int cut;                       /* chunks cut rows (per > 1, or a chunk wider than the data) */
     size_t nbytes;                 /* a chunk's bytes decoded */
     size_t row_bytes;              /* a dataset row's bytes */
+    void *direct;                  /* RP_ZSTD, RP_LZ4, RP_BLOSC: the codec's decoding function */
     plugin_fn plugin;              /* RP_PLUGIN: an HDF5 filter plugin's function, its flags, cd_values */
     unsigned plugin_flags;
     size_t cd_count;
@@ -81,7 +83,13 @@ struct pool {
 };
 
 enum { RP_EOF = 1, RP_DAMAGED, RP_SIZE, RP_CHECKSUM };     /* rp_wait's failures besides -errno */
-enum { RP_RAW, RP_DEFLATE, RP_LZF, RP_PLUGIN };
+enum { RP_RAW, RP_DEFLATE, RP_LZF, RP_PLUGIN, RP_ZSTD, RP_LZ4, RP_BLOSC };
+
+/* The codecs inside hdf5plugin's plugins, called straight into the chunk's place (no plugin
+ * buffer): ZSTD_decompress, LZ4_decompress_safe, c-blosc's blosc_decompress_ctx. */
+typedef size_t (*zstd_fn)(void *dst, size_t capacity, const void *src, size_t size);
+typedef int (*lz4_fn)(const char *src, char *dst, int size, int capacity);
+typedef int (*blosc_fn)(const void *src, void *dst, size_t capacity, int threads);
 
 /* The inflater, set once by rp_set_inflater: libdeflate's (a decompressor per thread) or zlib's. */
 static void *(*ld_alloc)(void);
@@ -238,6 +246,63 @@ static void scatter(const struct chunks *c, long long j, const unsigned char *sr
         }
 }
 
+static size_t big_endian(const unsigned char *p, int n)
+{
+    size_t v = 0;
+    for (int i = 0; i < n; ++i)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* A chunk's `size` stored bytes decoded into its c->nbytes at out by a direct codec, as the plugin
+ * would: 0, RP_DAMAGED or RP_SIZE. */
+static int direct_decode(const struct chunks *c, const unsigned char *in, size_t size, unsigned char *out)
+{
+    size_t want = c->nbytes;
+    if (c->codec == RP_ZSTD) {     /* one zstd frame; errors are the largest size_t values */
+        size_t got = ((zstd_fn)c->direct)(out, want, in, size);
+        return got == want ? 0 : got > (size_t)-256 ? RP_DAMAGED : RP_SIZE;
+    }
+    if (c->codec == RP_BLOSC) {    /* one c-blosc buffer; its header's sizes checked first, since
+                                    * blosc_decompress_ctx takes no source size */
+        if (size < 16)
+            return RP_DAMAGED;
+        size_t nbytes = in[4] | in[5] << 8 | in[6] << 16 | (size_t)in[7] << 24;
+        size_t cbytes = in[12] | in[13] << 8 | in[14] << 16 | (size_t)in[15] << 24;
+        if (cbytes != size)
+            return RP_DAMAGED;
+        if (nbytes != want)
+            return RP_SIZE;
+        int got = ((blosc_fn)c->direct)(in, out, want, 1);
+        return got < 0 ? RP_DAMAGED : (size_t)got != want ? RP_SIZE : 0;
+    }
+    /* RP_LZ4, hdf5plugin's framing (big-endian): the decoded size (8 bytes), the block size (4),
+     * then each block's stored size (4) and bytes, stored as they are where they did not shrink */
+    if (size < 12)
+        return RP_DAMAGED;
+    if (big_endian(in, 8) != want)
+        return RP_SIZE;
+    size_t block = big_endian(in + 8, 4), at = 12, done = 0;
+    if (block == 0 || block > 0x7fffffff)
+        return RP_DAMAGED;
+    while (done < want) {
+        size_t part = want - done < block ? want - done : block;
+        if (size - at < 4)
+            return RP_DAMAGED;
+        size_t stored = big_endian(in + at, 4);
+        at += 4;
+        if (stored > size - at)
+            return RP_DAMAGED;
+        if (stored == part)
+            memcpy(out + done, in + at, part);
+        else if (((lz4_fn)c->direct)((const char *)in + at, (char *)out + done, (int)stored, (int)part) != (int)part)
+            return RP_DAMAGED;
+        at += stored;
+        done += part;
+    }
+    return at == size ? 0 : RP_DAMAGED;
+}
+
 /* A chunk through the dataset's filter plugin: read into a malloc'd block (the plugin frees or
  * replaces it), checked, decoded; *owned: the decoded chunk, the caller's to free. */
 static int plugin_decode_once(const struct chunks *c, const struct piece *job, void **owned)
@@ -319,10 +384,11 @@ static int decode_chunk(const struct piece *job)
             payload == c->nbytes ? (void)memcpy(out, raw, payload) : (void)(status = RP_SIZE);
         else if (!status && c->codec == RP_DEFLATE)
             status = inflate_into(l, raw, payload, out, c->nbytes);
-        else if (!status) {
+        else if (!status && c->codec == RP_LZF) {
             long long got = rp_lzf_decompress(raw, payload, out, c->nbytes);
             status = got < 0 ? RP_DAMAGED : (size_t)got != c->nbytes ? RP_SIZE : 0;
-        }
+        } else if (!status)
+            status = direct_decode(c, raw, payload, out);
     }
     if (status)
         return status;
@@ -511,6 +577,17 @@ int rp_chunks_plugin(struct chunks *c, void *filter, unsigned flags, size_t cd_c
     c->plugin_flags = flags;
     c->cd_count = cd_count;
     memcpy(c->cd, cd, cd_count * sizeof *cd);
+    return 0;
+}
+
+/* Decode c's chunks with a codec's own function instead of the plugin's (codec RP_ZSTD, RP_LZ4 or
+ * RP_BLOSC, see direct_decode): 0, or -EINVAL. */
+int rp_chunks_direct(struct chunks *c, int codec, void *fn)
+{
+    if (codec < RP_ZSTD || codec > RP_BLOSC || !fn)
+        return -EINVAL;
+    c->codec = codec;
+    c->direct = fn;
     return 0;
 }
 

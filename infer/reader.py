@@ -220,7 +220,9 @@ class ChunkedRows(_FileRows):
         if plugin:
             flags, values = self.codec_values
             cd = np.array(values, np.uint32)
-            if lib.rp_chunks_plugin(spec, plugin[0], flags, len(cd), cd.ctypes.data):
+            direct = native.direct_codec(self.codec)
+            if (lib.rp_chunks_direct(spec, *direct) if direct else
+                    lib.rp_chunks_plugin(spec, plugin[0], flags, len(cd), cd.ctypes.data)):
                 lib.rp_chunks_free(spec)
                 return None
             self.codec_name = plugin[1]

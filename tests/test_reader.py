@@ -37,6 +37,7 @@ LAYOUTS = {  # dataset options -> the read path they must take
     "zstd": (dict(chunks=(7, 5, 3, 2), plugin=("Zstd", {})), NATIVE),
     "shuffle+zstd+fletcher32": (dict(chunks=(7, 5, 3, 2), shuffle=True, fletcher32=True, plugin=("Zstd", {})), NATIVE),
     "lz4, chunks cutting W": (dict(chunks=(11, 5, 2, 2), plugin=("LZ4", {})), NATIVE),
+    "lz4 in 64-byte blocks, some stored raw": (dict(chunks=(7, 5, 3, 2), plugin=("LZ4", dict(nbytes=64))), NATIVE),
     "bitshuffle lz4": (dict(chunks=(7, 5, 3, 2), plugin=("Bitshuffle", dict(cname="lz4"))), NATIVE),
     "bitshuffle zstd": (dict(chunks=(7, 5, 3, 2), plugin=("Bitshuffle", dict(cname="zstd"))), NATIVE),
     "bzip2": (dict(chunks=(7, 5, 3, 2), plugin=("BZip2", {})), NATIVE),
@@ -497,3 +498,13 @@ def test_an_h5py_worker_killed_is_one_line_and_replaced(tmp_path, rng, h5py_proc
             np.testing.assert_array_equal(out, values)
         finally:
             rows.close()
+
+
+@pytest.mark.parametrize("filter_id,codec", [(32015, native.ZSTD), (32004, native.LZ4), (32001, native.BLOSC)])
+def test_zstd_lz4_and_blosc_are_decoded_by_their_codec_not_the_plugin(filter_id, codec):
+    """Straight into place, without the plugin's own buffer (the LAYOUTS above check the values)."""
+    pytest.importorskip("hdf5plugin")
+    if native.library() is None:
+        pytest.skip("no C compiler here: the native read pool cannot be built")
+    direct = native.direct_codec(filter_id)
+    assert direct is not None and direct[0] == codec and direct[1]
