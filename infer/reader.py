@@ -14,8 +14,9 @@ release the GIL, so reader threads run in parallel:
   chunks are decoded in Python. 1M MNIST images on the H100 host, 15 threads: gzip 1 5.5-5.7M
   images/s, lzf 4.9-5.5M (h5py: 0.06M);
 - with the native library, chunks coded by one of hdf5plugin's filters (Blosc, Blosc2, Zstd, LZ4,
-  Bitshuffle, bzip2...; the `plugins` extra) take the `chunks` path too: the plugin's own decoding
-  function (native.plugin_filter) is called on the pool's threads, without HDF5 or its lock;
+  Bitshuffle, bzip2...; the `plugins` extra) take the `chunks` path too: Zstd, LZ4 and Blosc
+  decoded by their codec, straight into place (native.direct_codec), the others by the plugin's
+  own decoding function (native.plugin_filter), on the pool's threads, without HDF5 or its lock;
 - `h5py`: any other layout (unallocated or non-native data, HDF5's own scale-offset, n-bit and szip
   filters, lzf, fletcher32 and plugins without the native library), through h5py, which serializes
   every call in a process on one lock: one thread at a time, or for datasets of 64 MB and more,
