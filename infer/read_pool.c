@@ -291,7 +291,7 @@ static int direct_decode(const struct chunks *c, const unsigned char *in, size_t
             return RP_DAMAGED;
         size_t stored = big_endian(in + at, 4);
         at += 4;
-        if (stored > size - at)
+        if (stored > size - at || stored > 0x7fffffff)
             return RP_DAMAGED;
         if (stored == part)
             memcpy(out + done, in + at, part);
