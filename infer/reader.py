@@ -135,6 +135,15 @@ class _FileRows(Rows):
                 raise self.truncated(offset + len(view))
             done += got
 
+    def submit_bytes(self, pool, address, nbytes, offset):
+        """nbytes of the file from offset into address on the native pool, about a piece per
+        thread: a Ticket whose failure is an InputError (a short file: truncated)."""
+        piece = min(PIECE_BYTES, max(NATIVE_PIECE_MIN, -(-nbytes // pool.threads)))
+        end = offset + nbytes
+        return Ticket(pool, pool.submit(self.fd, address, nbytes, offset, piece),
+                      lambda status, _: self.truncated(end) if status == native.EOF
+                      else InputError(f"{self.label}: cannot read: {os.strerror(-status)}"))
+
     def truncated(self, end):
         return InputError(f"{self.label}: the file is truncated: its values need bytes up to {end}, "
                           f"but the file has {os.fstat(self.fd).st_size}")
@@ -164,14 +173,7 @@ class ContiguousRows(_FileRows):
 
     def submit(self, pool, lo, hi, out):
         """Rows [lo, hi) into out (C-contiguous, the stored type) on the native pool: a Ticket."""
-        offset, nbytes = self.offset + lo * self.row_bytes, (hi - lo) * self.row_bytes
-        piece = min(PIECE_BYTES, max(NATIVE_PIECE_MIN, -(-nbytes // pool.threads)))
-        end = offset + nbytes
-        return Ticket(pool, pool.submit(self.fd, out.ctypes.data, nbytes, offset, piece),
-                      lambda status, _: self.truncated(end) if status == native.EOF else self.failed(status))
-
-    def failed(self, status):
-        return InputError(f"{self.label}: cannot read: {os.strerror(-status)}")
+        return self.submit_bytes(pool, out.ctypes.data, (hi - lo) * self.row_bytes, self.offset + lo * self.row_bytes)
 
 
 class ChunkedRows(_FileRows):

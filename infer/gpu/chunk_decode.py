@@ -8,7 +8,7 @@ MNIST images takes nvCOMP 35-74 ms on an H100 (it decodes each stream serially),
 chunks in one batch 44-92 ms: throughput comes from chunks in flight, so blocks decode on several
 streams at once (up to MAX_STREAMS) into a deep ring of device slots.
 """
-import os
+import functools
 
 import numpy as np
 
@@ -140,7 +140,7 @@ class Decoder:
         self.version = nv.version
         self.used = 0
 
-    @property
+    @functools.cached_property
     def capacity(self):
         """Bytes of a page-locked block: the chunk table, then the most any block's chunks take."""
         room = self.sizes + self.align
@@ -183,11 +183,7 @@ class Decoder:
         if pool.native is None:
             return pool.call(self.rows._pread, memoryview(view), offset)
         pool.used_native = True
-        piece = min(reader.PIECE_BYTES, max(reader.NATIVE_PIECE_MIN, -(-nbytes // pool.native.threads)))
-        end = offset + nbytes
-        return reader.Ticket(pool.native, pool.native.submit(self.rows.fd, address, nbytes, offset, piece),
-                             lambda status, _: self.rows.truncated(end) if status == reader.native.EOF
-                             else InputError(f"{self.rows.label}: cannot read: {os.strerror(-status)}"))
+        return self.rows.submit_bytes(pool.native, address, nbytes, offset)
 
     def _headers(self, block, sizes):
         """Refuse, before anything is uploaded, a chunk whose stream does not even start right."""
