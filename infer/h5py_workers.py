@@ -1,5 +1,5 @@
-"""Processes reading through h5py, for the layouts only h5py reads (big-endian values, chunks never
-written, HDF5's szip, n-bit and scale-offset filters): h5py serializes every call in a process on
+"""Processes reading through h5py, for the layouts only h5py reads (chunks never written,
+HDF5's szip, n-bit and scale-offset filters): h5py serializes every call in a process on
 one lock, so reading in parallel takes processes. Workers are plain `python -m infer.h5py_workers`
 children talking pickle over pipes (multiprocessing's spawn would import the caller's main script
 again; fork is unsafe beside reader threads inside HDF5). Each keeps the files it opened; a Workers

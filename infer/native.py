@@ -87,10 +87,10 @@ def library():
         return None
     p, size, i64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_longlong
     for name, args, result in (("rp_create", [ctypes.c_int], p), ("rp_destroy", [p], None),
-                               ("rp_submit", [p, ctypes.c_int, p, size, i64, size], p),
+                               ("rp_submit", [p, ctypes.c_int, p, size, i64, size, size], p),
                                ("rp_wait", [p, p, ctypes.POINTER(i64)], ctypes.c_int), ("rp_busy_ns", [p], i64),
-                               ("rp_chunks", [ctypes.c_int, size, ctypes.c_int, ctypes.c_int, ctypes.c_uint, ctypes.c_int,
-                                             ctypes.c_int, p, p], p),
+                               ("rp_chunks", [ctypes.c_int, size, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint,
+                                             ctypes.c_int, ctypes.c_int, p, p], p),
                                ("rp_chunks_free", [p], None), ("rp_set_inflater", [p, p, p, p], None),
                                ("rp_chunks_plugin", [p, p, ctypes.c_uint, size, p], ctypes.c_int),
                                ("rp_chunks_direct", [p, ctypes.c_int, p], ctypes.c_int),
@@ -223,8 +223,10 @@ class ReadPool:
         if not self.pool:
             raise OSError("cannot start the native reader threads")
 
-    def submit(self, fd, address, nbytes, offset, piece):
-        ticket = self.lib.rp_submit(self.pool, fd, address, nbytes, offset, piece)
+    def submit(self, fd, address, nbytes, offset, piece, swap=0):
+        """nbytes of fd from offset into address, in pieces of `piece` bytes; swap: the size of values
+        stored in the other byte order, reversed once read (0: none)."""
+        ticket = self.lib.rp_submit(self.pool, fd, address, nbytes, offset, piece, swap)
         if not ticket:
             raise MemoryError("no memory for a read's ticket")
         return ticket

@@ -10,6 +10,8 @@
  * Zstd, LZ4 and Blosc plugins (their libraries export it: rp_chunks_direct) or by an HDF5 filter
  * plugin's own function (the other plugins: Blosc2, Bitshuffle...), unshuffled, straight into the
  * destination when the chunk lies wholly in the read); rp_read_chunks decodes on the calling thread.
+ * Values stored in the other byte order are swapped on the same threads, after the read or the
+ * decoding (folded into the unshuffle where there is one).
  * Built by infer/native.py with the C compiler, cached on disk; without one, Python threads read. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -43,6 +45,7 @@ struct chunks {                    /* how one chunked dataset's chunks decode an
     int fd;
     size_t itemsize;
     int shuffle;                   /* the shuffle filter, filter 0 where present */
+    int swap;                      /* values stored in the other byte order: reversed once decoded */
     int codec;                     /* RP_RAW, RP_DEFLATE, RP_LZF, RP_PLUGIN, or a direct codec: RP_ZSTD... */
     unsigned codec_bit;            /* set in a chunk's filter mask: the codec was skipped for it */
     int summed;                    /* fletcher32: 4 bytes of checksum after the stored data */
@@ -64,6 +67,7 @@ struct piece {                     /* n bytes at `offset` of fd into dst; or, wi
     char *dst;                     /* a chunk: where row `lo` of the read goes */
     size_t n;
     long long offset;
+    size_t swap;                   /* a plain read of values stored in the other byte order: their size */
     struct batch *batch;
     const struct chunks *spec;
     size_t stored;                 /* the chunk's stored bytes */
@@ -178,7 +182,8 @@ static unsigned char *grow(struct scratch *s, size_t n)
 }
 
 static long long rp_lzf_decompress(const unsigned char *in, size_t in_len, unsigned char *out, size_t out_len);
-static void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size);
+static void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size, int swap);
+static void rp_byteswap(unsigned char *p, size_t n, size_t size);
 static unsigned int rp_fletcher32(const unsigned char *data, size_t nbytes);
 
 static int checksum_ok(const unsigned char *raw, size_t payload)
@@ -398,9 +403,10 @@ static int decode_chunk(const struct piece *job)
             free(owned);
             return -ENOMEM;
         }
-        rp_unshuffle(out, into, c->nbytes / c->itemsize, c->itemsize);
+        rp_unshuffle(out, into, c->nbytes / c->itemsize, c->itemsize, c->swap);
         out = into;
-    }
+    } else if (c->swap)
+        rp_byteswap(out, c->nbytes, c->itemsize);
     if (c->cut)
         scatter(c, job->index, out, (unsigned char *)job->dst, job->lo, job->from, job->to);
     else if (out != (unsigned char *)dst)
@@ -424,6 +430,8 @@ static void *worker(void *arg)
         pthread_mutex_unlock(&p->lock);
         long long t = now_ns();
         int status = job.spec ? decode_chunk(&job) : read_fully(job.fd, job.dst, job.n, job.offset);
+        if (!status && job.swap > 1)
+            rp_byteswap((unsigned char *)job.dst, job.n, job.swap);
         t = now_ns() - t;
         pthread_mutex_lock(&p->lock);
         p->busy_ns += t;
@@ -522,32 +530,37 @@ static void enqueue(struct pool *p, struct batch *b, struct piece job)
         b->pending++;
 }
 
-/* Queue the read of n bytes at `offset` of fd into dst, in pieces of at most `piece` bytes; the
- * ticket for rp_wait, or NULL where memory ran out. */
-struct batch *rp_submit(struct pool *p, int fd, char *dst, size_t n, long long offset, size_t piece)
+/* Queue the read of n bytes at `offset` of fd into dst, in pieces of at most `piece` bytes; where
+ * swap > 1, values of that many bytes stored in the other byte order, swapped (pieces rounded to
+ * whole values). The ticket for rp_wait, or NULL where memory ran out. */
+struct batch *rp_submit(struct pool *p, int fd, char *dst, size_t n, long long offset, size_t piece, size_t swap)
 {
     struct batch *b = new_batch(p);
     if (!b)
         return NULL;
+    if (swap > 1)
+        piece -= piece % swap;
     if (piece == 0)
         piece = n ? n : 1;
     for (size_t at = 0; at < n; at += piece)
         enqueue(p, b, (struct piece){.fd = fd, .dst = dst + at, .n = n - at < piece ? n - at : piece,
-                                      .offset = offset + (long long)at, .batch = b});
+                                      .offset = offset + (long long)at, .swap = swap, .batch = b});
     return queued(p, b);
 }
 
 /* A chunked dataset's recipe for rp_submit_chunks (freed by rp_chunks_free), or NULL: its shape
- * and chunk shape (rank dimensions, the first the rows), value size and filters. */
-struct chunks *rp_chunks(int fd, size_t itemsize, int shuffle, int codec, unsigned codec_bit, int summed, int rank,
-                         const long long *shape, const long long *chunk)
+ * and chunk shape (rank dimensions, the first the rows), value size and filters; swap: its values
+ * are stored in the other byte order. */
+struct chunks *rp_chunks(int fd, size_t itemsize, int shuffle, int swap, int codec, unsigned codec_bit, int summed,
+                         int rank, const long long *shape, const long long *chunk)
 {
     if (rank < 1 || rank > RP_MAX_RANK)
         return NULL;
     struct chunks *c = calloc(1, sizeof *c);
     if (!c)
         return NULL;
-    *c = (struct chunks){.fd = fd, .itemsize = itemsize, .shuffle = shuffle, .codec = codec, .codec_bit = codec_bit,
+    *c = (struct chunks){.fd = fd, .itemsize = itemsize, .shuffle = shuffle, .swap = swap && itemsize > 1,
+                         .codec = codec, .codec_bit = codec_bit,
                          .summed = summed, .rank = rank, .per = 1, .nbytes = itemsize, .row_bytes = itemsize};
     for (int d = 0; d < rank; d++) {
         c->shape[d] = shape[d];
@@ -730,17 +743,18 @@ static long long rp_lzf_decompress(const unsigned char *in, size_t in_len, unsig
     return op - out;
 }
 
-/* Undo HDF5's shuffle filter: byte b of value i was stored at b * n + i. */
-static void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size)
+/* Undo HDF5's shuffle filter: byte b of value i was stored at b * n + i; with swap, the values
+ * were stored in the other byte order, so byte b comes from plane size - 1 - b. */
+static void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size, int swap)
 {
     if (size == 4) { /* float32, the usual case */
+        const unsigned char *p0 = src + (swap ? 3 : 0) * n, *p1 = src + (swap ? 2 : 1) * n,
+                            *p2 = src + (swap ? 1 : 2) * n, *p3 = src + (swap ? 0 : 3) * n;
         size_t i = 0;
 #ifdef __SSE2__ /* 16 values at a time: a 4 x 16 byte transpose by interleaving (0.6 -> 0.2 ms a 3 MB chunk) */
         for (; i + 16 <= n; i += 16) {
-            __m128i b0 = _mm_loadu_si128((const __m128i *)(src + i)),
-                    b1 = _mm_loadu_si128((const __m128i *)(src + n + i)),
-                    b2 = _mm_loadu_si128((const __m128i *)(src + 2 * n + i)),
-                    b3 = _mm_loadu_si128((const __m128i *)(src + 3 * n + i));
+            __m128i b0 = _mm_loadu_si128((const __m128i *)(p0 + i)), b1 = _mm_loadu_si128((const __m128i *)(p1 + i)),
+                    b2 = _mm_loadu_si128((const __m128i *)(p2 + i)), b3 = _mm_loadu_si128((const __m128i *)(p3 + i));
             __m128i lo01 = _mm_unpacklo_epi8(b0, b1), hi01 = _mm_unpackhi_epi8(b0, b1),
                     lo23 = _mm_unpacklo_epi8(b2, b3), hi23 = _mm_unpackhi_epi8(b2, b3);
             __m128i *out = (__m128i *)(dst + 4 * i);
@@ -751,16 +765,51 @@ static void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n,
         }
 #endif
         for (; i < n; i++) {
-            dst[4 * i] = src[i];
-            dst[4 * i + 1] = src[n + i];
-            dst[4 * i + 2] = src[2 * n + i];
-            dst[4 * i + 3] = src[3 * n + i];
+            dst[4 * i] = p0[i];
+            dst[4 * i + 1] = p1[i];
+            dst[4 * i + 2] = p2[i];
+            dst[4 * i + 3] = p3[i];
         }
         return;
     }
-    for (size_t b = 0; b < size; b++)
+    for (size_t b = 0; b < size; b++) {
+        const unsigned char *plane = src + (swap ? size - 1 - b : b) * n;
         for (size_t i = 0; i < n; i++)
-            dst[i * size + b] = src[b * n + i];
+            dst[i * size + b] = plane[i];
+    }
+}
+
+/* Values of `size` bytes (n bytes of them) reversed in place: the other byte order to this one. */
+static void rp_byteswap(unsigned char *p, size_t n, size_t size)
+{
+    if (size == 2)
+        for (size_t i = 0; i + 2 <= n; i += 2) {
+            unsigned short v;
+            memcpy(&v, p + i, 2);
+            v = __builtin_bswap16(v);
+            memcpy(p + i, &v, 2);
+        }
+    else if (size == 4)
+        for (size_t i = 0; i + 4 <= n; i += 4) {
+            unsigned v;
+            memcpy(&v, p + i, 4);
+            v = __builtin_bswap32(v);
+            memcpy(p + i, &v, 4);
+        }
+    else if (size == 8)
+        for (size_t i = 0; i + 8 <= n; i += 8) {
+            unsigned long long v;
+            memcpy(&v, p + i, 8);
+            v = __builtin_bswap64(v);
+            memcpy(p + i, &v, 8);
+        }
+    else
+        for (size_t i = 0; i + size <= n; i += size)
+            for (size_t a = i, b = i + size - 1; a < b; a++, b--) {
+                unsigned char t = p[a];
+                p[a] = p[b];
+                p[b] = t;
+            }
 }
 
 /* HDF5's fletcher32 filter checksum (H5_checksum_fletcher32): 16-bit big-endian words, sums

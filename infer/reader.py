@@ -17,13 +17,15 @@ release the GIL, so reader threads run in parallel:
   Bitshuffle, bzip2...; the `plugins` extra) take the `chunks` path too: Zstd, LZ4 and Blosc
   decoded by their codec, straight into place (native.direct_codec), the others by the plugin's
   own decoding function (native.plugin_filter), on the pool's threads, without HDF5 or its lock;
-- `h5py`: any other layout (unallocated or non-native data, HDF5's own scale-offset, n-bit and szip
-  filters, lzf, fletcher32 and plugins without the native library), through h5py, which serializes
-  every call in a process on one lock: one thread at a time, or for datasets of 64 MB and more,
-  `h5py processes`, pieces read in parallel by worker processes (h5py_workers.py);
+- `h5py`: any other layout (chunks never written, HDF5's own scale-offset, n-bit and szip filters,
+  non-numeric values in the other byte order, lzf, fletcher32 and plugins without the native
+  library), through h5py, which serializes every call in a process on one lock: one thread at a
+  time, or for datasets of 64 MB and more, `h5py processes`, pieces read in parallel by worker
+  processes (h5py_workers.py);
 - `array`: rows of a NumPy array (the Python API), copied on threads.
-Every row is read in the dataset's own type; converting to float32 and checking values is the
-caller's choice (see `fill`).
+Numbers stored in the other byte order (big-endian files here) take the same paths and are
+swapped on the reading thread (`swapped`). Every row is read in the dataset's own type, in this
+machine's byte order; converting to float32 and checking values is the caller's choice (see `fill`).
 """
 import ctypes
 import functools
@@ -58,6 +60,7 @@ class Rows:
     """Rows [lo, hi) of one dataset; `read(lo, hi, out)` fills out (hi - lo, ...) in the stored type."""
     kind = None
     filters = ""  # the dataset's HDF5 filters as stored, in order ("shuffle+deflate"), for --json
+    swapped = False  # values stored in the other byte order, swapped as they are read (dtype: this order's)
     align = 1  # pieces start on multiples of this many rows (a chunk's rows)
     native = False  # submit(pool, lo, hi, out) reads on the native pool
 
@@ -119,10 +122,12 @@ class H5pyRows(Rows):
 
 
 class _FileRows(Rows):
-    """A dataset read from the file's bytes on a descriptor of our own (pread: no shared position)."""
+    """A dataset read from the file's bytes on a descriptor of our own (pread: no shared position);
+    values stored in the other byte order are swapped after the read (or the decoding)."""
 
     def __init__(self, path, ds, label):
-        super().__init__(label, ds.shape, ds.dtype)
+        super().__init__(label, ds.shape, ds.dtype.newbyteorder("="))
+        self.swapped = swappable(ds.dtype)
         self.fd = os.open(path, os.O_RDONLY)
         self.file_size = os.fstat(self.fd).st_size
 
@@ -135,12 +140,13 @@ class _FileRows(Rows):
                 raise self.truncated(offset + len(view))
             done += got
 
-    def submit_bytes(self, pool, address, nbytes, offset):
+    def submit_bytes(self, pool, address, nbytes, offset, swap=0):
         """nbytes of the file from offset into address on the native pool, about a piece per
-        thread: a Ticket whose failure is an InputError (a short file: truncated)."""
+        thread (swap: values of that size reversed): a Ticket whose failure is an InputError (a
+        short file: truncated)."""
         piece = min(PIECE_BYTES, max(NATIVE_PIECE_MIN, -(-nbytes // pool.threads)))
         end = offset + nbytes
-        return Ticket(pool, pool.submit(self.fd, address, nbytes, offset, piece),
+        return Ticket(pool, pool.submit(self.fd, address, nbytes, offset, piece, swap),
                       lambda status, _: self.truncated(end) if status == native.EOF
                       else InputError(f"{self.label}: cannot read: {os.strerror(-status)}"))
 
@@ -170,10 +176,13 @@ class ContiguousRows(_FileRows):
 
     def read(self, lo, hi, out):
         self._pread(memoryview(out).cast("B"), self.offset + lo * self.row_bytes)
+        if self.swapped:
+            out.byteswap(inplace=True)
 
     def submit(self, pool, lo, hi, out):
         """Rows [lo, hi) into out (C-contiguous, the stored type) on the native pool: a Ticket."""
-        return self.submit_bytes(pool, out.ctypes.data, (hi - lo) * self.row_bytes, self.offset + lo * self.row_bytes)
+        return self.submit_bytes(pool, out.ctypes.data, (hi - lo) * self.row_bytes, self.offset + lo * self.row_bytes,
+                                 self.dtype.itemsize if self.swapped else 0)
 
 
 class ChunkedRows(_FileRows):
@@ -216,8 +225,8 @@ class ChunkedRows(_FileRows):
         self.sizes = np.array([size for _, size, _ in self.index], np.int64)
         self.masks = np.array([mask for _, _, mask in self.index], np.uint32)
         dims = np.array([self.shape, self.chunks], np.int64)
-        spec = lib.rp_chunks(self.fd, self.dtype.itemsize, self.shuffle, codec, self.codec_bit or 0, self.summed,
-                             len(self.shape), dims[0].ctypes.data, dims[1].ctypes.data)
+        spec = lib.rp_chunks(self.fd, self.dtype.itemsize, self.shuffle, self.swapped, codec, self.codec_bit or 0,
+                             self.summed, len(self.shape), dims[0].ctypes.data, dims[1].ctypes.data)
         if not spec:
             raise MemoryError("no memory for the chunk reader")
         if plugin:
@@ -295,7 +304,9 @@ class ChunkedRows(_FileRows):
         else:
             out = raw
         if self.shuffle and not mask & 1:  # shuffle stored byte k of every value together
-            return out.reshape(self.dtype.itemsize, -1).T.reshape(-1)
+            out = out.reshape(self.dtype.itemsize, -1).T.reshape(-1)
+        if self.swapped:
+            out = out.reshape(-1, self.dtype.itemsize)[:, ::-1].reshape(-1)
         return out
 
     def _read_python(self, lo, hi, out):
@@ -390,7 +401,7 @@ def rows(path, ds, label):
     import h5py
 
     path = str(path)
-    in_order = ds.dtype.isnative or ds.dtype.itemsize == 1  # this machine's byte order
+    in_order = ds.dtype.isnative or ds.dtype.itemsize == 1 or swappable(ds.dtype)  # or swapped as read
     plist = ds.id.get_create_plist()
     layout = plist.get_layout()
     if in_order and layout == h5py.h5d.CONTIGUOUS and ds.id.get_offset() is not None:
@@ -400,6 +411,11 @@ def rows(path, ds, label):
     rows = _fastest(path, ds, label, plist, layout, filters, in_order)
     rows.filters = "+".join(FILTER_NAMES.get(f) or PLUGIN_FILTERS.get(f, f"filter {f}").lower() for f in filters)
     return rows
+
+
+def swappable(dtype):
+    """Numbers stored in the other byte order, which the file readers reverse as they read."""
+    return not dtype.isnative and dtype.kind in "iuf" and dtype.itemsize in (2, 4, 8)
 
 
 def _fastest(path, ds, label, plist, layout, filters, in_order):

@@ -43,6 +43,7 @@ GZIP = dict(compression="gzip", chunks=(16, 28, 28, 1))
     (dict(GZIP, fletcher32=True), "f4", "f4", 1, "fletcher32"),
     (GZIP, "f4", "f8", 1, "float64 values are converted on the host"),
     (GZIP, "f4", "f4", 2, "spans several files"),
+    (GZIP, "f4", ">f4", 1, "stored in the other byte order"),
 ])
 def test_what_the_gpu_does_not_decode_says_why(tmp_path, model, rng, options, wire, dtype, shards, reason):
     assert reason in why(tmp_path, model, rng, wire, shards, dtype, **options)

@@ -29,7 +29,12 @@ LAYOUTS = {  # dataset options -> the read path they must take
     "lzf+fletcher32": (dict(chunks=(7, 5, 3, 2), compression="lzf", fletcher32=True),
                        "chunks" if native.library() else "h5py"),
     "shuffle only": (dict(chunks=(7, 5, 3, 2), shuffle=True), "chunks"),
-    "big-endian": (dict(big_endian=True), "h5py"),
+    # values in the other byte order, swapped as they are read
+    "big-endian": (dict(big_endian=True), "pread"),
+    "big-endian, shuffle+gzip": (dict(big_endian=True, chunks=(7, 5, 3, 2), compression="gzip", shuffle=True), "chunks"),
+    "big-endian, chunks cutting H": (dict(big_endian=True, chunks=(9, 2, 3, 2)), "chunks"),
+    "big-endian, lzf+fletcher32": (dict(big_endian=True, chunks=(7, 5, 3, 2), compression="lzf", fletcher32=True),
+                                   "chunks" if native.library() else "h5py"),
     # hdf5plugin's filters (the plugins extra): their decoders called on the native pool's threads
     "blosc lz4 + bitshuffle": (dict(chunks=(7, 5, 3, 2), plugin=("Blosc", dict(cname="lz4", shuffle=2))), NATIVE),
     "blosc zstd + shuffle, chunks cutting H": (dict(chunks=(9, 2, 3, 2), plugin=("Blosc", dict(cname="zstd"))), NATIVE),
@@ -41,6 +46,9 @@ LAYOUTS = {  # dataset options -> the read path they must take
     "bitshuffle lz4": (dict(chunks=(7, 5, 3, 2), plugin=("Bitshuffle", dict(cname="lz4"))), NATIVE),
     "bitshuffle zstd": (dict(chunks=(7, 5, 3, 2), plugin=("Bitshuffle", dict(cname="zstd"))), NATIVE),
     "bzip2": (dict(chunks=(7, 5, 3, 2), plugin=("BZip2", {})), NATIVE),
+    "big-endian, shuffle+zstd": (dict(big_endian=True, chunks=(7, 5, 3, 2), shuffle=True, plugin=("Zstd", {})), NATIVE),
+    "big-endian, blosc lz4 + bitshuffle": (dict(big_endian=True, chunks=(7, 5, 3, 2),
+                                                plugin=("Blosc", dict(cname="lz4", shuffle=2))), NATIVE),
 }
 
 
@@ -100,12 +108,12 @@ def test_every_layout_reads_what_h5py_reads(tmp_path, rng, pool, layout, dtype):
     values = (rng.random((1003, 5, 3, 2)) * 200).astype(dtype)
     if options.pop("big_endian", False):
         values = values.astype(values.dtype.newbyteorder(">"))
-        kind = "h5py" if values.dtype.itemsize > 1 else "pread"  # one byte has no order
     write(tmp_path / "d.h5", values, **options)
     with h5py.File(tmp_path / "d.h5") as f:
         rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
         try:
             assert rows.kind == kind
+            assert rows.swapped == (kind != "h5py" and values.dtype.byteorder == ">")  # one byte has no order
             for lo, hi in [(0, 1003), (5, 900), (14, 21), (1000, 1003), (3, 4)]:
                 for check in (True, False):  # unchecked in the stored type: what the GPU reads
                     stored = np.empty((hi - lo, 5, 3, 2), rows.dtype)
@@ -443,14 +451,12 @@ def unwritten(f, values):
         d[lo:lo + 7] = values[lo:lo + 7]
 
 
-@pytest.mark.parametrize("layout", ["big-endian", "scale-offset", "chunks never written"])
+@pytest.mark.parametrize("layout", ["scale-offset", "chunks never written"])
 def test_the_h5py_fallback_reads_in_parallel_processes(tmp_path, rng, h5py_processes, layout):
     values = rng.integers(-1000, 1000, (301, 6, 5, 2)).astype(np.int32)
     with h5py.File(tmp_path / "d.h5", "w") as f:
-        if layout == "big-endian":
-            f.create_dataset("x", data=values.astype(">i4"))
-        elif layout == "scale-offset":
-            f.create_dataset("x", data=values, chunks=(13, 6, 5, 2), scaleoffset=0)
+        if layout == "scale-offset":
+            scale_offset(f, values)
         else:
             unwritten(f, values)
     with h5py.File(tmp_path / "d.h5") as f:
@@ -467,9 +473,14 @@ def test_the_h5py_fallback_reads_in_parallel_processes(tmp_path, rng, h5py_proce
             rows.close()
 
 
+def scale_offset(f, values):
+    """values as dataset x with HDF5's scale-offset filter (lossless on integers): only h5py reads it."""
+    f.create_dataset("x", data=values, chunks=(16,) + values.shape[1:], scaleoffset=0)
+
+
 def test_an_h5py_worker_failing_is_one_line(tmp_path, rng, h5py_processes):
     with h5py.File(tmp_path / "d.h5", "w") as f:
-        f.create_dataset("x", data=rng.random((50, 4, 4, 1)).astype(">f4"))
+        scale_offset(f, rng.integers(0, 1000, (50, 4, 4, 1)).astype(np.int32))
     with h5py.File(tmp_path / "d.h5") as f:
         rows = reader.rows(tmp_path / "d.h5", f["x"], "d.h5: dataset 'x'")
         os.truncate(tmp_path / "d.h5", 900)  # the worker opens the file afresh
@@ -481,9 +492,9 @@ def test_an_h5py_worker_failing_is_one_line(tmp_path, rng, h5py_processes):
 
 
 def test_an_h5py_worker_killed_is_one_line_and_replaced(tmp_path, rng, h5py_processes):
-    values = rng.random((80, 4, 4, 1)).astype(">f4")
+    values = rng.integers(0, 1000, (80, 4, 4, 1)).astype(np.int32)
     with h5py.File(tmp_path / "d.h5", "w") as f:
-        f.create_dataset("x", data=values)
+        scale_offset(f, values)
     with h5py.File(tmp_path / "d.h5") as f:
         rows = reader.rows(tmp_path / "d.h5", f["x"], "d.h5: dataset 'x'")
         out = np.empty((80, 4, 4, 1), np.float32)

@@ -78,6 +78,8 @@ def unsupported(data, wire):
         return "some chunks were stored with a filter skipped"
     if rows.dtype != wire:
         return f"its {rows.dtype} values are converted on the host"
+    if rows.swapped:
+        return "its values are stored in the other byte order, swapped on the host"
     if rows.shuffle and rows.dtype.itemsize not in (1, 2, 4, 8):
         return f"no unshuffle for {rows.dtype.itemsize}-byte values"
     lib, why = nvcomp.library()
