@@ -25,10 +25,11 @@ NET_FLAGS = (("-march=native", *NET_COMMON), NET_COMMON)
 # rp_wait's failures besides -errno: the file ended before the bytes asked for; a chunk that does
 # not decode, one that decodes to another size, one that fails its checksum
 EOF, DAMAGED, SIZE, CHECKSUM = 1, 2, 3, 4
-RAW, DEFLATE, LZF, PLUGIN, ZSTD, LZ4, BLOSC = 0, 1, 2, 3, 4, 5, 6  # rp_chunks' codecs
+RAW, DEFLATE, LZF, PLUGIN, ZSTD, LZ4, BLOSC, BLOSC2 = 0, 1, 2, 3, 4, 5, 6, 7  # rp_chunks' codecs
 # hdf5plugin's filters whose codec the read pool calls itself (rp_chunks_direct): the function
 # their plugin library exports, and the read pool's codec
-DIRECT = {32015: ("ZSTD_decompress", ZSTD), 32004: ("LZ4_decompress_safe", LZ4), 32001: ("blosc_decompress_ctx", BLOSC)}
+DIRECT = {32015: ("ZSTD_decompress", ZSTD), 32004: ("LZ4_decompress_safe", LZ4), 32001: ("blosc_decompress_ctx", BLOSC),
+          32026: ("blosc2_getitem", BLOSC2)}
 
 
 def compiler():
@@ -177,15 +178,21 @@ def plugin_filter(filter_id):
 @functools.lru_cache(maxsize=None)
 def direct_codec(filter_id):
     """(the read pool's codec, the address of the codec function inside the plugin's library) for
-    the hdf5plugin filters whose data is one codec's stream (Zstd, LZ4, Blosc): decoded straight
-    into place, without the plugin's own output buffer (4.6 MB a thread, and a copy). None for the
-    others, or where the library does not export the function."""
+    the hdf5plugin filters whose data is one codec's stream (Zstd, LZ4, Blosc; Blosc2's frames where
+    their blocks hold whole rows): decoded straight into place, without the plugin's own output
+    buffer (4.6 MB a thread, and a copy). None for the others, or where the library does not
+    export the function."""
     plugin = plugin_filter(filter_id)
     if plugin is None or filter_id not in DIRECT:
         return None
     symbol, codec = DIRECT[filter_id]
-    fn = getattr(ctypes.CDLL(plugin[2]), symbol, None)
-    return None if fn is None else (codec, ctypes.cast(fn, ctypes.c_void_p).value)
+    library = ctypes.CDLL(plugin[2])
+    fn = getattr(library, symbol, None)
+    if fn is None or (codec == BLOSC2 and not hasattr(library, "blosc2_init")):
+        return None
+    if codec == BLOSC2:
+        library.blosc2_init()  # once: the codecs' global tables (the plugin calls it per chunk)
+    return codec, ctypes.cast(fn, ctypes.c_void_p).value
 
 
 @functools.lru_cache(maxsize=None)

@@ -7,8 +7,8 @@
  * The same threads decode chunked datasets (rp_submit_chunks: a job per chunk, read, checked
  * (fletcher32), inflated (libdeflate or zlib, through function pointers the caller hands over,
  * so this file needs neither's headers), LZF-decoded, decoded by the codec inside hdf5plugin's
- * Zstd, LZ4 and Blosc plugins (their libraries export it: rp_chunks_direct) or by an HDF5 filter
- * plugin's own function (the other plugins: Blosc2, Bitshuffle...), unshuffled, straight into the
+ * Zstd, LZ4, Blosc and Blosc2 plugins (their libraries export it: rp_chunks_direct) or by an HDF5
+ * filter plugin's own function (the other plugins: Bitshuffle...), unshuffled, straight into the
  * destination when the chunk lies wholly in the read); rp_read_chunks decodes on the calling thread.
  * Values stored in the other byte order are swapped on the same threads, after the read or the
  * decoding (folded into the unshuffle where there is one).
@@ -55,7 +55,7 @@ struct chunks {                    /* how one chunked dataset's chunks decode an
     int cut;                       /* chunks cut rows (per > 1, or a chunk wider than the data) */
     size_t nbytes;                 /* a chunk's bytes decoded */
     size_t row_bytes;              /* a dataset row's bytes */
-    void *direct;                  /* RP_ZSTD, RP_LZ4, RP_BLOSC: the codec's decoding function */
+    void *direct;                  /* RP_ZSTD, RP_LZ4, RP_BLOSC, RP_BLOSC2: the codec's decoding function */
     plugin_fn plugin;              /* RP_PLUGIN: an HDF5 filter plugin's function, its flags, cd_values */
     unsigned plugin_flags;
     size_t cd_count;
@@ -87,13 +87,15 @@ struct pool {
 };
 
 enum { RP_EOF = 1, RP_DAMAGED, RP_SIZE, RP_CHECKSUM };     /* rp_wait's failures besides -errno */
-enum { RP_RAW, RP_DEFLATE, RP_LZF, RP_PLUGIN, RP_ZSTD, RP_LZ4, RP_BLOSC };
+enum { RP_RAW, RP_DEFLATE, RP_LZF, RP_PLUGIN, RP_ZSTD, RP_LZ4, RP_BLOSC, RP_BLOSC2 };
+enum { RP_OTHER_LAYOUT = 100 };  /* direct_decode: a chunk the codec's function cannot place, for the plugin */
 
 /* The codecs inside hdf5plugin's plugins, called straight into the chunk's place (no plugin
  * buffer): ZSTD_decompress, LZ4_decompress_safe, c-blosc's blosc_decompress_ctx. */
 typedef size_t (*zstd_fn)(void *dst, size_t capacity, const void *src, size_t size);
 typedef int (*lz4_fn)(const char *src, char *dst, int size, int capacity);
 typedef int (*blosc_fn)(const void *src, void *dst, size_t capacity, int threads);
+typedef int (*blosc2_getitem_fn)(const void *src, int size, int start, int items, void *dst, int capacity);
 
 /* The inflater, set once by rp_set_inflater: libdeflate's (a decompressor per thread) or zlib's. */
 static void *(*ld_alloc)(void);
@@ -259,11 +261,177 @@ static size_t big_endian(const unsigned char *p, int n)
     return v;
 }
 
+/* msgpack, as far as Blosc2's frame header needs it: the value at in[*at] (of n bytes) skipped, or
+ * read as an integer into *v (where v is not NULL); -1 where it runs past n or is not one. */
+static int mp_skip(const unsigned char *in, size_t n, size_t *at, int depth);
+
+static int mp_int(const unsigned char *in, size_t n, size_t *at, long long *v)
+{
+    if (*at >= n)
+        return -1;
+    unsigned t = in[*at];
+    size_t len = t >= 0xcc && t <= 0xcf ? (size_t)1 << (t - 0xcc) : t >= 0xd0 && t <= 0xd3 ? (size_t)1 << (t - 0xd0) : 0;
+    if (t <= 0x7f || t >= 0xe0) {  /* fixints */
+        *v = t <= 0x7f ? (long long)t : (long long)t - 256;
+        *at += 1;
+        return 0;
+    }
+    if (!len || n - *at - 1 < len)
+        return -1;
+    unsigned long long u = big_endian(in + *at + 1, (int)len);
+    *v = t >= 0xd0 && len < 8 && u >> (8 * len - 1) ? (long long)(u - (1ull << (8 * len))) : (long long)u;
+    *at += 1 + len;
+    return 0;
+}
+
+static int mp_skip(const unsigned char *in, size_t n, size_t *at, int depth)
+{
+    if (*at >= n || depth > 8)
+        return -1;
+    unsigned t = in[(*at)++];
+    size_t len = 0, items = 0;
+    if (t <= 0x7f || t >= 0xe0 || t == 0xc0 || t == 0xc2 || t == 0xc3)
+        return 0;
+    if ((t & 0xf0) == 0x80 || (t & 0xf0) == 0x90)
+        items = (t & 0x0f) * ((t & 0xf0) == 0x80 ? 2 : 1);
+    else if ((t & 0xe0) == 0xa0)
+        len = t & 0x1f;
+    else if (t >= 0xc4 && t <= 0xc6) {  /* bin8/16/32 */
+        int w = 1 << (t - 0xc4);
+        if (n - *at < (size_t)w)
+            return -1;
+        len = big_endian(in + *at, w);
+        *at += w;
+    } else if (t >= 0xd9 && t <= 0xdb) {  /* str8/16/32 */
+        int w = 1 << (t - 0xd9);
+        if (n - *at < (size_t)w)
+            return -1;
+        len = big_endian(in + *at, w);
+        *at += w;
+    } else if (t >= 0xc7 && t <= 0xc9) {  /* ext8/16/32: size, type, data */
+        int w = 1 << (t - 0xc7);
+        if (n - *at < (size_t)w + 1)
+            return -1;
+        len = big_endian(in + *at, w) + 1;
+        *at += w;
+    } else if (t >= 0xd4 && t <= 0xd8)  /* fixext 1-16: type, data */
+        len = 1 + ((size_t)1 << (t - 0xd4));
+    else if (t >= 0xca && t <= 0xd3)  /* float32/64, (u)int8-64 */
+        len = t == 0xca ? 4 : t == 0xcb ? 8 : (size_t)1 << ((t - 0xcc) % 4);
+    else if (t == 0xdc || t == 0xdd || t == 0xde || t == 0xdf) {  /* array16/32, map16/32 */
+        int w = t == 0xdc || t == 0xde ? 2 : 4;
+        if (n - *at < (size_t)w)
+            return -1;
+        items = big_endian(in + *at, w) * (t >= 0xde ? 2 : 1);
+        *at += w;
+    } else
+        return -1;
+    if (n - *at < len)
+        return -1;
+    *at += len;
+    for (size_t i = 0; i < items; i++)
+        if (mp_skip(in, n, at, depth + 1))
+            return -1;
+    return 0;
+}
+
+/* hdf5plugin's Blosc2 filter stores a chunk as a Blosc2 contiguous frame (cframe): a msgpack
+ * header, then the one Blosc2 chunk. Its "b2nd" metalayer (where there is one) gives the array's
+ * shape, the chunk's and the blocks' (the frame holds one chunk: the HDF5 chunk); blocks spanning
+ * every dimension but the first hold rows in C order, the last block's rows past the chunk's
+ * padding. So the chunk's first c->nbytes decode straight into place (blosc2_getitem: a context of
+ * its own per call, thread-safe), block by block. 0, RP_DAMAGED or RP_SIZE from the codec, or
+ * RP_OTHER_LAYOUT: anything else (blocks cutting rows, other metalayers, a header this does not
+ * parse), left to the plugin, which decodes it or says it is damaged. */
+static int blosc2_frame_decode(const struct chunks *c, const unsigned char *in, size_t size, unsigned char *out)
+{
+    size_t at = 0;
+    long long header = 0, frame = 0, typesize = 0;
+    if (size < 16 || (in[0] & 0xf0) != 0x90 || in[1] != 0xa8 || memcmp(in + 2, "b2frame", 8))
+        return RP_OTHER_LAYOUT;
+    int fields = in[0] & 0x0f;
+    at = 10;
+    if (mp_int(in, size, &at, &header) || mp_int(in, size, &at, &frame) || frame != (long long)size || header < 0 ||
+        (size_t)header > size)
+        return RP_OTHER_LAYOUT;
+    if (at + 5 > size || in[at] != 0xa4 || (in[at + 2] & 0x0f) != 0)  /* flags: a contiguous frame */
+        return RP_OTHER_LAYOUT;
+    size_t n = (size_t)header;
+    int found = 0, ndim = 0;
+    long long shape[3][RP_MAX_RANK];  /* the array's, the chunk's and the blocks' */
+    for (int f = 3; f < fields && !found; f++) {
+        /* the metalayers: [index, {name: offset}, [contents]]; the others skipped */
+        if (at + 2 < n && in[at] == 0x93 && in[at + 1] == 0xcd) {
+            size_t m = at + 4;
+            if (m + 3 > n || in[m] != 0xde)
+                return RP_OTHER_LAYOUT;
+            size_t count = big_endian(in + m + 1, 2);
+            m += 3;
+            for (size_t k = 0; k < count; k++) {  /* metalayers other than b2nd alone: the plugin's */
+                if (m >= n || (in[m] & 0xe0) != 0xa0)
+                    return RP_OTHER_LAYOUT;
+                size_t len = in[m] & 0x1f;
+                const unsigned char *name = in + m + 1;
+                long long offset;
+                m += 1 + len;
+                if (m > n || mp_int(in, n, &m, &offset))
+                    return RP_OTHER_LAYOUT;
+                if (len != 4 || memcmp(name, "b2nd", 4))
+                    continue;
+                size_t b = (size_t)offset;  /* bin32: the content, a msgpack array */
+                long long version, rank;
+                if (offset < 0 || b + 6 > n || in[b] != 0xc6 || (in[b + 5] & 0xf0) != 0x90)
+                    return RP_OTHER_LAYOUT;
+                b += 6;
+                if (mp_int(in, n, &b, &version) || mp_int(in, n, &b, &rank) || rank != c->rank)
+                    return RP_OTHER_LAYOUT;
+                ndim = (int)rank;
+                for (int s = 0; s < 3; s++) {
+                    if (b >= n || in[b] != (0x90 | ndim))
+                        return RP_OTHER_LAYOUT;
+                    b++;
+                    for (int d = 0; d < ndim; d++)
+                        if (mp_int(in, n, &b, &shape[s][d]))
+                            return RP_OTHER_LAYOUT;
+                }
+                found = 1;
+            }
+            if (count && !found)
+                return RP_OTHER_LAYOUT;
+            break;
+        }
+        if (mp_skip(in, n, &at, 0))
+            return RP_OTHER_LAYOUT;
+    }
+    if (found)
+        for (int d = 0; d < ndim; d++)
+            if (shape[0][d] != c->chunk[d] || shape[1][d] != c->chunk[d] || (d > 0 && shape[2][d] != c->chunk[d]) ||
+                shape[2][d] < 1)
+                return RP_OTHER_LAYOUT;
+    /* the chunk: Blosc2's header (version, flags, typesize, sizes little-endian), right after the frame's */
+    const unsigned char *chunk = in + n;
+    if (size - n < 32)
+        return RP_OTHER_LAYOUT;
+    size_t nbytes = chunk[4] | chunk[5] << 8 | chunk[6] << 16 | (size_t)chunk[7] << 24;
+    size_t cbytes = chunk[12] | chunk[13] << 8 | chunk[14] << 16 | (size_t)chunk[15] << 24;
+    typesize = chunk[3];
+    size_t padded = found ? (size_t)((c->chunk[0] + shape[2][0] - 1) / shape[2][0] * shape[2][0]) * (c->nbytes / (size_t)c->chunk[0])
+                          : c->nbytes;
+    if (cbytes > size - n || typesize < 1)
+        return RP_OTHER_LAYOUT;
+    if (nbytes != padded || c->nbytes % (size_t)typesize || c->nbytes > 0x7fffffff)
+        return RP_OTHER_LAYOUT;
+    int got = ((blosc2_getitem_fn)c->direct)(chunk, (int)cbytes, 0, (int)(c->nbytes / (size_t)typesize), out, (int)c->nbytes);
+    return got < 0 ? RP_DAMAGED : (size_t)got != c->nbytes ? RP_SIZE : 0;
+}
+
 /* A chunk's `size` stored bytes decoded into its c->nbytes at out by a direct codec, as the plugin
- * would: 0, RP_DAMAGED or RP_SIZE. */
+ * would: 0, RP_DAMAGED, RP_SIZE, or RP_OTHER_LAYOUT (Blosc2 only: for the plugin). */
 static int direct_decode(const struct chunks *c, const unsigned char *in, size_t size, unsigned char *out)
 {
     size_t want = c->nbytes;
+    if (c->codec == RP_BLOSC2)
+        return blosc2_frame_decode(c, in, size, out);
     if (c->codec == RP_ZSTD) {     /* one zstd frame; errors are the largest size_t values */
         size_t got = ((zstd_fn)c->direct)(out, want, in, size);
         return got == want ? 0 : got > (size_t)-256 ? RP_DAMAGED : RP_SIZE;
@@ -394,9 +562,13 @@ static int decode_chunk(const struct piece *job)
             status = got < 0 ? RP_DAMAGED : (size_t)got != c->nbytes ? RP_SIZE : 0;
         } else if (!status)
             status = direct_decode(c, raw, payload, out);
+        if (status == RP_OTHER_LAYOUT && c->plugin) {
+            status = plugin_decode(c, job, &owned);
+            out = owned;
+        }
     }
     if (status)
-        return status;
+        return status == RP_OTHER_LAYOUT ? RP_DAMAGED : status;
     if (shuffled) {
         unsigned char *into = whole ? (unsigned char *)dst : grow(&l->unshuffled, c->nbytes);
         if (!into) {
@@ -593,11 +765,12 @@ int rp_chunks_plugin(struct chunks *c, void *filter, unsigned flags, size_t cd_c
     return 0;
 }
 
-/* Decode c's chunks with a codec's own function instead of the plugin's (codec RP_ZSTD, RP_LZ4 or
- * RP_BLOSC, see direct_decode): 0, or -EINVAL. */
+/* Decode c's chunks with a codec's own function instead of the plugin's (codec RP_ZSTD, RP_LZ4,
+ * RP_BLOSC or RP_BLOSC2, see direct_decode; the plugin, where also set, takes the Blosc2 chunks it
+ * cannot place): 0, or -EINVAL. */
 int rp_chunks_direct(struct chunks *c, int codec, void *fn)
 {
-    if (codec < RP_ZSTD || codec > RP_BLOSC || !fn)
+    if (codec < RP_ZSTD || codec > RP_BLOSC2 || !fn)
         return -EINVAL;
     c->codec = codec;
     c->direct = fn;

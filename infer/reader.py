@@ -14,9 +14,10 @@ release the GIL, so reader threads run in parallel:
   chunks are decoded in Python. 1M MNIST images on the H100 host, 15 threads: gzip 1 5.5-5.7M
   images/s, lzf 4.9-5.5M (h5py: 0.06M);
 - with the native library, chunks coded by one of hdf5plugin's filters (Blosc, Blosc2, Zstd, LZ4,
-  Bitshuffle, bzip2...; the `plugins` extra) take the `chunks` path too: Zstd, LZ4 and Blosc
-  decoded by their codec, straight into place (native.direct_codec), the others by the plugin's
-  own decoding function (native.plugin_filter), on the pool's threads, without HDF5 or its lock;
+  Bitshuffle, bzip2...; the `plugins` extra) take the `chunks` path too: Zstd, LZ4, Blosc and
+  Blosc2 (where its blocks hold whole rows) decoded by their codec, straight into place
+  (native.direct_codec), the others by the plugin's own decoding function (native.plugin_filter),
+  on the pool's threads, without HDF5 or its lock;
 - `h5py`: any other layout (chunks never written, HDF5's own scale-offset, n-bit and szip filters,
   non-numeric values in the other byte order, lzf, fletcher32 and plugins without the native
   library), through h5py, which serializes every call in a process on one lock: one thread at a
@@ -229,12 +230,13 @@ class ChunkedRows(_FileRows):
                              self.summed, len(self.shape), dims[0].ctypes.data, dims[1].ctypes.data)
         if not spec:
             raise MemoryError("no memory for the chunk reader")
-        if plugin:
+        if plugin:  # the plugin's function, and its codec's where it is called directly (the plugin
+            # then takes the Blosc2 chunks the codec cannot place)
             flags, values = self.codec_values
             cd = np.array(values, np.uint32)
             direct = native.direct_codec(self.codec)
-            if (lib.rp_chunks_direct(spec, *direct) if direct else
-                    lib.rp_chunks_plugin(spec, plugin[0], flags, len(cd), cd.ctypes.data)):
+            if (lib.rp_chunks_plugin(spec, plugin[0], flags, len(cd), cd.ctypes.data)
+                    or (direct and lib.rp_chunks_direct(spec, *direct))):
                 lib.rp_chunks_free(spec)
                 return None
             self.codec_name = plugin[1]

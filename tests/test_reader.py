@@ -1,5 +1,6 @@
 """The parallel reader: every layout read on several threads equals h5py's own read, whatever the
 range (pieces and chunk edges), in the stored type or converted; damage is one InputError."""
+import ctypes
 import os
 
 import h5py
@@ -511,11 +512,49 @@ def test_an_h5py_worker_killed_is_one_line_and_replaced(tmp_path, rng, h5py_proc
             rows.close()
 
 
-@pytest.mark.parametrize("filter_id,codec", [(32015, native.ZSTD), (32004, native.LZ4), (32001, native.BLOSC)])
-def test_zstd_lz4_and_blosc_are_decoded_by_their_codec_not_the_plugin(filter_id, codec):
+@pytest.mark.parametrize("filter_id,codec", [(32015, native.ZSTD), (32004, native.LZ4), (32001, native.BLOSC),
+                                             (32026, native.BLOSC2)])
+def test_zstd_lz4_blosc_and_blosc2_are_decoded_by_their_codec_not_the_plugin(filter_id, codec):
     """Straight into place, without the plugin's own buffer (the LAYOUTS above check the values)."""
     pytest.importorskip("hdf5plugin")
     if native.library() is None:
         pytest.skip("no C compiler here: the native read pool cannot be built")
     direct = native.direct_codec(filter_id)
     assert direct is not None and direct[0] == codec and direct[1]
+
+
+@pytest.mark.parametrize("shape,chunks,placed", [
+    ((40, 28, 28, 1), (13, 28, 28, 1), True),  # B2ND blocks of whole rows: C order, the last padded
+    ((41, 28, 28, 1), (41, 14, 28, 1), True),  # chunks cutting H, blocks of whole chunk rows
+    ((3, 128, 128, 4), (2, 128, 128, 4), False),  # 256 KB rows: blocks cut them
+])
+def test_blosc2_frames_are_decoded_in_place_where_their_blocks_hold_whole_rows(tmp_path, rng, shape, chunks, placed):
+    """The codec alone (no plugin to fall back to) reads the frames whose blocks hold rows in C
+    order, equal to h5py, and refuses the others, which the plugin then takes."""
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    lib = native.library()
+    if lib is None:
+        pytest.skip("no C compiler here: the native read pool cannot be built")
+    values = (rng.random(shape) * 100).astype(np.float32)
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f.create_dataset("x", data=values, chunks=chunks, compression=hdf5plugin.Blosc2(cname="lz4", filters=2))
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        dims = np.array([shape, chunks], np.int64)
+        alone = lib.rp_chunks(rows.fd, 4, 0, 0, native.PLUGIN, rows.codec_bit, 0, 4, dims[0].ctypes.data, dims[1].ctypes.data)
+        try:
+            assert lib.rp_chunks_direct(alone, *native.direct_codec(32026)) == 0
+            out, where = np.zeros_like(values), ctypes.c_longlong(-1)
+            status = lib.rp_read_chunks(alone, 0, shape[0], rows.offsets.ctypes.data, rows.sizes.ctypes.data,
+                                        rows.masks.ctypes.data, out.ctypes.data, ctypes.byref(where))
+            if placed:
+                assert status == 0
+                np.testing.assert_array_equal(out, values)
+            else:
+                assert (status, where.value) == (native.DAMAGED, 0)
+            both = np.empty_like(values)  # the reader's spec: the plugin behind the codec
+            rows.read(0, shape[0], both)
+            np.testing.assert_array_equal(both, values)
+        finally:
+            lib.rp_chunks_free(alone)
+            rows.close()
