@@ -587,6 +587,21 @@ static int decode_chunk(const struct piece *job)
     return 0;
 }
 
+/* A plain read of values stored in the other byte order, swapped a cache-sized step at a time, while
+ * the step is still in this core's cache. */
+static int read_swapped(const struct piece *job)
+{
+    const size_t step = 256 * 1024;  /* a multiple of every value size */
+    for (size_t at = 0; at < job->n; at += step) {
+        size_t n = job->n - at < step ? job->n - at : step;
+        int status = read_fully(job->fd, job->dst + at, n, job->offset + (long long)at);
+        if (status)
+            return status;
+        rp_byteswap((unsigned char *)job->dst + at, n, job->swap);
+    }
+    return 0;
+}
+
 static void *worker(void *arg)
 {
     struct pool *p = arg;
@@ -601,9 +616,8 @@ static void *worker(void *arg)
         p->count--;
         pthread_mutex_unlock(&p->lock);
         long long t = now_ns();
-        int status = job.spec ? decode_chunk(&job) : read_fully(job.fd, job.dst, job.n, job.offset);
-        if (!status && job.swap > 1)
-            rp_byteswap((unsigned char *)job.dst, job.n, job.swap);
+        int status = job.spec ? decode_chunk(&job) : job.swap > 1 ? read_swapped(&job)
+                                                    : read_fully(job.fd, job.dst, job.n, job.offset);
         t = now_ns() - t;
         pthread_mutex_lock(&p->lock);
         p->busy_ns += t;
@@ -952,37 +966,30 @@ static void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n,
     }
 }
 
-/* Values of `size` bytes (n bytes of them) reversed in place: the other byte order to this one. */
+/* Values of `size` bytes (n bytes of them) reversed in place: the other byte order to this one.
+ * With SSE2, 16 bytes at a time: bytes swapped within 16-bit words, then the words reversed within
+ * each value (H100 host, 1M big-endian float32 images: 5.6M images/s with a scalar loop). */
 static void rp_byteswap(unsigned char *p, size_t n, size_t size)
 {
-    if (size == 2)
-        for (size_t i = 0; i + 2 <= n; i += 2) {
-            unsigned short v;
-            memcpy(&v, p + i, 2);
-            v = __builtin_bswap16(v);
-            memcpy(p + i, &v, 2);
+    size_t i = 0;
+#ifdef __SSE2__
+    if (size == 2 || size == 4 || size == 8)
+        for (; i + 16 <= n; i += 16) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(p + i));
+            v = _mm_or_si128(_mm_slli_epi16(v, 8), _mm_srli_epi16(v, 8));
+            if (size == 4)
+                v = _mm_shufflehi_epi16(_mm_shufflelo_epi16(v, 0xB1), 0xB1);
+            else if (size == 8)
+                v = _mm_shufflehi_epi16(_mm_shufflelo_epi16(v, 0x1B), 0x1B);
+            _mm_storeu_si128((__m128i *)(p + i), v);
         }
-    else if (size == 4)
-        for (size_t i = 0; i + 4 <= n; i += 4) {
-            unsigned v;
-            memcpy(&v, p + i, 4);
-            v = __builtin_bswap32(v);
-            memcpy(p + i, &v, 4);
+#endif
+    for (; i + size <= n; i += size)
+        for (size_t a = i, b = i + size - 1; a < b; a++, b--) {
+            unsigned char t = p[a];
+            p[a] = p[b];
+            p[b] = t;
         }
-    else if (size == 8)
-        for (size_t i = 0; i + 8 <= n; i += 8) {
-            unsigned long long v;
-            memcpy(&v, p + i, 8);
-            v = __builtin_bswap64(v);
-            memcpy(p + i, &v, 8);
-        }
-    else
-        for (size_t i = 0; i + size <= n; i += size)
-            for (size_t a = i, b = i + size - 1; a < b; a++, b--) {
-                unsigned char t = p[a];
-                p[a] = p[b];
-                p[b] = t;
-            }
 }
 
 /* HDF5's fletcher32 filter checksum (H5_checksum_fletcher32): 16-bit big-endian words, sums
