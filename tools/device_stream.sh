@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Streaming on the device: 1,000,000-image files (testfull tiled 100 times) in every layout
-# tools/make_big.py writes (float32 and uint8 contiguous, big-endian (h5py processes), gzip 1/6,
+# tools/make_big.py writes (float32 and uint8 contiguous, big-endian, gzip 1/6,
 # shuffle, lzf, fletcher32, chunks cutting images, and hdf5plugin's Blosc, Blosc2, Zstd, LZ4 and
 # Bitshuffle: hdf5plugin on the path): `cnninfer bench --stream` on four of them (the run beside
 # the raw parallel read, the GPU alone and, where nvCOMP is installed or CNNINFER_NVCOMP names it,

@@ -1,6 +1,6 @@
 """Write the 1,000,000-image streaming files from testfull.hdf5 (tiled 100 times) into a folder:
 big.hdf5 (float32 contiguous), big_u8.hdf5 (uint8 contiguous, rint(x * 255)), big_be.hdf5 (big-endian
-float32, contiguous: only h5py reads it) and, for each filtered
+float32, contiguous: swapped as read) and, for each filtered
 layout in LAYOUTS, big_<layout>.hdf5 (float32, 1000-image chunks, whole images but in gz1_h). A filtered file is written by
 h5py's filters (hdf5plugin's for the plugin layouts) for testfull's 10 distinct chunks, whose stored bytes are then
 copied 100 times.
