@@ -417,7 +417,7 @@ static int blosc2_frame_decode(const struct chunks *c, const unsigned char *in, 
     typesize = chunk[3];
     size_t padded = found ? (size_t)((c->chunk[0] + shape[2][0] - 1) / shape[2][0] * shape[2][0]) * (c->nbytes / (size_t)c->chunk[0])
                           : c->nbytes;
-    if (cbytes > size - n || typesize < 1)
+    if (cbytes > size - n || cbytes > 0x7fffffff || typesize < 1)
         return RP_OTHER_LAYOUT;
     if (nbytes != padded || c->nbytes % (size_t)typesize || c->nbytes > 0x7fffffff)
         return RP_OTHER_LAYOUT;

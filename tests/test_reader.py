@@ -416,12 +416,15 @@ def test_lzf_repeating_runs_of_every_short_period(tmp_path, rng, pool):
     np.testing.assert_array_equal(out, values)
 
 
-@pytest.mark.parametrize("options", [dict(chunks=(7, 5, 3, 2), compression="gzip", shuffle=True),
-                                     dict(chunks=(9, 2, 3, 1), compression="gzip"), dict(chunks=(7, 5, 2, 2))],
-                         ids=["shuffle+gzip", "gzip, chunks cutting H and C", "raw, chunks cutting W"])
-def test_without_the_native_library_python_decodes_raw_and_deflate_chunks(tmp_path, rng, monkeypatch, options):
+@pytest.mark.parametrize("options,dtype", [(dict(chunks=(7, 5, 3, 2), compression="gzip", shuffle=True), "f4"),
+                                           (dict(chunks=(9, 2, 3, 1), compression="gzip"), "f4"),
+                                           (dict(chunks=(7, 5, 2, 2)), "f4"),
+                                           (dict(chunks=(7, 5, 3, 2), compression="gzip", shuffle=True), ">f4")],
+                         ids=["shuffle+gzip", "gzip, chunks cutting H and C", "raw, chunks cutting W",
+                              "big-endian, shuffle+gzip"])
+def test_without_the_native_library_python_decodes_raw_and_deflate_chunks(tmp_path, rng, monkeypatch, options, dtype):
     monkeypatch.setattr(native, "library", lambda: None)
-    values = (rng.random((300, 5, 3, 2)) * 100).astype(np.float32)
+    values = (rng.random((300, 5, 3, 2)) * 100).astype(dtype)
     write(tmp_path / "d.h5", values, **options)
     p = reader.Reader(3, use_native=False)
     with h5py.File(tmp_path / "d.h5") as f:
