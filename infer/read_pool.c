@@ -261,6 +261,13 @@ static size_t big_endian(const unsigned char *p, int n)
     return v;
 }
 
+/* A Blosc or Blosc2 chunk's header (both alike here, little-endian): its decoded and stored sizes. */
+static void blosc_sizes(const unsigned char *header, size_t *nbytes, size_t *cbytes)
+{
+    *nbytes = header[4] | header[5] << 8 | header[6] << 16 | (size_t)header[7] << 24;
+    *cbytes = header[12] | header[13] << 8 | header[14] << 16 | (size_t)header[15] << 24;
+}
+
 /* msgpack, as far as Blosc2's frame header needs it: the value at in[*at] (of n bytes) skipped, or
  * read as an integer into *v (where v is not NULL); -1 where it runs past n or is not one. */
 static int mp_skip(const unsigned char *in, size_t n, size_t *at, int depth);
@@ -296,23 +303,12 @@ static int mp_skip(const unsigned char *in, size_t n, size_t *at, int depth)
         items = (t & 0x0f) * ((t & 0xf0) == 0x80 ? 2 : 1);
     else if ((t & 0xe0) == 0xa0)
         len = t & 0x1f;
-    else if (t >= 0xc4 && t <= 0xc6) {  /* bin8/16/32 */
-        int w = 1 << (t - 0xc4);
+    else if ((t >= 0xc4 && t <= 0xc9) || (t >= 0xd9 && t <= 0xdb)) {
+        /* bin, ext (then a type byte) and str with an 8, 16 or 32-bit size */
+        int ext = t >= 0xc7 && t <= 0xc9, w = 1 << (t <= 0xc6 ? t - 0xc4 : ext ? t - 0xc7 : t - 0xd9);
         if (n - *at < (size_t)w)
             return -1;
-        len = big_endian(in + *at, w);
-        *at += w;
-    } else if (t >= 0xd9 && t <= 0xdb) {  /* str8/16/32 */
-        int w = 1 << (t - 0xd9);
-        if (n - *at < (size_t)w)
-            return -1;
-        len = big_endian(in + *at, w);
-        *at += w;
-    } else if (t >= 0xc7 && t <= 0xc9) {  /* ext8/16/32: size, type, data */
-        int w = 1 << (t - 0xc7);
-        if (n - *at < (size_t)w + 1)
-            return -1;
-        len = big_endian(in + *at, w) + 1;
+        len = big_endian(in + *at, w) + ext;
         *at += w;
     } else if (t >= 0xd4 && t <= 0xd8)  /* fixext 1-16: type, data */
         len = 1 + ((size_t)1 << (t - 0xd4));
@@ -412,8 +408,8 @@ static int blosc2_frame_decode(const struct chunks *c, const unsigned char *in, 
     const unsigned char *chunk = in + n;
     if (size - n < 32)
         return RP_OTHER_LAYOUT;
-    size_t nbytes = chunk[4] | chunk[5] << 8 | chunk[6] << 16 | (size_t)chunk[7] << 24;
-    size_t cbytes = chunk[12] | chunk[13] << 8 | chunk[14] << 16 | (size_t)chunk[15] << 24;
+    size_t nbytes, cbytes;
+    blosc_sizes(chunk, &nbytes, &cbytes);
     typesize = chunk[3];
     size_t padded = found ? (size_t)((c->chunk[0] + shape[2][0] - 1) / shape[2][0] * shape[2][0]) * (c->nbytes / (size_t)c->chunk[0])
                           : c->nbytes;
@@ -440,8 +436,8 @@ static int direct_decode(const struct chunks *c, const unsigned char *in, size_t
                                     * blosc_decompress_ctx takes no source size */
         if (size < 16)
             return RP_DAMAGED;
-        size_t nbytes = in[4] | in[5] << 8 | in[6] << 16 | (size_t)in[7] << 24;
-        size_t cbytes = in[12] | in[13] << 8 | in[14] << 16 | (size_t)in[15] << 24;
+        size_t nbytes, cbytes;
+        blosc_sizes(in, &nbytes, &cbytes);
         if (cbytes != size)
             return RP_DAMAGED;
         if (nbytes != want)
