@@ -21,8 +21,10 @@
 //   2 m-tiles x 4 n-tiles of mma.m16n8k8 (64 images a block measured slower: fewer blocks);
 //   k-tiles of 32 features through a 3-stage cp.async pipeline, each summed in fresh accumulators and
 //   added in FP32 (the tensor cores' accumulation rounds toward zero); grid (ceil(n / images), splits):
-//   with one split ReLU -> fc2 -> argmax as fc_kernel4, with more the partial sums of its features
-//   for fc_kernel3. 3 x 2 * FEAT * HIDDEN tensor FLOPs per image; fc1 read from L2 once a block.
+//   with one split ReLU -> fc2 -> argmax as fc_kernel4 (and fc1's sums before ReLU into z_out (n,
+//   HIDDEN) where it is not null: the certificate's), with more the partial sums of its features
+//   for fc_kernel3; where `count` is not null only its first *count images (blocks past it return).
+//   3 x 2 * FEAT * HIDDEN tensor FLOPs per image; fc1 read from L2 once a block.
 
 #ifndef FC_IMGS
 #define FC_IMGS 16
@@ -263,12 +265,15 @@ __device__ __forceinline__ void fc5_fetch(float* stage, const float* __restrict_
 extern "C" __global__ void __launch_bounds__(FC5_THREADS)
 fc_kernel5(const float* __restrict__ feat, const float* __restrict__ fc1, const float* __restrict__ fc2,
            int* __restrict__ labels, int n, int* __restrict__ overflow, float* __restrict__ scores_out,
-           float* __restrict__ partial, int per_split) {
+           float* __restrict__ partial, int per_split, float* __restrict__ z_out, const int* __restrict__ count) {
 #if __CUDA_ARCH__ >= 800
     extern __shared__ float4 smem4[];
     float* smem = reinterpret_cast<float*>(smem4);
     const int t = threadIdx.x, lane = t % 32, wn = t / 32, g = lane / 4, tig = lane % 4;
-    const int img0 = blockIdx.x * FC5_IMGS, imgs = min(FC5_IMGS, n - img0);
+    const int live = count != nullptr ? min(n, *count) : n;  // the recomputed share: a count the GPU set
+    const int img0 = blockIdx.x * FC5_IMGS;
+    if (img0 >= live) return;
+    const int imgs = min(FC5_IMGS, live - img0);
     const int f_begin = blockIdx.y * per_split, f_end = min(FEAT, f_begin + per_split);
     const int tiles = (f_end - f_begin + FC5_BK - 1) / FC5_BK;
 
@@ -321,7 +326,10 @@ fc_kernel5(const float* __restrict__ feat, const float* __restrict__ fc1, const 
             for (int r = 0; r < 4; ++r) {
                 const int i = 16 * m + g + 8 * (r / 2), h = 32 * wn + 8 * j + 2 * tig + r % 2;
                 if (h >= HIDDEN) continue;
-                if (gridDim.y == 1) xh[i * HID_STRIDE + h] = relu(acc[m][j][r]);
+                if (gridDim.y == 1) {
+                    xh[i * HID_STRIDE + h] = relu(acc[m][j][r]);
+                    if (z_out != nullptr && i < imgs) z_out[(size_t)(img0 + i) * HIDDEN + h] = acc[m][j][r];
+                }
                 else if (i < imgs) partial[((size_t)blockIdx.y * n + img0 + i) * HIDDEN + h] = acc[m][j][r];
             }
     if (gridDim.y > 1) return;

@@ -21,6 +21,7 @@
 // area after it, STAGE_FLOATS, as -D options; the kernels static_assert what they rely on.
 
 #include "fused_tc.cuh"
+static_assert(STAGE_FLOATS >= 2 * SLAB2, "fused v2/v3: the stage area must hold two w2 slabs");
 
 __constant__ float c_w1[K1 * K1 * IN_C * C1];
 

@@ -10,7 +10,6 @@ constexpr int STEPS = WINDOWS / 16 * K2 * K2;  // (group of 16 windows, kh, kw)
 
 static_assert(WINDOWS % 16 == 0 && C1 % 8 == 0, "fused v2/v3: tile shapes");
 static_assert(SLAB2 % (4 * FUSED_THREADS) == 0, "fused v2/v3: w2 slab must split into 16 bytes per thread");
-static_assert(STAGE_FLOATS >= 2 * SLAB2, "fused v2/v3: the stage area must hold two w2 slabs");
 
 #include "mma.cuh"
 

@@ -141,3 +141,54 @@ def predict(x, model, style="componentwise", zero_bound=False):
     if not sure.all():
         labels[~sure] = reference.forward(np.asarray(x, np.float32)[~sure], model)
     return labels, sure
+
+
+# The GPU's certificate (cuda/fused4.cu, cuda/certify.cu) computes the bound above from float16
+# sums rounded up; these are its constants, each rounded up to float32.
+DSCALE_LOG2 = 12  # dp * 2^12 before float16: bounds down to 1.5e-8 stay normal, up to 16 finite
+
+
+def up32(x):
+    """float64 values as the float32 values at or above them."""
+    x = np.asarray(x, np.float64)
+    v = x.astype(np.float32)
+    return np.where(v.astype(np.float64) < x, np.nextafter(v, np.float32(np.inf)), v).astype(np.float32)
+
+
+def half_up(a):
+    """Non-negative a rounded up to float16 (inf past its range)."""
+    a = np.asarray(a, np.float32)
+    with np.errstate(over="ignore"):
+        h = a.astype(np.float16)
+    low = h.astype(np.float64) < a
+    h[low] = np.nextafter(h[low], np.float16(np.inf))
+    return h
+
+
+def conv2_constants(w2):
+    """fused_kernel4's c_conv2_bound: [A1, BETA_N, G3Q, C[c] per output channel]. Per output it bounds
+    conv2_gap by A1 S + C[c] + BETA_N amax, where S is the tensor cores' float32 sum of |w|_up (half_up)
+    times the float16 inputs and amax the image's largest conv1 output: sum |w| a <= (S / (1 -
+    gamma_n) + eta sum |w|_up) / (1 - u), since a <= (fl16(a) + eta) / (1 - u), and sum a <= n amax."""
+    n = w2[..., 0].size
+    alpha = 2 * U16 + U16 * U16 + gamma(n) * (1 + U16) ** 2 + U_EXACT + gamma(3 * n) * SPLIT
+    beta = (1 + U16) * ETA16 * (1 + gamma(n)) + TINY
+    w = np.abs(np.asarray(w2, np.float32)).reshape(n, -1)
+    w_up = half_up(w).astype(np.float64).sum(axis=0)
+    chan = alpha * ETA16 * w_up / (1 - U16) + beta * w.astype(np.float64).sum(axis=0) + n * ETA16 * ETA16 * (1 + gamma(n))
+    head = [alpha / ((1 - gamma(n)) * (1 - U16)), beta * n, gamma(3, U32) / 4]
+    return up32(np.concatenate([head, chan]))
+
+
+def fc_constants(fc1):
+    """certify_kernel1's c_fc_bound: [QS, MS, FR1, FR2, ALPHA2, KAPPA, ETA2H, DSCALE]. q = dp |fc1| and
+    m = |p| |fc1| come from float16 operands rounded up (dp scaled by DSCALE) summed by the tensor
+    cores, so each is at most the sum over 1 - gamma_FEAT (QS, MS also undo the scale); FR1, FR2 are
+    fc_rounding of fc1 and fc2; G = fc1 diag(active) fc2 from float16 operands rounded to nearest,
+    summed over the hidden units, is within ALPHA2 |fc1| |fc2| + KAPPA (|fc1| + |fc2|) + eta^2 (1 +
+    gamma) of the exact product, per term."""
+    feat, hidden = fc1.shape
+    g_f, g_h = gamma(feat), gamma(hidden)
+    return up32([2.0**-DSCALE_LOG2 / (1 - g_f), 1 / (1 - g_f), fc_rounding(feat), fc_rounding(hidden),
+                 2 * U16 + U16 * U16 + g_h * (1 + U16) ** 2, (1 + g_h) * (1 + U16) * ETA16,
+                 hidden * (1 + g_h) * ETA16 * ETA16, 2.0**DSCALE_LOG2])

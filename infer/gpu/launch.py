@@ -59,6 +59,7 @@ class Launcher:
     """A kernel of cuda/<source>.cu: compiled once per process, loaded once per context (a module
     dies with its context), prepared once."""
     source = kernel = arg_types = None
+    DIRECTED_ROUNDING = False  # its bounds round up: never built with --use_fast_math (flushes subnormals)
 
     def __init__(self, build, arch=None, **defines):
         """arch: the compile target where it is not the GPU's own (sm_90a for Hopper-only instructions)."""
@@ -66,9 +67,10 @@ class Launcher:
 
         self.build = build
         arch = arch or build.arch
-        key = (self.source, arch, tuple(sorted(defines.items())))
+        fast_math = build.fast_math and not self.DIRECTED_ROUNDING
+        key = (self.source, arch, tuple(sorted(defines.items())), fast_math)
         if key not in build.modules:
-            build.modules[key] = cuda.module_from_buffer(_cubin(self.source, arch, key[2], build.fast_math))
+            build.modules[key] = cuda.module_from_buffer(_cubin(self.source, arch, key[2], fast_math))
         self.module = build.modules[key]
         self.function = self.module.get_function(self.kernel)
         self.function.prepare(self.arg_types)
@@ -314,10 +316,11 @@ class Fused(Launcher):
     (mma.sync, sm_80 and later: fused2.cu), fused_kernel3 the same on Hopper's warpgroup MMA (wgmma,
     sm_90a only: fused3.cu). The host owns the shared-memory layout (plan) and passes it as -D
     options; the kernels static_assert what they rely on."""
-    arg_types = "PPPiP"
+    arg_types = "PPPiP"  # version 3 adds a count, version 4 a bound output (ARG_TYPES)
+    ARG_TYPES = {3: "PPPiPP", 4: "PPPPiP"}
     THREADS = 256
     SMEM_LIMIT = 227 * 1024
-    ARCH = {3: "sm_90a"}  # versions compiled for a target other than the GPU's own
+    ARCH = {3: "sm_90a", 4: "sm_90a"}  # versions compiled for a target other than the GPU's own
 
     @classmethod
     def plan(cls, g, version=1):
@@ -354,11 +357,15 @@ class Fused(Launcher):
             # A warp's 8 row-groups gather 8 adjacent pixels of a p1 row, 4 channels each: a pixel
             # stride of C1 + 4 puts them in 32 banks. conv1's split weights follow the images,
             # 128-byte aligned.
-            pstr = g.c1 + 4
+            # Version 4's float2 loads of float16 pairs: a pixel stride of C1 + 8 puts a half warp's
+            # 4 pixels x 4 pairs in 32 banks. Its stage area ends in the images' largest conv1
+            # outputs (4 floats) and holds two float16 slabs (C1 * C2 floats each) in phase 2.
+            pstr = g.c1 + (8 if version == 4 else 4)
             steps, tail = cls.conv1_steps(g.k1 * g.k1 * g.c)
             w1_at = ceil_div(images(4), 32) * 32
+            slabs, maxima = (2 * g.c1 * g.c2, 4) if version == 4 else (4 * g.c1 * g.c2, 0)
             layout = FusedLayout(4, pstr, p1w * pstr, p1h * p1w * pstr,
-                                 max(w1_at + (16 * steps + tail) * g.c1, 4 * g.c1 * g.c2), w1_at)
+                                 max(w1_at + (16 * steps + tail) * g.c1 + maxima, slabs + maxima), w1_at)
         if layout.shared > cls.SMEM_LIMIT:
             return None, f"it needs {layout.shared} bytes of shared memory per block, more than {cls.SMEM_LIMIT}"
         return layout, None
@@ -377,13 +384,15 @@ class Fused(Launcher):
             raise ValueError(f"the fused kernel cannot run this network: {why}")
         defines = dict(IN_H=g.h, IN_W=g.w, IN_C=g.c, K1=g.k1, C1=g.c1, K2=g.k2, C2=g.c2, IMGS=layout.imgs,
                        PSTR=layout.pstr, RSTR=layout.rstr, ISTR=layout.istr, STAGE_FLOATS=layout.stage)
-        if version == 3:
+        if version >= 3:
             defines.update(CONV1_TAIL=cls.conv1_steps(g.k1 * g.k1 * g.c)[1], X_PAD=layout.w1_at)
         return defines
 
     def __init__(self, build, g, kernel="fused_kernel1"):
         self.kernel, version = kernel, version_of(kernel)
-        self.source = f"fused{version}"
+        self.source, self.version = f"fused{version}", version
+        self.arg_types = self.ARG_TYPES.get(version, self.arg_types)
+        self.DIRECTED_ROUNDING = version == 4
         super().__init__(build, self.ARCH.get(version), **self.defines(g, version))
         layout = self.plan(g, version)[0]
         self.imgs, self.shared = layout.imgs, layout.shared
@@ -394,9 +403,15 @@ class Fused(Launcher):
         self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
         self.conv1_constant = self.module.get_global("c_w1")[0]
 
-    def __call__(self, stream, x, w2, feat, n, bad=0):
-        """bad: where not 0, the images are checked: *bad = min(*bad, first image with a non-finite value)."""
-        self.launch(stream, (ceil_div(n, self.imgs), 1), (self.THREADS, 1, 1), x, w2, feat, n, bad, shared=self.shared)
+    def __call__(self, stream, x, w2, feat, n, bad=0, count=0, dp=0):
+        """bad: where not 0, the images are checked: *bad = min(*bad, first image with a non-finite value).
+        count (version 3): a device int, the images to run of the n (0: all); dp (version 4): where
+        the features' bounds go."""
+        if (count and self.version != 3) or (dp != 0) != (self.version == 4):
+            raise ValueError(f"{self.kernel} takes {'a bound output' if self.version == 4 else 'no bound output'}"
+                             f"{', and a count' if self.version == 3 else ''}")
+        args = (x, w2, feat, dp, n, bad) if self.version == 4 else (x, w2, feat, n, bad) + ((count,) if self.version == 3 else ())
+        self.launch(stream, (ceil_div(n, self.imgs), 1), (self.THREADS, 1, 1), *args, shared=self.shared)
 
 
 class FullyConnected(Launcher):
@@ -450,7 +465,7 @@ class FullyConnected(Launcher):
         self.add_splits.prepare("PPPiPPi")
         if self.tensor_cores:
             self.tc, self.tc_bytes, self.tc_threads = self.module.get_function("fc_kernel5"), self.tc_shared(g), 32 * ceil_div(g.hidden, 32)
-            self.tc.prepare("PPPPiPPPi")
+            self.tc.prepare("PPPPiPPPiPP")
             self.tc.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.tc_bytes)
         else:
             self.split_sum = self.module.get_function("fc_kernel2")
@@ -467,15 +482,18 @@ class FullyConnected(Launcher):
         """Scratch for the splits' partial sums of up to `chunk` images (splits * n <= imgs * TARGET + n)."""
         return 0 if self.flat < self.SPLIT_FEATURES else (self.block_imgs * self.TARGET_BLOCKS + chunk) * self.hidden
 
-    def __call__(self, stream, feat, fc1, fc2, labels, n, overflow, scores=0, partial=0):
+    def __call__(self, stream, feat, fc1, fc2, labels, n, overflow, scores=0, partial=0, z=0, count=0):
         """scores: a device pointer for the (n, classes) scores, or 0 for none; partial: scratch of
-        partial_floats(n) floats."""
+        partial_floats(n) floats; z: where fc1's sums before ReLU go (n, hidden), or 0; count: a
+        device int, the images to classify of the n (0: all n). z and count need fc_kernel5 unsplit."""
         splits = self.splits(n)
+        if (z or count) and (not self.tensor_cores or splits > 1):
+            raise ValueError("fc1's sums and a device-set count need fc_kernel5 with one split")
         per_split = ceil_div(ceil_div(self.flat, splits), self.tile) * self.tile
         splits = ceil_div(self.flat, per_split)
         if self.tensor_cores:
             self.launch(stream, (ceil_div(n, self.TC_IMGS), splits), (self.tc_threads, 1, 1), feat, fc1, fc2, labels, n,
-                        overflow, scores, partial, per_split, shared=self.tc_bytes, function=self.tc, name="fc_kernel5")
+                        overflow, scores, partial, per_split, z, count, shared=self.tc_bytes, function=self.tc, name="fc_kernel5")
         elif splits == 1:
             self.launch(stream, (ceil_div(n, self.tiled_imgs), 1), (self.hidden, 1, 1), feat, fc1, fc2, labels, n,
                         overflow, scores)
@@ -485,3 +503,59 @@ class FullyConnected(Launcher):
         if splits > 1:
             self.launch(stream, (ceil_div(n, self.IMGS), 1), (self.hidden, 1, 1), partial, fc2, labels, n, overflow,
                         scores, splits, function=self.add_splits, name="fc_kernel3")
+
+
+class Certify(Launcher):
+    """The certificate of the low-precision pass and the recomputation around it (cuda/certify.cu):
+    certify_kernel1 for 32 images a block (sm_90a), compact_kernel1 (one block), gather_kernel1 and
+    scatter_kernel1. The shapes it takes: 10 classes, 128 hidden units, features in 64s."""
+    source, kernel, arg_types = "certify", "certify_kernel1", "PPPPPPPPPPi"
+    DIRECTED_ROUNDING = True
+    IMGS, THREADS, MAX_IMAGES = 32, 256, 1 << 20
+    GATHER_BLOCKS = 264
+
+    @staticmethod
+    def shared(g):
+        """certify_kernel1's dynamic shared bytes (its regions R1-R3 and the per-image terms)."""
+        a, b, g_row, ncol = 64 * 72, 64 * g.hidden // 2, 16 * g.classes + 8, 16 * g.classes
+        r1 = max(2 * 64 * g_row, 2 * (a + b))
+        return 4 * (r1 + g.hidden * ncol + 2 * (64 * g.hidden // 2 + 32 * 64) + 32 * (3 * g.classes + 2))
+
+    @staticmethod
+    def fits(g):
+        """None where the certificate's kernels take geometry g, else why not."""
+        if g.classes != 10 or g.hidden != 128 or g.flat % 64 or g.flat >= FullyConnected.SPLIT_FEATURES:
+            return (f"the certificate needs 10 classes, 128 hidden units and 64 to {FullyConnected.SPLIT_FEATURES - 64} "
+                    f"features in 64s; the model has {g.classes}, {g.hidden} and {g.flat}")
+        return None
+
+    def __init__(self, build, g):
+        import pycuda.driver as cuda
+
+        super().__init__(build, "sm_90a", FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes)
+        self.elems, self.bytes = g.h * g.w * g.c, self.shared(g)
+        self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.bytes)
+        self.compact, self.gather, self.scatter = (self.module.get_function(f"{k}_kernel1") for k in ("compact", "gather", "scatter"))
+        self.compact.prepare("PiPPPP")
+        self.gather.prepare("PPPPi")
+        self.scatter.prepare("PPPPPPPP")
+        self.constants = self.module.get_global("c_fc_bound")[0]
+
+    def __call__(self, stream, feat, dp, z, scores, labels, w1abs, w1h, w2, w2h, ok, n):
+        self.launch(stream, (ceil_div(n, self.IMGS), 1), (self.THREADS, 1, 1), feat, dp, z, scores, labels, w1abs, w1h,
+                    w2, w2h, ok, n, shared=self.bytes)
+
+    def compact_list(self, stream, ok, n, idx, count, fb_overflow, total):
+        """The images ok left out, in order, into idx; their number into *count and added to *total."""
+        if n > self.MAX_IMAGES:
+            raise ValueError(f"compact_kernel1 takes at most {self.MAX_IMAGES} images a chunk, not {n}")
+        self.launch(stream, (1, 1), (1024, 1, 1), ok, n, idx, count, fb_overflow, total, function=self.compact,
+                    name="compact_kernel1")
+
+    def gather_images(self, stream, x, idx, count, xc):
+        self.launch(stream, (self.GATHER_BLOCKS, 1), (256, 1, 1), x, idx, count, xc, self.elems, function=self.gather,
+                    name="gather_kernel1")
+
+    def scatter_labels(self, stream, n, idx, count, fb_labels, labels, fb_scores, scores, fb_overflow, overflow):
+        self.launch(stream, (ceil_div(n, 256), 1), (256, 1, 1), idx, count, fb_labels, labels, fb_scores, scores,
+                    fb_overflow, overflow, function=self.scatter, name="scatter_kernel1")

@@ -27,3 +27,11 @@ def wgmma_column_blocks(w, bn, bk=16):
     padded = np.zeros((kp, np_), np.float32)
     padded[:k, :n] = w
     return wgmma_operand(np.ascontiguousarray(padded.reshape(kp, np_ // bn, bn).transpose(1, 0, 2)))
+
+
+def wgmma_halves(w):
+    """(S, K, N) float16 values (K a multiple of 16, N of 8) as wgmma's K-major core matrices (8 rows
+    of N x 8 k, 16 bytes a row) for each k16 step: (S, K/16, N/8, 2 halves of k, 8, 8)."""
+    s, k, n = w.shape
+    parts = np.asarray(w, np.float16).reshape(s, k // 16, 2, 8, n // 8, 8)  # k = 16 ks + 8 half + kk, n = 8 ni + r
+    return np.ascontiguousarray(parts.transpose(0, 1, 4, 2, 5, 3))

@@ -9,8 +9,9 @@ check the images as they stage them, the other pipelines run check_kernel1 first
 """
 import numpy as np
 
+from .. import certify
 from . import launch
-from .operands import tf32, wgmma_column_blocks, wgmma_operand
+from .operands import tf32, wgmma_column_blocks, wgmma_halves, wgmma_operand
 
 
 class Scratch:
@@ -321,6 +322,91 @@ class FusedWarpgroup(Hopper, FusedTensorCores):
         return wgmma_operand(np.ascontiguousarray(conv2, np.float32).reshape(k2 * k2, c1, c2))
 
 
+class FusedCertified(FusedWarpgroup):
+    """Certified low precision (docs/certified.md): conv2 with float16 operands and a bound beside
+    each feature (fused_kernel4), fc1 -> ReLU -> fc2 as the exact path computes them (fc1's sums
+    before ReLU kept), a certificate per image (certify_kernel1); the images it leaves out are listed
+    on the GPU and recomputed by fused-wgmma's kernels (fused_kernel3, fc_kernel5) on a count the GPU
+    set, so the labels are fused-wgmma's. The scores asked for are the float16 pass's where certified."""
+    NAME = "fused-certified"
+    KERNEL = "fused_kernel4"
+
+    @classmethod
+    def available(cls, g, arch):
+        return super().available(g, arch) or launch.Certify.fits(g)
+
+    def __init__(self, build, g):
+        self.g = g
+        self.convs = launch.Fused(build, g, self.KERNEL)
+        self.exact = launch.Fused(build, g, FusedWarpgroup.KERNEL)
+        self.fcs = launch.FullyConnected(build, g, tensor_cores=True)
+        self.cert = launch.Certify(build, g)
+        self.recomputed_dev = None
+
+    @staticmethod
+    def conv2_halves(conv2):
+        """(K2, K2, C1, C2) as K2*K2 slabs of C1 rows x 2*C2 columns of float16, the weights rounded
+        to nearest then their magnitudes rounded up, in wgmma's layout: (K2*K2, C1/16, 2*C2/8, 2, 8, 8)."""
+        k2, _, c1, c2 = conv2.shape
+        w = np.ascontiguousarray(conv2, np.float32).reshape(k2 * k2, c1, c2)
+        with np.errstate(over="ignore"):
+            both = np.concatenate([w.astype(np.float16), certify.half_up(np.abs(w))], axis=2)
+        return wgmma_halves(both)
+
+    def upload(self, model, to_device):
+        import pycuda.driver as cuda
+
+        def words(halves):  # float16 arrays travel as the float32 words holding them in pairs
+            return to_device(np.ascontiguousarray(halves, np.float16).reshape(-1).view(np.float32))
+
+        g, conv1 = self.g, self.conv1_weights(model.conv1)
+        cuda.memcpy_htod(self.convs.conv1_constant, conv1)
+        cuda.memcpy_htod(self.exact.conv1_constant, conv1)
+        cuda.memcpy_htod(self.convs.module.get_global("c_conv2_bound")[0], certify.conv2_constants(model.conv2))
+        cuda.memcpy_htod(self.cert.constants, certify.fc_constants(model.fc1))
+        self.w2, self.w2h = to_device(self.conv2_weights(model.conv2)), words(self.conv2_halves(model.conv2))
+        self.fc1, self.fc2 = to_device(model.fc1), to_device(model.fc2)
+        with np.errstate(over="ignore"):
+            self.w1abs = words(wgmma_halves(certify.half_up(np.abs(model.fc1))[None]))
+            self.w1h = words(wgmma_halves(model.fc1.astype(np.float16).reshape(g.flat // 64, 64, g.hidden).transpose(0, 2, 1)))
+            self.fc2h = words(model.fc2.astype(np.float16))
+        self.recomputed_dev = to_device(np.zeros(1, np.float32))  # an int32 counter (zero bits)
+
+    def recomputed(self):
+        """Images recomputed by the exact path since the last call (synchronizes)."""
+        import pycuda.driver as cuda
+
+        count = np.zeros(1, np.int32)
+        cuda.memcpy_dtoh(count, self.recomputed_dev)
+        cuda.memset_d32(self.recomputed_dev, 0, 1)
+        return int(count[0])
+
+    def _layout(self, chunk):
+        g = self.g
+        return [("feat", chunk * g.flat), ("dp", chunk * g.flat), ("z", chunk * g.hidden), ("scores", chunk * g.classes),
+                ("ok", chunk), ("idx", chunk), ("count", 1), ("fb_overflow", 1), ("cert_overflow", 1),
+                ("xc", chunk * g.h * g.w * g.c), ("fb_labels", chunk), ("fb_scores", chunk * g.classes),
+                ("partial", self.fcs.partial_floats(chunk))]
+
+    def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0):
+        import pycuda.driver as cuda
+
+        s, c = Scratch(scratch_base, self._layout(n)).ptr, self.cert
+        self.convs(stream, x, self.w2h, s["feat"], n, bad, dp=s["dp"])
+        # The float16 pass's scores may overflow where the exact path's do not: its own flag, unread.
+        self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, s["cert_overflow"], s["scores"], s["partial"], z=s["z"])
+        c(stream, s["feat"], s["dp"], s["z"], s["scores"], labels, self.w1abs, self.w1h, self.fc2, self.fc2h, s["ok"], n)
+        c.compact_list(stream, s["ok"], n, s["idx"], s["count"], s["fb_overflow"], self.recomputed_dev)
+        c.gather_images(stream, x, s["idx"], s["count"], s["xc"])
+        self.exact(stream, s["xc"], self.w2, s["feat"], n, 0, count=s["count"])
+        self.fcs(stream, s["feat"], self.fc1, self.fc2, s["fb_labels"], n, s["fb_overflow"], s["fb_scores"] if scores else 0,
+                 s["partial"], count=s["count"])
+        if scores:
+            cuda.memcpy_dtod_async(scores, s["scores"], 4 * n * self.g.classes, stream)
+        c.scatter_labels(stream, n, s["idx"], s["count"], s["fb_labels"], labels, s["fb_scores"] if scores else 0, scores,
+                         s["fb_overflow"], overflow)
+
+
 class ImplicitWarpgroup(Hopper, Implicit):
     """Implicit with each conv layer on Hopper's warpgroup MMA (wgmma, conv_kernel2) in 3xTF32, the
     weights read by the tensor cores from shared memory; sm_90 only."""
@@ -334,7 +420,8 @@ class ImplicitWarpgroup(Hopper, Implicit):
         return wgmma_column_blocks(weights.reshape(-1, weights.shape[-1]), bn, launch.Conv.BK)
 
 
-ALGORITHMS = {algo.NAME: algo for algo in (FusedWarpgroup, FusedTensorCores, ImplicitWarpgroup, Implicit, Fused, Unroll)}  # auto's order of preference
+ALGORITHMS = {algo.NAME: algo for algo in (FusedWarpgroup, FusedTensorCores, ImplicitWarpgroup, Implicit, Fused, Unroll,
+                                           FusedCertified)}  # auto's order of preference
 AUTO = "auto"  # the first of ALGORITHMS that can run the model on the GPU at hand
 
 

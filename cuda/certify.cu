@@ -1,0 +1,318 @@
+// The certificate of the low-precision pass (docs/certified.md) and the recomputation of the images
+// it leaves out. in: per image the float16 pass's features p and their bounds dp (n, FEAT), fc1's
+// sums before ReLU z (n, HIDDEN), the scores (n, CLASSES) and labels (n) (fc_kernel5 on p); fc2
+// (HIDDEN, CLASSES) float32 and rounded to float16; |fc1| rounded up and fc1 rounded to nearest,
+// float16, laid out by the host as wgmma operands; c_fc_bound the bound's constants.
+// certify_kernel1 (sm_90a only): block 256 threads = 2 warpgroups, 32 images, grid ceil(n / 32).
+//   Phase A: [dp * 2^S; |p|] (64 rows, rounded up to float16) . |fc1|_up on wgmma.m64n64k16, a
+//   warpgroup per 64 hidden units, k-tiles of 64 features staged by cp.async: per hidden unit j the
+//   bound e1_j = q_j + r1_j on fc1's difference between the paths (q = dp.|fc1|, r1 the float32
+//   sums' rounding), stable = |z_j| > e1_j, active = stable and z_j > 0; per class the bound's fc
+//   terms. Phase B: per image G = fc1 . diag(active) . fc2 (FEAT x CLASSES) on wgmma.m64n160k16
+//   (A: fc1 in 64-feature slabs from shared memory, B: 16 images x 10 classes per warpgroup), and
+//   P_c = sum_i dp_i |G_it - G_ic|; the image is certified (ok = 1) when, for every class c other
+//   than its label t, s_t - s_c (rounded down) exceeds P_c + the fc terms (rounded up).
+//   2 x FEAT x HIDDEN x (2 + CLASSES) float16 tensor FLOPs an image (Phase A's rows: dp and |p|).
+// compact_kernel1: one block of 1024 threads: the images with ok = 0 in order into idx, their number
+//   into *count and added to *total (the run's recomputed images), *fb_overflow = INT_MAX (for the
+//   recomputation's fc_kernel5).
+// gather_kernel1: grid-stride over the *count listed images, copying each (elems floats) to xc.
+// scatter_kernel1: the recomputed labels (and scores, where asked) back to the listed images; the
+//   recomputation's first image with non-finite scores min'ed into *overflow by its own index.
+
+#include <cuda_fp16.h>
+
+#include "common.cuh"
+#include "mma.cuh"
+#include "wgmma.cuh"
+
+#define CERT_THREADS 256
+constexpr int IMGS = 32;
+static_assert(HIDDEN == 128 && CLASSES == 10 && FEAT % 64 == 0, "certify v1: 128 hidden units, 10 classes, features in 64s");
+constexpr int KT = 64;                     // phase A's k-tile (features); phase B's slab (feature rows)
+constexpr int A_ROW = KT + 8;              // staged A rows: float2 fragment loads conflict-free
+constexpr int A_FLOATS = 64 * A_ROW;       // [dp; |p|] k-tile, float32
+constexpr int B_FLOATS = KT * HIDDEN / 2;  // |fc1|_up k-tile, halves
+constexpr int NCOL = 16 * CLASSES;         // phase B columns per warpgroup
+constexpr int G_ROW = NCOL + 8;            // G tile row stride (floats): float2 stores conflict-free
+constexpr int BM_FLOATS = HIDDEN * NCOL / 2;   // a warpgroup's diag(active) . fc2, halves
+constexpr int W1_FLOATS = KT * HIDDEN / 2;     // an fc1 slab, halves
+constexpr int DP_FLOATS = IMGS * KT;           // the slab's dp of the block's images
+// Shared memory (floats): region 1 = phase A's two stages, then Q; phase B's two G tiles.
+constexpr int R1 = 2 * 64 * G_ROW > 2 * (A_FLOATS + B_FLOATS) ? 2 * 64 * G_ROW : 2 * (A_FLOATS + B_FLOATS);
+constexpr int R2 = 2 * BM_FLOATS;              // both warpgroups' B operands
+constexpr int R3 = 2 * (W1_FLOATS + DP_FLOATS);  // phase B's two stages
+constexpr int Q_ROW = HIDDEN + 4;
+static_assert(64 * Q_ROW <= R1, "certify: Q fits region 1");
+constexpr int SMALL = IMGS * (3 * CLASSES + 2);  // per image: E, T, R per class, D, label
+static_assert((R1 + R2 + R3 + SMALL) * 4 <= 227 * 1024, "certify: shared memory (launch.Certify.SHARED)");
+
+enum { QS, MS, FR1, FR2, ALPHA2, KAPPA, ETA2H, DSCALE, NCONST };
+__constant__ float c_fc_bound[NCONST];
+
+__device__ __forceinline__ unsigned half2_up(float a, float b) {
+    const __half2 h = __halves2half2(__float2half_ru(a), __float2half_ru(b));
+    return *reinterpret_cast<const unsigned*>(&h);
+}
+
+// |a - b| rounded up.
+__device__ __forceinline__ float absdiff_ru(float a, float b) { return a >= b ? __fsub_ru(a, b) : __fsub_ru(b, a); }
+
+extern "C" __global__ void __launch_bounds__(CERT_THREADS, 1)
+certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, const float* __restrict__ z,
+                const float* __restrict__ scores, const int* __restrict__ labels, const float4* __restrict__ w1abs,
+                const float4* __restrict__ w1h, const float* __restrict__ w2, const __half* __restrict__ w2h,
+                int* __restrict__ ok, int n) {
+    extern __shared__ float4 smem4[];
+    float* r1 = reinterpret_cast<float*>(smem4);
+    float* r2 = r1 + R1;
+    float* r3 = r2 + R2;
+    float* small = r3 + R3;
+    float* E = small;                      // [img][c]
+    float* T = E + IMGS * CLASSES;
+    float* R = T + IMGS * CLASSES;
+    float* D = R + IMGS * CLASSES;         // sum of dp
+    int* top = reinterpret_cast<int*>(D + IMGS);
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
+    const int wg = warp / 4, w = warp % 4, tw = t % 128;
+    const int img0 = blockIdx.x * IMGS, imgs = min(IMGS, n - img0);
+
+    // Per image: its label and sum dp (a warp per image, rounded up).
+    for (int i = warp; i < IMGS; i += 8) {
+        float s = 0.0f;
+        if (i < imgs)
+            for (int f = lane; f < FEAT; f += 32) s = __fadd_ru(s, dp[(size_t)(img0 + i) * FEAT + f]);
+        for (int o = 16; o > 0; o /= 2) s = __fadd_ru(s, __shfl_xor_sync(0xffffffffu, s, o));
+        if (lane == 0) {
+            D[i] = s;
+            top[i] = i < imgs ? labels[img0 + i] : 0;
+        }
+    }
+
+    // Phase A. Rows 0-31: dp of image r (times 2^S), rows 32-63: |p| of image r - 32.
+    auto fetch_a = [&](int tile) {
+        float* as = r1 + (tile % 2) * (A_FLOATS + B_FLOATS);
+        float* bs = as + A_FLOATS;
+        const int f0 = tile * KT;
+        for (int e = t; e < 64 * KT / 4; e += CERT_THREADS) {
+            const int row = e / (KT / 4), col = 4 * (e % (KT / 4)), img = row % 32;
+            const float* src = (row < 32 ? dp : feat) + (size_t)(img0 + min(img, imgs - 1)) * FEAT + f0 + col;
+            cp_async16(as + row * A_ROW + col, src, img < imgs);
+        }
+        const float4* src = w1abs + (size_t)tile * (B_FLOATS / 4);
+        for (int e = t; e < B_FLOATS / 4; e += CERT_THREADS) cp_async16(reinterpret_cast<float4*>(bs) + e, src + e, true);
+        cp_async_commit();
+    };
+    float qa[32];
+    fetch_a(0);
+    for (int tile = 0; tile < FEAT / KT; ++tile) {
+        cp_async_wait<0>();
+        asm volatile("fence.proxy.async.shared::cta;");
+        __syncthreads();  // this tile landed; every MMA on the other stage has completed
+        if (tile + 1 < FEAT / KT) fetch_a(tile + 1);
+        const float* as = r1 + (tile % 2) * (A_FLOATS + B_FLOATS);
+        const float* bs = as + A_FLOATS;
+        const float scale = w < 2 ? c_fc_bound[DSCALE] : 1.0f;  // warps 0-1: dp rows, 2-3: |p| rows
+        unsigned av[KT / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < KT / 16; ++ks)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const float2 v = *reinterpret_cast<const float2*>(as + (16 * w + g + 8 * (r % 2)) * A_ROW + 16 * ks + 2 * tig + 8 * (r / 2));
+                av[ks][r] = half2_up(fabsf(v.x) * scale, fabsf(v.y) * scale);
+            }
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int ks = 0; ks < KT / 16; ++ks)  // this warpgroup's 64 hidden units: column groups 8 wg on
+            wgmma16(qa, av[ks], wgmma_desc(bs + ks * (HIDDEN * 16 / 2) + wg * 8 * 64), tile > 0 || ks > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        wgmma_drain();
+    }
+    __syncthreads();  // the stages are dead: Q takes their place
+    float* Q = r1;
+#pragma unroll
+    for (int c = 0; c < 8; ++c)
+#pragma unroll
+        for (int dy = 0; dy < 2; ++dy)
+            *reinterpret_cast<float2*>(Q + (16 * w + g + 8 * dy) * Q_ROW + 64 * wg + 8 * c + 2 * tig) =
+                make_float2(qa[4 * c + 2 * dy], qa[4 * c + 2 * dy + 1]);
+    __syncthreads();
+
+    // Per image (8 threads, 16 hidden units each): e1, the ReLU pattern, phase B's operand and the
+    // fc terms: A_c = sum active |w2_c| q, B_c = sum active |w2_c|, Qa = sum active q, T_c = sum
+    // |w2_t - w2_c| (active r1, unstable e1), R_c = sum (2h + e1 unless stable and off) |w2_c|.
+    {
+        const int i = t / 8, part = t % 8, tc = top[i];
+        __half* bm = reinterpret_cast<__half*>(r2) + (i / 16) * 2 * BM_FLOATS;  // halves
+        float Ac[CLASSES] = {}, Bc[CLASSES] = {}, Tc[CLASSES] = {}, Rc[CLASSES] = {}, qact = 0.0f;
+        for (int jj = 0; jj < 16; ++jj) {
+            const int j = part * 16 + jj;
+            const float q = __fmul_ru(Q[i * Q_ROW + j], c_fc_bound[QS]), m = __fmul_ru(Q[(32 + i) * Q_ROW + j], c_fc_bound[MS]);
+            const float rr = __fmul_ru(c_fc_bound[FR1], __fmaf_ru(2.0f, m, q)), e1 = __fadd_ru(q, rr);
+            const float zj = i < imgs ? z[(size_t)(img0 + i) * HIDDEN + j] : 0.0f;
+            const bool stable = fabsf(zj) > e1, active = stable && zj > 0.0f;
+            const float h = relu(zj), wt = w2[j * CLASSES + tc];
+            const float coef_t = active ? rr : (stable ? 0.0f : e1), coef_r = __fadd_ru(2.0f * h, stable && !active ? 0.0f : e1);
+            if (active) qact = __fadd_ru(qact, q);
+#pragma unroll
+            for (int c = 0; c < CLASSES; ++c) {
+                const float wc = w2[j * CLASSES + c], aw = fabsf(wc);
+                if (active) {
+                    Ac[c] = __fmaf_ru(aw, q, Ac[c]);
+                    Bc[c] = __fadd_ru(Bc[c], aw);
+                }
+                Tc[c] = __fmaf_ru(absdiff_ru(wt, wc), coef_t, Tc[c]);
+                Rc[c] = __fmaf_ru(coef_r, aw, Rc[c]);
+                // B operand of this image's column 10 (i % 16) + c, k = j: K-major core matrices
+                // (k16 step, 8-column group, half of k, column % 8, k % 8).
+                const int col = CLASSES * (i % 16) + c, kk = j % 16;
+                bm[(((j / 16) * (NCOL / 8) + col / 8) * 2 + kk / 8) * 64 + (col % 8) * 8 + kk % 8] =
+                    active ? w2h[j * CLASSES + c] : __float2half(0.0f);
+            }
+        }
+#pragma unroll
+        for (int o = 1; o < 8; o *= 2) {
+            qact = __fadd_ru(qact, __shfl_xor_sync(0xffffffffu, qact, o));
+#pragma unroll
+            for (int c = 0; c < CLASSES; ++c) {
+                Ac[c] = __fadd_ru(Ac[c], __shfl_xor_sync(0xffffffffu, Ac[c], o));
+                Bc[c] = __fadd_ru(Bc[c], __shfl_xor_sync(0xffffffffu, Bc[c], o));
+                Tc[c] = __fadd_ru(Tc[c], __shfl_xor_sync(0xffffffffu, Tc[c], o));
+                Rc[c] = __fadd_ru(Rc[c], __shfl_xor_sync(0xffffffffu, Rc[c], o));
+            }
+        }
+        if (part == 0)
+#pragma unroll
+            for (int c = 0; c < CLASSES; ++c) {
+                // E_c: G's own float16 rounding and float32 sums, weighted by dp (docs/certified.md)
+                const float eta = __fmaf_ru(c_fc_bound[KAPPA], __fmaf_ru(D[i], Bc[c], qact), __fmul_ru(c_fc_bound[ETA2H], D[i]));
+                E[i * CLASSES + c] = __fmaf_ru(c_fc_bound[ALPHA2], Ac[c], eta);
+                T[i * CLASSES + c] = Tc[c];
+                R[i * CLASSES + c] = Rc[c];
+            }
+    }
+
+    // Phase B: fc1 slabs of 64 feature rows (and the slab's dp) staged by cp.async.
+    auto fetch_b = [&](int slab) {
+        float* ws = r3 + (slab % 2) * (W1_FLOATS + DP_FLOATS);
+        const float4* src = w1h + (size_t)slab * (W1_FLOATS / 4);
+        for (int e = t; e < W1_FLOATS / 4; e += CERT_THREADS) cp_async16(reinterpret_cast<float4*>(ws) + e, src + e, true);
+        float* ds = ws + W1_FLOATS;
+        for (int e = t; e < DP_FLOATS / 4; e += CERT_THREADS) {
+            const int img = e / (KT / 4), col = 4 * (e % (KT / 4));
+            cp_async16(ds + img * KT + col, dp + (size_t)(img0 + min(img, imgs - 1)) * FEAT + slab * KT + col, img < imgs);
+        }
+        cp_async_commit();
+    };
+    float P[CLASSES] = {};
+    const int il = tw / 8, part = tw % 8, i = 16 * wg + il;  // this thread's image (of its warpgroup's 16), rows part + 8r
+    const int tc = top[i];
+    float* G = r1 + wg * 64 * G_ROW;
+    const float* bm = r2 + wg * BM_FLOATS;
+    asm volatile("fence.proxy.async.shared::cta;");  // the B operands, written above, read by the tensor cores
+    __syncthreads();
+    fetch_b(0);
+    float acc[80];
+    for (int slab = 0; slab < FEAT / KT; ++slab) {
+        cp_async_wait<0>();
+        asm volatile("fence.proxy.async.shared::cta;");
+        __syncthreads();  // this slab landed; the other stage's MMAs and every G tile read are done
+        if (slab + 1 < FEAT / KT) fetch_b(slab + 1);
+        const float* ws = r3 + (slab % 2) * (W1_FLOATS + DP_FLOATS);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int ks = 0; ks < HIDDEN / 16; ++ks)
+            wgmma16_ss(acc, wgmma_desc(ws + ks * (64 * 16 / 2)), wgmma_desc(bm + ks * (NCOL * 16 / 2)), ks > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        wgmma_drain();
+#pragma unroll
+        for (int c = 0; c < NCOL / 8; ++c)
+#pragma unroll
+            for (int dy = 0; dy < 2; ++dy)
+                *reinterpret_cast<float2*>(G + (16 * w + g + 8 * dy) * G_ROW + 8 * c + 2 * tig) =
+                    make_float2(acc[4 * c + 2 * dy], acc[4 * c + 2 * dy + 1]);
+        asm volatile("bar.sync %0, 128;" :: "r"(1 + wg));  // this warpgroup's G tile is whole
+        const float* ds = ws + W1_FLOATS + i * KT;
+#pragma unroll
+        for (int r = 0; r < 8; ++r) {
+            const int row = part + 8 * r;
+            const float* gr = G + row * G_ROW + CLASSES * il;
+            const float d = ds[row], gt = gr[tc];
+#pragma unroll
+            for (int c = 0; c < CLASSES; ++c) P[c] = __fmaf_ru(d, absdiff_ru(gt, gr[c]), P[c]);
+        }
+    }
+#pragma unroll
+    for (int o = 1; o < 8; o *= 2)
+#pragma unroll
+        for (int c = 0; c < CLASSES; ++c) P[c] = __fadd_ru(P[c], __shfl_xor_sync(0xffffffffu, P[c], o));
+
+    if (part == 0 && i < imgs) {
+        const float* s = scores + (size_t)(img0 + i) * CLASSES;
+        const float* Ei = E + i * CLASSES;
+        const float* Ti = T + i * CLASSES;
+        const float* Ri = R + i * CLASSES;
+        bool sure = true;
+#pragma unroll
+        for (int c = 0; c < CLASSES; ++c) {
+            if (c == tc) continue;
+            float gap = __fadd_ru(__fadd_ru(P[c], __fadd_ru(Ei[tc], Ei[c])), Ti[c]);
+            gap = __fmaf_ru(c_fc_bound[FR2], __fadd_ru(Ri[tc], Ri[c]), gap);
+            sure = sure && isfinite(s[c]) && isfinite(gap) && __fsub_rd(s[tc], s[c]) > gap;
+        }
+        ok[img0 + i] = sure && isfinite(s[tc]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(1024)
+compact_kernel1(const int* __restrict__ ok, int n, int* __restrict__ idx, int* __restrict__ count, int* __restrict__ fb_overflow,
+                int* __restrict__ total) {
+    __shared__ int warp_sums[32];
+    const int t = threadIdx.x, per = (n + 1023) / 1024, begin = min(n, t * per), end = min(n, begin + per);
+    int mine = 0;
+    for (int i = begin; i < end; ++i) mine += ok[i] == 0;
+    int incl = mine;  // inclusive scan over the warp, then over the warps' sums
+    for (int o = 1; o < 32; o *= 2) {
+        const int v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (t % 32 >= o) incl += v;
+    }
+    if (t % 32 == 31) warp_sums[t / 32] = incl;
+    __syncthreads();
+    if (t < 32) {
+        int v = warp_sums[t];
+        for (int o = 1; o < 32; o *= 2) {
+            const int u = __shfl_up_sync(0xffffffffu, v, o);
+            if (t >= o) v += u;
+        }
+        warp_sums[t] = v;
+    }
+    __syncthreads();
+    int at = incl - mine + (t >= 32 ? warp_sums[t / 32 - 1] : 0);
+    for (int i = begin; i < end; ++i)
+        if (ok[i] == 0) idx[at++] = i;
+    if (t == 1023) {
+        *count = at;
+        *fb_overflow = 0x7fffffff;
+        atomicAdd(total, at);
+    }
+}
+
+extern "C" __global__ void gather_kernel1(const float* __restrict__ x, const int* __restrict__ idx, const int* __restrict__ count,
+                                          float* __restrict__ xc, int elems) {
+    for (int i = blockIdx.x; i < *count; i += gridDim.x) {
+        const float* src = x + (size_t)idx[i] * elems;
+        float* dst = xc + (size_t)i * elems;
+        for (int e = threadIdx.x; e < elems; e += blockDim.x) dst[e] = src[e];
+    }
+}
+
+extern "C" __global__ void scatter_kernel1(const int* __restrict__ idx, const int* __restrict__ count, const int* __restrict__ fb_labels,
+                                           int* __restrict__ labels, const float* __restrict__ fb_scores, float* __restrict__ scores,
+                                           const int* __restrict__ fb_overflow, int* __restrict__ overflow) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= *count) return;
+    labels[idx[i]] = fb_labels[i];
+    if (scores != nullptr)
+        for (int c = 0; c < CLASSES; ++c) scores[(size_t)idx[i] * CLASSES + c] = fb_scores[(size_t)i * CLASSES + c];
+    if (i == *fb_overflow) atomicMin(overflow, idx[i]);
+}

@@ -1,0 +1,104 @@
+"""fused-certified (float16 conv2 with a certificate per image, the rest recomputed exactly) gives
+fused-wgmma's labels: on testfull, the bundled model's sample, random weights and constructed near
+ties, where trusting the float16 pass alone (every image certified) changes labels. Needs a Hopper GPU."""
+import numpy as np
+import pytest
+
+from infer import loader
+from infer.bench import random_case, read_all
+from tests.conftest import REPO
+from tests.near_ties import near_ties
+
+pytestmark = pytest.mark.gpu
+
+CERTIFIED, EXACT = "fused-certified", "fused-wgmma"
+
+
+def hopper(gpu):
+    from infer.gpu.launch import needs_hopper
+
+    why = needs_hopper(gpu.arch)
+    if why:
+        pytest.skip(why)
+
+
+def labels_of(algo, model, x, chunk=None, scores=False):
+    """(labels, scores or None, images the certificate left to the exact path or None)."""
+    from infer.gpu.backend import CudaBackend
+
+    b = CudaBackend(conv_algo=algo, chunk=chunk)
+    try:
+        host = b.host_buffers(x.shape, np.float32)[0]
+        host[...] = x
+        b.prepare(model, x.shape, scores=scores)
+        pipeline = b.executor.pipeline
+        if algo == CERTIFIED:
+            pipeline.recomputed()  # the warm-up's
+        labels, s = b.forward(host)
+        return labels, s, pipeline.recomputed() if algo == CERTIFIED else None
+    finally:
+        b.close()
+
+
+def both(model, x, chunk=None):
+    exact, _, _ = labels_of(EXACT, model, x, chunk)
+    certified, _, recomputed = labels_of(CERTIFIED, model, x, chunk)
+    return exact, certified, recomputed
+
+
+@pytest.mark.parametrize("chunk", [None, 333])
+def test_testfull_labels_are_the_exact_paths(gpu, ece408, chunk):
+    hopper(gpu)
+    model = loader.load_model(ece408 / "model.hdf5")
+    x = read_all(ece408 / "testfull.hdf5", model, 10000)
+    exact, certified, recomputed = both(model, x, chunk)
+    np.testing.assert_array_equal(certified, exact)
+    assert 0 < recomputed < 0.4 * len(x), recomputed  # the oracle leaves 16% (docs/certified.md)
+
+
+def test_bundled_sample_labels_are_the_exact_paths(gpu):
+    hopper(gpu)
+    model = loader.load_model(REPO / "models" / "cnninfer-mnist.hdf5")
+    x = read_all(REPO / "models" / "mnist-sample.hdf5", model, 1000)
+    exact, certified, recomputed = both(model, x)
+    np.testing.assert_array_equal(certified, exact)
+    assert recomputed < 0.1 * len(x), recomputed
+
+
+@pytest.mark.parametrize("spec", ["28x28x1,5:32,5:64,128", "28x28x3,3:32,5:64,128", "28x44x2,5:32,5:64,128"])
+@pytest.mark.parametrize("scale", [1.0, 1e-3, 200.0])
+def test_random_networks_labels_are_the_exact_paths(gpu, spec, scale):
+    hopper(gpu)
+    model, x = random_case(spec, 517, seed=11)
+    exact, certified, _ = both(model, x * np.float32(scale))
+    np.testing.assert_array_equal(certified, exact)
+
+
+def test_near_ties_need_the_certificate(gpu, ece408, monkeypatch):
+    """Near ties: the certified labels are the exact path's; with every image certified (the bound
+    forced to 0: certify_kernel1 replaced by ok = 1) the float16 pass's labels differ on some."""
+    import pycuda.driver as cuda
+
+    from infer.gpu import launch
+
+    hopper(gpu)
+    model = loader.load_model(ece408 / "model.hdf5")
+    ties, _ = near_ties(read_all(ece408 / "testfull.hdf5", model, 2000), model, pairs=8)
+    exact, certified, recomputed = both(model, ties)
+    np.testing.assert_array_equal(certified, exact)
+    assert recomputed >= 16  # at least the bisected pair of each segment
+
+    monkeypatch.setattr(launch.Certify, "__call__",
+                        lambda self, stream, *args: cuda.memset_d32_async(args[-2], 1, args[-1], stream))
+    trusted, _, none_left = labels_of(CERTIFIED, model, ties)
+    assert none_left == 0
+    assert np.count_nonzero(trusted != exact) >= 2, "float16 alone never changed a near tie's label"
+
+
+def test_scores_are_the_float16_pass_within_its_error(gpu, ece408):
+    hopper(gpu)
+    model = loader.load_model(ece408 / "model.hdf5")
+    x = read_all(ece408 / "testfull.hdf5", model, 1000)
+    _, exact, _ = labels_of(EXACT, model, x, scores=True)
+    _, certified, _ = labels_of(CERTIFIED, model, x, scores=True)
+    np.testing.assert_allclose(certified, exact, rtol=0, atol=2e-2 * np.abs(exact).max())
