@@ -157,7 +157,7 @@ GEOMETRIES = [Geometry(28, 28, 1, 5, 32, 5, 64, 128, 10), Geometry(24, 24, 1, 5,
               Geometry(24, 24, 2, 1, 32, 5, 64, 100, 7)]
 
 
-FUSED = [name for name in ALGORITHMS if name.startswith("fused")]
+FUSED = [name for name in ALGORITHMS if name.startswith("fused") and name != "fused-certified"]
 
 
 @pytest.mark.parametrize("algo", FUSED)
@@ -187,6 +187,38 @@ def test_fused_conv_kernel(gpu, rng, g, algo):
     k(None, d.put(x), w2, feat, n, bad)
     k(None, d.put(x), w2, feat, n, 0)
     assert d.get(bad, 1, np.int32)[0] == 5
+
+
+@pytest.mark.parametrize("g", GEOMETRIES, ids=lambda g: f"{g.h}x{g.w}x{g.c}-k{g.k1}-{g.c1}-k{g.k2}-{g.c2}")
+@pytest.mark.parametrize("scale", [1.0, 3e-3, 300.0])
+def test_fused_kernel4_features_lie_within_their_bounds(gpu, rng, g, scale):
+    """The float16 pass's features are within dp of float32's (the exact path's rounding is inside
+    the bound too), dp is within a few thousand times the difference (a worst case over rounding directions), and dp is not finite
+    where the float16 inputs overflow."""
+    from infer import certify
+    from infer.gpu.launch import Fused
+    from infer.gpu.pipelines import FusedCertified
+
+    runs_here("fused-certified")
+    n = 7
+    x, w = rand(rng, n, g.h, g.w, g.c) * np.float32(scale), Weights(rng, g)
+    expected = reference.avgpool2(reference.relu(reference.conv2d(
+        reference.avgpool2(reference.relu(reference.conv2d(x, w.conv1))), w.conv2))).reshape(n, -1)
+    d = Dev()
+    k = Fused(build(gpu), g, "fused_kernel4")
+    d.cuda.memcpy_htod(k.conv1_constant, FusedCertified.conv1_weights(w.conv1))
+    d.cuda.memcpy_htod(k.module.get_global("c_conv2_bound")[0], certify.conv2_constants(w.conv2))
+    feat, dp = d.empty((n + 1, g.flat)), d.empty((n + 1, g.flat))
+    w2h, bad = d.put(FusedCertified.conv2_halves(w.conv2).view(np.float32)), d.put([2**31 - 1], np.int32)
+    k(None, d.put(x), w2h, feat, n, bad, dp=dp)
+    out, bound = d.get(feat, (n + 1, g.flat)), d.get(dp, (n + 1, g.flat))
+    assert np.isnan(out[n]).all() and np.isnan(bound[n]).all() and d.get(bad, 1, np.int32)[0] == 2**31 - 1
+    gap = np.abs(out[:n].astype(np.float64) - expected)
+    assert np.isfinite(bound[:n]).all() and (gap <= bound[:n]).all()
+    assert (gap > 0).any() and np.median(bound[:n][gap > 0] / gap[gap > 0]) < 5000
+    x[3] = 1e6  # conv1's outputs past float16's range: no bound for that image
+    k(None, d.put(x), w2h, feat, n, bad, dp=dp)
+    assert not np.isfinite(d.get(dp, (n, g.flat))[3]).any()
 
 
 LARGE_FC = Geometry(64, 64, 1, 5, 32, 5, 64, 128, 10)  # 10816 features: fc1 split over blocks
