@@ -26,6 +26,8 @@
 // The shared-memory layout is the host's (launch.Fused.plan): it passes the images per block IMGS, the
 // pooled conv1 output's strides PSTR (pixel), RSTR (row), ISTR (image) and the floats of the stage
 // area after it, STAGE_FLOATS, as -D options; the kernels static_assert what they rely on.
+// Where `count` is not null, only the first *count images are computed (blocks past it return): the
+// certified path's recomputation (certify.cu) sets it on the GPU.
 
 #include "fused_conv1_wgmma.cuh"
 static_assert(STAGE_FLOATS >= 2 * SLAB2, "fused v2/v3: the stage area must hold two w2 slabs");

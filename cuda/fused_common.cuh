@@ -1,4 +1,4 @@
-// What the fused kernels (fused1.cu, fused2.cu, fused3.cu) share: the geometry that follows from the
+// What the fused kernels (fused1.cu .. fused4.cu) share: the geometry that follows from the
 // -D shapes, the host's shared-memory layout checked, and phase 0 (the images staged and checked).
 #pragma once
 

@@ -1,5 +1,5 @@
-// What fused_kernel2 and fused_kernel3 share: conv2 on the tensor cores over 16-window m-tiles, w2
-// slabs (TF32 parts and remainders) fetched with cp.async.
+// What fused_kernel2, 3 and 4 share: conv2 on the tensor cores over 16-window m-tiles, w2 slabs
+// (TF32 parts and remainders) fetched with cp.async (version 4 fetches its own float16 slabs).
 #pragma once
 #include "fused_common.cuh"
 
