@@ -33,16 +33,6 @@ static_assert(PSTR % 2 == 0 && RSTR % 2 == 0 && ISTR % 2 == 0, "fused v4: A frag
 enum { A1, BETA_N, G3Q, CHAN };
 __constant__ float c_conv2_bound[CHAN + C2];
 
-__device__ __forceinline__ void fetch_slab16(float4* dst, const float4* __restrict__ w2h, int s) {
-    const float4* src = w2h + (size_t)s * (SLAB16 / 4);
-#pragma unroll
-    for (int i = 0; i < SLAB16 / 4 / FUSED_THREADS; ++i) {
-        const int e = threadIdx.x + i * FUSED_THREADS;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(smem_addr(dst + e)), "l"(src + e));
-    }
-    asm volatile("cp.async.commit_group;");
-}
-
 // Two float32 values rounded to nearest float16, packed (the first in the low half).
 __device__ __forceinline__ unsigned half2_bits(float2 v) {
     const __half2 h = __floats2half2_rn(v.x, v.y);
@@ -67,7 +57,7 @@ fused_kernel4(const float* __restrict__ x, const float4* __restrict__ w2h, float
     __syncthreads();
     conv1_wgmma(p1, stage, x, img0, imgs, bad, amax);
     __syncthreads();  // p1 and the maxima complete; the staged images and w1 are dead from here on
-    fetch_slab16(slabs, w2h, 0);
+    fetch_slab<SLAB16>(slabs, w2h, 0);
 
     // Phase 2: image 2 wg + u / STEPS of this warpgroup, window group and slab from u % STEPS.
     float acc[64];
@@ -81,7 +71,7 @@ fused_kernel4(const float* __restrict__ x, const float4* __restrict__ w2h, float
         asm volatile("cp.async.wait_group 0;");
         asm volatile("fence.proxy.async.shared::cta;");
         __syncthreads();
-        if (u + 1 < 2 * STEPS) fetch_slab16(slabs + ((u + 1) % 2) * (SLAB16 / 4), w2h, (u + 1) % (K2 * K2));
+        if (u + 1 < 2 * STEPS) fetch_slab<SLAB16>(slabs + ((u + 1) % 2) * (SLAB16 / 4), w2h, (u + 1) % (K2 * K2));
         const float* slab = stage + (u % 2) * SLAB16;
         unsigned av[C1 / 16][4];
 #pragma unroll

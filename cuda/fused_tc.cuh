@@ -14,10 +14,12 @@ static_assert(SLAB2 % (4 * FUSED_THREADS) == 0, "fused v2/v3: w2 slab must split
 #include "mma.cuh"
 
 // Start copying slab s of w2f into shared memory at dst (16 bytes per thread per round, async).
+// FLOATS: a slab's size (version 4's float16 slabs are smaller).
+template <int FLOATS = SLAB2>
 __device__ __forceinline__ void fetch_slab(float4* dst, const float4* __restrict__ w2f, int s) {
-    const float4* src = w2f + (size_t)s * (SLAB2 / 4);
+    const float4* src = w2f + (size_t)s * (FLOATS / 4);
 #pragma unroll
-    for (int i = 0; i < SLAB2 / 4 / FUSED_THREADS; ++i) {
+    for (int i = 0; i < FLOATS / 4 / FUSED_THREADS; ++i) {
         const int e = threadIdx.x + i * FUSED_THREADS;
         asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"((unsigned)__cvta_generic_to_shared(dst + e)), "l"(src + e));
     }

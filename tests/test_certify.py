@@ -96,3 +96,32 @@ def test_most_of_the_bundled_sample_is_certified(bundled):
     labels, sure = certify.predict(x, model)
     np.testing.assert_array_equal(labels, reference.forward(x, model))
     assert sure.mean() > 0.95  # 99.7% here: a bound that lost its tightness would recompute most images
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e-6, 500.0])
+def test_the_gpu_constants_bound_the_oracles_conv2_gap(scale):
+    """fused_kernel4's d2 = A1 S + C[c] + BETA_N amax, with S its float16 sum of |w|_up fl16(a) at the
+    low end of what float32 sums may give (S (1 - gamma_n)), is at least the oracle's conv2_gap."""
+    rng = np.random.default_rng(5)
+    a1 = (rng.random((3, 9, 9, 32)) * scale).astype(np.float32)
+    w2 = (rng.standard_normal((5, 5, 32, 64)) * 0.05).astype(np.float32)
+    a1[0, :2] = 0  # zeros and float16 subnormals among the inputs
+    a1[1, 3] *= np.float32(1e-4)
+    c = certify.conv2_constants(w2).astype(np.float64)
+    n = 5 * 5 * 32
+    w_up = certify.half_up(np.abs(w2)).astype(np.float64).reshape(n, -1)
+    s = certify._windows(certify.to_half(a1).astype(np.float64), 5) @ w_up * (1 - certify.gamma(n))
+    amax = a1.reshape(3, -1).max(axis=1)[:, None, None, None].astype(np.float64)
+    gpu = c[0] * s + c[3:] + c[1] * amax
+    oracle = certify.conv2_gap(a1, w2, "componentwise")
+    assert (gpu >= oracle).all()
+    assert np.median(gpu / oracle) < 1.01  # and no looser than the rounding up costs
+
+
+def test_the_fc_constants_are_rounded_up():
+    fc1 = np.ones((1024, 128), np.float32)
+    qs, ms, fr1, fr2, alpha2, kappa, eta2h, dscale = certify.fc_constants(fc1).astype(np.float64)
+    g = certify.gamma(1024)
+    assert qs >= 2.0**-12 / (1 - g) and ms >= 1 / (1 - g) and dscale == 2.0**12
+    assert fr1 >= certify.fc_rounding(1024) and fr2 >= certify.fc_rounding(128)
+    assert alpha2 >= 2 * certify.U16 and kappa >= certify.ETA16 and eta2h >= 128 * certify.ETA16**2
