@@ -2,7 +2,7 @@
 
 The low-precision pass computes conv2, 85% of the network's multiply-adds, with float16 weights
 and inputs and float32 accumulation; conv1 and the fc layers are computed exactly as the exact
-path computes them (`--precision exact`: 3xTF32 on the GPU, float32 here), so conv1's outputs are
+path computes them (`--conv-algo fused-wgmma`: 3xTF32 on the GPU, float32 here), so conv1's outputs are
 the same bits on both paths. Beside the scores it bounds, per image and per pair (top class t,
 other class c), how far (s_t - s_c) can lie from the exact path's: conv2's fresh rounding on both
 paths, pushed through ReLU, pooling and the fc layers with the image's own ReLU pattern (a unit
