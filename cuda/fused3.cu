@@ -48,7 +48,9 @@ fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float
     const int lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
     const int wg = warp / 4, w = warp % 4;  // warpgroup and warp in it
 
-    conv1_wgmma(p1, stage, x, img0, imgs, bad, nullptr);
+    conv1_wgmma(stage, x, img0, imgs, bad, nullptr, [&](int img, int py, int px, int ch, float2 o) {
+        *reinterpret_cast<float2*>(p1 + img * ISTR + py * RSTR + px * PSTR + ch) = o;
+    });
     __syncthreads();  // p1 complete; the staged images and w1 are dead from here on
     fetch_slab(slabs, w2f, 0);
 

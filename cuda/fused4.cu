@@ -55,7 +55,9 @@ fused_kernel4(const float* __restrict__ x, const float4* __restrict__ w2h, float
 
     if (t < IMGS) amax[t] = 0;  // past the images and w1: untouched by phase 1's staging
     __syncthreads();
-    conv1_wgmma(p1, stage, x, img0, imgs, bad, amax);
+    conv1_wgmma(stage, x, img0, imgs, bad, amax, [&](int img, int py, int px, int ch, float2 o) {
+        *reinterpret_cast<float2*>(p1 + img * ISTR + py * RSTR + px * PSTR + ch) = o;
+    });
     __syncthreads();  // p1 and the maxima complete; the staged images and w1 are dead from here on
     fetch_slab<SLAB16>(slabs, w2h, 0);
 

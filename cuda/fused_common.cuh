@@ -18,7 +18,10 @@ constexpr int SLAB = C1 * C2;  // one (kh, kw) slab of w2
 constexpr int P1_FLOATS = IMGS * ISTR;  // the pooled conv1 output, then the stage area
 
 static_assert(FUSED_THREADS % C1 == 0, "fused: conv1 channels must divide the block");
-static_assert(PSTR >= C1 && RSTR >= P1W * PSTR && ISTR >= P1H * RSTR, "fused: p1 strides overlap its pixels");
+#ifndef P1_HALVES
+#define P1_HALVES 0  // fused_kernel5 keeps p1 in float16: a pixel's C1 channels in C1 / 2 floats
+#endif
+static_assert(PSTR * (P1_HALVES ? 2 : 1) >= C1 && RSTR >= P1W * PSTR && ISTR >= P1H * RSTR, "fused: p1 strides overlap its pixels");
 static_assert(P1_FLOATS % 4 == 0, "fused: the stage area must start 16-byte aligned");
 static_assert(STAGE_FLOATS >= X_FLOATS, "fused: the stage area must hold the block's images");
 static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused: shared memory over the 227 KB a block may have");

@@ -32,10 +32,13 @@ __constant__ float c_w1[W1F_FLOATS];
 
 #include "wgmma.cuh"
 
-// Where amax is not null, amax[i] ends as the largest pooled output of image i, inf where one is NaN
-// (as float bits: they are not negative), max'ed in by one atomic per warp and image.
-__device__ __forceinline__ void conv1_wgmma(float* p1, float* stage, const float* __restrict__ x, int img0, int imgs,
-                                            int* __restrict__ bad, unsigned* amax) {
+// store(img, py, px, ch, o) keeps the pooled outputs o of channels ch, ch + 1 at (py, px) of image img
+// (p1's layout is the kernel's). Where amax is not null, amax[i] ends as the largest pooled output of
+// image i, inf where one is NaN (as float bits: they are not negative), max'ed in by one atomic per
+// warp and image.
+template <class Store>
+__device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restrict__ x, int img0, int imgs,
+                                            int* __restrict__ bad, unsigned* amax, Store store) {
     const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
     const int wg = warp / 4, w = warp % 4;
     float top[IMGS] = {};
@@ -60,14 +63,14 @@ __device__ __forceinline__ void conv1_wgmma(float* p1, float* stage, const float
             }
         for (int pair = wg; pair < (JOBS1 + 1) / 2; pair += 2) {
             const float* base[2];
-            int out[2];
+            int out[2];  // (img, py, px) as one index, -1 where not stored
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
                 const int job = min(2 * pair + i, JOBS1 - 1), img = job / TILES1;
                 const int win = (job % TILES1) * 16 + 4 * w + g / 2, wc = win < P1H * P1W ? win : 0;
                 const int py = wc / P1W, px = wc % P1W;
                 base[i] = stage + ((img * IN_H + 2 * py) * IN_W + 2 * px + g % 2) * IN_C;
-                out[i] = 2 * pair + i < JOBS1 && win < P1H * P1W && g % 2 == 0 ? img * ISTR + py * RSTR + px * PSTR + 2 * tig : -1;
+                out[i] = 2 * pair + i < JOBS1 && win < P1H * P1W && g % 2 == 0 ? (img * P1H + py) * P1W + px : -1;
             }
             float acc[2][16];
 #pragma unroll
@@ -104,8 +107,8 @@ __device__ __forceinline__ void conv1_wgmma(float* p1, float* stage, const float
                 for (int c = 0; c < C1 / 8; ++c) {
                     const float2 o = pool_pair(acc[i], c);
                     if (out[i] >= 0) {
-                        *reinterpret_cast<float2*>(p1 + out[i] + 8 * c) = o;
-                        const int img = out[i] / ISTR;
+                        const int img = out[i] / (P1H * P1W);
+                        store(img, out[i] / P1W % P1H, out[i] % P1W, 8 * c + 2 * tig, o);
                         const float hi = o.x != o.x || o.y != o.y ? INFINITY : fmaxf(o.x, o.y);  // NaN: no certificate
 #pragma unroll
                         for (int k = 0; k < IMGS; ++k) top[k] = k == img ? fmaxf(top[k], hi) : top[k];

@@ -101,7 +101,8 @@ def test_most_of_the_bundled_sample_is_certified(bundled):
 @pytest.mark.parametrize("scale", [1.0, 1e-6, 500.0])
 def test_the_gpu_constants_bound_the_oracles_conv2_gap(scale):
     """fused_kernel4's d2 = A1 S + C[c] + BETA_N amax, with S its float16 sum of |w|_up fl16(a) at the
-    low end of what float32 sums may give (S (1 - gamma_n)), is at least the oracle's conv2_gap."""
+    low end of what float32 sums may give (S (1 - gamma_n)), is at least the oracle's conv2_gap; and
+    fused_kernel5's, with S summed over the 2x2 means, at least the gap's mean over each pool window."""
     rng = np.random.default_rng(5)
     a1 = (rng.random((3, 9, 9, 32)) * scale).astype(np.float32)
     w2 = (rng.standard_normal((5, 5, 32, 64)) * 0.05).astype(np.float32)
@@ -116,6 +117,15 @@ def test_the_gpu_constants_bound_the_oracles_conv2_gap(scale):
     oracle = certify.conv2_gap(a1, w2, "componentwise")
     assert (gpu >= oracle).all()
     assert np.median(gpu / oracle) < 1.01  # and no looser than the rounding up costs
+    # fused_kernel5 bounds each 2x2 pool window's mean gap at once: S from qb, the 2x2 means of fl16(a)
+    # rounded up to float16 (the GPU's float32 sums round up too, so its qb is at least this one).
+    h = certify.to_half(a1).astype(np.float64)
+    qb = certify.half_up((h[:, :-1, :-1] + h[:, :-1, 1:] + h[:, 1:, :-1] + h[:, 1:, 1:]) / 4).astype(np.float64)
+    s_win = certify._windows(qb, 5)[:, ::2, ::2] @ w_up * (1 - certify.gamma(n))
+    window = c[0] * s_win + c[3:] + c[1] * amax
+    pooled = (oracle[:, 0:-1:2, 0:-1:2] + oracle[:, 0:-1:2, 1::2] + oracle[:, 1::2, 0:-1:2] + oracle[:, 1::2, 1::2]) / 4
+    assert window.shape == pooled.shape == (3, 2, 2, 64) and (window >= pooled).all()
+    assert np.median(window / pooled) < 1.01
 
 
 def test_the_fc_constants_are_rounded_up():

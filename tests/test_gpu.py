@@ -7,6 +7,7 @@ import infer
 from infer import network, reference
 from infer.bench import variants
 from infer.gpu.launch import GEMMS, gemm_runs_on
+from infer.gpu import launch
 from infer.gpu.pipelines import ALGORITHMS
 from infer.network import Geometry
 from tests.conftest import TESTFULL_AGREE, TESTFULL_CORRECT, Dev, build
@@ -189,9 +190,17 @@ def test_fused_conv_kernel(gpu, rng, g, algo):
     assert d.get(bad, 1, np.int32)[0] == 5
 
 
-@pytest.mark.parametrize("g", GEOMETRIES, ids=lambda g: f"{g.h}x{g.w}x{g.c}-k{g.k1}-{g.c1}-k{g.k2}-{g.c2}")
+def geometry_id(g):
+    return f"{g.h}x{g.w}x{g.c}-k{g.k1}-{g.c1}-k{g.k2}-{g.c2}"
+
+
+BOUNDED = [(g, k) for g in GEOMETRIES for k in ALGORITHMS["fused-certified"].KERNELS
+           if launch.Fused.plan(g, launch.version_of(k))[0] is not None]
+
+
+@pytest.mark.parametrize("g,kernel", BOUNDED, ids=[f"{k}-{geometry_id(g)}" for g, k in BOUNDED])
 @pytest.mark.parametrize("scale", [1.0, 3e-3, 300.0])
-def test_fused_kernel4_features_lie_within_their_bounds(gpu, rng, g, scale):
+def test_certified_conv_features_lie_within_their_bounds(gpu, rng, g, kernel, scale):
     """The float16 pass's features are within dp of float32's (the exact path's rounding is inside
     the bound too), dp is within a few thousand times the difference (a worst case over rounding directions), and dp is not finite
     where the float16 inputs overflow."""
@@ -205,7 +214,7 @@ def test_fused_kernel4_features_lie_within_their_bounds(gpu, rng, g, scale):
     expected = reference.avgpool2(reference.relu(reference.conv2d(
         reference.avgpool2(reference.relu(reference.conv2d(x, w.conv1))), w.conv2))).reshape(n, -1)
     d = Dev()
-    k = Fused(build(gpu), g, "fused_kernel4")
+    k = Fused(build(gpu), g, kernel)
     d.cuda.memcpy_htod(k.conv1_constant, FusedCertified.conv1_weights(w.conv1))
     d.cuda.memcpy_htod(k.module.get_global("c_conv2_bound")[0], certify.conv2_constants(w.conv2))
     feat, dp = d.empty((n + 1, g.flat)), d.empty((n + 1, g.flat))

@@ -40,7 +40,8 @@ VARIANTS = ([gemm(s.version, tw) for s in GEMMS.values() if not s.hopper_only fo
             + [("decode", {"VALUE_BYTES": b}) for b in (1, 2, 4, 8)])
 HOPPER = ([("fused3", Fused.defines(g, 3)) for g in (MNIST, Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7),  # conv1 tails 1, 0
                                                      Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7), Geometry(24, 24, 2, 1, 32, 5, 64, 100, 7))]  # 2, 0
-          + [("fused4", Fused.defines(MNIST, 4)), ("certify", dict(FEAT=MNIST.flat, HIDDEN=128, CLASSES=10)),
+          + [("fused4", Fused.defines(MNIST, 4)), ("fused5", Fused.defines(MNIST, 5)), ("fused5", Fused.defines(Geometry(24, 24, 1, 5, 32, 3, 64, 128, 10), 5)),
+             ("certify", dict(FEAT=MNIST.flat, HIDDEN=128, CLASSES=10)),
              ("certify", dict(FEAT=320, HIDDEN=128, CLASSES=10))]
           + [conv(c, version=2) for c in HOPPER_CONVS]
           + [gemm(4, 128, GEMM_BN=bn) for bn in (16, 32, 64)])

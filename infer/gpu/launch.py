@@ -316,11 +316,11 @@ class Fused(Launcher):
     (mma.sync, sm_80 and later: fused2.cu), fused_kernel3 the same on Hopper's warpgroup MMA (wgmma,
     sm_90a only: fused3.cu). The host owns the shared-memory layout (plan) and passes it as -D
     options; the kernels static_assert what they rely on."""
-    arg_types = "PPPiP"  # version 3 adds a count, version 4 a bound output (ARG_TYPES)
-    ARG_TYPES = {3: "PPPiPP", 4: "PPPPiP"}
+    arg_types = "PPPiP"  # version 3 adds a count, versions 4 and 5 a bound output (ARG_TYPES)
+    ARG_TYPES = {3: "PPPiPP", 4: "PPPPiP", 5: "PPPPiP"}
     THREADS = 256
     SMEM_LIMIT = 227 * 1024
-    ARCH = {3: "sm_90a", 4: "sm_90a"}  # versions compiled for a target other than the GPU's own
+    ARCH = {3: "sm_90a", 4: "sm_90a", 5: "sm_90a"}  # versions compiled for a target other than the GPU's own
 
     @classmethod
     def plan(cls, g, version=1):
@@ -351,6 +351,18 @@ class Fused(Launcher):
             pstr = g.c1 + 2
             rstr = p1w * pstr + (24 - p1w * pstr % 16) % 16
             layout = FusedLayout(4, pstr, rstr, p1h * rstr, max(images(4), 4 * g.c1 * g.c2))
+        elif version == 5:
+            if g.conv2_out != (8, 8) or g.c1 != 32 or g.c2 != 64:
+                return None, "it needs 8x8 conv2 outputs, 32 conv1 channels and 64 conv2 channels"
+            # p1 in halves, unpadded (the tensor cores read it through descriptors); the stage area holds
+            # the images and conv1's weights, then the 2x2 means of p1 (fused5.cu's qb: (4, P1H - 1, 12,
+            # 18) words), two float16 slabs and the images' largest conv1 outputs.
+            steps, tail = cls.conv1_steps(g.k1 * g.k1 * g.c)
+            w1_at = ceil_div(images(4), 32) * 32
+            pstr, chunk = g.c1 // 2, p1h * p1w * 4  # chunks of 8 channels, 8 words mod 32 apart
+            chunk += (8 - chunk) % 32
+            layout = FusedLayout(4, pstr, p1w * pstr, g.c1 // 8 * chunk,
+                                 max(w1_at + (16 * steps + tail) * g.c1, 4 * (p1h - 1) * 12 * 18 + 2 * g.c1 * g.c2) + 4, w1_at)
         else:
             if (p2h * p2w) % 16 or g.c1 != 32 or g.c2 != 64:
                 return None, "it needs pooled conv2 outputs in groups of 16, 32 conv1 channels and 64 conv2 channels"
@@ -386,13 +398,15 @@ class Fused(Launcher):
                        PSTR=layout.pstr, RSTR=layout.rstr, ISTR=layout.istr, STAGE_FLOATS=layout.stage)
         if version >= 3:
             defines.update(CONV1_TAIL=cls.conv1_steps(g.k1 * g.k1 * g.c)[1], X_PAD=layout.w1_at)
+        if version == 5:
+            defines.update(P1_HALVES=1)
         return defines
 
     def __init__(self, build, g, kernel="fused_kernel1"):
         self.kernel, version = kernel, version_of(kernel)
         self.source, self.version = f"fused{version}", version
         self.arg_types = self.ARG_TYPES.get(version, self.arg_types)
-        self.DIRECTED_ROUNDING = version == 4
+        self.DIRECTED_ROUNDING = version in (4, 5)
         super().__init__(build, self.ARCH.get(version), **self.defines(g, version))
         layout = self.plan(g, version)[0]
         self.imgs, self.shared = layout.imgs, layout.shared
@@ -405,12 +419,13 @@ class Fused(Launcher):
 
     def __call__(self, stream, x, w2, feat, n, bad=0, count=0, dp=0):
         """bad: where not 0, the images are checked: *bad = min(*bad, first image with a non-finite value).
-        count (version 3): a device int, the images to run of the n (0: all); dp (version 4): where
+        count (version 3): a device int, the images to run of the n (0: all); dp (versions 4, 5): where
         the features' bounds go."""
-        if (count and self.version != 3) or (dp != 0) != (self.version == 4):
-            raise ValueError(f"{self.kernel} takes {'a bound output' if self.version == 4 else 'no bound output'}"
+        bounds = self.version in (4, 5)
+        if (count and self.version != 3) or (dp != 0) != bounds:
+            raise ValueError(f"{self.kernel} takes {'a bound output' if bounds else 'no bound output'}"
                              f"{', and a count' if self.version == 3 else ''}")
-        args = (x, w2, feat, dp, n, bad) if self.version == 4 else (x, w2, feat, n, bad) + ((count,) if self.version == 3 else ())
+        args = (x, w2, feat, dp, n, bad) if bounds else (x, w2, feat, n, bad) + ((count,) if self.version == 3 else ())
         self.launch(stream, (ceil_div(n, self.imgs), 1), (self.THREADS, 1, 1), *args, shared=self.shared)
 
 

@@ -1,0 +1,160 @@
+// The certified low-precision pass's convolution stack, version 5 of fused4.cu (same inputs, outputs
+// and bound constants c_conv2_bound; docs/certified.md): conv1 as fused_kernel3 (the same bits), conv2
+// with float16 operands and float32 sums, and per pooled feature a bound dp on how far it can lie from
+// the exact path's feature. For conv2 outputs of 8x8 (one m64 tile an image), 32 -> 64 channels.
+// fused_kernel5 (sm_90a only): block 256 threads = 2 warpgroups, 4 images, grid ceil(n / 4); phases
+//   0-1 as fused_kernel3, p1 stored as float16 (rounded to nearest) in core-matrix order (image,
+//   8-channel chunk, y, x, 8): 8 adjacent outputs of a conv2 row read 8 adjacent 16-byte rows, so the
+//   tensor cores read conv2's A straight from shared memory (descriptors, LBO = a chunk, SBO = a p1
+//   row); then qb, the 2x2 means of p1 rounded up (the bound's A: one row per pooled window). Phase 2,
+//   per (kh, kw) slab of w2h (fused4's, cp.async double-buffered): each warpgroup m64n64k16 on its 2
+//   images (rows y*8 + x of the output, B the slab's nearest columns) and m64n32k16 on all 4 images'
+//   16 windows (A qb in registers, B 32 of the slab's |w|_up columns): S = sum |w|_up qb, a bound on
+//   the window's mean of sum |w|_up fl16(a). The pool epilogue stores the features and dp = D + G3Q
+//   (2 sum relu v + 4 D) + 2^-148, D = A1 S + C[c] + BETA_N amax, all rounded up.
+//   2 x H2*W2*C2*K2*K2*C1 x (1 + 1/4) float16 tensor FLOPs an image (version 4: x 2), plus conv1's.
+// in/out as fused4.cu; PSTR, RSTR, ISTR are p1's floats per pixel, row and image (halves, in pairs).
+
+#include <cuda_fp16.h>
+
+#include "fused_conv1_wgmma.cuh"
+
+static_assert(C1 == 32 && C2 == 64 && H2 == 8 && W2 == 8, "fused v5: 8x8 conv2 outputs (M = 64 an image), 32 -> 64 channels");
+// p1: (image, 8-channel chunk, y, x, 8 halves), chunks CHUNK_WORDS apart (8 mod 32: qb's 16-byte
+// reads of 2 pixels x 4 chunks a quarter warp take all 32 banks); the A descriptor's LBO.
+constexpr int CHUNK_WORDS = ISTR / (C1 / 8), CHUNK_HALVES = 2 * CHUNK_WORDS;
+static_assert(PSTR * 2 == C1 && RSTR == P1W * PSTR && ISTR % (C1 / 8) == 0 && CHUNK_WORDS >= P1H * P1W * 4 && CHUNK_WORDS % 32 == 8,
+              "fused v5: p1 in halves, chunks 8 words mod 32 apart");
+constexpr int SLAB16 = C1 * 2 * C2 / 2;  // floats of one (kh, kw) slab of halves, real and bound columns
+constexpr int QX = 12, QW = 18;  // qb: (image, P1H - 1, QX, QW words): 16 banks between rows 2 apart, 4 between columns
+static_assert(P1W - 1 <= QX, "fused v5: qb's rows");
+constexpr int Q_FLOATS = IMGS * (P1H - 1) * QX * QW;
+constexpr int S_ROW = C2 + 4;  // the window sums S exchanged between the warpgroups (floats)
+static_assert(IMGS * WINDOWS * S_ROW <= Q_FLOATS, "fused v5: S fits where qb was");
+static_assert(X_PAD + W1F_FLOATS <= Q_FLOATS, "fused v5: slab 0 lands past the images and w1 during conv1");
+static_assert(SLAB16 % (4 * FUSED_THREADS) == 0 && Q_FLOATS % 4 == 0, "fused v5: slabs are 16-byte copies, 16-byte aligned");
+static_assert(STAGE_FLOATS >= Q_FLOATS + 2 * SLAB16 + 4 && STAGE_FLOATS >= X_PAD + W1F_FLOATS + 4,
+              "fused v5: the stage area holds the images and w1, or qb and two slabs, then the images' maxima");
+
+enum { A1, BETA_N, G3Q, CHAN };
+__constant__ float c_conv2_bound[CHAN + C2];
+
+extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
+fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float* __restrict__ feat, float* __restrict__ dp,
+              int n, int* __restrict__ bad) {
+    extern __shared__ float4 smem4[];
+    float* p1 = reinterpret_cast<float*>(smem4);
+    __half* p1h = reinterpret_cast<__half*>(p1);
+    float* stage = p1 + P1_FLOATS;  // the images and w1 in phase 1; qb, then the slabs, in phase 2
+    unsigned* qb = reinterpret_cast<unsigned*>(stage);  // half2 words
+    float4* slabs = reinterpret_cast<float4*>(stage + Q_FLOATS);
+    unsigned* amax = reinterpret_cast<unsigned*>(stage + STAGE_FLOATS - 4);
+    const int t = threadIdx.x;
+    const int img0 = blockIdx.x * IMGS;
+    const int imgs = min(IMGS, n - img0);
+    const int lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
+    const int wg = warp / 4, w = warp % 4;
+
+    fetch_slab<SLAB16>(slabs, w2h, 0);  // past the images and w1: it lands during conv1
+    if (t < IMGS) amax[t] = 0;
+    __syncthreads();
+    conv1_wgmma(stage, x, img0, imgs, bad, amax, [&](int img, int py, int px, int ch, float2 o) {
+        *reinterpret_cast<__half2*>(p1h + (img * (C1 / 8) + ch / 8) * CHUNK_HALVES + (py * P1W + px) * 8 + ch % 8) =
+            __floats2half2_rn(o.x, o.y);
+    });
+    __syncthreads();  // p1 and the maxima complete; the staged images and w1 are dead from here on
+
+    // qb = the 2x2 means of p1 (float16 values, sums and quarter rounded up, then float16 rounded up):
+    // window (py, px) of slab (kh, kw) reads qb at (2py + kh, 2px + kw).
+    for (int e = t; e < IMGS * (P1H - 1) * (P1W - 1) * (C1 / 8); e += FUSED_THREADS) {
+        const int chunk = e % (C1 / 8), pos = e / (C1 / 8), X = pos % (P1W - 1), Y = pos / (P1W - 1) % (P1H - 1);
+        const int img = pos / ((P1W - 1) * (P1H - 1));
+        const uint4* at = reinterpret_cast<const uint4*>(p1h + (img * (C1 / 8) + chunk) * CHUNK_HALVES + (Y * P1W + X) * 8);
+        const uint4 v[4] = {at[0], at[1], at[P1W], at[P1W + 1]};
+        unsigned out[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            float2 m = make_float2(0.0f, 0.0f);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const unsigned word = j == 0 ? v[k].x : j == 1 ? v[k].y : j == 2 ? v[k].z : v[k].w;
+                const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&word));
+                m = make_float2(__fadd_ru(m.x, f.x), __fadd_ru(m.y, f.y));
+            }
+            const __half2 h = __halves2half2(__float2half_ru(__fmul_ru(m.x, 0.25f)), __float2half_ru(__fmul_ru(m.y, 0.25f)));
+            out[j] = *reinterpret_cast<const unsigned*>(&h);
+        }
+        uint2* q = reinterpret_cast<uint2*>(qb + ((img * (P1H - 1) + Y) * QX + X) * QW + 4 * chunk);
+        q[0] = make_uint2(out[0], out[1]);
+        q[1] = make_uint2(out[2], out[3]);
+    }
+
+    // Phase 2. Real tiles: rows 16w + g, + 8 are output (2w, g), (2w + 1, g): pool window (w, g / 2),
+    // dx = g % 2, dy = 0, 1 (fused_kernel3's). Bound tile: rows g, g + 8 of warp w are windows g, g + 8
+    // of image w; this warpgroup's 32 of the 64 channels.
+    float acc[2][32], sacc[16];
+    const int qrow[2] = {(w * (P1H - 1) + 2 * (g / 4)) * QX + 2 * (g % 4), (w * (P1H - 1) + 2 * (g / 4 + 2)) * QX + 2 * (g % 4)};
+    for (int s = 0; s < K2 * K2; ++s) {
+        const int kh = s / K2, kw = s % K2;
+        asm volatile("cp.async.wait_group 0;");
+        asm volatile("fence.proxy.async.shared::cta;");
+        __syncthreads();  // slab s landed, qb written (s = 0); every MMA on the other buffer completed
+        if (s + 1 < K2 * K2) fetch_slab<SLAB16>(slabs + ((s + 1) % 2) * (SLAB16 / 4), w2h, s + 1);
+        const float* slab = stage + Q_FLOATS + (s % 2) * SLAB16;
+        unsigned av[C1 / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < C1 / 16; ++ks)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) av[ks][r] = qb[(qrow[r % 2] + kh * QX + kw) * QW + 8 * ks + tig + 4 * (r / 2)];
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int ks = 0; ks < C1 / 16; ++ks) {
+                const float* a = p1 + (2 * wg + i) * ISTR + 2 * ks * CHUNK_WORDS + (kh * P1W + kw) * 4;
+                wgmma16_ss(acc[i], wgmma_desc(a, 4 * CHUNK_WORDS, P1W * 16), wgmma_desc(slab + ks * (SLAB16 / (C1 / 16))), s != 0 || ks != 0);
+            }
+#pragma unroll
+        for (int ks = 0; ks < C1 / 16; ++ks)
+            wgmma16(sacc, av[ks], wgmma_desc(slab + ks * (SLAB16 / (C1 / 16)) + (C2 / 8 + 4 * wg) * 64), s != 0 || ks != 0);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        wgmma_drain();
+    }
+
+    __syncthreads();  // qb is dead: the window sums S take its place
+    float* S = stage;
+#pragma unroll
+    for (int c = 0; c < 4; ++c)
+#pragma unroll
+        for (int dy = 0; dy < 2; ++dy)
+            *reinterpret_cast<float2*>(S + (w * WINDOWS + g + 8 * dy) * S_ROW + 32 * wg + 8 * c + 2 * tig) =
+                make_float2(sacc[4 * c + 2 * dy], sacc[4 * c + 2 * dy + 1]);
+    __syncthreads();
+
+    const int win = 4 * w + g / 2;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int img = 2 * wg + i;
+        const float bimg = __fmul_ru(c_conv2_bound[BETA_N], __uint_as_float(amax[img]));
+        const size_t at = ((size_t)(img0 + img) * WINDOWS + win) * C2 + 2 * tig;
+        const bool store = g % 2 == 0 && img < imgs;
+#pragma unroll
+        for (int c = 0; c < C2 / 8; ++c) {
+            const float2 o = pool_pair(acc[i], c);
+            const float2 sw = *reinterpret_cast<const float2*>(S + (img * WINDOWS + win) * S_ROW + 8 * c + 2 * tig);
+            float d[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                float vs = __fadd_ru(relu(acc[i][4 * c + e]), relu(acc[i][4 * c + 2 + e]));
+                vs = __fadd_ru(vs, __shfl_down_sync(0xffffffffu, vs, 4));  // the dx = 1 half
+                const float base = __fadd_ru(c_conv2_bound[CHAN + 8 * c + 2 * tig + e], bimg);
+                const float dm = __fmaf_ru(c_conv2_bound[A1], e ? sw.y : sw.x, base);
+                d[e] = __fadd_ru(__fadd_ru(dm, __fmul_ru(c_conv2_bound[G3Q], __fmaf_ru(2.0f, vs, __fmul_ru(4.0f, dm)))), 0x1p-148f);
+            }
+            if (store) {
+                *reinterpret_cast<float2*>(feat + at + 8 * c) = o;
+                *reinterpret_cast<float2*>(dp + at + 8 * c) = make_float2(d[0], d[1]);
+            }
+        }
+    }
+}
