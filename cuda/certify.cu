@@ -77,17 +77,7 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
     const int wg = warp / 4, w = warp % 4, tw = t % 128;
     const int img0 = blockIdx.x * IMGS, imgs = min(IMGS, n - img0);
 
-    // Per image: its label and sum dp (a warp per image, rounded up).
-    for (int i = warp; i < IMGS; i += 8) {
-        float s = 0.0f;
-        if (i < imgs)
-            for (int f = lane; f < FEAT; f += 32) s = __fadd_ru(s, dp[(size_t)(img0 + i) * FEAT + f]);
-        for (int o = 16; o > 0; o /= 2) s = __fadd_ru(s, __shfl_xor_sync(0xffffffffu, s, o));
-        if (lane == 0) {
-            D[i] = s;
-            top[i] = i < imgs ? labels[img0 + i] : 0;
-        }
-    }
+    if (t < IMGS) top[t] = t < imgs ? labels[img0 + t] : 0;
 
     // Phase A. Rows 0-31: dp of image r (times 2^S), rows 32-63: |p| of image r - 32.
     auto fetch_a = [&](int tile) {
@@ -104,6 +94,7 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
         cp_async_commit();
     };
     float qa[32];
+    float dsum[2] = {};  // warps 0-1: sum dp of rows (images) 16 w + g, + 8, over this thread's k, rounded up
     fetch_a(0);
     for (int tile = 0; tile < FEAT / KT; ++tile) {
         cp_async_wait<0>();
@@ -120,6 +111,7 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
             for (int r = 0; r < 4; ++r) {
                 const float2 v = *reinterpret_cast<const float2*>(as + (16 * w + g + 8 * (r % 2)) * A_ROW + 16 * ks + 2 * tig + 8 * (r / 2));
                 av[ks][r] = half2_up(fabsf(v.x) * scale, fabsf(v.y) * scale);
+                if (w < 2) dsum[r % 2] = __fadd_ru(dsum[r % 2], __fadd_ru(v.x, v.y));
             }
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
@@ -128,6 +120,13 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         wgmma_drain();
     }
+    if (wg == 0 && w < 2)
+#pragma unroll
+        for (int dy = 0; dy < 2; ++dy) {
+            float d = dsum[dy];
+            for (int o = 1; o < 4; o *= 2) d = __fadd_ru(d, __shfl_xor_sync(0xffffffffu, d, o));
+            if (tig == 0) D[16 * w + g + 8 * dy] = d;
+        }
     __syncthreads();  // the stages are dead: Q takes their place
     float* Q = r1;
 #pragma unroll
@@ -146,7 +145,7 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
         __half* bm = reinterpret_cast<__half*>(r2) + (i / 16) * 2 * BM_FLOATS;  // halves
         float Ac[CLASSES] = {}, Bc[CLASSES] = {}, Tc[CLASSES] = {}, Rc[CLASSES] = {}, qact = 0.0f;
         for (int jj = 0; jj < 16; ++jj) {
-            const int j = part * 16 + jj;
+            const int j = part + 8 * jj;  // the 8 threads of an image: adjacent units, adjacent B halves
             const float q = __fmul_ru(Q[i * Q_ROW + j], c_fc_bound[QS]), m = __fmul_ru(Q[(32 + i) * Q_ROW + j], c_fc_bound[MS]);
             const float rr = __fmul_ru(c_fc_bound[FR1], __fmaf_ru(2.0f, m, q)), e1 = __fadd_ru(q, rr);
             const float zj = i < imgs ? z[(size_t)(img0 + i) * HIDDEN + j] : 0.0f;

@@ -11,7 +11,9 @@
 //   images (rows y*8 + x of the output, B the slab's nearest columns) and m64n32k16 on all 4 images'
 //   16 windows (A qb in registers, B 32 of the slab's |w|_up columns): S = sum |w|_up qb, a bound on
 //   the window's mean of sum |w|_up fl16(a). The pool epilogue stores the features and dp = D + G3Q
-//   (2 sum relu v + 4 D) + 2^-148, D = A1 S + C[c] + BETA_N amax, all rounded up.
+//   (2 sum relu v + 4 D) + 2^-148, D = A1 S + C[c] + BETA_N (qmax + eta) / (1 - u), all rounded up, with
+//   qmax the image's largest qb (sum a over a window's inputs <= n (qmax + eta) / (1 - u): no conv1
+//   maximum to track, unlike version 4's amax).
 //   2 x H2*W2*C2*K2*K2*C1 x (1 + 1/4) float16 tensor FLOPs an image (version 4: x 2), plus conv1's.
 // in/out as fused4.cu; PSTR, RSTR, ISTR are p1's floats per pixel, row and image (halves, in pairs).
 
@@ -34,7 +36,7 @@ static_assert(IMGS * WINDOWS * S_ROW <= Q_FLOATS, "fused v5: S fits where qb was
 static_assert(X_PAD + W1F_FLOATS <= Q_FLOATS, "fused v5: slab 0 lands past the images and w1 during conv1");
 static_assert(SLAB16 % (4 * FUSED_THREADS) == 0 && Q_FLOATS % 4 == 0, "fused v5: slabs are 16-byte copies, 16-byte aligned");
 static_assert(STAGE_FLOATS >= Q_FLOATS + 2 * SLAB16 + 4 && STAGE_FLOATS >= X_PAD + W1F_FLOATS + 4,
-              "fused v5: the stage area holds the images and w1, or qb and two slabs, then the images' maxima");
+              "fused v5: the stage area holds the images and w1, or qb and two slabs, then the images' qb maxima");
 
 enum { A1, BETA_N, G3Q, CHAN };
 __constant__ float c_conv2_bound[CHAN + C2];
@@ -48,7 +50,7 @@ fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float
     float* stage = p1 + P1_FLOATS;  // the images and w1 in phase 1; qb, then the slabs, in phase 2
     unsigned* qb = reinterpret_cast<unsigned*>(stage);  // half2 words
     float4* slabs = reinterpret_cast<float4*>(stage + Q_FLOATS);
-    unsigned* amax = reinterpret_cast<unsigned*>(stage + STAGE_FLOATS - 4);
+    unsigned* qmax = reinterpret_cast<unsigned*>(stage + STAGE_FLOATS - 4);  // float bits, not negative
     const int t = threadIdx.x;
     const int img0 = blockIdx.x * IMGS;
     const int imgs = min(IMGS, n - img0);
@@ -56,13 +58,13 @@ fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float
     const int wg = warp / 4, w = warp % 4;
 
     fetch_slab<SLAB16>(slabs, w2h, 0);  // past the images and w1: it lands during conv1
-    if (t < IMGS) amax[t] = 0;
+    if (t < IMGS) qmax[t] = 0;
     __syncthreads();
-    conv1_wgmma(stage, x, img0, imgs, bad, amax, [&](int img, int py, int px, int ch, float2 o) {
+    conv1_wgmma(stage, x, img0, imgs, bad, nullptr, [&](int img, int py, int px, int ch, float2 o) {
         *reinterpret_cast<__half2*>(p1h + (img * (C1 / 8) + ch / 8) * CHUNK_HALVES + (py * P1W + px) * 8 + ch % 8) =
             __floats2half2_rn(o.x, o.y);
     });
-    __syncthreads();  // p1 and the maxima complete; the staged images and w1 are dead from here on
+    __syncthreads();  // p1 complete; the staged images and w1 are dead from here on
 
     // qb = the 2x2 means of p1 (float16 values, sums and quarter rounded up, then float16 rounded up):
     // window (py, px) of slab (kh, kw) reads qb at (2py + kh, 2px + kw).
@@ -72,6 +74,7 @@ fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float
         const uint4* at = reinterpret_cast<const uint4*>(p1h + (img * (C1 / 8) + chunk) * CHUNK_HALVES + (Y * P1W + X) * 8);
         const uint4 v[4] = {at[0], at[1], at[P1W], at[P1W + 1]};
         unsigned out[4];
+        float top = 0.0f;
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             float2 m = make_float2(0.0f, 0.0f);
@@ -83,7 +86,10 @@ fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float
             }
             const __half2 h = __halves2half2(__float2half_ru(__fmul_ru(m.x, 0.25f)), __float2half_ru(__fmul_ru(m.y, 0.25f)));
             out[j] = *reinterpret_cast<const unsigned*>(&h);
+            const float2 f = __half22float2(h);
+            top = f.x != f.x || f.y != f.y ? INFINITY : fmaxf(top, fmaxf(f.x, f.y));  // NaN: no certificate
         }
+        atomicMax(qmax + img, __float_as_uint(top + 0.0f));  // -0 -> +0
         uint2* q = reinterpret_cast<uint2*>(qb + ((img * (P1H - 1) + Y) * QX + X) * QW + 4 * chunk);
         q[0] = make_uint2(out[0], out[1]);
         q[1] = make_uint2(out[2], out[3]);
@@ -135,7 +141,7 @@ fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int img = 2 * wg + i;
-        const float bimg = __fmul_ru(c_conv2_bound[BETA_N], __uint_as_float(amax[img]));
+        const float bimg = __fmul_ru(__fmul_ru(c_conv2_bound[BETA_N], __fadd_ru(__uint_as_float(qmax[img]), 0x1p-25f)), 1.0f + 0x1p-10f);
         const size_t at = ((size_t)(img0 + img) * WINDOWS + win) * C2 + 2 * tig;
         const bool store = g % 2 == 0 && img < imgs;
 #pragma unroll

@@ -9,7 +9,7 @@ from . import __version__, backends, defaults, mnist, predictions, reference, se
 from .errors import InputError
 from .gpu import compiler
 from .gpu.launch import GEMMS, TILE_WIDTHS
-from .gpu.pipelines import ALGORITHMS, AUTO
+from .gpu.pipelines import ALGORITHMS, AUTO, PRECISIONS
 from .options import DECODE_MODES
 
 
@@ -46,7 +46,14 @@ def cuda_options(f):
                           "both convs and pools in one kernel, conv2 on the tensor cores in 3xTF32; implicit-wgmma: "
                           "implicit-tc on Hopper's warpgroup MMA (sm_90); implicit-tc: each conv + ReLU + pool one "
                           "implicit-GEMM kernel in 3xTF32, any shapes; fused: fused-tc on FP32 cores; unroll: the "
-                          "2016 pipeline; auto: the first of these that can run the model on this GPU."),
+                          "2016 pipeline; auto: the first of these that can run the model on this GPU. "
+                          "fused-certified: --precision certified's path (never picked by auto)."),
+        click.option("--precision", type=click.Choice(PRECISIONS),
+                     help="certified: conv2 in float16 with a bound per image; the images whose answer the bound "
+                          "does not prove are recomputed exactly, so the answers are the exact path's (sm_90, "
+                          "32 -> 64 channels, 128 hidden units, 10 classes; elsewhere the exact path runs, with "
+                          "a notice). exact: never float16. Default: exact (certified is slower today: "
+                          "docs/certified.md)."),
         click.option("--device", "device_ordinal", type=click.IntRange(0), default=0, show_default=True,
                      help="CUDA device number."),
         click.option("--devices", callback=parse_devices, metavar="LIST|all",
@@ -131,7 +138,8 @@ def resolve(args):
                    "gpu: deflate (gzip) chunks uploaded as stored and decoded by nvCOMP (pip install "
                    "'cnninfer[gpu-decode]'; 1M MNIST images on an H100: as fast as the host, within noise).")
 def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tolerance, predictions_path, scores_path,
-        quiet, check, streams, tile_width, gemm_algo, conv_algo, device_ordinal, devices, fast_math, profile, decode):
+        quiet, check, streams, tile_width, gemm_algo, conv_algo, precision, device_ordinal, devices, fast_math, profile,
+        decode):
     """Classify the first N images of DATA (all by default) with MODEL and print the correctness.
 
     DATA holds x (N, H, W, C) and one-hot y (N, classes); MODEL holds conv1, conv2, fc1, fc2.
@@ -147,7 +155,7 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
         predictions.check_path(scores_path, formats=(".npy",))
     result = session.run(data, model, n, backend=backend, notice=notice, progress=not quiet, scores=bool(scores_path),
                         chunk=chunk, readers=readers, streams=streams, tile_width=tile_width and int(tile_width),
-                        gemm_algo=gemm_algo, conv_algo=conv_algo,
+                        gemm_algo=gemm_algo, conv_algo=conv_algo, precision=precision,
                         devices=devices or [device_ordinal], fast_math=fast_math, profile=profile, decode=decode)
     if as_json:
         click.echo(json.dumps(result.as_dict()))
@@ -169,6 +177,9 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
                 click.echo("(no GPU profile: the CPU backend ran)")
             else:
                 click.echo("(no profile: kernels are profiled on one GPU at a time; use --device N)")
+            if result.recomputed is not None:
+                click.echo(f"certified: {result.n - result.recomputed} of {result.n} images in float16, "
+                           f"{result.recomputed} recomputed exactly")
             if result.profile and streams > 1:
                 click.echo(f"({streams} streams overlap: a kernel's time includes time shared with other streams' "
                            "kernels; --streams 1 gives exclusive times)")
@@ -312,8 +323,8 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Processes sharing the port, each with its own session and batching (one handles "
                    "~3,000-4,000 requests/s; /metrics then counts per worker).")
-def serve(model, backend, chunk, streams, tile_width, gemm_algo, conv_algo, device_ordinal, devices, fast_math,
-          host, port, max_batch, max_delay_ms, token, max_body_mb, workers):
+def serve(model, backend, chunk, streams, tile_width, gemm_algo, conv_algo, precision, device_ordinal, devices,
+          fast_math, host, port, max_batch, max_delay_ms, token, max_body_mb, workers):
     """Serve MODEL (default: the bundled one) over HTTP with dynamic batching, until SIGTERM or
     Ctrl-C (in-flight requests are answered first). Prints one line with the URL once it accepts
     connections. POST /v1/predict takes an .npy array of (N, H, W, C) images or one PNG / JPEG;
@@ -325,7 +336,7 @@ def serve(model, backend, chunk, streams, tile_width, gemm_algo, conv_algo, devi
     settings = server.Settings(max_batch=max_batch, max_delay_ms=max_delay_ms, token=token or None,
                                max_body_bytes=int(max_body_mb * 2**20))
     options = dict(chunk=chunk, streams=streams, tile_width=tile_width and int(tile_width), gemm_algo=gemm_algo,
-                   conv_algo=conv_algo, devices=devices or [device_ordinal], fast_math=fast_math)
+                   conv_algo=conv_algo, precision=precision, devices=devices or [device_ordinal], fast_math=fast_math)
     Options.of(**options)  # bad options, variables and model files: one line before any worker starts
     env.check()
     spec = server.Spec(loader.load_model(model or defaults.model()), backend, options)

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from .errors import InputError
 from .gpu.launch import GEMMS, TILE_WIDTHS
-from .gpu.pipelines import ALGORITHMS, AUTO
+from .gpu.pipelines import ALGORITHMS, AUTO, PRECISIONS
 
 DECODE_MODES = ("host", "gpu")
 
@@ -23,6 +23,7 @@ class Options:
     fast_math: bool = False
     profile: bool = False
     decode: str = "host"  # where a streamed file's compressed chunks are decoded: host or gpu
+    precision: str = None  # exact or certified (float16 where certified, the rest exact); None: conv_algo decides
 
     @classmethod
     def of(cls, **given):
@@ -48,6 +49,8 @@ class Options:
             raise InputError(f"conv_algo must be one of {', '.join((AUTO, *ALGORITHMS))}, not {self.conv_algo!r}")
         if self.gemm_algo not in ("auto", *GEMMS):
             raise InputError(f"gemm_algo must be one of {', '.join(('auto', *GEMMS))}, not {self.gemm_algo!r}")
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
         if self.decode not in DECODE_MODES:
             raise InputError(f"decode must be one of {', '.join(DECODE_MODES)}, not {self.decode!r}")
         if self.devices is not None and self.devices != "all":
@@ -69,4 +72,5 @@ class Options:
         """What backends.create takes: the host options, the GPUs, and the CUDA backend's own."""
         return dict(chunk=self.chunk, readers=self.readers, devices=self.devices or [self.device],
                     streams=self.streams, tile_width=self.tile_width, conv_algo=self.conv_algo,
-                    gemm_algo=self.gemm_algo, fast_math=self.fast_math, profile=self.profile, decode=self.decode)
+                    gemm_algo=self.gemm_algo, fast_math=self.fast_math, profile=self.profile, decode=self.decode,
+                    precision=self.precision)

@@ -20,6 +20,7 @@ class Result:
     profile: list = None
     streamed: bool = False  # read from the files block by block, overlapped with compute
     reader: dict = None  # the read path (layout) and reader threads
+    recomputed: int = None  # --precision certified: the images recomputed exactly (the rest float16, certified)
 
     @property
     def n(self):
@@ -72,6 +73,8 @@ class Result:
             d["reader"] = self.reader
         if self.profile is not None:
             d["profile"] = self.profile
+        if self.recomputed is not None:
+            d["recomputed"] = self.recomputed
         return d
 
     def per_class_table(self):

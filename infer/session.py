@@ -69,7 +69,8 @@ class Session:
     bundled model. backend: "auto" (CUDA when usable, else the CPU with one notice), "cuda" or
     "cpu". The other options are the command line's (see options.Options): chunk, readers,
     streams, tile_width, conv_algo, gemm_algo, device, devices (a list of GPU numbers or "all"),
-    fast_math, profile; a name not among them is a TypeError.
+    fast_math, profile, decode, precision ("certified": float16 where certified, the rest exact, the
+    same answers; "exact"); a name not among them is a TypeError.
 
     Thread-safe: calls from several threads give each the answers it would get alone. On the GPU
     they take turns (each call keeps the GPU busy; one set of buffers) on one thread of the
@@ -171,7 +172,7 @@ class Session:
             network.geometry(self.model, (1,) + x.shape[1:], "x")
             return np.empty(0, np.int64), np.empty((0, self.classes), np.float32)
         data = DataSet.from_array(x)
-        predictions, _, kept, _ = self._forward(data, scores, NoProgress())
+        predictions, _, kept, _, _ = self._forward(data, scores, NoProgress())
         return predictions, kept if scores else None
 
     def evaluate(self, data, n=None, *, scores=False, progress=False):
@@ -187,7 +188,7 @@ class Session:
             bar = Progress(dataset.size) if progress else NoProgress()
             with self.lock:
                 try:
-                    predictions, labels, kept, timing = self._forward(dataset, scores, bar)
+                    predictions, labels, kept, timing, recomputed = self._forward(dataset, scores, bar)
                 finally:
                     bar.close()
                 timing["load"] += load_ms + self.load_ms
@@ -196,14 +197,15 @@ class Session:
                 return Result(data_paths=paths, model_path=self.model.path, shape=(dataset.size,) + dataset.image_shape,
                               predictions=predictions, labels=labels, scores=kept, classes=self.classes,
                               shards=dataset.shards, backend=backend.name, device=backend.device,
-                              profile=backend.profile, timing=timing, streamed="read" in timing,
+                              profile=backend.profile, timing=timing, streamed="read" in timing, recomputed=recomputed,
                               reader=dict(layout=dataset.kind, filters=dataset.filters, threads=backend.reader.threads_used,
                                           pool=backend.reader.kind, decode=getattr(backend, "decoding", "host")))
         finally:
             dataset.close()
 
     def _forward(self, data, scores, progress):
-        """(predictions, labels or None, scores or None, timing in ms) for every image of `data`.
+        """(predictions, labels or None, scores or None, timing in ms, images the certified pipeline
+        recomputed exactly or None) for every image of `data`.
         Calls take turns on the backend (the lock), except where it keeps no state between prepare
         and forward (the CPU backend's in-memory path): there each call has its own image buffer
         and runs at once, on the backend's shared compute threads."""
@@ -236,6 +238,9 @@ class Session:
             backend.use(self.model)
         else:
             backend.prepare(self.model, x_shape, scores, wire, streamed, data.align, data if streamed else None)
+        counter = None if at_once else getattr(backend, "recomputed", None)
+        if counter is not None:
+            counter()  # from zero: prepare's warm-up ran the network too
         timing = dict(load=0.0, prepare=_ms(t))
         try:
             if streamed:
@@ -265,7 +270,7 @@ class Session:
         with self._calls:
             timing["prepare"] += self.setup_ms
             self.setup_ms = 0.0
-        return predictions, labels, kept if scores else None, timing
+        return predictions, labels, kept if scores else None, timing, None if counter is None else counter()
 
 
 def run(data_path, model_path, n=None, backend="auto", notice=print, progress=False, scores=False, **options):

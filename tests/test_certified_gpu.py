@@ -6,7 +6,7 @@ import pytest
 
 from infer import loader
 from infer.bench import random_case, read_all
-from tests.conftest import REPO
+from tests.conftest import REPO, invoke
 from tests.near_ties import near_ties
 
 pytestmark = pytest.mark.gpu
@@ -102,3 +102,31 @@ def test_scores_are_the_float16_pass_within_its_error(gpu, ece408):
     _, exact, _ = labels_of(EXACT, model, x, scores=True)
     _, certified, _ = labels_of(CERTIFIED, model, x, scores=True)
     np.testing.assert_allclose(certified, exact, rtol=0, atol=2e-2 * np.abs(exact).max())
+
+
+def test_precision_certified_through_the_session_and_the_command_line(gpu, ece408):
+    """--precision certified runs fused-certified (the exact path's labels) and reports the images it
+    recomputed: Result.recomputed, --json's "recomputed", a line of --profile; exact reports none."""
+    import json
+
+    import cnninfer
+
+    hopper(gpu)
+    data, model = ece408 / "testfull.hdf5", ece408 / "model.hdf5"
+    with cnninfer.Session(model, backend="cuda", precision="certified") as s:
+        certified = s.evaluate(data)
+        assert "fused-certified" in s.device
+        again = s.evaluate(data, 1000)  # counted per call, from zero
+    with cnninfer.Session(model, backend="cuda", precision="exact") as s:
+        exact = s.evaluate(data)
+        assert "fused-wgmma" in s.device
+    np.testing.assert_array_equal(certified.predictions, exact.predictions)
+    assert exact.recomputed is None and 0 < certified.recomputed < 0.4 * certified.n
+    assert 0 < again.recomputed < certified.recomputed
+    r = invoke("run", data, model, "--backend", "cuda", "--precision", "certified", "--json")
+    assert r.exit_code == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["correct"] == 8722 and d["recomputed"] == certified.recomputed
+    r = invoke("run", data, model, "--backend", "cuda", "--precision", "certified", "--profile", "--streams", "1")
+    assert r.exit_code == 0, r.stderr
+    assert f"certified: {10000 - certified.recomputed} of 10000 images in float16, {certified.recomputed} recomputed exactly" in r.stdout

@@ -37,7 +37,14 @@ def test_json_has_the_result_and_timing(ece408):
     assert (d["n"], d["correct"], d["accuracy"], d["backend"]) == (100, 95, 0.95, "cpu")
     assert set(d["timing_ms"]) == {"load", "prepare", "forward"}
     assert d["elapsed_ms"] == d["timing_ms"]["forward"] > 0
-    assert d["device"].startswith("CPU")
+    assert d["device"].startswith("CPU") and "recomputed" not in d  # only --precision certified's GPU path counts
+
+
+def test_precision_takes_exact_or_certified(ece408):
+    r = invoke("run", *files(ece408), "--backend", "cpu", "--precision", "half")
+    assert r.exit_code == 2 and "'half' is not one of 'exact', 'certified'" in r.stderr
+    r = invoke("run", *files(ece408), "--backend", "cpu", "--precision", "certified", "--json")
+    assert r.exit_code == 0 and json.loads(r.stdout)["correct"] == 95
 
 
 def test_auto_without_cuda_falls_back_with_one_notice(ece408, monkeypatch):

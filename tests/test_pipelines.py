@@ -5,8 +5,8 @@ import pytest
 from infer.gpu import launch
 from infer.gpu.launch import GEMMS, gemm_choice
 from infer.gpu.operands import tf32
-from infer.gpu.pipelines import (ALGORITHMS, AUTO, Fused, FusedTensorCores, FusedWarpgroup, Implicit, ImplicitWarpgroup, Unroll,
-                                 choose)
+from infer.gpu.pipelines import (ALGORITHMS, AUTO, Fused, FusedCertified, FusedTensorCores, FusedWarpgroup, Implicit,
+                                 ImplicitWarpgroup, Unroll, choose)
 from infer.network import Geometry
 
 MNIST = Geometry(28, 28, 1, 5, 32, 5, 64, 128, 10)
@@ -45,6 +45,25 @@ def test_wgmma_runs_on_hopper_only_and_says_so():
 def test_every_algorithm_is_chosen_by_name():
     for name, algo in ALGORITHMS.items():
         assert choose(name, MNIST, "sm_90") == (algo, None)
+
+
+def test_precision_certified_takes_the_certified_path_where_it_runs_else_the_exact_one_with_a_notice():
+    assert choose(AUTO, MNIST, "sm_90", "certified") == (FusedCertified, None)
+    assert choose("fused-certified", MNIST, "sm_90", "certified") == (FusedCertified, None)
+    assert FusedCertified.kernel_for(MNIST) == "fused_kernel5"
+    assert FusedCertified.kernel_for(Geometry(27, 29, 3, 3, 32, 5, 64, 128, 10)) == "fused_kernel4"  # 8x9 conv2 outputs
+    algo, notice = choose(AUTO, MNIST, "sm_80", "certified")
+    assert algo is FusedTensorCores and "fused-certified cannot run" in notice and "Hopper" in notice
+    assert "fused-tc" in notice and "the same answers" in notice
+    algo, notice = choose(AUTO, Geometry(28, 28, 1, 5, 32, 5, 64, 100, 10), "sm_90", "certified")
+    assert algo is FusedWarpgroup and "128 hidden" in notice
+    for name, precision, words in [("fused-wgmma", "certified", "computes exactly"),
+                                   ("fused-certified", "exact", "certified float16 path"),
+                                   ("fused-certified", "certified", "Hopper")]:
+        algo, why = choose(name, MNIST, "sm_90" if precision == "exact" or name != "fused-certified" else "sm_80", precision)
+        assert algo is None and words in why, why
+    # exact, or not given: auto never runs float16
+    assert choose(AUTO, MNIST, "sm_90", "exact") == choose(AUTO, MNIST, "sm_90") == (FusedWarpgroup, None)
 
 
 def test_tf32_split_keeps_fp32_accuracy(rng):

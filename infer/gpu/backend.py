@@ -39,7 +39,8 @@ class CudaBackend(HostSide):
     STREAM_BYTES = 25 << 20
 
     def __init__(self, chunk=None, streams=4, tile_width=None, conv_algo=pipelines.AUTO, device=0,
-                 fast_math=False, profile=False, readers=None, gemm_algo="auto", notice=None, decode="host"):
+                 fast_math=False, profile=False, readers=None, gemm_algo="auto", notice=None, decode="host",
+                 precision=None):
         t = time.perf_counter()
         if streams < 1:
             raise InputError(f"--streams must be at least 1, got {streams}")
@@ -51,6 +52,7 @@ class CudaBackend(HostSide):
                            self.gpu.sms)
         self.notice = notice
         self.algo, self.chunk, self.readers = conv_algo, chunk, readers
+        self.precision = precision  # --precision: None, "exact" or "certified" (pipelines.choose)
         self.decode = decode  # --decode: where compressed chunks of a streamed file are decoded
         self.decoder = None  # the GPU decoder of the stream in progress
         self.decoding = "host"  # where the last stream's chunks were decoded, for --json
@@ -81,6 +83,12 @@ class CudaBackend(HostSide):
     @property
     def profile(self):
         return self.profiler.rows() if isinstance(self.profiler, Profiler) else None
+
+    def recomputed(self):
+        """Images the certified pipeline recomputed exactly since the last call (synchronizes), or
+        None where the pipeline computes every image exactly."""
+        counter = getattr(self.pipeline, "recomputed", None)
+        return None if counter is None else counter()
 
     @staticmethod
     def wire_dtype(stored):
@@ -119,9 +127,11 @@ class CudaBackend(HostSide):
         ex = self.executor
         g = geometry(model, x_shape, "data")
         if self.model is not model or self.pipeline.g != g:  # a new model or image shape
-            algo, why = pipelines.choose(self.algo, g, self.gpu.arch)
-            if why:
+            algo, why = pipelines.choose(self.algo, g, self.gpu.arch, self.precision)
+            if algo is None:
                 raise InputError(f"{model.path}: {why}; --conv-algo unroll runs any consistent shapes")
+            if why and self.notice is not None:
+                self.notice(why)
             if algo is not pipelines.Unroll and self.notice is not None:
                 for name, value in (("--tile-width", self.build.tile_width), ("--gemm-algo", self.build.gemm)):
                     if value not in (None, "auto"):

@@ -49,6 +49,10 @@ class MultiGpuBackend:
         self._each(lambda i, g: g.prepare(model, (self.ranges[i][1] - self.ranges[i][0],) + tuple(x_shape[1:]),
                                           scores, wire, streamed, align, source))
 
+    def recomputed(self):
+        counts = [c for c in self._each(lambda i, g: g.recomputed()) if c is not None]
+        return sum(counts) if counts else None
+
     @property
     def decoding(self):
         return self.gpus[0].decoding

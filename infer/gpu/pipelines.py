@@ -430,8 +430,30 @@ ALGORITHMS = {algo.NAME: algo for algo in (FusedWarpgroup, FusedTensorCores, Imp
 AUTO = "auto"  # the first of ALGORITHMS that can run the model on the GPU at hand
 
 
-def choose(name, g, arch):
-    """The algorithm class for --conv-algo name (or the first that fits, for auto), or the reason none can."""
+PRECISIONS = ("exact", "certified")  # --precision; not given: --conv-algo alone decides
+
+
+def choose(name, g, arch, precision=None):
+    """(algorithm class, None) for --conv-algo name (or the first that fits, for auto) and --precision,
+    or (None, why none can), or (algorithm class, a notice): --precision certified runs
+    fused-certified where it can, else the exact path auto picks (the same answers), and says so.
+    --precision exact never runs the certified path."""
+    certified = FusedCertified
+    if precision == "exact" and name == certified.NAME:
+        return None, f"--precision exact: --conv-algo {name} is the certified float16 path; leave --conv-algo at auto"
+    if precision == "certified":
+        if name not in (AUTO, certified.NAME):
+            return None, f"--precision certified runs --conv-algo {certified.NAME}; --conv-algo {name} computes exactly"
+        why = certified.available(g, arch)
+        if why is None:
+            return certified, None
+        if name == certified.NAME:
+            return None, f"--conv-algo {name} cannot run this model: {why}"
+        algo, why_not = choose(AUTO, g, arch)
+        if algo is None:
+            return None, why_not
+        return algo, (f"cnninfer: --precision certified: {certified.NAME} cannot run this model ({why}); "
+                      f"running the exact --conv-algo {algo.NAME} (the same answers)")
     if name != AUTO:
         why = ALGORITHMS[name].available(g, arch)
         return (ALGORITHMS[name], None) if why is None else (None, f"--conv-algo {name} cannot run this model: {why}")
