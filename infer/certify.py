@@ -143,7 +143,7 @@ def predict(x, model, style="componentwise", zero_bound=False):
     return labels, sure
 
 
-# The GPU's certificate (cuda/fused4.cu, cuda/certify.cu) computes the bound above from float16
+# The GPU's certificate (cuda/fused5.cu or fused4.cu, cuda/certify.cu) computes the bound above from float16
 # sums rounded up; these are its constants, each rounded up to float32.
 DSCALE_LOG2 = 12  # dp * 2^12 before float16: bounds down to 1.5e-8 stay normal, up to 16 finite
 
@@ -166,7 +166,8 @@ def half_up(a):
 
 
 def conv2_constants(w2):
-    """fused_kernel4's c_conv2_bound: [A1, BETA_N, G3Q, C[c] per output channel]. Per output it bounds
+    """fused_kernel4's and fused_kernel5's c_conv2_bound: [A1, BETA_N, G3Q, C[c] per output channel]
+    (fused_kernel5 applies them per pool window: docs/certified.md). Per output it bounds
     conv2_gap by A1 S + C[c] + BETA_N amax, where S is the tensor cores' float32 sum of |w|_up (half_up)
     times the float16 inputs and amax the image's largest conv1 output: sum |w| a <= (S / (1 -
     gamma_n) + eta sum |w|_up) / (1 - u), since a <= (fl16(a) + eta) / (1 - u), and sum a <= n amax."""
