@@ -13,6 +13,15 @@
 //   P_c = sum_i dp_i |G_it - G_ic|; the image is certified (ok = 1) when, for every class c other
 //   than its label t, s_t - s_c (rounded down) exceeds P_c + the fc terms (rounded up).
 //   2 x FEAT x HIDDEN x (2 + CLASSES) float16 tensor FLOPs an image (Phase A's rows: dp and |p|).
+// certify_kernel2 (sm_90a only): block 256 threads, 16 images, grid ceil(n / 16), two blocks an SM
+//   (87 KB shared, at most 128 registers). Phase A as version 1 on k-tiles of 32 features (rows 0-15
+//   dp, 16-31 |p|, the rest zeros), sum dp from the same tiles. Per image (16 threads, 8 hidden units
+//   each) phase B's operand is active_j (fc2_jt - fc2_jc) rounded to float16 (0 for c = t), and the
+//   fc terms with |fc2_t - fc2_c| in place of version 1's |fc2_c| + |fc2_t|. Phase B: per slab of 64
+//   features H = fc1 . operand on wgmma.m64n80k16 (8 images x 10 classes a warpgroup), P_c += dp |H_c|
+//   in registers (no G tile in shared memory), summed over lanes, then over warps through shared
+//   memory once. Certified as version 1 with P_c + E_c (H's rounding) for P_c + E_t + E_c.
+//   2 x FEAT x HIDDEN x (2 + CLASSES) float16 tensor FLOPs an image, phase A's half on zero rows.
 // compact_kernel1: one block of 1024 threads: the images with ok = 0 in order into idx, their number
 //   into *count and added to *total (the run's recomputed images), *fb_overflow = INT_MAX (for the
 //   recomputation's fc_kernel5).
@@ -27,6 +36,7 @@
 #include "wgmma.cuh"
 
 #define CERT_THREADS 256
+namespace v1 {  // version 1's tiles and shared-memory layout (floats)
 constexpr int IMGS = 32;
 static_assert(HIDDEN == 128 && CLASSES == 10 && FEAT % 64 == 0, "certify v1: 128 hidden units, 10 classes, features in 64s");
 constexpr int KT = 64;                     // phase A's k-tile (features); phase B's slab (feature rows)
@@ -46,6 +56,7 @@ constexpr int Q_ROW = HIDDEN + 4;
 static_assert(64 * Q_ROW <= R1, "certify: Q fits region 1");
 constexpr int SMALL = IMGS * (3 * CLASSES + 2);  // per image: E, T, R per class, D, label
 static_assert((R1 + R2 + R3 + SMALL) * 4 <= 227 * 1024, "certify: shared memory (launch.Certify.SHARED)");
+}  // namespace v1
 
 enum { QS, MS, FR1, FR2, ALPHA2, KAPPA, ETA2H, DSCALE, NCONST };
 __constant__ float c_fc_bound[NCONST];
@@ -63,6 +74,7 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
                 const float* __restrict__ scores, const int* __restrict__ labels, const float4* __restrict__ w1abs,
                 const float4* __restrict__ w1h, const float* __restrict__ w2, const __half* __restrict__ w2h,
                 int* __restrict__ ok, int n) {
+    using namespace v1;
     extern __shared__ float4 smem4[];
     float* r1 = reinterpret_cast<float*>(smem4);
     float* r2 = r1 + R1;
@@ -257,6 +269,224 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
             if (c == tc) continue;
             float gap = __fadd_ru(__fadd_ru(P[c], __fadd_ru(Ei[tc], Ei[c])), Ti[c]);
             gap = __fmaf_ru(c_fc_bound[FR2], __fadd_ru(Ri[tc], Ri[c]), gap);
+            sure = sure && isfinite(s[c]) && isfinite(gap) && __fsub_rd(s[tc], s[c]) > gap;
+        }
+        ok[img0 + i] = sure && isfinite(s[tc]);
+    }
+}
+
+// Version 2's layout (floats): region 1 = phase A's two stages, then Q, then phase B's two stages;
+// region 2 = both warpgroups' B operands; the per-image terms; the warps' P sums.
+namespace v2 {
+constexpr int IMGS = 16, KT = 32;                 // images a block; phase A's k-tile (features)
+constexpr int A_ROW = KT + 8;                     // staged A rows: float2 fragment loads conflict-free
+constexpr int A_FLOATS = 32 * A_ROW;              // rows 0-15: dp, 16-31: |p| (32-63 are zeros, not staged)
+constexpr int B_FLOATS = KT * HIDDEN / 2;         // |fc1|_up k-tile, halves
+constexpr int Q_ROW = HIDDEN + 4;
+constexpr int NCOL = 8 * CLASSES;                 // phase B columns per warpgroup: 8 images x 10 classes
+constexpr int BM_FLOATS = HIDDEN * NCOL / 2;      // a warpgroup's B operand, halves
+constexpr int W1_FLOATS = 64 * HIDDEN / 2;        // an fc1 slab of 64 feature rows, halves
+constexpr int DS_ROW = 64 + 4;                    // a slab's dp per image: images 4 banks apart
+constexpr int STAGE = W1_FLOATS + IMGS * DS_ROW;
+constexpr int R1 = 2 * STAGE > 2 * (A_FLOATS + B_FLOATS) ? (2 * STAGE > 32 * Q_ROW ? 2 * STAGE : 32 * Q_ROW)
+                                                          : (2 * (A_FLOATS + B_FLOATS) > 32 * Q_ROW ? 2 * (A_FLOATS + B_FLOATS) : 32 * Q_ROW);
+constexpr int R2 = 2 * BM_FLOATS;
+constexpr int SMALL = IMGS * (3 * CLASSES + 2);   // per image: E, T, R per class, D, label
+constexpr int PW = 8 * NCOL;                      // per warp, its column sums of dp |H|
+static_assert(FEAT % KT == 0 && STAGE % 4 == 0 && R1 % 4 == 0, "certify v2: tiles and 16-byte stages");
+static_assert((R1 + R2 + SMALL + PW) * 4 <= 113 * 1024, "certify v2: two blocks an SM (launch.Certify.shared)");
+}  // namespace v2
+
+extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
+certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, const float* __restrict__ z,
+                const float* __restrict__ scores, const int* __restrict__ labels, const float4* __restrict__ w1abs,
+                const float4* __restrict__ w1h, const float* __restrict__ w2, int* __restrict__ ok, int n) {
+    using namespace v2;
+    extern __shared__ float4 smem4[];
+    float* r1 = reinterpret_cast<float*>(smem4);
+    float* r2 = r1 + R1;
+    float* E = r2 + R2;                    // [img][c]: H's own rounding, weighted by dp
+    float* T = E + IMGS * CLASSES;
+    float* R = T + IMGS * CLASSES;
+    float* D = R + IMGS * CLASSES;         // sum of dp
+    int* top = reinterpret_cast<int*>(D + IMGS);
+    float* pw = reinterpret_cast<float*>(top + IMGS);  // [warp of the block][column]
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
+    const int wg = warp / 4, w = warp % 4;
+    const int img0 = blockIdx.x * IMGS, imgs = min(IMGS, n - img0);
+    if (t < IMGS) top[t] = t < imgs ? labels[img0 + t] : 0;
+
+    // Phase A. Rows 0-15: dp of image r (times 2^S), 16-31: |p| of image r - 16; warps 2-3 feed zeros.
+    auto fetch_a = [&](int tile) {
+        float* as = r1 + (tile % 2) * (A_FLOATS + B_FLOATS);
+        const int row = t / (KT / 4), col = 4 * (t % (KT / 4)), img = row % IMGS;  // 32 rows x 8 copies
+        cp_async16(as + row * A_ROW + col, (row < IMGS ? dp : feat) + (size_t)(img0 + min(img, imgs - 1)) * FEAT + tile * KT + col,
+                   img < imgs);
+        const float4* src = w1abs + (size_t)tile * (B_FLOATS / 4);
+        for (int e = t; e < B_FLOATS / 4; e += CERT_THREADS)
+            cp_async16(reinterpret_cast<float4*>(as + A_FLOATS) + e, src + e, true);
+        cp_async_commit();
+    };
+    static_assert(32 * KT / 4 == CERT_THREADS, "certify v2: one A copy a thread");
+    float qa[32];
+    float dsum[2] = {};  // warp 0: sum dp of images g, g + 8 over this thread's k, rounded up
+    fetch_a(0);
+    for (int tile = 0; tile < FEAT / KT; ++tile) {
+        cp_async_wait<0>();
+        asm volatile("fence.proxy.async.shared::cta;");
+        __syncthreads();  // this tile landed; every MMA on the other stage has completed
+        if (tile + 1 < FEAT / KT) fetch_a(tile + 1);
+        const float* as = r1 + (tile % 2) * (A_FLOATS + B_FLOATS);
+        const float scale = w == 0 ? c_fc_bound[DSCALE] : 1.0f;
+        unsigned av[KT / 16][4];
+#pragma unroll
+        for (int ks = 0; ks < KT / 16; ++ks)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                av[ks][r] = 0;
+                if (w < 2) {
+                    const float2 v = *reinterpret_cast<const float2*>(as + (16 * w + g + 8 * (r % 2)) * A_ROW + 16 * ks + 2 * tig + 8 * (r / 2));
+                    av[ks][r] = half2_up(fabsf(v.x) * scale, fabsf(v.y) * scale);
+                    if (w == 0) dsum[r % 2] = __fadd_ru(dsum[r % 2], __fadd_ru(v.x, v.y));
+                }
+            }
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int ks = 0; ks < KT / 16; ++ks)  // this warpgroup's 64 hidden units: column groups 8 wg on
+            wgmma16(qa, av[ks], wgmma_desc(as + A_FLOATS + ks * (HIDDEN * 16 / 2) + wg * 8 * 64), tile > 0 || ks > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        wgmma_drain();
+    }
+    if (wg == 0 && w == 0)
+#pragma unroll
+        for (int dy = 0; dy < 2; ++dy) {
+            float d = dsum[dy];
+            for (int o = 1; o < 4; o *= 2) d = __fadd_ru(d, __shfl_xor_sync(0xffffffffu, d, o));
+            if (tig == 0) D[g + 8 * dy] = d;
+        }
+    __syncthreads();  // the stages are dead: Q takes their place
+    float* Q = r1;
+    if (w < 2)
+#pragma unroll
+        for (int c = 0; c < 8; ++c)
+#pragma unroll
+            for (int dy = 0; dy < 2; ++dy)
+                *reinterpret_cast<float2*>(Q + (16 * w + g + 8 * dy) * Q_ROW + 64 * wg + 8 * c + 2 * tig) =
+                    make_float2(qa[4 * c + 2 * dy], qa[4 * c + 2 * dy + 1]);
+    __syncthreads();
+
+    // Per image (16 threads, 8 hidden units each): e1, the ReLU pattern, phase B's operand
+    // active_j (fc2_jt - fc2_jc) (zero for c = t) and the fc terms with dw = |fc2_t - fc2_c|:
+    // A_c = sum active dw q, B_c = sum active dw, Qa = sum active q, T_c = sum dw (active r1,
+    // unstable e1), R_c = sum (2h + e1 unless stable and off) |fc2_c|.
+    {
+        const int i = t / 16, part = t % 16, tc = top[i];
+        __half* bm = reinterpret_cast<__half*>(r2) + (i / 8) * 2 * BM_FLOATS;  // halves
+        float Ac[CLASSES] = {}, Bc[CLASSES] = {}, Tc[CLASSES] = {}, Rc[CLASSES] = {}, qact = 0.0f;
+        for (int jj = 0; jj < HIDDEN / 16; ++jj) {
+            const int j = part + 16 * jj;  // the 16 threads of an image: adjacent units, adjacent B halves
+            const float q = __fmul_ru(Q[i * Q_ROW + j], c_fc_bound[QS]), m = __fmul_ru(Q[(IMGS + i) * Q_ROW + j], c_fc_bound[MS]);
+            const float rr = __fmul_ru(c_fc_bound[FR1], __fmaf_ru(2.0f, m, q)), e1 = __fadd_ru(q, rr);
+            const float zj = i < imgs ? z[(size_t)(img0 + i) * HIDDEN + j] : 0.0f;
+            const bool stable = fabsf(zj) > e1, active = stable && zj > 0.0f;
+            const float h = relu(zj), wt = w2[j * CLASSES + tc];
+            const float coef_t = active ? rr : (stable ? 0.0f : e1), coef_r = __fadd_ru(2.0f * h, stable && !active ? 0.0f : e1);
+            if (active) qact = __fadd_ru(qact, q);
+#pragma unroll
+            for (int c = 0; c < CLASSES; ++c) {
+                const float wc = w2[j * CLASSES + c], dw = absdiff_ru(wt, wc);
+                if (active) {
+                    Ac[c] = __fmaf_ru(dw, q, Ac[c]);
+                    Bc[c] = __fadd_ru(Bc[c], dw);
+                }
+                Tc[c] = __fmaf_ru(dw, coef_t, Tc[c]);
+                Rc[c] = __fmaf_ru(coef_r, fabsf(wc), Rc[c]);
+                // B operand of this image's column 10 (i % 8) + c, k = j: K-major core matrices
+                // (k16 step, 8-column group, half of k, column % 8, k % 8).
+                const int col = CLASSES * (i % 8) + c, kk = j % 16;
+                bm[(((j / 16) * (NCOL / 8) + col / 8) * 2 + kk / 8) * 64 + (col % 8) * 8 + kk % 8] =
+                    __float2half_rn(active ? wt - wc : 0.0f);
+            }
+        }
+#pragma unroll
+        for (int o = 1; o < 16; o *= 2) {
+            qact = __fadd_ru(qact, __shfl_xor_sync(0xffffffffu, qact, o));
+#pragma unroll
+            for (int c = 0; c < CLASSES; ++c) {
+                Ac[c] = __fadd_ru(Ac[c], __shfl_xor_sync(0xffffffffu, Ac[c], o));
+                Bc[c] = __fadd_ru(Bc[c], __shfl_xor_sync(0xffffffffu, Bc[c], o));
+                Tc[c] = __fadd_ru(Tc[c], __shfl_xor_sync(0xffffffffu, Tc[c], o));
+                Rc[c] = __fadd_ru(Rc[c], __shfl_xor_sync(0xffffffffu, Rc[c], o));
+            }
+        }
+        if (part == 0)
+#pragma unroll
+            for (int c = 0; c < CLASSES; ++c) {
+                // E_c: H's own float16 rounding and float32 sums, weighted by dp (docs/certified.md)
+                const float eta = __fmaf_ru(c_fc_bound[KAPPA], __fmaf_ru(D[i], Bc[c], qact), __fmul_ru(c_fc_bound[ETA2H], D[i]));
+                E[i * CLASSES + c] = __fmaf_ru(c_fc_bound[ALPHA2], Ac[c], eta);
+                T[i * CLASSES + c] = Tc[c];
+                R[i * CLASSES + c] = Rc[c];
+            }
+    }
+
+    // Phase B: fc1 slabs of 64 feature rows (and the slab's dp) staged by cp.async where Q was.
+    auto fetch_b = [&](int slab) {
+        float* ws = r1 + (slab % 2) * STAGE;
+        const float4* src = w1h + (size_t)slab * (W1_FLOATS / 4);
+        for (int e = t; e < W1_FLOATS / 4; e += CERT_THREADS) cp_async16(reinterpret_cast<float4*>(ws) + e, src + e, true);
+        const int img = t / 16, col = 4 * (t % 16);  // 16 images x 16 copies
+        cp_async16(ws + W1_FLOATS + img * DS_ROW + col, dp + (size_t)(img0 + min(img, imgs - 1)) * FEAT + slab * 64 + col, img < imgs);
+        cp_async_commit();
+    };
+    asm volatile("fence.proxy.async.shared::cta;");  // the B operands, written above, read by the tensor cores
+    __syncthreads();  // and Q is dead
+    fetch_b(0);
+    const float* bm = r2 + wg * BM_FLOATS;
+    float acc[40], P[20] = {};  // P[2 cg + e]: column 8 cg + 2 tig + e of this warpgroup, this thread's rows
+    for (int slab = 0; slab < FEAT / 64; ++slab) {
+        cp_async_wait<0>();
+        asm volatile("fence.proxy.async.shared::cta;");
+        __syncthreads();  // this slab landed; the other stage's MMAs are done
+        if (slab + 1 < FEAT / 64) fetch_b(slab + 1);
+        const float* ws = r1 + (slab % 2) * STAGE;
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int ks = 0; ks < HIDDEN / 16; ++ks)
+            wgmma16_ss(acc, wgmma_desc(ws + ks * (64 * 16 / 2)), wgmma_desc(bm + ks * (NCOL * 16 / 2)), ks > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        wgmma_drain();
+        const float* ds = ws + W1_FLOATS + 16 * w + g;
+#pragma unroll
+        for (int cg = 0; cg < NCOL / 8; ++cg)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float* d = ds + (8 * wg + (8 * cg + 2 * tig + e) / CLASSES) * DS_ROW;
+                P[2 * cg + e] = __fmaf_ru(d[0], fabsf(acc[4 * cg + e]), __fmaf_ru(d[8], fabsf(acc[4 * cg + 2 + e]), P[2 * cg + e]));
+            }
+    }
+#pragma unroll
+    for (int o = 4; o < 32; o *= 2)  // over the warp's 16 rows
+#pragma unroll
+        for (int k = 0; k < 20; ++k) P[k] = __fadd_ru(P[k], __shfl_xor_sync(0xffffffffu, P[k], o));
+    if (g == 0)
+#pragma unroll
+        for (int cg = 0; cg < NCOL / 8; ++cg)
+            *reinterpret_cast<float2*>(pw + warp * NCOL + 8 * cg + 2 * tig) = make_float2(P[2 * cg], P[2 * cg + 1]);
+    __syncthreads();
+
+    if (t < imgs) {
+        const int i = t, tc = top[i], base = (i / 8) * 4 * NCOL + CLASSES * (i % 8);
+        const float* s = scores + (size_t)(img0 + i) * CLASSES;
+        bool sure = true;
+#pragma unroll
+        for (int c = 0; c < CLASSES; ++c) {
+            if (c == tc) continue;
+            float pc = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) pc = __fadd_ru(pc, pw[base + k * NCOL + c]);
+            float gap = __fadd_ru(__fadd_ru(pc, E[i * CLASSES + c]), T[i * CLASSES + c]);
+            gap = __fmaf_ru(c_fc_bound[FR2], __fadd_ru(R[i * CLASSES + tc], R[i * CLASSES + c]), gap);
             sure = sure && isfinite(s[c]) && isfinite(gap) && __fsub_rd(s[tc], s[c]) > gap;
         }
         ok[img0 + i] = sure && isfinite(s[tc]);

@@ -182,14 +182,16 @@ def conv2_constants(w2):
 
 
 def fc_constants(fc1):
-    """certify_kernel1's c_fc_bound: [QS, MS, FR1, FR2, ALPHA2, KAPPA, ETA2H, DSCALE]. q = dp |fc1| and
-    m = |p| |fc1| come from float16 operands rounded up (dp scaled by DSCALE) summed by the tensor
-    cores, so each is at most the sum over 1 - gamma_FEAT (QS, MS also undo the scale); FR1, FR2 are
-    fc_rounding of fc1 and fc2; G = fc1 diag(active) fc2 from float16 operands rounded to nearest,
-    summed over the hidden units, is within ALPHA2 |fc1| |fc2| + KAPPA (|fc1| + |fc2|) + eta^2 (1 +
-    gamma) of the exact product, per term."""
+    """certify_kernel1's and 2's c_fc_bound: [QS, MS, FR1, FR2, ALPHA2, KAPPA, ETA2H, DSCALE]. q = dp
+    |fc1| and m = |p| |fc1| come from float16 operands rounded up (dp scaled by DSCALE) summed by the
+    tensor cores, so each is at most the sum over 1 - gamma_FEAT (QS, MS also undo the scale); FR1,
+    FR2 are fc_rounding of fc1 and fc2. The product over the hidden units, fc1 diag(active) b with b
+    fc2 (version 1) or fc2_t - fc2_c (version 2: the float32 difference, rounded to nearest again),
+    both rounded to float16, is within ALPHA2 |fc1| |b| + KAPPA (|fc1| + |b|) + eta^2 (1 + gamma) of the
+    exact product, per term: b's rounding u_d = u (1 + 2^-24) + 2^-24 covers both roundings."""
     feat, hidden = fc1.shape
     g_f, g_h = gamma(feat), gamma(hidden)
+    u_d = U16 * (1 + U32) + U32
     return up32([2.0**-DSCALE_LOG2 / (1 - g_f), 1 / (1 - g_f), fc_rounding(feat), fc_rounding(hidden),
-                 2 * U16 + U16 * U16 + g_h * (1 + U16) ** 2, (1 + g_h) * (1 + U16) * ETA16,
+                 U16 + u_d + U16 * u_d + g_h * (1 + U16) * (1 + u_d), (1 + g_h) * (1 + U16) * (1 + u_d) * ETA16,
                  hidden * (1 + g_h) * ETA16 * ETA16, 2.0**DSCALE_LOG2])

@@ -65,6 +65,22 @@ def test_bundled_sample_labels_are_the_exact_paths(gpu):
     assert recomputed < 0.1 * len(x), recomputed
 
 
+def test_certify_kernel1_still_gives_the_exact_paths_labels(gpu, ece408, monkeypatch):
+    """Version 1 of the certificate (32 images a block, G tiles in shared memory) stays correct, and
+    version 2's bound (|fc2_t - fc2_c| where version 1 adds |fc2_t| and |fc2_c|) recomputes no more."""
+    from infer.gpu.pipelines import FusedCertified
+
+    hopper(gpu)
+    model = loader.load_model(ece408 / "model.hdf5")
+    x = read_all(ece408 / "testfull.hdf5", model, 3000)
+    exact, v2, recomputed2 = both(model, x)
+    monkeypatch.setattr(FusedCertified, "CERTIFY_VERSION", 1)
+    v1, _, recomputed1 = labels_of(CERTIFIED, model, x)
+    np.testing.assert_array_equal(v1, exact)
+    np.testing.assert_array_equal(v2, exact)
+    assert 0 < recomputed2 <= recomputed1, (recomputed2, recomputed1)
+
+
 @pytest.mark.parametrize("spec", ["28x28x1,5:32,5:64,128", "28x28x3,3:32,5:64,128", "28x44x2,5:32,5:64,128"])
 @pytest.mark.parametrize("scale", [1.0, 1e-3, 200.0])
 def test_random_networks_labels_are_the_exact_paths(gpu, spec, scale):
@@ -76,7 +92,7 @@ def test_random_networks_labels_are_the_exact_paths(gpu, spec, scale):
 
 def test_near_ties_need_the_certificate(gpu, ece408, monkeypatch):
     """Near ties: the certified labels are the exact path's; with every image certified (the bound
-    forced to 0: certify_kernel1 replaced by ok = 1) the float16 pass's labels differ on some."""
+    forced to 0: the certificate kernel replaced by ok = 1) the float16 pass's labels differ on some."""
     import pycuda.driver as cuda
 
     from infer.gpu import launch

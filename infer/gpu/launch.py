@@ -523,19 +523,27 @@ class FullyConnected(Launcher):
 
 class Certify(Launcher):
     """The certificate of the low-precision pass and the recomputation around it (cuda/certify.cu):
-    certify_kernel1 for 32 images a block (sm_90a), compact_kernel1 (one block), gather_kernel1 and
-    scatter_kernel1. The shapes it takes: 10 classes, 128 hidden units, features in 64s."""
-    source, kernel, arg_types = "certify", "certify_kernel1", "PPPPPPPPPPi"
+    certify_kernel2 for 16 images a block, two blocks an SM (certify_kernel1: 32 images a block, one
+    block an SM), sm_90a; compact_kernel1 (one block), gather_kernel1 and scatter_kernel1. The shapes
+    it takes: 10 classes, 128 hidden units, features in 64s."""
+    source, kernel = "certify", "certify_kernel2"
+    ARG_TYPES = {1: "PPPPPPPPPPi", 2: "PPPPPPPPPi"}
     DIRECTED_ROUNDING = True
-    IMGS, THREADS, MAX_IMAGES = 32, 256, 1 << 20
+    IMGS = {1: 32, 2: 16}
+    THREADS, MAX_IMAGES = 256, 1 << 20
     GATHER_BLOCKS = 264
 
     @staticmethod
-    def shared(g):
-        """certify_kernel1's dynamic shared bytes (its regions R1-R3 and the per-image terms)."""
-        a, b, g_row, ncol = 64 * 72, 64 * g.hidden // 2, 16 * g.classes + 8, 16 * g.classes
-        r1 = max(2 * 64 * g_row, 2 * (a + b))
-        return 4 * (r1 + g.hidden * ncol + 2 * (64 * g.hidden // 2 + 32 * 64) + 32 * (3 * g.classes + 2))
+    def shared(g, version=2):
+        """certify_kernel<version>'s dynamic shared bytes (its regions and the per-image terms)."""
+        small = lambda imgs: imgs * (3 * g.classes + 2)  # noqa: E731
+        if version == 1:
+            a, b, g_row, ncol = 64 * 72, 64 * g.hidden // 2, 16 * g.classes + 8, 16 * g.classes
+            r1 = max(2 * 64 * g_row, 2 * (a + b))
+            return 4 * (r1 + g.hidden * ncol + 2 * (64 * g.hidden // 2 + 32 * 64) + small(32))
+        stage, ncol = 64 * g.hidden // 2 + 16 * 68, 8 * g.classes
+        r1 = max(2 * stage, 2 * (32 * 40 + 32 * g.hidden // 2), 32 * (g.hidden + 4))
+        return 4 * (r1 + g.hidden * ncol + small(16) + 8 * ncol)
 
     @staticmethod
     def fits(g):
@@ -545,12 +553,14 @@ class Certify(Launcher):
                     f"features in 64s; the model has {g.classes}, {g.hidden} and {g.flat}")
         return None
 
-    def __init__(self, build, g):
+    def __init__(self, build, g, version=2):
         import pycuda.driver as cuda
 
+        self.version, self.kernel, self.arg_types = version, f"certify_kernel{version}", self.ARG_TYPES[version]
         super().__init__(build, "sm_90a", FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes)
-        self.elems, self.bytes = g.h * g.w * g.c, self.shared(g)
+        self.elems, self.bytes = g.h * g.w * g.c, self.shared(g, version)
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.bytes)
+        self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
         self.compact, self.gather, self.scatter = (self.module.get_function(f"{k}_kernel1") for k in ("compact", "gather", "scatter"))
         self.compact.prepare("PiPPPP")
         self.gather.prepare("PPPPi")
@@ -558,8 +568,10 @@ class Certify(Launcher):
         self.constants = self.module.get_global("c_fc_bound")[0]
 
     def __call__(self, stream, feat, dp, z, scores, labels, w1abs, w1h, w2, w2h, ok, n):
-        self.launch(stream, (ceil_div(n, self.IMGS), 1), (self.THREADS, 1, 1), feat, dp, z, scores, labels, w1abs, w1h,
-                    w2, w2h, ok, n, shared=self.bytes)
+        """w2h (fc2 in float16) is version 1's only: version 2 rounds fc2's differences itself."""
+        fc2 = (w2, w2h) if self.version == 1 else (w2,)
+        self.launch(stream, (ceil_div(n, self.IMGS[self.version]), 1), (self.THREADS, 1, 1), feat, dp, z, scores, labels,
+                    w1abs, w1h, *fc2, ok, n, shared=self.bytes)
 
     def compact_list(self, stream, ok, n, idx, count, fb_overflow, total):
         """The images ok left out, in order, into idx; their number into *count and added to *total."""
