@@ -14,7 +14,7 @@
 //   than its label t, s_t - s_c (rounded down) exceeds P_c + the fc terms (rounded up).
 //   2 x FEAT x HIDDEN x (2 + CLASSES) float16 tensor FLOPs an image (Phase A's rows: dp and |p|).
 // certify_kernel2 (sm_90a only): block 256 threads, 16 images, grid ceil(n / 16), two blocks an SM
-//   (87 KB shared, at most 128 registers). Phase A as version 1 on k-tiles of 32 features (rows 0-15
+//   (97 KB shared, at most 128 registers). Phase A as version 1 (k-tiles of 64 features; rows 0-15
 //   dp, 16-31 |p|, the rest zeros), sum dp from the same tiles. Per image (16 threads, 8 hidden units
 //   each) phase B's operand is active_j (fc2_jt - fc2_jc) rounded to float16 (0 for c = t), and the
 //   fc terms with |fc2_t - fc2_c| in place of version 1's |fc2_c| + |fc2_t|. Phase B: per slab of 64
@@ -278,7 +278,7 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
 // Version 2's layout (floats): region 1 = phase A's two stages, then Q, then phase B's two stages;
 // region 2 = both warpgroups' B operands; the per-image terms; the warps' P sums.
 namespace v2 {
-constexpr int IMGS = 16, KT = 32;                 // images a block; phase A's k-tile (features)
+constexpr int IMGS = 16, KT = 64;                 // images a block; phase A's k-tile (features)
 constexpr int A_ROW = KT + 8;                     // staged A rows: float2 fragment loads conflict-free
 constexpr int A_FLOATS = 32 * A_ROW;              // rows 0-15: dp, 16-31: |p| (32-63 are zeros, not staged)
 constexpr int B_FLOATS = KT * HIDDEN / 2;         // |fc1|_up k-tile, halves
@@ -319,15 +319,16 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
     // Phase A. Rows 0-15: dp of image r (times 2^S), 16-31: |p| of image r - 16; warps 2-3 feed zeros.
     auto fetch_a = [&](int tile) {
         float* as = r1 + (tile % 2) * (A_FLOATS + B_FLOATS);
-        const int row = t / (KT / 4), col = 4 * (t % (KT / 4)), img = row % IMGS;  // 32 rows x 8 copies
-        cp_async16(as + row * A_ROW + col, (row < IMGS ? dp : feat) + (size_t)(img0 + min(img, imgs - 1)) * FEAT + tile * KT + col,
-                   img < imgs);
+        for (int e = t; e < 32 * KT / 4; e += CERT_THREADS) {
+            const int row = e / (KT / 4), col = 4 * (e % (KT / 4)), img = row % IMGS;
+            cp_async16(as + row * A_ROW + col, (row < IMGS ? dp : feat) + (size_t)(img0 + min(img, imgs - 1)) * FEAT + tile * KT + col,
+                       img < imgs);
+        }
         const float4* src = w1abs + (size_t)tile * (B_FLOATS / 4);
         for (int e = t; e < B_FLOATS / 4; e += CERT_THREADS)
             cp_async16(reinterpret_cast<float4*>(as + A_FLOATS) + e, src + e, true);
         cp_async_commit();
     };
-    static_assert(32 * KT / 4 == CERT_THREADS, "certify v2: one A copy a thread");
     float qa[32];
     float dsum[2] = {};  // warp 0: sum dp of images g, g + 8 over this thread's k, rounded up
     fetch_a(0);

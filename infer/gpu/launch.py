@@ -542,7 +542,7 @@ class Certify(Launcher):
             r1 = max(2 * 64 * g_row, 2 * (a + b))
             return 4 * (r1 + g.hidden * ncol + 2 * (64 * g.hidden // 2 + 32 * 64) + small(32))
         stage, ncol = 64 * g.hidden // 2 + 16 * 68, 8 * g.classes
-        r1 = max(2 * stage, 2 * (32 * 40 + 32 * g.hidden // 2), 32 * (g.hidden + 4))
+        r1 = max(2 * stage, 2 * (32 * 72 + 64 * g.hidden // 2), 32 * (g.hidden + 4))
         return 4 * (r1 + g.hidden * ncol + small(16) + 8 * ncol)
 
     @staticmethod
