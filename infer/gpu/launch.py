@@ -527,6 +527,7 @@ class Certify(Launcher):
     block an SM), sm_90a; compact_kernel1 (one block), gather_kernel1 and scatter_kernel1. The shapes
     it takes: 10 classes, 128 hidden units, features in 64s."""
     source, kernel = "certify", "certify_kernel2"
+    KERNELS = {1: "certify_kernel1", 2: "certify_kernel2"}
     ARG_TYPES = {1: "PPPPPPPPPPi", 2: "PPPPPPPPPi"}
     DIRECTED_ROUNDING = True
     IMGS = {1: 32, 2: 16}
@@ -556,7 +557,7 @@ class Certify(Launcher):
     def __init__(self, build, g, version=2):
         import pycuda.driver as cuda
 
-        self.version, self.kernel, self.arg_types = version, f"certify_kernel{version}", self.ARG_TYPES[version]
+        self.version, self.kernel, self.arg_types = version, self.KERNELS[version], self.ARG_TYPES[version]
         super().__init__(build, "sm_90a", FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes)
         self.elems, self.bytes = g.h * g.w * g.c, self.shared(g, version)
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.bytes)
