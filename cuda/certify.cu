@@ -69,6 +69,34 @@ __device__ __forceinline__ unsigned half2_up(float a, float b) {
 // |a - b| rounded up.
 __device__ __forceinline__ float absdiff_ru(float a, float b) { return a >= b ? __fsub_ru(a, b) : __fsub_ru(b, a); }
 
+// The per-image fc terms of one image, each summed over the PARTS adjacent lanes that share it
+// (rounded up); the first of them stores E_c (the fc product's own rounding, weighted by dp:
+// docs/certified.md), T_c and R_c.
+template <int PARTS>
+__device__ __forceinline__ void store_fc_terms(float (&Ac)[CLASSES], float (&Bc)[CLASSES], float (&Tc)[CLASSES],
+                                               float (&Rc)[CLASSES], float qact, bool first, float d, float* E, float* T,
+                                               float* R) {
+#pragma unroll
+    for (int o = 1; o < PARTS; o *= 2) {
+        qact = __fadd_ru(qact, __shfl_xor_sync(0xffffffffu, qact, o));
+#pragma unroll
+        for (int c = 0; c < CLASSES; ++c) {
+            Ac[c] = __fadd_ru(Ac[c], __shfl_xor_sync(0xffffffffu, Ac[c], o));
+            Bc[c] = __fadd_ru(Bc[c], __shfl_xor_sync(0xffffffffu, Bc[c], o));
+            Tc[c] = __fadd_ru(Tc[c], __shfl_xor_sync(0xffffffffu, Tc[c], o));
+            Rc[c] = __fadd_ru(Rc[c], __shfl_xor_sync(0xffffffffu, Rc[c], o));
+        }
+    }
+    if (first)
+#pragma unroll
+        for (int c = 0; c < CLASSES; ++c) {
+            const float eta = __fmaf_ru(c_fc_bound[KAPPA], __fmaf_ru(d, Bc[c], qact), __fmul_ru(c_fc_bound[ETA2H], d));
+            E[c] = __fmaf_ru(c_fc_bound[ALPHA2], Ac[c], eta);
+            T[c] = Tc[c];
+            R[c] = Rc[c];
+        }
+}
+
 extern "C" __global__ void __launch_bounds__(CERT_THREADS, 1)
 certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, const float* __restrict__ z,
                 const float* __restrict__ scores, const int* __restrict__ labels, const float4* __restrict__ w1abs,
@@ -181,26 +209,7 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
                     active ? w2h[j * CLASSES + c] : __float2half(0.0f);
             }
         }
-#pragma unroll
-        for (int o = 1; o < 8; o *= 2) {
-            qact = __fadd_ru(qact, __shfl_xor_sync(0xffffffffu, qact, o));
-#pragma unroll
-            for (int c = 0; c < CLASSES; ++c) {
-                Ac[c] = __fadd_ru(Ac[c], __shfl_xor_sync(0xffffffffu, Ac[c], o));
-                Bc[c] = __fadd_ru(Bc[c], __shfl_xor_sync(0xffffffffu, Bc[c], o));
-                Tc[c] = __fadd_ru(Tc[c], __shfl_xor_sync(0xffffffffu, Tc[c], o));
-                Rc[c] = __fadd_ru(Rc[c], __shfl_xor_sync(0xffffffffu, Rc[c], o));
-            }
-        }
-        if (part == 0)
-#pragma unroll
-            for (int c = 0; c < CLASSES; ++c) {
-                // E_c: G's own float16 rounding and float32 sums, weighted by dp (docs/certified.md)
-                const float eta = __fmaf_ru(c_fc_bound[KAPPA], __fmaf_ru(D[i], Bc[c], qact), __fmul_ru(c_fc_bound[ETA2H], D[i]));
-                E[i * CLASSES + c] = __fmaf_ru(c_fc_bound[ALPHA2], Ac[c], eta);
-                T[i * CLASSES + c] = Tc[c];
-                R[i * CLASSES + c] = Rc[c];
-            }
+        store_fc_terms<8>(Ac, Bc, Tc, Rc, qact, part == 0, D[i], E + i * CLASSES, T + i * CLASSES, R + i * CLASSES);
     }
 
     // Phase B: fc1 slabs of 64 feature rows (and the slab's dp) staged by cp.async.
@@ -409,26 +418,7 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
                     __float2half_rn(active ? wt - wc : 0.0f);
             }
         }
-#pragma unroll
-        for (int o = 1; o < 16; o *= 2) {
-            qact = __fadd_ru(qact, __shfl_xor_sync(0xffffffffu, qact, o));
-#pragma unroll
-            for (int c = 0; c < CLASSES; ++c) {
-                Ac[c] = __fadd_ru(Ac[c], __shfl_xor_sync(0xffffffffu, Ac[c], o));
-                Bc[c] = __fadd_ru(Bc[c], __shfl_xor_sync(0xffffffffu, Bc[c], o));
-                Tc[c] = __fadd_ru(Tc[c], __shfl_xor_sync(0xffffffffu, Tc[c], o));
-                Rc[c] = __fadd_ru(Rc[c], __shfl_xor_sync(0xffffffffu, Rc[c], o));
-            }
-        }
-        if (part == 0)
-#pragma unroll
-            for (int c = 0; c < CLASSES; ++c) {
-                // E_c: H's own float16 rounding and float32 sums, weighted by dp (docs/certified.md)
-                const float eta = __fmaf_ru(c_fc_bound[KAPPA], __fmaf_ru(D[i], Bc[c], qact), __fmul_ru(c_fc_bound[ETA2H], D[i]));
-                E[i * CLASSES + c] = __fmaf_ru(c_fc_bound[ALPHA2], Ac[c], eta);
-                T[i * CLASSES + c] = Tc[c];
-                R[i * CLASSES + c] = Rc[c];
-            }
+        store_fc_terms<16>(Ac, Bc, Tc, Rc, qact, part == 0, D[i], E + i * CLASSES, T + i * CLASSES, R + i * CLASSES);
     }
 
     // Phase B: fc1 slabs of 64 feature rows (and the slab's dp) staged by cp.async where Q was.

@@ -357,7 +357,7 @@ class Fused(Launcher):
                 return None, "it needs 8x8 conv2 outputs, 32 conv1 channels and 64 conv2 channels"
             # p1 in halves, unpadded (the tensor cores read it through descriptors); the stage area holds
             # the images and conv1's weights, then the 2x2 means of p1 (fused5.cu's qb: (4, P1H - 1, 12,
-            # 18) words), two float16 slabs and the images' largest conv1 outputs.
+            # 18) words), two float16 slabs and the images' largest qb.
             steps, tail = cls.conv1_steps(g.k1 * g.k1 * g.c)
             w1_at = ceil_div(images(4), 32) * 32
             pstr, chunk = g.c1 // 2, p1h * p1w * 4  # chunks of 8 channels, 8 words mod 32 apart
