@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from .errors import InputError
 from .gpu.launch import GEMMS, TILE_WIDTHS
-from .gpu.pipelines import ALGORITHMS, AUTO, PRECISIONS
+from .gpu.pipelines import ALGORITHMS, AUTO, PRECISIONS, precision_conflict
 
 DECODE_MODES = ("host", "gpu")
 
@@ -51,6 +51,9 @@ class Options:
             raise InputError(f"gemm_algo must be one of {', '.join(('auto', *GEMMS))}, not {self.gemm_algo!r}")
         if self.precision is not None and self.precision not in PRECISIONS:
             raise InputError(f"precision must be one of {', '.join(PRECISIONS)}, not {self.precision!r}")
+        conflict = precision_conflict(self.conv_algo, self.precision)  # on any machine, before a GPU is asked
+        if conflict:
+            raise InputError(conflict)
         if self.decode not in DECODE_MODES:
             raise InputError(f"decode must be one of {', '.join(DECODE_MODES)}, not {self.decode!r}")
         if self.devices is not None and self.devices != "all":

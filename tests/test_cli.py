@@ -45,6 +45,10 @@ def test_precision_takes_exact_or_certified(ece408):
     assert r.exit_code == 2 and "'half' is not one of 'exact', 'certified'" in r.stderr
     r = invoke("run", *files(ece408), "--backend", "cpu", "--precision", "certified", "--json")
     assert r.exit_code == 0 and json.loads(r.stdout)["correct"] == 95
+    for precision, algo, words in [("exact", "fused-certified", "is the certified float16 path"),
+                                   ("certified", "fused-wgmma", "--conv-algo fused-wgmma computes exactly")]:
+        r = invoke("run", *files(ece408), "--backend", "cpu", "--precision", precision, "--conv-algo", algo)
+        assert r.exit_code == 2 and words in r.stderr and r.stderr.count("\n") == 1, r.stderr
 
 
 def test_auto_without_cuda_falls_back_with_one_notice(ece408, monkeypatch):

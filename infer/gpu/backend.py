@@ -128,8 +128,9 @@ class CudaBackend(HostSide):
         g = geometry(model, x_shape, "data")
         if self.model is not model or self.pipeline.g != g:  # a new model or image shape
             algo, why = pipelines.choose(self.algo, g, self.gpu.arch, self.precision)
-            if algo is None:
-                raise InputError(f"{model.path}: {why}; --conv-algo unroll runs any consistent shapes")
+            if algo is None:  # a shape no algorithm takes, or --precision against --conv-algo
+                hint = "" if why.startswith("--precision") else "; --conv-algo unroll runs any consistent shapes"
+                raise InputError(f"{model.path}: {why}{hint}")
             if why and self.notice is not None:
                 self.notice(why)
             if algo is not pipelines.Unroll and self.notice is not None:

@@ -436,17 +436,24 @@ AUTO = "auto"  # the first of ALGORITHMS that can run the model on the GPU at ha
 PRECISIONS = ("exact", "certified")  # --precision; not given: --conv-algo alone decides
 
 
+def precision_conflict(name, precision):
+    """Why --conv-algo name contradicts --precision, or None."""
+    if precision == "exact" and name == FusedCertified.NAME:
+        return f"--precision exact: --conv-algo {name} is the certified float16 path; leave --conv-algo at auto"
+    if precision == "certified" and name not in (AUTO, FusedCertified.NAME):
+        return f"--precision certified runs --conv-algo {FusedCertified.NAME}; --conv-algo {name} computes exactly"
+    return None
+
+
 def choose(name, g, arch, precision=None):
     """(algorithm class, None) for --conv-algo name (or the first that fits, for auto) and --precision,
     or (None, why none can), or (algorithm class, a notice): --precision certified runs
     fused-certified where it can, else the exact path auto picks (the same answers), and says so.
     --precision exact never runs the certified path."""
-    certified = FusedCertified
-    if precision == "exact" and name == certified.NAME:
-        return None, f"--precision exact: --conv-algo {name} is the certified float16 path; leave --conv-algo at auto"
+    certified, conflict = FusedCertified, precision_conflict(name, precision)
+    if conflict:
+        return None, conflict
     if precision == "certified":
-        if name not in (AUTO, certified.NAME):
-            return None, f"--precision certified runs --conv-algo {certified.NAME}; --conv-algo {name} computes exactly"
         why = certified.available(g, arch)
         if why is None:
             return certified, None
