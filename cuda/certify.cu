@@ -69,6 +69,23 @@ __device__ __forceinline__ unsigned half2_up(float a, float b) {
 // |a - b| rounded up.
 __device__ __forceinline__ float absdiff_ru(float a, float b) { return a >= b ? __fsub_ru(a, b) : __fsub_ru(b, a); }
 
+// Hidden unit j of an image: from its phase A sums (q: dp . |fc1|, m: |p| . |fc1|, unscaled) and fc1's
+// sum before ReLU z, the bound e1 = q + r1 on z's difference between the paths, whether the unit is
+// stable (both paths on one side of 0) and active, and its coefficients in T_c (coef_t) and R_c
+// (coef_r), all rounded up (docs/certified.md, steps 3-5).
+struct Unit {
+    float q, coef_t, coef_r;
+    bool active;
+};
+
+__device__ __forceinline__ Unit unit_terms(float qsum, float msum, float z) {
+    const float q = __fmul_ru(qsum, c_fc_bound[QS]), m = __fmul_ru(msum, c_fc_bound[MS]);
+    const float rr = __fmul_ru(c_fc_bound[FR1], __fmaf_ru(2.0f, m, q)), e1 = __fadd_ru(q, rr);
+    const bool stable = fabsf(z) > e1, active = stable && z > 0.0f;
+    return {q, active ? rr : (stable ? 0.0f : e1), __fadd_ru(2.0f * relu(z), stable && !active ? 0.0f : e1), active};
+}
+
+
 // The per-image fc terms of one image, each summed over the PARTS adjacent lanes that share it
 // (rounded up); the first of them stores E_c (the fc product's own rounding, weighted by dp:
 // docs/certified.md), T_c and R_c.
@@ -169,12 +186,7 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
         }
     __syncthreads();  // the stages are dead: Q takes their place
     float* Q = r1;
-#pragma unroll
-    for (int c = 0; c < 8; ++c)
-#pragma unroll
-        for (int dy = 0; dy < 2; ++dy)
-            *reinterpret_cast<float2*>(Q + (16 * w + g + 8 * dy) * Q_ROW + 64 * wg + 8 * c + 2 * tig) =
-                make_float2(qa[4 * c + 2 * dy], qa[4 * c + 2 * dy + 1]);
+    store_tile(Q + 64 * wg, Q_ROW, qa);
     __syncthreads();
 
     // Per image (8 threads, 16 hidden units each): e1, the ReLU pattern, phase B's operand and the
@@ -186,12 +198,9 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
         float Ac[CLASSES] = {}, Bc[CLASSES] = {}, Tc[CLASSES] = {}, Rc[CLASSES] = {}, qact = 0.0f;
         for (int jj = 0; jj < 16; ++jj) {
             const int j = part + 8 * jj;  // the 8 threads of an image: adjacent units, adjacent B halves
-            const float q = __fmul_ru(Q[i * Q_ROW + j], c_fc_bound[QS]), m = __fmul_ru(Q[(32 + i) * Q_ROW + j], c_fc_bound[MS]);
-            const float rr = __fmul_ru(c_fc_bound[FR1], __fmaf_ru(2.0f, m, q)), e1 = __fadd_ru(q, rr);
-            const float zj = i < imgs ? z[(size_t)(img0 + i) * HIDDEN + j] : 0.0f;
-            const bool stable = fabsf(zj) > e1, active = stable && zj > 0.0f;
-            const float h = relu(zj), wt = w2[j * CLASSES + tc];
-            const float coef_t = active ? rr : (stable ? 0.0f : e1), coef_r = __fadd_ru(2.0f * h, stable && !active ? 0.0f : e1);
+            const Unit u = unit_terms(Q[i * Q_ROW + j], Q[(32 + i) * Q_ROW + j], i < imgs ? z[(size_t)(img0 + i) * HIDDEN + j] : 0.0f);
+            const float q = u.q, coef_t = u.coef_t, coef_r = u.coef_r, wt = w2[j * CLASSES + tc];
+            const bool active = u.active;
             if (active) qact = __fadd_ru(qact, q);
 #pragma unroll
             for (int c = 0; c < CLASSES; ++c) {
@@ -245,12 +254,7 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
             wgmma16_ss(acc, wgmma_desc(ws + ks * (64 * 16 / 2)), wgmma_desc(bm + ks * (NCOL * 16 / 2)), ks > 0);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         wgmma_drain();
-#pragma unroll
-        for (int c = 0; c < NCOL / 8; ++c)
-#pragma unroll
-            for (int dy = 0; dy < 2; ++dy)
-                *reinterpret_cast<float2*>(G + (16 * w + g + 8 * dy) * G_ROW + 8 * c + 2 * tig) =
-                    make_float2(acc[4 * c + 2 * dy], acc[4 * c + 2 * dy + 1]);
+        store_tile(G, G_ROW, acc);
         asm volatile("bar.sync %0, 128;" :: "r"(1 + wg));  // this warpgroup's G tile is whole
         const float* ds = ws + W1_FLOATS + i * KT;
 #pragma unroll
@@ -376,13 +380,7 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
         }
     __syncthreads();  // the stages are dead: Q takes their place
     float* Q = r1;
-    if (w < 2)
-#pragma unroll
-        for (int c = 0; c < 8; ++c)
-#pragma unroll
-            for (int dy = 0; dy < 2; ++dy)
-                *reinterpret_cast<float2*>(Q + (16 * w + g + 8 * dy) * Q_ROW + 64 * wg + 8 * c + 2 * tig) =
-                    make_float2(qa[4 * c + 2 * dy], qa[4 * c + 2 * dy + 1]);
+    if (w < 2) store_tile(Q + 64 * wg, Q_ROW, qa);
     __syncthreads();
 
     // Per image (16 threads, 8 hidden units each): e1, the ReLU pattern, phase B's operand
@@ -395,12 +393,9 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
         float Ac[CLASSES] = {}, Bc[CLASSES] = {}, Tc[CLASSES] = {}, Rc[CLASSES] = {}, qact = 0.0f;
         for (int jj = 0; jj < HIDDEN / 16; ++jj) {
             const int j = part + 16 * jj;  // the 16 threads of an image: adjacent units, adjacent B halves
-            const float q = __fmul_ru(Q[i * Q_ROW + j], c_fc_bound[QS]), m = __fmul_ru(Q[(IMGS + i) * Q_ROW + j], c_fc_bound[MS]);
-            const float rr = __fmul_ru(c_fc_bound[FR1], __fmaf_ru(2.0f, m, q)), e1 = __fadd_ru(q, rr);
-            const float zj = i < imgs ? z[(size_t)(img0 + i) * HIDDEN + j] : 0.0f;
-            const bool stable = fabsf(zj) > e1, active = stable && zj > 0.0f;
-            const float h = relu(zj), wt = w2[j * CLASSES + tc];
-            const float coef_t = active ? rr : (stable ? 0.0f : e1), coef_r = __fadd_ru(2.0f * h, stable && !active ? 0.0f : e1);
+            const Unit u = unit_terms(Q[i * Q_ROW + j], Q[(IMGS + i) * Q_ROW + j], i < imgs ? z[(size_t)(img0 + i) * HIDDEN + j] : 0.0f);
+            const float q = u.q, coef_t = u.coef_t, coef_r = u.coef_r, wt = w2[j * CLASSES + tc];
+            const bool active = u.active;
             if (active) qact = __fadd_ru(qact, q);
 #pragma unroll
             for (int c = 0; c < CLASSES; ++c) {

@@ -129,12 +129,7 @@ fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float
 
     __syncthreads();  // qb is dead: the window sums S take its place
     float* S = stage;
-#pragma unroll
-    for (int c = 0; c < 4; ++c)
-#pragma unroll
-        for (int dy = 0; dy < 2; ++dy)
-            *reinterpret_cast<float2*>(S + (w * WINDOWS + g + 8 * dy) * S_ROW + 32 * wg + 8 * c + 2 * tig) =
-                make_float2(sacc[4 * c + 2 * dy], sacc[4 * c + 2 * dy + 1]);
+    store_tile(S + 32 * wg, S_ROW, sacc);  // row 16 w + g (+ 8): window g (+ 8) of image w
     __syncthreads();
 
     const int win = 4 * w + g / 2;

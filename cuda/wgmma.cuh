@@ -71,6 +71,19 @@ __device__ __forceinline__ void mma3_step(float (&acc)[MT][NACC], const float (&
     asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
 }
 
+// The warpgroup's m64 x (NACC / 2) accumulator tile into shared memory as float2 pairs: row r
+// (16 w + g, + 8) at dst + r * stride floats, columns 8 c + 2 tig.
+template <int NACC>
+__device__ __forceinline__ void store_tile(float* dst, int stride, const float (&acc)[NACC]) {
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32 % 4, g = lane >> 2, tig = lane & 3;
+#pragma unroll
+    for (int c = 0; c < NACC / 4; ++c)
+#pragma unroll
+        for (int dy = 0; dy < 2; ++dy)
+            *reinterpret_cast<float2*>(dst + (16 * w + g + 8 * dy) * stride + 8 * c + 2 * tig) =
+                make_float2(acc[4 * c + 2 * dy], acc[4 * c + 2 * dy + 1]);
+}
+
 __device__ __forceinline__ void wgmma_drain() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 
 // The k loop of a warpgroup's m64 x COLS tile (MT = 1) in 3xTF32 whose NSTAGES pipeline stages of

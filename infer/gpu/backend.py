@@ -44,6 +44,9 @@ class CudaBackend(HostSide):
         t = time.perf_counter()
         if streams < 1:
             raise InputError(f"--streams must be at least 1, got {streams}")
+        conflict = pipelines.precision_conflict(conv_algo, precision)
+        if conflict:
+            raise InputError(conflict)
         # Decoding on the GPU keeps ~30 streams busy at once: as many hardware queues, which cost
         # the context ~230 MB more host memory (H100: peak RSS 600-690 MB against 390-450), so only then
         self.gpu = Device(device, hardware_queues=32 if decode == "gpu" else None)
@@ -128,9 +131,8 @@ class CudaBackend(HostSide):
         g = geometry(model, x_shape, "data")
         if self.model is not model or self.pipeline.g != g:  # a new model or image shape
             algo, why = pipelines.choose(self.algo, g, self.gpu.arch, self.precision)
-            if algo is None:  # a shape no algorithm takes, or --precision against --conv-algo
-                hint = "" if why.startswith("--precision") else "; --conv-algo unroll runs any consistent shapes"
-                raise InputError(f"{model.path}: {why}{hint}")
+            if algo is None:  # a shape no algorithm takes (a contradicting --precision was refused above)
+                raise InputError(f"{model.path}: {why}; --conv-algo unroll runs any consistent shapes")
             if why and self.notice is not None:
                 self.notice(why)
             if algo is not pipelines.Unroll and self.notice is not None:
