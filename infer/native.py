@@ -95,7 +95,7 @@ def library():
                                ("rp_chunks_free", [p], None), ("rp_set_inflater", [p, p, p, p], None),
                                ("rp_chunks_plugin", [p, p, ctypes.c_uint, size, p], ctypes.c_int),
                                ("rp_chunks_direct", [p, ctypes.c_int, p], ctypes.c_int),
-                               ("rp_submit_chunks", [p, p, i64, i64, p, p, p, p], p),
+                               ("rp_submit_chunks", [p, p, i64, i64, p, p, p, p, ctypes.c_int], p),
                                ("rp_read_chunks", [p, i64, i64, p, p, p, p, ctypes.POINTER(i64)], ctypes.c_int)):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, result
@@ -238,11 +238,12 @@ class ReadPool:
             raise MemoryError("no memory for a read's ticket")
         return ticket
 
-    def submit_chunks(self, spec, lo, hi, offsets, sizes, masks, address):
+    def submit_chunks(self, spec, lo, hi, offsets, sizes, masks, address, keep_shuffled=False):
         """Rows [lo, hi) of a chunked dataset (spec: rp_chunks; offsets, sizes and masks: arrays
-        over all its chunks, int64, int64, uint32) into address."""
+        over all its chunks, int64, int64, uint32) into address; keep_shuffled: the chunks lying
+        wholly in [lo, hi) placed as the shuffle filter left them (for the GPU to unshuffle)."""
         ticket = self.lib.rp_submit_chunks(self.pool, spec, lo, hi, offsets.ctypes.data, sizes.ctypes.data,
-                                           masks.ctypes.data, address)
+                                           masks.ctypes.data, address, int(keep_shuffled))
         if not ticket:
             raise MemoryError("no memory for a read's ticket")
         return ticket

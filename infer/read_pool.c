@@ -74,6 +74,7 @@ struct piece {                     /* n bytes at `offset` of fd into dst; or, wi
     long long lo, from, to;        /* the read's first row; the rows [from, to) this chunk gives it */
     unsigned mask;                 /* the chunk's filter mask */
     long long index;               /* the chunk's number, for errors */
+    int keep_shuffled;             /* a chunk wholly in the read stays shuffled (the GPU unshuffles it) */
 };
 
 struct pool {
@@ -515,12 +516,12 @@ static int plugin_decode(const struct chunks *c, const struct piece *job, void *
 static int decode_chunk(const struct piece *job)
 {
     const struct chunks *c = job->spec;
-    int shuffled = c->shuffle && c->itemsize > 1 && !(job->mask & 1);
     int coded = c->codec != RP_RAW && !(job->mask & c->codec_bit);
     long long first = job->index / c->per * c->chunk[0];
     size_t skip = (size_t)(job->from - first) * c->row_bytes, n = (size_t)(job->to - job->from) * c->row_bytes;
     char *dst = job->dst + (size_t)(job->from - job->lo) * c->row_bytes;
     int whole = !c->cut && skip == 0 && n == c->nbytes;
+    int shuffled = c->shuffle && c->itemsize > 1 && !(job->mask & 1) && !(whole && job->keep_shuffled && !c->swap);
     struct local *l = thread_local_state();
     if (!l)
         return -ENOMEM;
@@ -814,9 +815,11 @@ static void chunk_range(const struct chunks *c, long long lo, long long hi, long
     *end = (hi + c->chunk[0] - 1) / c->chunk[0] * c->per;
 }
 
-/* Queue rows [lo, hi) of a chunked dataset into dst, a job per chunk, for rp_wait. */
+/* Queue rows [lo, hi) of a chunked dataset into dst, a job per chunk, for rp_wait; keep_shuffled:
+ * the chunks lying wholly in the read are placed still shuffled (values in the machine's order). */
 struct batch *rp_submit_chunks(struct pool *p, const struct chunks *c, long long lo, long long hi,
-                               const long long *offsets, const long long *sizes, const unsigned *masks, char *dst)
+                               const long long *offsets, const long long *sizes, const unsigned *masks, char *dst,
+                               int keep_shuffled)
 {
     struct batch *b = new_batch(p);
     if (!b)
@@ -825,6 +828,7 @@ struct batch *rp_submit_chunks(struct pool *p, const struct chunks *c, long long
     for (chunk_range(c, lo, hi, &j, &end); j < end; j++) {
         struct piece job = chunk_job(c, lo, hi, offsets, sizes, masks, dst, j);
         job.batch = b;
+        job.keep_shuffled = keep_shuffled;
         enqueue(p, b, job);
     }
     return queued(p, b);

@@ -248,10 +248,11 @@ class ChunkedRows(_FileRows):
             self.spec = None
         super().close()
 
-    def submit(self, pool, lo, hi, out):
+    def submit(self, pool, lo, hi, out, keep_shuffled=False):
         """Rows [lo, hi) into out (C-contiguous, the stored type), a job per chunk on the native
-        pool: a Ticket."""
-        ticket = pool.submit_chunks(self.spec, lo, hi, self.offsets, self.sizes, self.masks, out.ctypes.data)
+        pool: a Ticket. keep_shuffled: see ReadPool.submit_chunks."""
+        ticket = pool.submit_chunks(self.spec, lo, hi, self.offsets, self.sizes, self.masks, out.ctypes.data,
+                                    keep_shuffled)
         return Ticket(pool, ticket, self.failed)
 
     def failed(self, status, j):

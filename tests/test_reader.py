@@ -561,3 +561,36 @@ def test_blosc2_frames_are_decoded_in_place_where_their_blocks_hold_whole_rows(t
         finally:
             lib.rp_chunks_free(alone)
             rows.close()
+
+
+def shuffled_rows(values, lo, hi, per):
+    """What a read of rows [lo, hi) with keep_shuffled holds: each chunk of `per` rows lying wholly
+    in the read as HDF5's shuffle stores it (byte k of every value together), the rest as values."""
+    out = values[lo:hi].copy()
+    raw = out.reshape(hi - lo, -1).view(np.uint8)
+    for first in range(-(-lo // per) * per, hi - per + 1, per):
+        chunk = values[first:first + per].reshape(-1).view(np.uint8).reshape(-1, values.dtype.itemsize)
+        raw[first - lo:first - lo + per] = chunk.T.reshape(per, -1)
+    return out
+
+
+@pytest.mark.parametrize("options", [dict(compression="gzip"), dict(compression="lzf", fletcher32=True), {},
+                                     dict(plugin=("Zstd", {}))], ids=["gzip", "lzf+fletcher32", "raw", "zstd"])
+@pytest.mark.parametrize("dtype", ["f4", "i2", "u8"])
+def test_chunks_wholly_in_a_read_can_be_left_shuffled_for_the_gpu(tmp_path, rng, options, dtype):
+    lib = native.library()
+    if lib is None:
+        pytest.skip("no native read pool here")
+    values = (rng.random((1003, 5, 3, 2)) * 200).astype(dtype)
+    write(tmp_path / "d.h5", values, chunks=(7, 5, 3, 2), shuffle=True, **options)
+    pool = native.ReadPool(lib, 3)
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        try:
+            for lo, hi in [(0, 1003), (5, 900), (14, 21), (1000, 1003), (3, 4), (8, 20)]:
+                out = np.empty((hi - lo, 5, 3, 2), values.dtype)
+                rows.submit(pool, lo, hi, out, keep_shuffled=True).result()
+                np.testing.assert_array_equal(out.view(np.uint8), shuffled_rows(values, lo, hi, 7).view(np.uint8))
+        finally:
+            rows.close()
+            pool.close()

@@ -10,7 +10,7 @@ import pycuda.driver as cuda
 from ..errors import InputError
 from ..host import HostSide
 from ..network import geometry
-from . import chunk_decode, graph, launch, pipelines, plan
+from . import chunk_decode, graph, launch, pipelines, plan, shuffled
 from .device import Device
 from .executor import Executor
 from .profile import NullProfiler, Profiler
@@ -58,6 +58,7 @@ class CudaBackend(HostSide):
         self.precision = precision  # --precision: None, "exact" or "certified" (pipelines.choose)
         self.decode = decode  # --decode: where compressed chunks of a streamed file are decoded
         self.decoder = None  # the GPU decoder of the stream in progress
+        self.placer, self.placing = None, []  # its GPU unshuffle (shuffled.Placer), and the placer's buffers
         self.decoding = "host"  # where the last stream's chunks were decoded, for --json
         self.weights, self.model = [], None
         self.executor = Executor(streams, self.profiler, graph.enabled() and not profile)
@@ -252,10 +253,20 @@ class CudaBackend(HostSide):
     def stream_source(self, data, start, stop):
         """(what the ring reads, its buffers, how a buffer is cut to a block): the file's chunks as
         stored, for the GPU to decode, where prepare() planned it; else the images (host.HostSide)."""
-        if not self.executor.run.key[5]:
-            self.decoding = "host"
-            return super().stream_source(data, start, stop)
         run = self.executor.run
+        self._free_placer()
+        if not run.key[5]:
+            self.decoding = "host"
+            source = super().stream_source(data, start, stop)
+            if run.resident and not shuffled.unsupported(data, run.wire, self.reader.native):
+                try:
+                    self.placer = shuffled.Placer(self.build, data.parts[0][1], run.block, self._alloc_placing)
+                except cuda.MemoryError:  # the host unshuffles, as without a GPU
+                    self._free_placer()
+                    return source
+                self.decoding = "host, unshuffled on the GPU"
+                return (shuffled.Source(data),) + source[1:]
+            return source
         taken = []
 
         def alloc(nbytes):
@@ -284,11 +295,23 @@ class CudaBackend(HostSide):
         """Labels found (and scores) of images streamed from `ring`, into out (see host.outputs)."""
         try:
             forward_stream(self.executor, self.copies, ring, progress, out, self.reader.aside, self.model.path,
-                           self.decoder)
+                           self.decoder, self.placer)
         finally:
             if self.decoder is not None:
                 self.decoder.free()
                 self.decoder = None
+            self._free_placer()
+
+    def _alloc_placing(self, nbytes):
+        self.placing.append(cuda.mem_alloc(max(nbytes, 4)))
+        return self.placing[-1]
+
+    def _free_placer(self):
+        if self.placing:
+            self.copies.synchronize()
+        for buf in self.placing:
+            buf.free()
+        self.placer, self.placing = None, []
 
     def close(self):
         """Free device and page-locked memory, stop the readers, then release the context."""

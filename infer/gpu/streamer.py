@@ -9,10 +9,11 @@ from ..errors import BadValue, ScoresOverflow
 from .executor import event
 
 
-def forward_stream(ex, copies, ring, progress, out, aside, model_path, decoder=None):
+def forward_stream(ex, copies, ring, progress, out, aside, model_path, decoder=None, placer=None):
     """Labels found (and scores) of the images streamed from `ring` by executor ex, into out (see
     host.outputs). Where the images are resident a block is one upload on the `copies` stream
-    (never queued behind kernels), or with a decoder (chunk_decode.Decoder) its compressed chunks
+    (never queued behind kernels; with a placer, shuffled.Placer, up and unshuffled into place),
+    or with a decoder (chunk_decode.Decoder) its compressed chunks
     uploaded and decoded on one of the decoder's streams, and its chunks' kernels wait for it; the
     labels come back once, at the end: little Python work per block. aside(fn, *args) runs fn on a
     reader thread."""
@@ -44,8 +45,11 @@ def forward_stream(ex, copies, ring, progress, out, aside, model_path, decoder=N
             else:
                 for e in free:
                     copies.wait_for_event(e)
-                ready = ex.upload(copies, first, at, x)
-                uploads.append(ready)
+                if placer is not None:
+                    uploaded, ready = placer.enqueue(copies, run.images(first, at, len(streams)), x, start)
+                else:
+                    uploaded = ready = ex.upload(copies, first, at, x)
+                uploads.append(uploaded)
         for offset in range(0, len(x), run.chunk):
             i, count = first + offset // run.chunk, min(run.chunk, len(x) - offset)
             stream = streams[i % len(streams)]
