@@ -9,6 +9,12 @@
 //   chunk_values values `stride` bytes apart, each stored byte-shuffled: byte k of every value together, HDF5's shuffle)
 //   into consecutive values of dst; one value per thread, grid-stride; reads and writes
 //   values * VALUE_BYTES bytes.
+// bitunshuffle_kernel1: chunks of chunk_values values stored back to back, each bitshuffled (the
+//   Bitshuffle filter's and c-blosc's layout: blocks of `block` values, each holding bit b of its
+//   values in row b, value i at bit i % 8 of the row's byte i / 8; then a shorter block of the values
+//   left, down to a multiple of 8, or with exact_tail only where they are one; then the values after
+//   it as they are) -> the values in dst; a thread per 8 values of a chunk (8 * VALUE_BYTES byte
+//   loads, one per bit row), grid-stride; reads and writes the chunks' bytes once.
 
 #ifndef VALUE_BYTES
 #define VALUE_BYTES 4
@@ -101,5 +107,40 @@ extern "C" __global__ void unshuffle_kernel1(const unsigned char* __restrict__ d
 #pragma unroll
         for (int k = 0; k < VALUE_BYTES; ++k) out |= (value_t)__ldg(planes + (long long)k * chunk_values) << (8 * k);
         dst[e] = out;
+    }
+}
+
+extern "C" __global__ void bitunshuffle_kernel1(const unsigned char* __restrict__ src, value_t* __restrict__ dst,
+                                                long long chunks, long long chunk_values, long long block,
+                                                int exact_tail) {
+    const long long per = (chunk_values + 7) / 8;  // groups of 8 values a chunk
+    const long long full = chunk_values / block * block, rest = chunk_values - full;
+    const long long shuffled = full + (exact_tail ? (rest % 8 ? 0 : rest) : rest - rest % 8);
+    for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < chunks * per;
+         g += (long long)gridDim.x * blockDim.x) {
+        const long long c = g / per, e = g % per * 8;
+        const unsigned char* in = src + c * chunk_values * VALUE_BYTES;
+        value_t* out = dst + c * chunk_values;
+        if (e >= shuffled) {  // the values after the last multiple of 8, as they are
+            for (long long i = e; i < e + 8 && i < chunk_values; ++i) {
+                value_t v = 0;
+#pragma unroll
+                for (int k = 0; k < VALUE_BYTES; ++k) v |= (value_t)__ldg(in + i * VALUE_BYTES + k) << (8 * k);
+                out[i] = v;
+            }
+            continue;
+        }
+        const long long start = e < full ? e / block * block : full;
+        const long long row = (e < full ? block : shuffled - full) / 8;
+        const unsigned char* bits = in + start * VALUE_BYTES + (e - start) / 8;
+        value_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+        for (int b = 0; b < 8 * VALUE_BYTES; ++b) {
+            const unsigned int byte = __ldg(bits + b * row);
+#pragma unroll
+            for (int m = 0; m < 8; ++m) v[m] |= (value_t)((byte >> m) & 1u) << b;
+        }
+#pragma unroll
+        for (int m = 0; m < 8; ++m) out[e + m] = v[m];
     }
 }

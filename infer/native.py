@@ -28,6 +28,7 @@ EOF, DAMAGED, SIZE, CHECKSUM = 1, 2, 3, 4
 RAW, DEFLATE, LZF, PLUGIN, ZSTD, LZ4, BLOSC, BLOSC2 = 0, 1, 2, 3, 4, 5, 6, 7  # rp_chunks' codecs
 # hdf5plugin's filters whose codec the read pool calls itself (rp_chunks_direct): the function
 # their plugin library exports, and the read pool's codec
+BITS_BSHUF, BITS_BLOSC = 1, 2  # rp_chunks_bits: whole chunks left bitshuffled, the Bitshuffle filter's or c-blosc's
 DIRECT = {32015: ("ZSTD_decompress", ZSTD), 32004: ("LZ4_decompress_safe", LZ4), 32001: ("blosc_decompress_ctx", BLOSC),
           32026: ("blosc2_getitem", BLOSC2)}
 
@@ -95,6 +96,7 @@ def library():
                                ("rp_chunks_free", [p], None), ("rp_set_inflater", [p, p, p, p], None),
                                ("rp_chunks_plugin", [p, p, ctypes.c_uint, size, p], ctypes.c_int),
                                ("rp_chunks_direct", [p, ctypes.c_int, p], ctypes.c_int),
+                               ("rp_chunks_bits", [p, ctypes.c_int, size, p, p], ctypes.c_int),
                                ("rp_submit_chunks", [p, p, i64, i64, p, p, p, p, ctypes.c_int], p),
                                ("rp_read_chunks", [p, i64, i64, p, p, p, p, ctypes.POINTER(i64)], ctypes.c_int)):
         fn = getattr(lib, name)
@@ -193,6 +195,20 @@ def direct_codec(filter_id):
     if codec == BLOSC2:
         library.blosc2_init()  # once: the codecs' global tables (the plugin calls it per chunk)
     return codec, ctypes.cast(fn, ctypes.c_void_p).value
+
+
+@functools.lru_cache(maxsize=None)
+def block_codecs(filter_id):
+    """{"lz4": LZ4_decompress_safe's address, "zstd": ZSTD_decompress's} as the library of hdf5plugin's
+    plugin for an HDF5 filter id exports them (the Blosc and Bitshuffle plugins link both), for
+    the blocks of bitshuffled chunks the read pool decodes itself (rp_chunks_bits)."""
+    plugin = plugin_filter(filter_id)
+    if plugin is None:
+        return {}
+    library = ctypes.CDLL(plugin[2])
+    found = {name: getattr(library, symbol, None) for name, symbol in (("lz4", "LZ4_decompress_safe"),
+                                                                        ("zstd", "ZSTD_decompress"))}
+    return {name: ctypes.cast(fn, ctypes.c_void_p).value for name, fn in found.items() if fn is not None}
 
 
 @functools.lru_cache(maxsize=None)

@@ -56,6 +56,9 @@ struct chunks {                    /* how one chunked dataset's chunks decode an
     size_t nbytes;                 /* a chunk's bytes decoded */
     size_t row_bytes;              /* a dataset row's bytes */
     void *direct;                  /* RP_ZSTD, RP_LZ4, RP_BLOSC, RP_BLOSC2: the codec's decoding function */
+    int bits;                      /* RP_BITS_BSHUF, RP_BITS_BLOSC: a whole chunk kept shuffled stays bitshuffled */
+    size_t bits_block;             /* values per bitshuffled block (the last may be shorter) */
+    void *lz4, *zstd;              /* LZ4_decompress_safe, ZSTD_decompress (the Bitshuffle filter: its codec's only) */
     plugin_fn plugin;              /* RP_PLUGIN: an HDF5 filter plugin's function, its flags, cd_values */
     unsigned plugin_flags;
     size_t cd_count;
@@ -89,6 +92,7 @@ struct pool {
 
 enum { RP_EOF = 1, RP_DAMAGED, RP_SIZE, RP_CHECKSUM };     /* rp_wait's failures besides -errno */
 enum { RP_RAW, RP_DEFLATE, RP_LZF, RP_PLUGIN, RP_ZSTD, RP_LZ4, RP_BLOSC, RP_BLOSC2 };
+enum { RP_BITS_BSHUF = 1, RP_BITS_BLOSC = 2 };  /* rp_chunks_bits: the Bitshuffle filter's chunks, c-blosc's */
 enum { RP_OTHER_LAYOUT = 100 };  /* direct_decode: a chunk the codec's function cannot place, for the plugin */
 
 /* The codecs inside hdf5plugin's plugins, called straight into the chunk's place (no plugin
@@ -112,7 +116,7 @@ struct scratch {
 /* What a thread that decodes chunks keeps between chunks (the pool's threads and Python's, which
  * call rp_read_chunks), freed when it exits. */
 struct local {
-    struct scratch stored, decoded, unshuffled;  /* reused: see grow */
+    struct scratch stored, decoded, unshuffled, plain;  /* reused: see grow */
     void *decompressor;
     void (*release)(void *);       /* the free that goes with the decompressor's allocator */
 };
@@ -127,6 +131,7 @@ static void free_local(void *state)
     free(l->stored.p);
     free(l->decoded.p);
     free(l->unshuffled.p);
+    free(l->plain.p);
     free(l);
 }
 
@@ -187,6 +192,8 @@ static unsigned char *grow(struct scratch *s, size_t n)
 static long long rp_lzf_decompress(const unsigned char *in, size_t in_len, unsigned char *out, size_t out_len);
 static void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size, int swap);
 static void rp_byteswap(unsigned char *p, size_t n, size_t size);
+static void rp_bitshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size, size_t block,
+                          int exact_tail);
 static unsigned int rp_fletcher32(const unsigned char *data, size_t nbytes);
 
 static int checksum_ok(const unsigned char *raw, size_t payload)
@@ -512,6 +519,135 @@ static int plugin_decode(const struct chunks *c, const struct piece *job, void *
     return status;
 }
 
+static size_t little_endian(const unsigned char *p, int n)
+{
+    size_t v = 0;
+    for (int i = n - 1; i >= 0; --i)
+        v = v << 8 | p[i];
+    return v;
+}
+
+/* `stored` bytes at in decoded into `part` at out by the codec named (c->lz4 or c->zstd): 0 or RP_DAMAGED. */
+static int block_decode(const struct chunks *c, int zstd, const unsigned char *in, size_t stored,
+                        unsigned char *out, size_t part)
+{
+    if (zstd)
+        return ((zstd_fn)c->zstd)(out, part, in, stored) == part ? 0 : RP_DAMAGED;
+    return stored <= 0x7fffffff && ((lz4_fn)c->lz4)((const char *)in, (char *)out, (int)stored, (int)part) == (int)part
+               ? 0 : RP_DAMAGED;
+}
+
+/* The Bitshuffle filter's chunk (its codec lz4 or zstd; big-endian: the decoded size (8 bytes),
+ * the block's bytes (4), then per block its stored size (4) and stream, then the values after the
+ * last multiple of 8, as they are) decoded into out still bitshuffled: 0, RP_DAMAGED, RP_SIZE, or
+ * RP_OTHER_LAYOUT for blocks of another size. */
+static int bshuf_blocks(const struct chunks *c, const unsigned char *in, size_t size, unsigned char *out)
+{
+    if (size < 12)
+        return RP_DAMAGED;
+    if (big_endian(in, 8) != c->nbytes)
+        return RP_SIZE;
+    if (big_endian(in + 8, 4) != c->bits_block * c->itemsize)
+        return RP_OTHER_LAYOUT;
+    size_t n = c->nbytes / c->itemsize, full = n / c->bits_block, last = n % c->bits_block - n % c->bits_block % 8;
+    size_t at = 12, done = 0;
+    for (size_t k = 0; k < full + (last > 0); k++) {
+        size_t part = (k < full ? c->bits_block : last) * c->itemsize;
+        if (size - at < 4)
+            return RP_DAMAGED;
+        size_t stored = big_endian(in + at, 4);
+        at += 4;
+        if (stored > size - at || block_decode(c, c->lz4 == NULL, in + at, stored, out + done, part))
+            return RP_DAMAGED;
+        at += stored;
+        done += part;
+    }
+    size_t rest = c->nbytes - done;
+    if (size - at != rest)
+        return RP_DAMAGED;
+    memcpy(out + done, in + at, rest);
+    return 0;
+}
+
+/* A c-blosc chunk (header: format version, codec version, flags, value size, decoded size, block
+ * size, stored size; each block's start; per block its streams, 1 or one per value byte, each a size
+ * and lz4 or zstd bytes, stored as they are where that size is the stream's) decoded into out still
+ * bitshuffled: 0, RP_DAMAGED, RP_SIZE, or RP_OTHER_LAYOUT for a chunk stored otherwise (not
+ * bitshuffled, copied whole, another codec or block size, a format version but c-blosc 1's 2, in
+ * which a block whose values are not a multiple of 8 is stored as it is). */
+static int blosc_blocks(const struct chunks *c, const unsigned char *in, size_t size, unsigned char *out)
+{
+    if (size < 16)
+        return RP_DAMAGED;
+    size_t nbytes, cbytes, block = little_endian(in + 8, 4), typesize = in[3];
+    blosc_sizes(in, &nbytes, &cbytes);
+    if (cbytes != size)
+        return RP_DAMAGED;
+    if (nbytes != c->nbytes)
+        return RP_SIZE;
+    int flags = in[2], codec = flags >> 5;
+    if (in[0] != 2 || (flags & 0x0b) || !(flags & 0x04) || typesize != c->itemsize
+        || block != c->bits_block * c->itemsize || !((codec == 1 && c->lz4) || (codec == 4 && c->zstd)))
+        return RP_OTHER_LAYOUT;
+    size_t blocks = nbytes / block + (nbytes % block > 0);
+    if (blocks > (size - 16) / 4)
+        return RP_DAMAGED;
+    for (size_t k = 0; k < blocks; k++) {
+        size_t bsize = k == nbytes / block ? nbytes % block : block, at = little_endian(in + 16 + 4 * k, 4);
+        int split = !(flags & 0x10) && typesize <= 16 && bsize / typesize >= 128 && bsize == block;
+        size_t streams = split ? typesize : 1, part = bsize / streams;
+        for (size_t j = 0; j < streams; j++) {
+            if (at > size || size - at < 4)
+                return RP_DAMAGED;
+            size_t stored = little_endian(in + at, 4);
+            at += 4;
+            if (stored > size - at)
+                return RP_DAMAGED;
+            unsigned char *into = out + k * block + j * part;
+            if (stored == part)
+                memcpy(into, in + at, part);
+            else if (block_decode(c, codec == 4, in + at, stored, into, part))
+                return RP_DAMAGED;
+            at += stored;
+        }
+    }
+    return 0;
+}
+
+/* A whole chunk kept shuffled where its filter bitshuffles: read, checked and decoded into dst still
+ * bitshuffled (the GPU undoes it); one stored otherwise decoded the usual way, then bitshuffled. */
+static int decode_chunk(const struct piece *job);
+
+static int decode_bitshuffled(const struct piece *job, unsigned char *dst)
+{
+    const struct chunks *c = job->spec;
+    struct local *l = thread_local_state();
+    unsigned char *raw = l ? grow(&l->stored, job->stored) : NULL;
+    if (!raw)
+        return -ENOMEM;
+    size_t payload = job->stored - (c->summed ? 4 : 0);
+    if (c->summed && job->stored < 4)
+        return RP_CHECKSUM;
+    int status = job->mask & c->codec_bit ? RP_OTHER_LAYOUT : read_fully(c->fd, (char *)raw, job->stored, job->offset);
+    if (!status && c->summed && !checksum_ok(raw, payload))
+        status = RP_CHECKSUM;
+    if (!status)
+        status = c->bits == RP_BITS_BSHUF ? bshuf_blocks(c, raw, payload, dst) : blosc_blocks(c, raw, payload, dst);
+    if (status != RP_OTHER_LAYOUT)
+        return status;
+    unsigned char *plain = grow(&l->plain, c->nbytes);
+    if (!plain)
+        return -ENOMEM;
+    struct piece whole = *job;
+    whole.keep_shuffled = 0;
+    whole.dst = (char *)plain;
+    whole.lo = whole.from;
+    status = decode_chunk(&whole);
+    if (!status)
+        rp_bitshuffle(plain, dst, c->nbytes / c->itemsize, c->itemsize, c->bits_block, c->bits == RP_BITS_BLOSC);
+    return status;
+}
+
 /* One chunk read, checked and decoded into its place in the read's rows. */
 static int decode_chunk(const struct piece *job)
 {
@@ -522,6 +658,8 @@ static int decode_chunk(const struct piece *job)
     char *dst = job->dst + (size_t)(job->from - job->lo) * c->row_bytes;
     int whole = !c->cut && skip == 0 && n == c->nbytes;
     int shuffled = c->shuffle && c->itemsize > 1 && !(job->mask & 1) && !(whole && job->keep_shuffled && !c->swap);
+    if (c->bits && whole && job->keep_shuffled && !c->swap)
+        return decode_bitshuffled(job, (unsigned char *)dst);
     struct local *l = thread_local_state();
     if (!l)
         return -ENOMEM;
@@ -788,6 +926,21 @@ int rp_chunks_direct(struct chunks *c, int codec, void *fn)
     return 0;
 }
 
+/* Decode the whole chunks of a read that keeps them shuffled only to their bitshuffled blocks of
+ * `block` values: bits RP_BITS_BSHUF (the Bitshuffle filter; lz4 or zstd: its codec's function) or
+ * RP_BITS_BLOSC (c-blosc; either or both). 0, or -EINVAL. */
+int rp_chunks_bits(struct chunks *c, int bits, size_t block, void *lz4, void *zstd)
+{
+    if ((bits != RP_BITS_BSHUF && bits != RP_BITS_BLOSC) || block == 0 || block % 8 || (!lz4 && !zstd)
+        || (bits == RP_BITS_BSHUF && lz4 && zstd))
+        return -EINVAL;
+    c->bits = bits;
+    c->bits_block = block;
+    c->lz4 = lz4;
+    c->zstd = zstd;
+    return 0;
+}
+
 /* Hand over the inflater: libdeflate's allocator, free and zlib decompressor, or (those NULL)
  * zlib's uncompress. Before any chunk is submitted. */
 void rp_set_inflater(void *alloc, void *release, void *zlib_decompress, void *uncompress)
@@ -997,6 +1150,26 @@ static void rp_byteswap(unsigned char *p, size_t n, size_t size)
  * sum w_i to sum1 and n * sum1 + sum (n - i) w_i to sum2 (both below 2^32 for n <= 360, and HDF5's
  * uint32 arithmetic wraps as ours does), so the words can be summed independently: with SSE2,
  * 0.5 ms a 3 MB chunk against 1.6 word by word here. */
+/* n values of `size` bytes bitshuffled as the filters store them: blocks of `block` values (each
+ * value's bit b of every value in a row, value i at bit i % 8 of byte i / 8), then a shorter block
+ * of the values left, down to a multiple of 8 (exact_tail: only where they are one), then the
+ * values after it as they are. Bit by bit: only for the rare chunk stored otherwise. */
+static void rp_bitshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size, size_t block,
+                          int exact_tail)
+{
+    size_t full = n / block * block, rest = n - full;
+    size_t shuffled = full + (exact_tail ? (rest % 8 ? 0 : rest) : rest - rest % 8);
+    memset(dst, 0, shuffled * size);
+    for (size_t s = 0; s < shuffled; s += block) {
+        size_t len = shuffled - s < block ? shuffled - s : block, row = len / 8;
+        for (size_t i = 0; i < len; i++)
+            for (size_t b = 0; b < 8 * size; b++)
+                if (src[(s + i) * size + b / 8] >> (b % 8) & 1)
+                    dst[s * size + b * row + i / 8] |= (unsigned char)(1u << (i % 8));
+    }
+    memcpy(dst + shuffled * size, src + shuffled * size, (n - shuffled) * size);
+}
+
 static unsigned int rp_fletcher32(const unsigned char *data, size_t nbytes)
 {
     unsigned int sum1 = 0, sum2 = 0;

@@ -211,6 +211,7 @@ class ChunkedRows(_FileRows):
                 self.close()
                 raise InputError(f"{label}: the file is truncated: a chunk needs bytes up to {offset + size}, "
                                  f"but the file has {self.file_size}")
+        self.bitshuffle = None  # see _bitshuffled
         self.spec = self._native_spec()
         self.native = self.spec is not None
 
@@ -240,7 +241,35 @@ class ChunkedRows(_FileRows):
                 lib.rp_chunks_free(spec)
                 return None
             self.codec_name = plugin[1]
+            self.bitshuffle = self._bitshuffled(lib, spec)
         return spec
+
+    def _bitshuffled(self, lib, spec):
+        """(values per block, whether a shorter last block is bitshuffled only when whole groups of 8)
+        where the chunks are the Bitshuffle filter's or c-blosc's bitshuffled blocks of lz4 or zstd,
+        which the read pool decodes itself for the GPU to unshuffle (rp_chunks_bits); else None.
+        Read from the first chunk: a chunk stored otherwise is bitshuffled again by the pool."""
+        if self.codec not in (FILTER_BLOSC, FILTER_BITSHUFFLE) or self.shuffle or self.swapped or self.masks[0]:
+            return None
+        head = os.pread(self.fd, 16, int(self.offsets[0]))
+        codecs, size = native.block_codecs(self.codec), self.dtype.itemsize
+        if len(head) < 16:
+            return None
+        if self.codec == FILTER_BITSHUFFLE:
+            cd = self.codec_values[1]
+            name = {2: "lz4", 3: "zstd"}.get(cd[4] if len(cd) > 4 else 0)
+            block_bytes, kind, exact_tail = int.from_bytes(head[8:12], "big"), native.BITS_BSHUF, False
+            fns = [codecs.get(name) if name == "lz4" else None, codecs.get(name) if name == "zstd" else None]
+            usable = name in codecs and int.from_bytes(head[:8], "big") == self.chunk_bytes
+        else:  # c-blosc 1's format 2, bitshuffled (flag 4; not byte-shuffled nor copied: flags 1, 2), lz4 or zstd
+            block_bytes, kind, exact_tail = int.from_bytes(head[8:12], "little"), native.BITS_BLOSC, True
+            fns = [codecs.get("lz4"), codecs.get("zstd")]
+            usable = (head[0] == 2 and head[2] & 0x0f == 0x04 and head[3] == size
+                      and {1: "lz4", 4: "zstd"}.get(head[2] >> 5) in codecs)
+        block = block_bytes // size
+        if not usable or block == 0 or block % 8 or block * size != block_bytes:
+            return None
+        return (block, exact_tail) if lib.rp_chunks_bits(spec, kind, block, *fns) == 0 else None
 
     def close(self):
         if getattr(self, "spec", None):
@@ -376,6 +405,7 @@ def _inflate(src, dst, label):
 
 
 FILTER_SHUFFLE, FILTER_DEFLATE, FILTER_FLETCHER32, FILTER_LZF = 2, 1, 3, 32000  # HDF5's numbers (lzf: h5py's)
+FILTER_BLOSC, FILTER_BITSHUFFLE = 32001, 32008  # hdf5plugin's
 
 
 def _chunk_index(ds):

@@ -1,6 +1,7 @@
-"""Byte-shuffled chunks decoded by the host and unshuffled on the GPU as each streamed block is
-placed: the placer against the values for blocks starting and ending inside chunks, and streamed
-runs whose predictions equal the host's unshuffle for every value size. Needs a GPU."""
+"""Shuffled chunks (HDF5's byte shuffle; Bitshuffle's and c-blosc's bitshuffle) decoded by the host
+and unshuffled on the GPU as each streamed block is placed: the placer against the values for
+blocks starting and ending inside chunks, and streamed runs whose predictions equal the host's
+unshuffle for every value size. Needs a GPU."""
 from types import SimpleNamespace
 
 import h5py
@@ -9,48 +10,68 @@ import pytest
 
 from infer import Session, native
 from tests.conftest import Dev, build, small_model
-from tests.test_reader import shuffled_rows
+from tests.test_reader import bit_shuffle, byte_shuffle, shuffled_rows
 
 pytestmark = pytest.mark.gpu
 SMALL = small_model(np.random.default_rng(13))  # takes 13x13x1 images
 
 
-@pytest.mark.parametrize("dtype", ["f4", "i2", "u8"])
-def test_the_placer_unshuffles_whole_chunks_and_copies_the_rest(gpu, rng, dtype):
+SHUFFLES = {"bytes": (None, byte_shuffle), "bitshuffle": ((16, False), bit_shuffle(16, False)),
+            "blosc": ((24, True), bit_shuffle(24, True))}  # 7 rows of 30 values: blocks, a shorter one, values left
+
+
+@pytest.mark.parametrize("dtype", ["f4", "i2", "u8", "u1"])
+@pytest.mark.parametrize("kind", SHUFFLES)
+def test_the_placer_unshuffles_whole_chunks_and_copies_the_rest(gpu, rng, dtype, kind):
     import pycuda.driver as cuda
 
     from infer.gpu.shuffled import Placer
 
+    bits, shuffle = SHUFFLES[kind]
+    if bits is None and dtype == "u1":
+        pytest.skip("HDF5's shuffle leaves one-byte values as they are")
     values = (rng.random((100, 5, 3, 2)) * 200).astype(dtype)
-    rows = SimpleNamespace(align=7, dtype=values.dtype, row_bytes=values[0].nbytes)  # what Placer reads of a ChunkedRows
+    rows = SimpleNamespace(align=7, dtype=values.dtype, row_bytes=values[0].nbytes, bitshuffle=bits)  # what Placer reads
     d = Dev()
     placer = Placer(build(gpu), rows, 40, lambda nbytes: d.empty(nbytes, np.uint8, 0))
     for lo, hi in [(0, 35), (5, 40), (14, 21), (93, 100), (3, 4), (8, 20), (60, 63)]:
         dst = d.put(np.zeros((hi - lo, 5, 3, 2), dtype), dtype)
         stream = cuda.Stream()
-        uploaded, ready = placer.enqueue(stream, int(dst), shuffled_rows(values, lo, hi, 7), lo)
+        uploaded, ready = placer.enqueue(stream, int(dst), shuffled_rows(values, lo, hi, 7, shuffle), lo)
         ready.synchronize()
         np.testing.assert_array_equal(d.get(dst, (hi - lo, 5, 3, 2), dtype), values[lo:hi])
 
 
-@pytest.mark.parametrize("dtype", ["f4", "i2", "u4"])
-@pytest.mark.parametrize("chunk", [16, 37])
-def test_streamed_shuffled_chunks_unshuffled_on_the_gpu_predict_as_the_host(tmp_path, rng, monkeypatch, dtype, chunk):
+STREAMED = {  # 800-image chunks of 13 x 13 values: c-blosc's blocks of 64-128 KB, a shorter last one
+    "shuffle+gzip": dict(compression="gzip", shuffle=True),
+    "bitshuffle lz4": ("Bitshuffle", dict(cname="lz4")),
+    "blosc lz4 + bitshuffle": ("Blosc", dict(cname="lz4", shuffle=2)),
+    "blosc zstd + bitshuffle": ("Blosc", dict(cname="zstd", clevel=3, shuffle=2)),
+}
+
+
+@pytest.mark.parametrize("dtype", ["f4", "i2", "u1"])
+@pytest.mark.parametrize("layout", STREAMED)
+def test_streamed_shuffled_chunks_unshuffled_on_the_gpu_predict_as_the_host(tmp_path, rng, monkeypatch, dtype, layout):
     if native.library() is None:
         pytest.skip("no native read pool: the host unshuffles")
+    options = STREAMED[layout]
+    if isinstance(options, tuple):
+        options = dict(getattr(pytest.importorskip("hdf5plugin"), options[0])(**options[1]))
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
-    monkeypatch.setattr("infer.gpu.backend.CudaBackend.STREAM_BYTES", 60_000)  # blocks of a few chunks
-    x = (rng.random((613, 13, 13, 1)) * 200).astype(dtype)
+    monkeypatch.setattr("infer.gpu.backend.CudaBackend.STREAM_BYTES", 60_000)  # blocks of one chunk
+    x = (rng.random((2000, 13, 13, 1)) * (200 if dtype != "u1" else 8)).astype(dtype)
     y = np.eye(10)[rng.integers(0, 10, len(x))]
     path = tmp_path / "s.h5"
     with h5py.File(path, "w") as f:
-        f.create_dataset("x", data=x, chunks=(chunk, 13, 13, 1), compression="gzip", shuffle=True)
+        f.create_dataset("x", data=x, chunks=(800, 13, 13, 1), **options)
         f["y"] = y
     with h5py.File(tmp_path / "plain.h5", "w") as f:
         f["x"], f["y"] = x, y
     with Session(SMALL, "cuda") as s:
         gpu, plain = s.evaluate(path), s.evaluate(tmp_path / "plain.h5")
-    assert gpu.streamed and gpu.reader["decode"] == "host, unshuffled on the GPU", gpu.reader
+    on_gpu = not (layout == "shuffle+gzip" and dtype == "u1")  # one-byte values: nothing to unshuffle
+    assert gpu.streamed and gpu.reader["decode"] == ("host, unshuffled on the GPU" if on_gpu else "host"), gpu.reader
     assert plain.reader["decode"] == "host"
     np.testing.assert_array_equal(gpu.predictions, plain.predictions)
     np.testing.assert_array_equal(gpu.labels, plain.labels)

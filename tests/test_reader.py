@@ -563,34 +563,87 @@ def test_blosc2_frames_are_decoded_in_place_where_their_blocks_hold_whole_rows(t
             rows.close()
 
 
-def shuffled_rows(values, lo, hi, per):
+def byte_shuffle(chunk):
+    """HDF5's shuffle of a chunk's values (1-D): byte k of every value together."""
+    return chunk.view(np.uint8).reshape(-1, chunk.dtype.itemsize).T.reshape(-1)
+
+
+def bit_shuffle(block, exact_tail):
+    """The Bitshuffle filter's (exact_tail False) or c-blosc's (True) bitshuffle of a chunk's values
+    (1-D) in blocks of `block`: per block, bit b of every value in a row, value i at bit i % 8 of
+    byte i / 8; the last, shorter block down to a multiple of 8 values (exact_tail: only where it is
+    one); the values after it as they are."""
+    def shuffle(chunk):
+        raw, n = chunk.view(np.uint8).reshape(len(chunk), -1), len(chunk)
+        rest = n % block
+        shuffled = n - rest + ((0 if rest % 8 else rest) if exact_tail else rest - rest % 8)
+        parts = [np.packbits(np.unpackbits(raw[s:min(s + block, shuffled)], axis=1, bitorder="little").T,
+                             axis=1, bitorder="little").reshape(-1) for s in range(0, shuffled, block)]
+        return np.concatenate(parts + [raw[shuffled:].reshape(-1)])
+    return shuffle
+
+
+def shuffled_rows(values, lo, hi, per, shuffle=byte_shuffle):
     """What a read of rows [lo, hi) with keep_shuffled holds: each chunk of `per` rows lying wholly
-    in the read as HDF5's shuffle stores it (byte k of every value together), the rest as values."""
+    in the read as `shuffle` stores it, the rest as values."""
     out = values[lo:hi].copy()
     raw = out.reshape(hi - lo, -1).view(np.uint8)
     for first in range(-(-lo // per) * per, hi - per + 1, per):
-        chunk = values[first:first + per].reshape(-1).view(np.uint8).reshape(-1, values.dtype.itemsize)
-        raw[first - lo:first - lo + per] = chunk.T.reshape(per, -1)
+        raw[first - lo:first - lo + per] = shuffle(values[first:first + per].reshape(-1)).reshape(per, -1)
     return out
 
 
-@pytest.mark.parametrize("options", [dict(compression="gzip"), dict(compression="lzf", fletcher32=True), {},
-                                     dict(plugin=("Zstd", {}))], ids=["gzip", "lzf+fletcher32", "raw", "zstd"])
-@pytest.mark.parametrize("dtype", ["f4", "i2", "u8"])
-def test_chunks_wholly_in_a_read_can_be_left_shuffled_for_the_gpu(tmp_path, rng, options, dtype):
+def test_the_bitshuffle_reference_is_the_filters_layout(tmp_path, rng):
+    """Bitshuffle without a codec stores the shuffled bytes as they are: the reference must match
+    them, a shorter last block and values left over included (7 x 13 x 13 = 1183 values)."""
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    values = rng.random((21, 13, 13, 1)).astype("f4")
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        d = f.create_dataset("x", data=values, chunks=(7, 13, 13, 1), **hdf5plugin.Bitshuffle(cname="none"))
+        for k in range(3):
+            stored = np.frombuffer(d.id.read_direct_chunk((7 * k, 0, 0, 0))[1], np.uint8)
+            np.testing.assert_array_equal(stored, bit_shuffle(2048, False)(values[7 * k:7 * k + 7].reshape(-1)))
+
+
+KEPT_SHUFFLED = {  # layouts whose whole chunks a read can leave shuffled: options, chunk rows, the shuffle
+    "shuffle+gzip": (dict(compression="gzip", shuffle=True), 7, byte_shuffle),
+    "shuffle+lzf+fletcher32": (dict(compression="lzf", fletcher32=True, shuffle=True), 7, byte_shuffle),
+    "shuffle": (dict(shuffle=True), 7, byte_shuffle),
+    "shuffle+zstd": (dict(plugin=("Zstd", {}), shuffle=True), 7, byte_shuffle),
+    # 30 x 30 values a row: 2048-value blocks (8 KB of 4-byte values), a shorter one, values left over
+    "bitshuffle lz4": (dict(plugin=("Bitshuffle", dict(cname="lz4"))), 7, None),
+    "bitshuffle zstd + fletcher32": (dict(plugin=("Bitshuffle", dict(cname="zstd")), fletcher32=True), 5, None),
+    # c-blosc: blocks of 32, 64 or 128 KB, the last shorter, its values a multiple of 8 or not
+    "blosc lz4 + bitshuffle": (dict(plugin=("Blosc", dict(cname="lz4", shuffle=2))), 201, None),
+    "blosc zstd + bitshuffle": (dict(plugin=("Blosc", dict(cname="zstd", clevel=3, shuffle=2))), 201, None),
+    "blosc zstd + bitshuffle, 8-value tail": (dict(plugin=("Blosc", dict(cname="zstd", clevel=3, shuffle=2))), 160, None),
+}
+
+
+@pytest.mark.parametrize("layout", KEPT_SHUFFLED)
+@pytest.mark.parametrize("dtype", ["f4", "i2", "u8", "u1"])
+def test_chunks_wholly_in_a_read_can_be_left_shuffled_for_the_gpu(tmp_path, rng, layout, dtype):
     lib = native.library()
     if lib is None:
         pytest.skip("no native read pool here")
-    values = (rng.random((1003, 5, 3, 2)) * 200).astype(dtype)
-    write(tmp_path / "d.h5", values, chunks=(7, 5, 3, 2), shuffle=True, **options)
+    options, per, shuffle = KEPT_SHUFFLED[layout]
+    values = (rng.random((1003, 30, 30, 1)) * (200 if dtype != "u1" else 8)).astype(dtype)
+    values[400:620] = rng.integers(0, 256, values[400:620].nbytes, np.uint8).view(dtype).reshape(220, 30, 30, 1)
+    # noise: those chunks do not shrink, so HDF5 stores them without the codec; the pool shuffles them
+    write(tmp_path / "d.h5", values, chunks=(per, 30, 30, 1), **options)
     pool = native.ReadPool(lib, 3)
     with h5py.File(tmp_path / "d.h5") as f:
         rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
         try:
-            for lo, hi in [(0, 1003), (5, 900), (14, 21), (1000, 1003), (3, 4), (8, 20)]:
-                out = np.empty((hi - lo, 5, 3, 2), values.dtype)
+            if shuffle is None:
+                assert rows.bitshuffle is not None
+                shuffle = bit_shuffle(*rows.bitshuffle)
+            elif values.itemsize == 1:
+                shuffle = np.ravel  # one byte: HDF5's shuffle changes nothing
+            for lo, hi in [(0, 1003), (5, 900), (14, 21), (1000, 1003), (3, 4), (8, 20), (200, 603)]:
+                out = np.empty((hi - lo, 30, 30, 1), values.dtype)
                 rows.submit(pool, lo, hi, out, keep_shuffled=True).result()
-                np.testing.assert_array_equal(out.view(np.uint8), shuffled_rows(values, lo, hi, 7).view(np.uint8))
+                np.testing.assert_array_equal(out.view(np.uint8), shuffled_rows(values, lo, hi, per, shuffle).view(np.uint8))
         finally:
             rows.close()
             pool.close()

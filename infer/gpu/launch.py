@@ -294,6 +294,24 @@ class Unshuffle(Launcher):
                     chunk_values, stride)
 
 
+class BitUnshuffle(Launcher):
+    """chunks of chunk_values values of value_bytes bytes stored back to back, each bitshuffled in
+    blocks of `block` values (see decode.cu), into consecutive values of dst."""
+    source, kernel, arg_types = "decode", "bitunshuffle_kernel1", "PPqqqi"
+
+    def __init__(self, build, value_bytes):
+        if value_bytes not in (1, 2, 4, 8):
+            raise ValueError(f"no bit unshuffle for {value_bytes}-byte values")
+        super().__init__(build, VALUE_BYTES=value_bytes)
+
+    def __call__(self, stream, src, dst, chunks, chunk_values, block, exact_tail):
+        if block <= 0 or block % 8:
+            raise ValueError(f"bitshuffled blocks hold a positive multiple of 8 values, not {block}")
+        groups = chunks * ceil_div(chunk_values, 8)
+        self.launch(stream, (min(ceil_div(groups, 256), 8192), 1), (256, 1, 1), src, dst, chunks, chunk_values, block,
+                    int(exact_tail))
+
+
 class FusedLayout(NamedTuple):
     """One block's shared memory in a fused kernel, in floats: the pooled conv1 output p1 (IMGS images,
     strides pstr between pixels, rstr between rows, istr between images), then the stage area (the

@@ -1,9 +1,13 @@
-"""A byte-shuffled chunked data set streamed with the host decoding the codec and the GPU undoing
-HDF5's shuffle: the reader threads decode each chunk lying wholly in a block straight into the
-page-locked block, still shuffled, so no thread holds a chunk-sized buffer to unshuffle from (15
-threads' 3.1 MB buffers were 54 MB of peak RSS) nor spends the unshuffle's memory pass; the block
-goes up to a device staging buffer and unshuffle_kernel1 places its whole chunks where the network
-reads them (the rows of chunks it cuts at its ends come unshuffled by the host)."""
+"""A shuffled chunked data set streamed with the host decoding the codec and the GPU undoing the
+shuffle: the reader threads decode each chunk lying wholly in a block straight into the
+page-locked block, still shuffled, and the GPU places its values where the network reads them.
+- HDF5's byte shuffle: no thread holds a chunk-sized buffer to unshuffle from (15 threads' 3.1 MB
+  buffers were 54 MB of peak RSS) nor spends the unshuffle's memory pass (unshuffle_kernel1);
+- Bitshuffle's and c-blosc's bitshuffle (lz4 or zstd blocks): the reader threads decode the
+  blocks' codec themselves and leave the bit transpose, which hdf5plugin's SSE2 builds spend
+  ~40% of a chunk's decoding on, to bitunshuffle_kernel1.
+A block goes up to a device staging buffer; the rows of chunks it cuts at its ends come decoded
+whole by the host and are copied."""
 from .. import reader
 from . import launch
 
@@ -14,15 +18,17 @@ def unsupported(data, wire, native):
     if len(data.parts) != 1:
         return "the data set spans several files"
     rows = data.parts[0][1]
-    if not isinstance(rows, reader.ChunkedRows) or not rows.shuffle or rows.dtype.itemsize == 1:
-        return "its chunks are not byte-shuffled"
+    if not isinstance(rows, reader.ChunkedRows):
+        return "its images are not stored in chunks"
+    if not (rows.shuffle and rows.dtype.itemsize > 1) and rows.bitshuffle is None:
+        return "its chunks are not shuffled, or not in a way the GPU undoes"
     if native is None or not rows.native:
         return "no native reader decodes its chunks"
     if rows.cut:
         return "its chunks cut images"
-    if rows.dtype != wire or rows.swapped or rows.dtype.itemsize not in (2, 4, 8):
+    if rows.dtype != wire or rows.swapped or rows.dtype.itemsize not in (1, 2, 4, 8):
         return f"its {rows.dtype} values are converted or swapped on the host"
-    if (rows.masks & 1).any():
+    if rows.shuffle and (rows.masks & 1).any():
         return "some chunks were stored with the shuffle skipped"
     return None
 
@@ -47,8 +53,9 @@ class Placer:
 
     def __init__(self, build, rows, block, alloc):
         self.rows_per, self.row_bytes, self.itemsize = rows.align, rows.row_bytes, rows.dtype.itemsize
+        self.bits = rows.bitshuffle  # (values per block, exact tail), or None: HDF5's byte shuffle
         self.staging = alloc(block * self.row_bytes)
-        self.unshuffle = launch.Unshuffle(build, self.itemsize)
+        self.unshuffle = (launch.BitUnshuffle if self.bits else launch.Unshuffle)(build, self.itemsize)
 
     def enqueue(self, stream, dst, x, lo):
         """Queue block x (images from lo on) up and into dst on stream: (the event after the upload,
@@ -67,8 +74,10 @@ class Placer:
                 cuda.memcpy_dtod_async(dst + r0 * self.row_bytes, int(self.staging) + r0 * self.row_bytes,
                                        (r1 - r0) * self.row_bytes, stream)
         if b > a:
-            values = self.row_bytes // self.itemsize
-            chunk_bytes = per * self.row_bytes
-            self.unshuffle(stream, int(self.staging) + a * self.row_bytes, dst + a * self.row_bytes, 0,
-                           (b - a) * values, per * values, chunk_bytes)
+            chunk_values = per * self.row_bytes // self.itemsize
+            src, into = int(self.staging) + a * self.row_bytes, dst + a * self.row_bytes
+            if self.bits:
+                self.unshuffle(stream, src, into, (b - a) // per, chunk_values, *self.bits)
+            else:
+                self.unshuffle(stream, src, into, 0, (b - a) // per * chunk_values, chunk_values, per * self.row_bytes)
         return uploaded, event(stream)
