@@ -14,15 +14,21 @@ from .reader import Reader, wait
 
 def raw_read(data_path, model, readers, block):
     """Images/s reading every image of the file, in its stored type, into a ring of 4 page-locked
-    blocks on `readers` threads (no compute, no checks): the reader's ceiling."""
+    blocks on `readers` threads (no compute, no checks), as the streamed run reads them (whole
+    chunks left shuffled where the GPU unshuffles them): the reader's ceiling; and its layout."""
     import pycuda.driver as cuda
 
+    from .gpu import shuffled
+    from .gpu.backend import CudaBackend
     from .gpu.device import Device
 
     gpu = Device(0)  # page-locked memory needs a context
     data = DataSet.open([data_path], model)
     pool = Reader(readers)
+    block = max(data.align, block // data.align * data.align)  # whole chunks, as the run's blocks
     buffers = [cuda.pagelocked_empty((block,) + data.image_shape, data.dtype or np.float32) for _ in range(4)]
+    kept = shuffled.unsupported(data, CudaBackend.wire_dtype(data.dtype), pool.native) is None
+    source = shuffled.Source(data) if kept else data
     try:
         t = time.perf_counter()
         inflight = []
@@ -30,10 +36,10 @@ def raw_read(data_path, model, readers, block):
             if len(inflight) == len(buffers):
                 wait(inflight.pop(0))
             hi = min(data.size, lo + block)
-            inflight.append(data.submit_images(pool, lo, hi, buffers[i % len(buffers)][:hi - lo], check=False))
+            inflight.append(source.submit_images(pool, lo, hi, buffers[i % len(buffers)][:hi - lo], check=False))
         for f in inflight:
             wait(f)
-        return data.size / (time.perf_counter() - t), data.kind
+        return data.size / (time.perf_counter() - t), data.kind + (", left shuffled" if kept else "")
     finally:
         pool.close()
         data.close()

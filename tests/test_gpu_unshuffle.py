@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from infer import Session, native
-from tests.conftest import Dev, build, small_model
+from tests.conftest import Dev, build, invoke, small_model
 from tests.test_reader import bit_shuffle, byte_shuffle, shuffled_rows
 
 pytestmark = pytest.mark.gpu
@@ -75,3 +75,18 @@ def test_streamed_shuffled_chunks_unshuffled_on_the_gpu_predict_as_the_host(tmp_
     assert plain.reader["decode"] == "host"
     np.testing.assert_array_equal(gpu.predictions, plain.predictions)
     np.testing.assert_array_equal(gpu.labels, plain.labels)
+
+
+def test_bench_stream_reads_as_the_run_reads(tmp_path, ece408):
+    """The raw read row of `cnninfer bench --stream` leaves the chunks shuffled, as the run does."""
+    if native.library() is None:
+        pytest.skip("no native read pool: the host unshuffles")
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:3000], f["y"][:3000]
+    path = tmp_path / "s.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, chunks=(500, 28, 28, 1), compression="gzip", shuffle=True)
+        f["y"] = y
+    r = invoke("bench", "--stream", path, ece408 / "model.hdf5")
+    assert r.exit_code == 0, r.output
+    assert "(chunks, left shuffled," in r.output and "cnninfer run (streamed)" in r.output, r.output
