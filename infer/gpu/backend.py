@@ -252,7 +252,9 @@ class CudaBackend(HostSide):
 
     def stream_source(self, data, start, stop):
         """(what the ring reads, its buffers, how a buffer is cut to a block): the file's chunks as
-        stored, for the GPU to decode, where prepare() planned it; else the images (host.HostSide)."""
+        stored, for the GPU to decode, where prepare() planned it; else the images (host.HostSide),
+        their whole chunks left shuffled where the GPU can unshuffle them as it places the blocks
+        (shuffled.Placer; without the device memory for its staging block, the host unshuffles)."""
         run = self.executor.run
         self._free_placer()
         if not run.key[5]:

@@ -278,31 +278,31 @@ class DecodeCheck(Launcher):
                     chunk_bytes, stride, int(adler), first, bad)
 
 
-class Unshuffle(Launcher):
-    """values values of value_bytes bytes from value first_value of decoded chunks stored
-    byte-shuffled (HDF5's shuffle), chunk_values values each, stride bytes apart, into consecutive
-    values of dst."""
-    source, kernel, arg_types = "decode", "unshuffle_kernel1", "PPqqqq"
+class _PerValueSize(Launcher):
+    """A decode.cu kernel built for values of value_bytes bytes (1, 2, 4 or 8)."""
+    source = "decode"
 
     def __init__(self, build, value_bytes):
         if value_bytes not in (1, 2, 4, 8):
-            raise ValueError(f"no unshuffle for {value_bytes}-byte values")
+            raise ValueError(f"no {self.kernel} for {value_bytes}-byte values")
         super().__init__(build, VALUE_BYTES=value_bytes)
+
+
+class Unshuffle(_PerValueSize):
+    """values values of value_bytes bytes from value first_value of decoded chunks stored
+    byte-shuffled (HDF5's shuffle), chunk_values values each, stride bytes apart, into consecutive
+    values of dst."""
+    kernel, arg_types = "unshuffle_kernel1", "PPqqqq"
 
     def __call__(self, stream, decoded, dst, first_value, values, chunk_values, stride):
         self.launch(stream, (min(ceil_div(values, 256), 8192), 1), (256, 1, 1), decoded, dst, first_value, values,
                     chunk_values, stride)
 
 
-class BitUnshuffle(Launcher):
+class BitUnshuffle(_PerValueSize):
     """chunks of chunk_values values of value_bytes bytes stored back to back, each bitshuffled in
     blocks of `block` values (see decode.cu), into consecutive values of dst."""
-    source, kernel, arg_types = "decode", "bitunshuffle_kernel1", "PPqqqi"
-
-    def __init__(self, build, value_bytes):
-        if value_bytes not in (1, 2, 4, 8):
-            raise ValueError(f"no bit unshuffle for {value_bytes}-byte values")
-        super().__init__(build, VALUE_BYTES=value_bytes)
+    kernel, arg_types = "bitunshuffle_kernel1", "PPqqqi"
 
     def __call__(self, stream, src, dst, chunks, chunk_values, block, exact_tail):
         if block <= 0 or block % 8:
