@@ -111,6 +111,11 @@ class HostSide:
             self._reader = reader.Reader(self.readers)
         return self._reader
 
+    @property
+    def reader_threads(self):
+        """Reader threads the last read used (for --json)."""
+        return self.reader.threads_used
+
     def stream(self, data, start, stop, progress, out=None):
         """Images [start, stop) of `data` streamed through a ring of this backend's host buffers:
         (labels found, true labels, scores or None, reader busy seconds, seconds compute waited).

@@ -198,7 +198,7 @@ class Session:
                               predictions=predictions, labels=labels, scores=kept, classes=self.classes,
                               shards=dataset.shards, backend=backend.name, device=backend.device,
                               profile=backend.profile, timing=timing, streamed="read" in timing, recomputed=recomputed,
-                              reader=dict(layout=dataset.kind, filters=dataset.filters, threads=backend.reader.threads_used,
+                              reader=dict(layout=dataset.kind, filters=dataset.filters, threads=backend.reader_threads,
                                           pool=backend.reader.kind, decode=getattr(backend, "decoding", "host")))
         finally:
             dataset.close()

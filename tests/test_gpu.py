@@ -377,6 +377,8 @@ def test_split_over_gpus_equals_one_gpu(ece408, monkeypatch, budget):
     monkeypatch.setattr("infer.backends.create_cuda", lambda devices=None, **o: MultiGpuBackend(pair, **o))
     two = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda", scores=True)
     assert two.device.startswith("2 GPUs") and two.streamed == (budget == "4")
+    # streamed, each GPU reads its range with a pool of its own; in memory, the first GPU's reads all
+    assert two.reader["threads"] == (2 if two.streamed else 1) * one.reader["threads"]
     assert (two.predictions == one.predictions).all() and (two.labels == one.labels).all()
     np.testing.assert_array_equal(two.scores, one.scores)
 

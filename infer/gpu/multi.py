@@ -18,6 +18,7 @@ class MultiGpuBackend:
     wire_dtype = staticmethod(CudaBackend.wire_dtype)
 
     def __init__(self, devices, **options):
+        self._reader_threads = None
         self.workers = [ThreadPoolExecutor(1, thread_name_prefix=f"cnninfer-gpu{d}") for d in devices]
         self.gpus = []
         try:
@@ -40,11 +41,18 @@ class MultiGpuBackend:
     def reader(self):
         return self.gpus[0].reader
 
+    @property
+    def reader_threads(self):
+        """Reader threads the last read used: every GPU's where each streamed its range with its own
+        pool, else the first GPU's, which reads images held in memory."""
+        return self._reader_threads or self.reader.threads_used
+
     def host_buffers(self, shape, dtype, count=1):
         """Portable page-locked memory (every context can copy from it), owned by the first GPU."""
         return self.workers[0].submit(self.gpus[0].host_buffers, shape, dtype, count).result()
 
     def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False, align=1, source=None):
+        self._reader_threads = None
         self.ranges = split(x_shape[0], len(self.gpus), align if streamed else 1)
         self._each(lambda i, g: g.prepare(model, (self.ranges[i][1] - self.ranges[i][0],) + tuple(x_shape[1:]),
                                           scores, wire, streamed, align, source))
@@ -83,6 +91,7 @@ class MultiGpuBackend:
             return g.stream(data, start + lo, start + hi, progress, mine)[3:]
 
         read_s, wait_s = zip(*self._each(part))
+        self._reader_threads = sum(g.reader.threads_used for g in self.gpus)
         return out + (max(read_s), max(wait_s))
 
     def close(self):
