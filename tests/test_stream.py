@@ -48,9 +48,12 @@ def test_bad_value_deep_in_a_streamed_file(tmp_path, ece408, tiny_budget):
     assert not out.exists()
 
 
-def test_bad_label_in_the_last_streamed_block(tmp_path, ece408, tiny_budget):
+@pytest.mark.parametrize("step", [None, 7])
+def test_bad_label_in_the_last_streamed_block(tmp_path, ece408, tiny_budget, monkeypatch, step):
     """Labels are waited for after the last block, not with each: a bad one is still refused,
-    naming it, with nothing written."""
+    naming it, with nothing written (read in steps of 7 rows too)."""
+    if step:
+        monkeypatch.setattr("infer.dataset.LABEL_STEP", step)
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][:3000], f["y"][:3000]
     y[2990, 4] = np.inf
