@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from infer import Session, native
-from tests.conftest import Dev, build, invoke, small_model
+from tests.conftest import Dev, assert_refused, build, invoke, small_model
 from tests.test_reader import bit_shuffle, byte_shuffle, shuffled_rows
 
 pytestmark = pytest.mark.gpu
@@ -90,3 +90,29 @@ def test_bench_stream_reads_as_the_run_reads(tmp_path, ece408):
     r = invoke("bench", "--stream", path, ece408 / "model.hdf5")
     assert r.exit_code == 0, r.output
     assert "(chunks, left shuffled," in r.output and "cnninfer run (streamed)" in r.output, r.output
+
+
+@pytest.mark.parametrize("layout", ["shuffle+gzip", "bitshuffle lz4", "blosc lz4 + bitshuffle"])
+def test_a_damaged_chunk_left_shuffled_is_one_line_and_nothing_written(tmp_path, ece408, monkeypatch, layout):
+    """A streamed run whose chunks stay shuffled for the GPU, chunk 2's header damaged: exit 2, one
+    line naming the chunk, no predictions file."""
+    if native.library() is None:
+        pytest.skip("no native read pool: the host unshuffles")
+    options = STREAMED[layout]
+    if isinstance(options, tuple):
+        options = dict(getattr(pytest.importorskip("hdf5plugin"), options[0])(**options[1]))
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:4000], f["y"][:4000]
+    path = tmp_path / "d.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, chunks=(800, 28, 28, 1), **options)
+        f["y"] = y
+        offset = f["x"].id.get_chunk_info(2).byte_offset
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(bytes(range(1, 17)))
+    out = tmp_path / "p.npy"
+    r = invoke("run", path, ece408 / "model.hdf5", "--backend", "cuda", "--predictions", out)
+    assert_refused(r, "d.h5", "'x'", "chunk 2")
+    assert not out.exists()
