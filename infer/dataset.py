@@ -146,9 +146,10 @@ def _steps(lo, hi, step):
 def _labels(y, lo, hi, out):
     raw = np.empty((min(hi - lo, LABEL_STEP), y.shape[1]), y.dtype)
     for a, b in _steps(lo, hi, LABEL_STEP):
-        y.read(a, b, raw[:b - a])
-        reader.check_finite(raw[:b - a], raw[:b - a], y.label, a)
-        out[a - lo:b - lo] = np.argmax(raw[:b - a], axis=1)
+        part = raw[:b - a]
+        y.read(a, b, part)
+        reader.check_finite(part, part, y.label, a)
+        out[a - lo:b - lo] = np.argmax(part, axis=1)
 
 
 def _check_outputs(path, n, limit=None):

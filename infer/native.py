@@ -26,9 +26,9 @@ NET_FLAGS = (("-march=native", *NET_COMMON), NET_COMMON)
 # not decode, one that decodes to another size, one that fails its checksum
 EOF, DAMAGED, SIZE, CHECKSUM = 1, 2, 3, 4
 RAW, DEFLATE, LZF, PLUGIN, ZSTD, LZ4, BLOSC, BLOSC2 = 0, 1, 2, 3, 4, 5, 6, 7  # rp_chunks' codecs
+BITS_BSHUF, BITS_BLOSC = 1, 2  # rp_chunks_bits: whole chunks left bitshuffled, the Bitshuffle filter's or c-blosc's
 # hdf5plugin's filters whose codec the read pool calls itself (rp_chunks_direct): the function
 # their plugin library exports, and the read pool's codec
-BITS_BSHUF, BITS_BLOSC = 1, 2  # rp_chunks_bits: whole chunks left bitshuffled, the Bitshuffle filter's or c-blosc's
 DIRECT = {32015: ("ZSTD_decompress", ZSTD), 32004: ("LZ4_decompress_safe", LZ4), 32001: ("blosc_decompress_ctx", BLOSC),
           32026: ("blosc2_getitem", BLOSC2)}
 

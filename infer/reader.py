@@ -252,24 +252,24 @@ class ChunkedRows(_FileRows):
         if self.codec not in (FILTER_BLOSC, FILTER_BITSHUFFLE) or self.shuffle or self.swapped or self.masks[0]:
             return None
         head = os.pread(self.fd, 16, int(self.offsets[0]))
-        codecs, size = native.block_codecs(self.codec), self.dtype.itemsize
         if len(head) < 16:
             return None
+        codecs, size = native.block_codecs(self.codec), self.dtype.itemsize
         if self.codec == FILTER_BITSHUFFLE:
             cd = self.codec_values[1]
             name = {2: "lz4", 3: "zstd"}.get(cd[4] if len(cd) > 4 else 0)
             block_bytes, kind, exact_tail = int.from_bytes(head[8:12], "big"), native.BITS_BSHUF, False
-            fns = [codecs.get(name) if name == "lz4" else None, codecs.get(name) if name == "zstd" else None]
+            fns = [codecs.get(k) if k == name else None for k in ("lz4", "zstd")]  # its codec's alone
             usable = name in codecs and int.from_bytes(head[:8], "big") == self.chunk_bytes
         else:  # c-blosc 1's format 2, bitshuffled (flag 4; not byte-shuffled nor copied: flags 1, 2), lz4 or zstd
             block_bytes, kind, exact_tail = int.from_bytes(head[8:12], "little"), native.BITS_BLOSC, True
             fns = [codecs.get("lz4"), codecs.get("zstd")]
             usable = (head[0] == 2 and head[2] & 0x0f == 0x04 and head[3] == size
                       and {1: "lz4", 4: "zstd"}.get(head[2] >> 5) in codecs)
-        block = block_bytes // size
-        if not usable or block == 0 or block % 8 or block * size != block_bytes:
+        block = block_bytes // size  # rp_chunks_bits refuses blocks not a positive multiple of 8 values
+        if not usable or block * size != block_bytes or lib.rp_chunks_bits(spec, kind, block, *fns):
             return None
-        return (block, exact_tail) if lib.rp_chunks_bits(spec, kind, block, *fns) == 0 else None
+        return block, exact_tail
 
     def close(self):
         if getattr(self, "spec", None):

@@ -50,15 +50,22 @@ STREAMED = {  # 800-image chunks of 13 x 13 values: c-blosc's blocks of 64-128 K
 }
 
 
-@pytest.mark.parametrize("dtype", ["f4", "i2", "u1"])
-@pytest.mark.parametrize("layout", STREAMED)
-def test_streamed_shuffled_chunks_unshuffled_on_the_gpu_predict_as_the_host(tmp_path, rng, monkeypatch, dtype, layout):
+def streamed_options(layout, monkeypatch):
+    """The h5py dataset options of STREAMED[layout], with every file streamed (skipped without the
+    native pool, which alone leaves chunks shuffled, or without hdf5plugin for its filters)."""
     if native.library() is None:
         pytest.skip("no native read pool: the host unshuffles")
     options = STREAMED[layout]
     if isinstance(options, tuple):
         options = dict(getattr(pytest.importorskip("hdf5plugin"), options[0])(**options[1]))
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
+    return options
+
+
+@pytest.mark.parametrize("dtype", ["f4", "i2", "u1"])
+@pytest.mark.parametrize("layout", STREAMED)
+def test_streamed_shuffled_chunks_unshuffled_on_the_gpu_predict_as_the_host(tmp_path, rng, monkeypatch, dtype, layout):
+    options = streamed_options(layout, monkeypatch)
     monkeypatch.setattr("infer.gpu.backend.CudaBackend.STREAM_BYTES", 60_000)  # blocks of one chunk
     x = (rng.random((2000, 13, 13, 1)) * (200 if dtype != "u1" else 8)).astype(dtype)
     y = np.eye(10)[rng.integers(0, 10, len(x))]
@@ -96,12 +103,7 @@ def test_bench_stream_reads_as_the_run_reads(tmp_path, ece408):
 def test_a_damaged_chunk_left_shuffled_is_one_line_and_nothing_written(tmp_path, ece408, monkeypatch, layout):
     """A streamed run whose chunks stay shuffled for the GPU, chunk 2's header damaged: exit 2, one
     line naming the chunk, no predictions file."""
-    if native.library() is None:
-        pytest.skip("no native read pool: the host unshuffles")
-    options = STREAMED[layout]
-    if isinstance(options, tuple):
-        options = dict(getattr(pytest.importorskip("hdf5plugin"), options[0])(**options[1]))
-    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
+    options = streamed_options(layout, monkeypatch)
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][:4000], f["y"][:4000]
     path = tmp_path / "d.h5"
