@@ -8,8 +8,6 @@ MNIST images takes nvCOMP 35-74 ms on an H100 (it decodes each stream serially),
 chunks in one batch 44-92 ms: throughput comes from chunks in flight, so blocks decode on several
 streams at once (up to MAX_STREAMS) into a deep ring of device slots.
 """
-import functools
-
 import numpy as np
 
 from .. import reader
@@ -86,6 +84,19 @@ def unsupported(data, wire):
     return why if lib is None else None
 
 
+def layout(rows, block):
+    """How blocks of `block` images of `rows` (a ChunkedRows the GPU decodes) lie in page-locked
+    memory: (chunks a block holds at most, bytes of its chunk table, the alignment of each chunk's
+    stream, bytes of a block: the table, then the most any block's chunks take)."""
+    sizes = np.array(rows.index, np.int64).reshape(-1, 3)[:, 1]
+    chunks = -(-block // rows.align) + 1  # a block may start inside a chunk
+    table = -(-6 * 8 * chunks // 256) * 256
+    align = max(nvcomp.alignments(GPU_CODECS[rows.codec][0]).input, 1)
+    sums = np.concatenate([[0], np.cumsum(sizes + align)])
+    k = min(chunks, len(sizes))
+    return chunks, table, align, table + int((sums[k:] - sums[:-k]).max()) + align
+
+
 class Blocks:
     """The data set as a Ring reads it for the GPU decoder: a block's images are its chunks' bytes
     (see Decoder.read); labels as the data set reads them."""
@@ -127,28 +138,18 @@ class Decoder:
         self.per, self.chunk_bytes = rows.align, rows.chunk_bytes
         self.row_bytes = rows.row_bytes
         self.stride = -(-self.chunk_bytes // 256) * 256
-        self.max_chunks = -(-block // self.per) + 1  # a block may start inside a chunk
+        self.max_chunks, self.table_bytes, self.align, self.capacity = layout(rows, block)
         self.shuffled = rows.shuffle and rows.dtype.itemsize > 1
-        self.table_bytes = -(-6 * 8 * self.max_chunks // 256) * 256
         self.check = launch.DecodeCheck(build)
         self.unshuffle = launch.Unshuffle(build, rows.dtype.itemsize) if self.shuffled else None
         self.flags = alloc(8)
         self.streams, self.scratch = [], []
         for _ in range(streams):
             nv = nvcomp.Decompressor(self.codec, self.max_chunks, self.chunk_bytes, alloc)
-            self.align = max(nv.input_align, 1)
             self.scratch.append((nv, alloc(self.capacity), alloc(self.max_chunks * self.stride)))
             self.streams.append(cuda.Stream())
         self.version = nv.version
         self.used = 0
-
-    @functools.cached_property
-    def capacity(self):
-        """Bytes of a page-locked block: the chunk table, then the most any block's chunks take."""
-        room = self.sizes + self.align
-        sums = np.concatenate([[0], np.cumsum(room)])
-        k = min(self.max_chunks, len(room))
-        return self.table_bytes + int((sums[k:] - sums[:-k]).max()) + self.align
 
     def describe(self):
         return f"GPU: {self.version} {self.codec}{' + unshuffle' if self.shuffled else ''}, {len(self.streams)} streams"

@@ -62,6 +62,17 @@ def library():
     return lib, f"nvCOMP {major}.{minor}"
 
 
+def alignments(codec):
+    """The alignments (in bytes) a codec's decompression wants of its compressed and decoded
+    streams and of its temporary memory."""
+    lib, version = library()
+    if lib is None:
+        raise OSError(version)
+    align = Alignments()
+    Decompressor._call(getattr(lib, f"nvcompBatched{codec}DecompressGetRequiredAlignments"), Opts(), ctypes.byref(align))
+    return align
+
+
 class Decompressor:
     """One codec's batched decompression of up to `count` chunks of at most `chunk_bytes` each, with
     its temporary device memory (alloc(nbytes) gives device memory)."""
@@ -73,8 +84,7 @@ class Decompressor:
         self.codec, self.lib, self.opts = codec, lib, Opts()
         base = f"nvcompBatched{codec}Decompress"
         self._async = getattr(lib, base + "Async")
-        align = Alignments()
-        self._call(getattr(lib, base + "GetRequiredAlignments"), self.opts, ctypes.byref(align))
+        align = alignments(codec)
         self.input_align, self.output_align = align.input, align.output
         temp = ctypes.c_size_t(0)
         self._call(getattr(lib, base + "GetTempSize"), count, chunk_bytes, self.opts, ctypes.byref(temp),
