@@ -19,10 +19,12 @@ def create_cuda(devices=None, **options):
         raise InputError(f"devices: GPU numbers must be distinct, got {list(devices)}")
     try:
         from .gpu.backend import CudaBackend
-        from .gpu.device import visible_devices
+        from .gpu.device import DECODE_QUEUES, ask_hardware_queues, visible_devices
         from .gpu.multi import MultiGpuBackend
     except ImportError as e:
         raise BackendUnavailable(f"the CUDA backend needs PyCUDA ({e}); install it with: pip install 'cnninfer[cuda]'") from None
+    if options.get("decode") == "gpu":
+        ask_hardware_queues(DECODE_QUEUES)  # before the driver starts
     if devices == "all":
         devices = list(range(visible_devices()))
     if devices and len(devices) > 1:

@@ -11,7 +11,7 @@ from ..errors import InputError
 from ..host import HostSide
 from ..network import geometry
 from . import chunk_decode, graph, launch, pipelines, plan, shuffled
-from .device import Device
+from .device import DECODE_QUEUES, Device
 from .executor import Executor
 from .profile import NullProfiler, Profiler
 from .streamer import forward_stream
@@ -49,7 +49,7 @@ class CudaBackend(HostSide):
             raise InputError(conflict)
         # Decoding on the GPU keeps ~30 streams busy at once: as many hardware queues, which cost
         # the context ~230 MB more host memory (H100: peak RSS 600-690 MB against 390-450), so only then
-        self.gpu = Device(device, hardware_queues=32 if decode == "gpu" else None)
+        self.gpu = Device(device, hardware_queues=DECODE_QUEUES if decode == "gpu" else None)
         self.profiler = Profiler() if profile else NullProfiler()
         self.build = Build(self.gpu.arch, fast_math, tile_width, self.profiler, gemm_algo, self.gpu.l2_bytes,
                            self.gpu.sms)
@@ -57,7 +57,8 @@ class CudaBackend(HostSide):
         self.algo, self.chunk, self.readers = conv_algo, chunk, readers
         self.precision = precision  # --precision: None, "exact" or "certified" (pipelines.choose)
         self.decode = decode  # --decode: where compressed chunks of a streamed file are decoded
-        self.decoder = None  # the GPU decoder of the stream in progress
+        self.decoder = None  # the GPU decoder (chunk_decode.Decoder): made as a run is prepared, kept while it fits
+        self.decoder_streams = 0  # the decode streams it was made for
         self.placer, self.placing = None, []  # its GPU unshuffle (shuffled.Placer), and the placer's buffers
         self.decoding = "host"  # where the last stream's chunks were decoded, for --json
         self.weights, self.model = [], None
@@ -175,7 +176,7 @@ class CudaBackend(HostSide):
         # takes ~17 ms (--decode gpu pinned its ring in the run: a 1M shuffled gzip 1 file on an
         # H100 streamed at 2.5-3.1M images/s, 3.7-4.2M since)
         if decoding:
-            self.host_buffers((chunk_decode.layout(source.parts[0][1], ex.run.block)[3],), np.uint8, self.ring_depth)
+            self.host_buffers((self._decoder_for(source.parts[0][1]).capacity,), np.uint8, self.ring_depth)
         elif streamed:
             self.host_buffers((self.stream_block,) + tuple(x_shape[1:]), wire, self.ring_depth)
         if streamed:
@@ -199,6 +200,7 @@ class CudaBackend(HostSide):
         n, image_shape, wire, streamed, align, decoding = key
         wire = np.dtype(wire)
         elems = int(np.prod(image_shape))
+        self._free_decoder()
         ex.free_run()
         best = getattr(self.pipeline, "STREAM_CHUNK", self.pipeline.CHUNK) if streamed else self.pipeline.CHUNK
         # Blocks the GPU decodes are larger, and their ring deeper: chunks decoding at once make its speed
@@ -274,18 +276,32 @@ class CudaBackend(HostSide):
                 self.decoding = "host, unshuffled on the GPU"
                 return (shuffled.Source(data),) + source[1:]
             return source
+        self._decoder_for(data.parts[0][1])
+        self.decoder.start()
+        self.decoding = self.decoder.describe()
+        buffers = self.host_buffers((self.decoder.capacity,), np.uint8, self.ring_depth)
+        return chunk_decode.Blocks(data, self.decoder), buffers, chunk_decode.Block
+
+    def _decoder_for(self, rows):
+        """The GPU decoder of `rows` (a ChunkedRows) for the prepared run: the one kept where it
+        fits, else a new one, on fewer streams where the device memory is short."""
+        run = self.executor.run
+        streams = max(1, run.slots - chunk_decode.SPARE_SLOTS)
+        if self.decoder is not None and self.decoder_streams == streams and self.decoder.fits(rows, run.block):
+            self.decoder.bind(rows)
+            return self.decoder
+        self._free_decoder()
+        self.decoder_streams = streams  # asked for: a decoder on fewer, where memory was short, still fits
         taken = []
 
         def alloc(nbytes):
             taken.append(cuda.mem_alloc(max(nbytes, 4)))
             return taken[-1]
 
-        rows = data.parts[0][1]
-        streams = max(1, run.slots - chunk_decode.SPARE_SLOTS)
         while True:
             try:
                 self.decoder = chunk_decode.Decoder(self.build, rows, run.block, streams, alloc, taken)
-                break
+                return self.decoder
             except cuda.MemoryError:
                 for buf in taken:
                     buf.free()
@@ -293,10 +309,11 @@ class CudaBackend(HostSide):
                 if streams == 1:
                     raise InputError("the GPU ran out of memory for decoding even one block of chunks") from None
                 streams //= 2
-        self.decoder.start()
-        self.decoding = self.decoder.describe()
-        buffers = self.host_buffers((self.decoder.capacity,), np.uint8, self.ring_depth)
-        return chunk_decode.Blocks(data, self.decoder), buffers, chunk_decode.Block
+
+    def _free_decoder(self):
+        if self.decoder is not None:
+            self.decoder.free()
+            self.decoder = None
 
     def forward_stream(self, ring, progress, out):
         """Labels found (and scores) of images streamed from `ring`, into out (see host.outputs)."""
@@ -305,8 +322,7 @@ class CudaBackend(HostSide):
                            self.decoder, self.placer)
         finally:
             if self.decoder is not None:
-                self.decoder.free()
-                self.decoder = None
+                self.decoder.synchronize()
             self._free_placer()
 
     def _alloc_placing(self, nbytes):
@@ -325,6 +341,7 @@ class CudaBackend(HostSide):
         if self.gpu.context is None:
             return
         cuda.Context.synchronize()
+        self._free_decoder()
         self.executor.free_run()
         self.close_host()
         for buf in self.weights:

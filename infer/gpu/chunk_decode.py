@@ -125,23 +125,20 @@ class Block:
 
 
 class Decoder:
-    """The device side of one streamed file: per decode stream, nvCOMP's scratch, the compressed
-    block and its chunks decoded (a stride apart); one pair of failure flags for the whole run."""
+    """The device side of streamed files: per decode stream, nvCOMP's scratch, the compressed block
+    and its chunks decoded (a stride apart); one pair of failure flags for the whole run. Built as
+    the run is prepared and kept for the next file whose chunks it fits (bind), so no timed stream
+    allocates its ~3 GB of device memory."""
 
     def __init__(self, build, rows, block, streams, alloc, buffers):
         import pycuda.driver as cuda
 
-        self.rows, self.buffers = rows, buffers  # buffers: what alloc took
-        self.codec, self.head, self.tail, self.adler = GPU_CODECS[rows.codec]
-        index = np.array(rows.index, np.int64).reshape(-1, 3)
-        self.offsets, self.sizes = index[:, 0], index[:, 1]
-        self.per, self.chunk_bytes = rows.align, rows.chunk_bytes
-        self.row_bytes = rows.row_bytes
+        self.build, self.buffers = build, buffers  # buffers: what alloc took
+        self.codec = GPU_CODECS[rows.codec][0]
+        self.chunk_bytes = rows.chunk_bytes
         self.stride = -(-self.chunk_bytes // 256) * 256
         self.max_chunks, self.table_bytes, self.align, self.capacity = layout(rows, block)
-        self.shuffled = rows.shuffle and rows.dtype.itemsize > 1
         self.check = launch.DecodeCheck(build)
-        self.unshuffle = launch.Unshuffle(build, rows.dtype.itemsize) if self.shuffled else None
         self.flags = alloc(8)
         self.streams, self.scratch = [], []
         for _ in range(streams):
@@ -150,6 +147,23 @@ class Decoder:
             self.streams.append(cuda.Stream())
         self.version = nv.version
         self.used = 0
+        self.bind(rows)
+
+    def fits(self, rows, block):
+        """Whether this decoder's buffers serve blocks of `block` images of `rows`."""
+        chunks, table, align, capacity = layout(rows, block)
+        return (GPU_CODECS[rows.codec][0] == self.codec and rows.chunk_bytes == self.chunk_bytes
+                and (chunks, table, align) == (self.max_chunks, self.table_bytes, self.align) and capacity <= self.capacity)
+
+    def bind(self, rows):
+        """Decode the chunks of `rows` (a ChunkedRows that fits) from now on."""
+        self.rows = rows
+        _, self.head, self.tail, self.adler = GPU_CODECS[rows.codec]
+        index = np.array(rows.index, np.int64).reshape(-1, 3)
+        self.offsets, self.sizes = index[:, 0], index[:, 1]
+        self.per, self.row_bytes = rows.align, rows.row_bytes
+        self.shuffled = rows.shuffle and rows.dtype.itemsize > 1
+        self.unshuffle = launch.Unshuffle(self.build, rows.dtype.itemsize) if self.shuffled else None
 
     def describe(self):
         return f"GPU: {self.version} {self.codec}{' + unshuffle' if self.shuffled else ''}, {len(self.streams)} streams"
@@ -245,9 +259,12 @@ class Decoder:
                 done += rows
         return uploaded, event(stream)
 
-    def free(self):
+    def synchronize(self):
         for s in self.streams:
             s.synchronize()
+
+    def free(self):
+        self.synchronize()
         for buf in self.buffers:
             buf.free()
         self.buffers, self.streams, self.scratch = [], [], []
@@ -256,8 +273,7 @@ class Decoder:
         """The InputError for the lowest chunk that failed to decode or its checksum, or None."""
         import pycuda.driver as cuda
 
-        for s in self.streams:
-            s.synchronize()
+        self.synchronize()
         flags = np.empty(2, np.int32)
         cuda.memcpy_dtoh(flags, self.flags)
         if flags.min() == launch.INT_MAX:
