@@ -164,18 +164,11 @@ def test_damage_anywhere_in_a_chunk_is_found_and_the_session_goes_on(tmp_path, e
         np.testing.assert_array_equal(s.evaluate(good).predictions, want)
 
 
-@pytest.mark.parametrize("decode", ["host", "gpu"])
-def test_the_ring_is_pinned_before_the_timed_run(tmp_path, ece408, monkeypatch, decode):
-    """Pinning a 25 MB buffer takes ~17 ms (H100 host): a streamed run's ring is pinned as the
-    Session prepares, never inside the timed stream, and pinned once for repeated runs."""
+def timed_stream(monkeypatch):
+    """[flag]: the flag True while CudaBackend.stream (a run's timed stream) runs."""
     from infer.gpu.backend import CudaBackend
 
-    streaming, pinned = [False], []
-    pin, stream = CudaBackend.new_host_buffer, CudaBackend.stream
-
-    def pinning(shape, dtype):
-        pinned.append(streaming[0])
-        return pin(shape, dtype)
+    streaming, stream = [False], CudaBackend.stream
 
     def streamed(self, *args, **kwargs):
         streaming[0] = True
@@ -183,8 +176,22 @@ def test_the_ring_is_pinned_before_the_timed_run(tmp_path, ece408, monkeypatch, 
             return stream(self, *args, **kwargs)
         finally:
             streaming[0] = False
-    monkeypatch.setattr(CudaBackend, "new_host_buffer", staticmethod(pinning))
     monkeypatch.setattr(CudaBackend, "stream", streamed)
+    return streaming
+
+
+@pytest.mark.parametrize("decode", ["host", "gpu"])
+def test_the_ring_is_pinned_before_the_timed_run(tmp_path, ece408, monkeypatch, decode):
+    """Pinning a 25 MB buffer takes ~17 ms (H100 host): a streamed run's ring is pinned as the
+    Session prepares, never inside the timed stream, and pinned once for repeated runs."""
+    from infer.gpu.backend import CudaBackend
+
+    streaming, pinned, pin = timed_stream(monkeypatch), [], CudaBackend.new_host_buffer
+
+    def pinning(shape, dtype):
+        pinned.append(streaming[0])
+        return pin(shape, dtype)
+    monkeypatch.setattr(CudaBackend, "new_host_buffer", staticmethod(pinning))
     with h5py.File(ece408 / "testfull.hdf5") as f:
         path = write(tmp_path / "g.h5", f["x"][:700], f["y"][:700], 50, "gzip1_shuffle")
     with Session(ece408 / "model.hdf5", "cuda", decode=decode) as s:
@@ -199,23 +206,12 @@ def test_the_decoders_device_memory_is_taken_before_the_timed_run(tmp_path, ece4
     the timed stream, and kept for the next file they fit."""
     import pycuda.driver as cuda
 
-    from infer.gpu.backend import CudaBackend
-
-    streaming, taken = [False], []
-    alloc, stream = cuda.mem_alloc, CudaBackend.stream
+    streaming, taken, alloc = timed_stream(monkeypatch), [], cuda.mem_alloc
 
     def allocating(nbytes):
         taken.append(streaming[0])
         return alloc(nbytes)
-
-    def streamed(self, *args, **kwargs):
-        streaming[0] = True
-        try:
-            return stream(self, *args, **kwargs)
-        finally:
-            streaming[0] = False
     monkeypatch.setattr(cuda, "mem_alloc", allocating)
-    monkeypatch.setattr(CudaBackend, "stream", streamed)
     with h5py.File(ece408 / "testfull.hdf5") as f:
         first = write(tmp_path / "a.h5", f["x"][:700], f["y"][:700], 50, "gzip1_shuffle")
     other = shutil.copy(first, tmp_path / "b.h5")
