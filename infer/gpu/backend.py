@@ -287,9 +287,11 @@ class CudaBackend(HostSide):
         fits, else a new one, on fewer streams where the device memory is short."""
         run = self.executor.run
         streams = max(1, run.slots - chunk_decode.SPARE_SLOTS)
-        if self.decoder is not None and self.decoder_streams == streams and self.decoder.fits(rows, run.block):
-            self.decoder.bind(rows)
-            return self.decoder
+        kept = self.decoder
+        if kept is not None and self.decoder_streams == streams and (kept.rows is rows or kept.fits(rows, run.block)):
+            if kept.rows is not rows:  # prepare() bound it to this run's file: not again in the timed stream
+                kept.bind(rows)
+            return kept
         self._free_decoder()
         self.decoder_streams = streams  # asked for: a decoder on fewer, where memory was short, still fits
         taken = []
