@@ -138,8 +138,8 @@ def predict(x, model, style="componentwise", zero_bound=False):
         gap = np.zeros_like(gap)
     sure = certified(scores, gap)
     labels = reference.argmax(scores)
-    if not sure.all():
-        labels[~sure] = reference.forward(np.asarray(x, np.float32)[~sure], model)
+    if not sure.all():  # the whole batch, as the exact path would run it: BLAS may sum a subset's rows otherwise
+        labels[~sure] = reference.forward(np.asarray(x, np.float32), model)[~sure]
     return labels, sure
 
 

@@ -235,31 +235,52 @@ LARGE_FC = Geometry(64, 64, 1, 5, 32, 5, 64, 128, 10)  # 10816 features: fc1 spl
 
 SMALL_FC = Geometry(28, 28, 1, 3, 16, 3, 13, 36, 10)  # 325 features: scalar loads; 36 hidden: 16 images a block
 WIDE_FC = Geometry(28, 28, 1, 5, 64, 5, 128, 256, 10)  # 2048 features, 256 hidden: fc1 tiles of 16, 8 warps
+HIDDEN64_FC = Geometry(28, 28, 1, 3, 16, 3, 20, 64, 7)  # 500 features (a k-tile cut), 64 hidden: fc_kernel6's m64n32
 
 
-@pytest.mark.parametrize("tensor_cores", [False, True], ids=["fp32", "tensor-cores"])
-@pytest.mark.parametrize("g", GEOMETRIES[:1] + GEOMETRIES[2:3] + [SMALL_FC, WIDE_FC, LARGE_FC],
-                         ids=["mnist", "odd", "small", "wide", "split"])
-def test_fused_fc_kernel(gpu, rng, g, tensor_cores):
-    from infer.gpu.launch import FullyConnected
+FC_KERNELS = {"fp32": (False, False), "mma-sync": (True, False), "wgmma": (True, True)}  # (tensor_cores, wgmma)
 
+
+@pytest.mark.parametrize("kernel", list(FC_KERNELS))
+@pytest.mark.parametrize("g", GEOMETRIES[:1] + GEOMETRIES[2:3] + [SMALL_FC, WIDE_FC, LARGE_FC, HIDDEN64_FC],
+                         ids=["mnist", "odd", "small", "wide", "split", "hidden64"])
+@pytest.mark.parametrize("n", [45, 131])
+def test_fused_fc_kernel(gpu, rng, g, kernel, n):
+    """Scores and labels against the NumPy reference (past the last image nothing is written), and
+    with a count the GPU set only that many images: fc1's sums before ReLU too, where z is asked."""
+    from infer.gpu.launch import FullyConnected, FullyConnectedWarpgroup
+
+    tensor_cores, wgmma = FC_KERNELS[kernel]
     if tensor_cores:
         needs_arch(gpu, 80)
-    n = 45
+    if wgmma and FullyConnectedWarpgroup.fits(g, gpu.arch):
+        pytest.skip(FullyConnectedWarpgroup.fits(g, gpu.arch))
     feat, w = rand(rng, n, g.flat), Weights(rng, g)
     d = Dev()
     labels, overflow = d.empty(n + 1, np.int32, -1), d.put([2**31 - 1], np.int32)
     scores = d.empty((n + 1, g.classes))
-    fc = FullyConnected(build(gpu), g, tensor_cores)
-    assert (fc.splits(n) > 1) == (g is LARGE_FC) and fc.tensor_cores == tensor_cores
+    fc = FullyConnected(build(gpu), g, tensor_cores, wgmma)
+    assert (fc.splits(n) > 1) == (g is LARGE_FC) and fc.tensor_cores == tensor_cores and bool(fc.warpgroup) == wgmma
     partial = d.empty(max(1, fc.partial_floats(n)))
-    fc(None, d.put(feat), d.put(w.fc1), d.put(w.fc2), labels, n, overflow, scores, partial)
-    expected = reference.fc(reference.relu(reference.fc(feat, w.fc1)), w.fc2)
+    fc1 = d.put(fc.fc1_operand(w.fc1))
+    fc(None, d.put(feat), fc1, d.put(w.fc2), labels, n, overflow, scores, partial)
+    hidden = reference.fc(feat, w.fc1)
+    expected = reference.fc(reference.relu(hidden), w.fc2)
     out = d.get(labels, n + 1, np.int32)
     got = d.get(scores, (n + 1, g.classes))
     np.testing.assert_allclose(got[:n], expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
     assert (out[:n] == reference.argmax(expected)).mean() >= 0.97 and np.isnan(got[n]).all()
     assert out[n] == -1 and d.get(overflow, 1, np.int32)[0] == 2**31 - 1  # all finite: untouched
+    if not tensor_cores or fc.splits(n) > 1:
+        return
+    live = n - 17  # a device-set count: the images past it are not touched
+    labels, z = d.empty(n, np.int32, -1), d.empty((n, g.hidden))
+    fc(None, d.put(feat), fc1, d.put(w.fc2), labels, n, overflow, 0, partial, z=z, count=d.put([live], np.int32))
+    out = d.get(labels, n, np.int32)
+    assert (out[live:] == -1).all() and (out[:live] == reference.argmax(expected[:live])).mean() >= 0.97
+    zs = d.get(z, (n, g.hidden))
+    np.testing.assert_allclose(zs[:live], hidden[:live], rtol=1e-4, atol=1e-5 * np.abs(hidden).max())
+    assert np.isnan(zs[live:]).all()
 
 
 # whole networks: ECE408, the issue's geometries, odd ones (hidden not a multiple of 4: the fc GEMMs)

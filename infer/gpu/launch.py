@@ -5,6 +5,8 @@ Every launch goes through Launcher.launch, which records CUDA events around it w
 import functools
 from typing import NamedTuple
 
+import numpy as np
+
 from . import compiler, operands
 
 INT_MAX = 2**31 - 1
@@ -448,12 +450,59 @@ class Fused(Launcher):
         self.launch(stream, (ceil_div(n, self.imgs), 1), (self.THREADS, 1, 1), *args, shared=self.shared)
 
 
+class FullyConnectedWarpgroup(Launcher):
+    """fc1 -> ReLU -> fc2 -> argmax on Hopper's warpgroup MMA in 3xTF32 (fc_kernel6, cuda/fc6.cu, sm_90a):
+    64 images a block, two warpgroups of half the hidden units each; fc1 pre-split by the host
+    (weights). The shapes it takes: 64 or 128 hidden units, features in 4s, unsplit."""
+    source, kernel, arg_types = "fc6", "fc_kernel6", "PPPPiPPPP"
+    IMGS, THREADS, TK, STAGES, HIDDEN = 64, 256, 16, 4, (64, 128)
+
+    @classmethod
+    def fits(cls, g, arch):
+        """None where fc_kernel6 takes geometry g on architecture arch, else why not."""
+        why = needs_hopper(arch)
+        if why:
+            return f"fc_kernel6 {why}"
+        if g.hidden not in cls.HIDDEN or g.flat % 4 or g.flat >= FullyConnected.SPLIT_FEATURES:
+            return (f"fc_kernel6 needs {' or '.join(map(str, cls.HIDDEN))} hidden units and fewer than "
+                    f"{FullyConnected.SPLIT_FEATURES} features in 4s; the model has {g.hidden} and {g.flat}")
+        return None
+
+    @classmethod
+    def shared(cls, g):
+        """Dynamic shared bytes: the pipeline's stages (a feature tile, both column blocks' k-tile of
+        weights), later the hidden layer and the scores."""
+        stage = cls.IMGS * (cls.TK + 4) + 2 * cls.TK * g.hidden
+        return 4 * max(cls.STAGES * stage, cls.IMGS * (g.hidden + 1 + g.classes))
+
+    @classmethod
+    def defines(cls, g):
+        return dict(FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes, SHARED_FLOATS=cls.shared(g) // 4)
+
+    def __init__(self, build, g):
+        import pycuda.driver as cuda
+
+        super().__init__(build, "sm_90a", **self.defines(g))
+        self.bytes = self.shared(g)
+        self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.bytes)
+
+    @classmethod
+    def weights(cls, fc1):
+        """fc1 (features, hidden) as the kernel reads it: two column blocks of TF32 parts and remainders."""
+        return operands.wgmma_column_blocks(np.ascontiguousarray(fc1, np.float32), fc1.shape[1] // 2, cls.TK)
+
+    def __call__(self, stream, feat, fc1, fc2, labels, n, overflow, scores=0, z=0, count=0):
+        self.launch(stream, (ceil_div(n, self.IMGS), 1), (self.THREADS, 1, 1), feat, fc1, fc2, labels, n, overflow, scores,
+                    z, count, shared=self.bytes)
+
+
 class FullyConnected(Launcher):
-    """fc1 -> ReLU -> fc2 -> argmax in one kernel: on the tensor cores in 3xTF32 (fc_kernel5, sm_80 and
-    later, up to 256 hidden units) for 32 images a block, else register-tiled on the FP32 cores
+    """fc1 -> ReLU -> fc2 -> argmax in one kernel: on Hopper's warpgroup MMA in 3xTF32 where its shapes
+    fit (fc_kernel6, FullyConnectedWarpgroup), else on the tensor cores in 3xTF32 (fc_kernel5, sm_80
+    and later, up to 256 hidden units) for 32 images a block, else register-tiled on the FP32 cores
     (fc_kernel4) for 32 images a block (16 where shared memory is short). For large feature counts
     and few images fc1 is split over blocks (fc_kernel5, or fc_kernel2 for FC_IMGS images a block)
-    and the splits added in order (fc_kernel3)."""
+    and the splits added in order (fc_kernel3). fc1 goes to the GPU as fc1_operand lays it out."""
     source, kernel, arg_types = "fc", "fc_kernel4", "PPPPiPP"
     IMGS = 16
     TC_IMGS, TC_BK, TC_STAGES, TC_MAX_HIDDEN = 32, 32, 3, 256  # fc_kernel5's images a block, k-tile, depth, widest layer
@@ -484,8 +533,9 @@ class FullyConnected(Launcher):
         tiled = 32 if g.hidden >= 64 and cls.shared(g, 32, tile, tile + 4) <= 48 * 1024 else 16  # registers: 16 when small
         return dict(FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes, FC_IMGS=cls.IMGS, FC_TILE=tile, FC4_IMGS=tiled)
 
-    def __init__(self, build, g, tensor_cores=None):
-        """tensor_cores: None picks fc_kernel5 wherever it runs; False or True forces the choice."""
+    def __init__(self, build, g, tensor_cores=None, wgmma=None):
+        """tensor_cores: None picks fc_kernel5 wherever it runs; False or True forces the choice.
+        wgmma (with the tensor cores): None picks fc_kernel6 wherever it runs; False or True forces it."""
         import pycuda.driver as cuda
 
         defines = self.defines(g)
@@ -495,6 +545,10 @@ class FullyConnected(Launcher):
         if tensor_cores and not fits:
             raise ValueError(f"fc_kernel5 needs sm_80 and at most {self.TC_MAX_HIDDEN} hidden units")
         self.tensor_cores = fits if tensor_cores is None else tensor_cores
+        why = FullyConnectedWarpgroup.fits(g, build.arch) if self.tensor_cores else "fc_kernel6 runs on the tensor cores"
+        if wgmma and why:
+            raise ValueError(why)
+        self.warpgroup = FullyConnectedWarpgroup(build, g) if why is None and wgmma is not False else None
         self.add_splits = self.module.get_function("fc_kernel3")
         self.add_splits.prepare("PPPiPPi")
         if self.tensor_cores:
@@ -505,6 +559,10 @@ class FullyConnected(Launcher):
             self.split_sum = self.module.get_function("fc_kernel2")
             self.split_sum.prepare("PPPii")
         self.block_imgs = self.TC_IMGS if self.tensor_cores else self.IMGS  # of the kernel that sums splits
+
+    def fc1_operand(self, fc1):
+        """fc1 (features, hidden) as this launcher's kernel reads it from the GPU."""
+        return FullyConnectedWarpgroup.weights(fc1) if self.warpgroup else np.ascontiguousarray(fc1, np.float32)
 
     def splits(self, n):
         """Feature splits for n images: enough blocks to fill the GPU, each at least 4 tiles long."""
@@ -520,6 +578,8 @@ class FullyConnected(Launcher):
         """scores: a device pointer for the (n, classes) scores, or 0 for none; partial: scratch of
         partial_floats(n) floats; z: where fc1's sums before ReLU go (n, hidden), or 0; count: a
         device int, the images to classify of the n (0: all n). z and count need fc_kernel5 unsplit."""
+        if self.warpgroup:
+            return self.warpgroup(stream, feat, fc1, fc2, labels, n, overflow, scores, z, count)
         splits = self.splits(n)
         if (z or count) and (not self.tensor_cores or splits > 1):
             raise ValueError("fc1's sums and a device-set count need fc_kernel5 with one split")

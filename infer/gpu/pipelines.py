@@ -189,7 +189,8 @@ class Implicit(Algorithm):
     def upload(self, model, to_device):
         self.w1 = to_device(self.conv_weights(model.conv1, self.conv1.bn))
         self.w2 = to_device(self.conv_weights(model.conv2, self.conv2.bn))
-        self.fc1, self.fc2 = to_device(model.fc1), to_device(model.fc2)
+        self.fc1 = to_device(self.fcs.fc1_operand(model.fc1) if self.fcs is not None else model.fc1)
+        self.fc2 = to_device(model.fc2)
 
     def _layout(self, chunk):
         g = self.g
@@ -253,7 +254,7 @@ class Fused(Algorithm):
 
         cuda.memcpy_htod(self.convs.conv1_constant, self.conv1_weights(model.conv1))
         self.w2 = to_device(self.conv2_weights(model.conv2))
-        self.fc1, self.fc2 = to_device(model.fc1), to_device(model.fc2)
+        self.fc1, self.fc2 = to_device(self.fcs.fc1_operand(model.fc1)), to_device(model.fc2)
 
     def _layout(self, chunk):
         return [("feat", chunk * self.g.flat), ("partial", self.fcs.partial_floats(chunk))]
@@ -373,7 +374,7 @@ class FusedCertified(FusedWarpgroup):
         cuda.memcpy_htod(self.convs.module.get_global("c_conv2_bound")[0], certify.conv2_constants(model.conv2))
         cuda.memcpy_htod(self.cert.constants, certify.fc_constants(model.fc1))
         self.w2, self.w2h = to_device(self.conv2_weights(model.conv2)), words(self.conv2_halves(model.conv2))
-        self.fc1, self.fc2 = to_device(model.fc1), to_device(model.fc2)
+        self.fc1, self.fc2 = to_device(self.fcs.fc1_operand(model.fc1)), to_device(model.fc2)
         with np.errstate(over="ignore"):
             self.w1abs = words(wgmma_halves(certify.half_up(np.abs(model.fc1))[None]))
             self.w1h = words(wgmma_halves(model.fc1.astype(np.float16).reshape(g.flat // 64, 64, g.hidden).transpose(0, 2, 1)))
