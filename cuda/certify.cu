@@ -24,8 +24,7 @@
 //   2 x FEAT x HIDDEN x (2 + CLASSES) float16 tensor FLOPs an image, phase A's half on zero rows.
 // compact_kernel1: one block of 1024 threads: the images with ok = 0 in order into idx, their number
 //   into *count and added to *total (the run's recomputed images), *fb_overflow = INT_MAX (for the
-//   recomputation's fc_kernel5).
-// gather_kernel1: grid-stride over the *count listed images, copying each (elems floats) to xc.
+//   recomputation's fc kernel).
 // scatter_kernel1: the recomputed labels (and scores, where asked) back to the listed images; the
 //   recomputation's first image with non-finite scores min'ed into *overflow by its own index.
 
@@ -509,15 +508,6 @@ compact_kernel1(const int* __restrict__ ok, int n, int* __restrict__ idx, int* _
         *count = at;
         *fb_overflow = 0x7fffffff;
         atomicAdd(total, at);
-    }
-}
-
-extern "C" __global__ void gather_kernel1(const float* __restrict__ x, const int* __restrict__ idx, const int* __restrict__ count,
-                                          float* __restrict__ xc, int elems) {
-    for (int i = blockIdx.x; i < *count; i += gridDim.x) {
-        const float* src = x + (size_t)idx[i] * elems;
-        float* dst = xc + (size_t)i * elems;
-        for (int e = threadIdx.x; e < elems; e += blockDim.x) dst[e] = src[e];
     }
 }
 

@@ -26,8 +26,9 @@
 // The shared-memory layout is the host's (launch.Fused.plan): it passes the images per block IMGS, the
 // pooled conv1 output's strides PSTR (pixel), RSTR (row), ISTR (image) and the floats of the stage
 // area after it, STAGE_FLOATS, as -D options; the kernels static_assert what they rely on.
-// Where `count` is not null, only the first *count images are computed (blocks past it return): the
-// certified path's recomputation (certify.cu) sets it on the GPU.
+// Where `count` is not null, only the first *count images are computed (blocks past it return), and
+// where `idx` is not null, image i is x's image idx[i] (its features still go to row i): the certified
+// path's recomputation, whose list and count certify.cu sets on the GPU.
 
 #include "fused_conv1_wgmma.cuh"
 static_assert(STAGE_FLOATS >= 2 * SLAB2, "fused v2/v3: the stage area must hold two w2 slabs");
@@ -36,7 +37,7 @@ static_assert(C2 == 64, "fused v3: N = C2 = 64 (wgmma.m64n64k8)");
 
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
 fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float* __restrict__ feat, int n, int* __restrict__ bad,
-              const int* __restrict__ count) {
+              const int* __restrict__ count, const int* __restrict__ idx) {
     extern __shared__ float4 smem4[];
     float* p1 = reinterpret_cast<float*>(smem4);
     float* stage = p1 + P1_FLOATS;  // the images and w1 in phase 1, then two w2 slabs in phase 2
@@ -48,9 +49,10 @@ fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float
     const int lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
     const int wg = warp / 4, w = warp % 4;  // warpgroup and warp in it
 
-    conv1_wgmma(stage, x, img0, imgs, bad, nullptr, [&](int img, int py, int px, int ch, float2 o) {
-        *reinterpret_cast<float2*>(p1 + img * ISTR + py * RSTR + px * PSTR + ch) = o;
-    });
+    conv1_wgmma(
+        stage, x, img0, imgs, bad, nullptr,
+        [&](int img, int py, int px, int ch, float2 o) { *reinterpret_cast<float2*>(p1 + img * ISTR + py * RSTR + px * PSTR + ch) = o; },
+        idx);
     __syncthreads();  // p1 complete; the staged images and w1 are dead from here on
     fetch_slab(slabs, w2f, 0);
 

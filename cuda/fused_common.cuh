@@ -27,13 +27,15 @@ static_assert(STAGE_FLOATS >= X_FLOATS, "fused: the stage area must hold the blo
 static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused: shared memory over the 227 KB a block may have");
 
 // Phase 0: images [img0, img0 + imgs) of x into stage (zeros past them up to IMGS), each value checked
-// where bad is not null.
+// where bad is not null; where idx is not null, image j of the block is x's image idx[img0 + j] (the
+// certified path's recomputed share, read where it lies).
 __device__ __forceinline__ void stage_images(float* stage, const float* __restrict__ x, int img0, int imgs,
-                                             int* __restrict__ bad) {
+                                             int* __restrict__ bad, const int* __restrict__ idx = nullptr) {
     constexpr int IMG = IN_H * IN_W * IN_C;
     const float* xb = x + (size_t)img0 * IMG;
     for (int i = threadIdx.x; i < X_FLOATS; i += FUSED_THREADS) {
-        const float v = i < imgs * IMG ? xb[i] : 0.0f;
+        float v = 0.0f;
+        if (i < imgs * IMG) v = idx != nullptr ? x[(size_t)idx[img0 + i / IMG] * IMG + i % IMG] : xb[i];
         if (bad != nullptr && !isfinite(v)) atomicMin(bad, img0 + i / IMG);
         stage[i] = v;
     }

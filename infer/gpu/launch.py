@@ -337,8 +337,8 @@ class Fused(Launcher):
     sm_90a only: fused3.cu); fused_kernel4 and 5 the certified pass's float16 conv2 with a bound per
     feature (fused4.cu, fused5.cu: docs/certified.md). The host owns the shared-memory layout (plan)
     and passes it as -D options; the kernels static_assert what they rely on."""
-    arg_types = "PPPiP"  # version 3 adds a count, versions 4 and 5 a bound output (ARG_TYPES)
-    ARG_TYPES = {3: "PPPiPP", 4: "PPPPiP", 5: "PPPPiP"}
+    arg_types = "PPPiP"  # version 3 adds a count and an image list, versions 4 and 5 a bound output (ARG_TYPES)
+    ARG_TYPES = {3: "PPPiPPP", 4: "PPPPiP", 5: "PPPPiP"}
     THREADS = 256
     SMEM_LIMIT = 227 * 1024
     ARCH = {3: "sm_90a", 4: "sm_90a", 5: "sm_90a"}  # versions compiled for a target other than the GPU's own
@@ -438,15 +438,16 @@ class Fused(Launcher):
         self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
         self.conv1_constant = self.module.get_global("c_w1")[0]
 
-    def __call__(self, stream, x, w2, feat, n, bad=0, count=0, dp=0):
+    def __call__(self, stream, x, w2, feat, n, bad=0, count=0, dp=0, idx=0):
         """bad: where not 0, the images are checked: *bad = min(*bad, first image with a non-finite value).
-        count (version 3): a device int, the images to run of the n (0: all); dp (versions 4, 5): where
-        the features' bounds go."""
+        count (version 3): a device int, the images to run of the n (0: all); idx (version 3): a device
+        list, image i being x's image idx[i] (0: x's images in order); dp (versions 4, 5): where the
+        features' bounds go."""
         bounds = self.version in (4, 5)
-        if (count and self.version != 3) or (dp != 0) != bounds:
+        if ((count or idx) and self.version != 3) or (dp != 0) != bounds:
             raise ValueError(f"{self.kernel} takes {'a bound output' if bounds else 'no bound output'}"
-                             f"{', and a count' if self.version == 3 else ''}")
-        args = (x, w2, feat, dp, n, bad) if bounds else (x, w2, feat, n, bad) + ((count,) if self.version == 3 else ())
+                             f"{', and a count and an image list' if self.version == 3 else ''}")
+        args = (x, w2, feat, dp, n, bad) if bounds else (x, w2, feat, n, bad) + ((count, idx) if self.version == 3 else ())
         self.launch(stream, (ceil_div(n, self.imgs), 1), (self.THREADS, 1, 1), *args, shared=self.shared)
 
 
@@ -602,15 +603,14 @@ class FullyConnected(Launcher):
 class Certify(Launcher):
     """The certificate of the low-precision pass and the recomputation around it (cuda/certify.cu):
     certify_kernel2 for 16 images a block, two blocks an SM (certify_kernel1: 32 images a block, one
-    block an SM), sm_90a; compact_kernel1 (one block), gather_kernel1 and scatter_kernel1. The shapes
-    it takes: 10 classes, 128 hidden units, features in 64s."""
+    block an SM), sm_90a; compact_kernel1 (one block) and scatter_kernel1 (the recomputation, fused_kernel3,
+    reads the listed images where they lie). The shapes it takes: 10 classes, 128 hidden units, features in 64s."""
     source, kernel = "certify", "certify_kernel2"
     KERNELS = {1: "certify_kernel1", 2: "certify_kernel2"}
     ARG_TYPES = {1: "PPPPPPPPPPi", 2: "PPPPPPPPPi"}
     DIRECTED_ROUNDING = True
     IMGS = {1: 32, 2: 16}
     THREADS, MAX_IMAGES = 256, 1 << 20
-    GATHER_BLOCKS = 264
 
     @staticmethod
     def shared(g, version=2):
@@ -637,12 +637,11 @@ class Certify(Launcher):
 
         self.version, self.kernel, self.arg_types = version, self.KERNELS[version], self.ARG_TYPES[version]
         super().__init__(build, "sm_90a", FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes)
-        self.elems, self.bytes = g.h * g.w * g.c, self.shared(g, version)
+        self.bytes = self.shared(g, version)
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.bytes)
         self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
-        self.compact, self.gather, self.scatter = (self.module.get_function(f"{k}_kernel1") for k in ("compact", "gather", "scatter"))
+        self.compact, self.scatter = (self.module.get_function(f"{k}_kernel1") for k in ("compact", "scatter"))
         self.compact.prepare("PiPPPP")
-        self.gather.prepare("PPPPi")
         self.scatter.prepare("PPPPPPPP")
         self.constants = self.module.get_global("c_fc_bound")[0]
 
@@ -658,10 +657,6 @@ class Certify(Launcher):
             raise ValueError(f"compact_kernel1 takes at most {self.MAX_IMAGES} images a chunk, not {n}")
         self.launch(stream, (1, 1), (1024, 1, 1), ok, n, idx, count, fb_overflow, total, function=self.compact,
                     name="compact_kernel1")
-
-    def gather_images(self, stream, x, idx, count, xc):
-        self.launch(stream, (self.GATHER_BLOCKS, 1), (256, 1, 1), x, idx, count, xc, self.elems, function=self.gather,
-                    name="gather_kernel1")
 
     def scatter_labels(self, stream, n, idx, count, fb_labels, labels, fb_scores, scores, fb_overflow, overflow):
         self.launch(stream, (ceil_div(n, 256), 1), (256, 1, 1), idx, count, fb_labels, labels, fb_scores, scores,

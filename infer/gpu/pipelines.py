@@ -394,7 +394,7 @@ class FusedCertified(FusedWarpgroup):
         g = self.g
         return [("feat", chunk * g.flat), ("dp", chunk * g.flat), ("z", chunk * g.hidden), ("scores", chunk * g.classes),
                 ("ok", chunk), ("idx", chunk), ("count", 1), ("fb_overflow", 1), ("cert_overflow", 1),
-                ("xc", chunk * g.h * g.w * g.c), ("fb_labels", chunk), ("fb_scores", chunk * g.classes),
+                ("fb_labels", chunk), ("fb_scores", chunk * g.classes),
                 ("partial", self.fcs.partial_floats(chunk))]
 
     def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0):
@@ -406,8 +406,7 @@ class FusedCertified(FusedWarpgroup):
         self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, s["cert_overflow"], s["scores"], s["partial"], z=s["z"])
         c(stream, s["feat"], s["dp"], s["z"], s["scores"], labels, self.w1abs, self.w1h, self.fc2, self.fc2h, s["ok"], n)
         c.compact_list(stream, s["ok"], n, s["idx"], s["count"], s["fb_overflow"], self.recomputed_dev)
-        c.gather_images(stream, x, s["idx"], s["count"], s["xc"])
-        self.exact(stream, s["xc"], self.w2, s["feat"], n, 0, count=s["count"])
+        self.exact(stream, x, self.w2, s["feat"], n, 0, count=s["count"], idx=s["idx"])
         self.fcs(stream, s["feat"], self.fc1, self.fc2, s["fb_labels"], n, s["fb_overflow"], s["fb_scores"] if scores else 0,
                  s["partial"], count=s["count"])
         if scores:
