@@ -89,11 +89,12 @@ __device__ __forceinline__ void wgmma_drain() { asm volatile("wgmma.wait_group.s
 // The k loop of a warpgroup's m64 x COLS tile (MT = 1) in 3xTF32 whose NSTAGES pipeline stages of
 // STAGE_SIZE floats hold an A tile (A_SIZE floats, rows ASTRIDE apart, TK k) then the k-tile's
 // weight parts and remainders: fetch(tile) starts the copies of k-tile `tile` into its stage;
-// a_row is this thread's A fragment offset in a stage, b_off its warpgroup's B offset past the A tile. Tiles are fetched 2 ahead, so the stage
-// refilled was last read by tile - 2's MMAs, which every warpgroup has finished (each k8 step waits
-// for the one before it): no drain per tile. CHUNK k-tiles are summed in the tensor cores, then
-// added to acc in FP32 (the tensor cores' accumulation rounds toward zero). Nested loops on purpose: with one flat loop and the FP32 add under a
-// condition, ptxas injects a warpgroup wait at every back-edge (C7517).
+// a_row is this thread's A fragment offset in a stage, b_off its warpgroup's weights past the A tile
+// (fc_kernel6's two column blocks). Tiles are fetched 2 ahead, so the stage refilled was last read
+// by tile - 2's MMAs, which every warpgroup has finished (each k8 step waits for the one before it):
+// no drain per tile. CHUNK k-tiles are summed in the tensor cores, then added to acc in FP32 (the
+// tensor cores' accumulation rounds toward zero). Nested loops on purpose: with one flat loop and the
+// FP32 add under a condition, ptxas injects a warpgroup wait at every back-edge (C7517).
 template <int COLS, int TK, int NSTAGES, int CHUNK, int ASTRIDE, int A_SIZE, int STAGE_SIZE, class Fetch>
 __device__ __forceinline__ void mma3_k_loop(float (&acc)[1][COLS / 2], const float* stages, int a_row, int tiles, Fetch fetch,
                                             int b_off = 0) {
