@@ -16,7 +16,7 @@
 #include "wgmma.cuh"
 
 #ifndef SHARED_FLOATS
-#error "fc v6 needs -DSHARED_FLOATS (launch.FullyConnected.wgmma_shared)"
+#error "fc v6 needs -DSHARED_FLOATS (launch.FullyConnectedWarpgroup.shared)"
 #endif
 constexpr int IMGS6 = 64, THREADS6 = 256, TK = 16, STAGES6 = 4, CHUNK6 = 16;
 constexpr int COLS = HIDDEN / 2;  // a warpgroup's hidden units

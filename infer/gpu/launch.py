@@ -578,7 +578,8 @@ class FullyConnected(Launcher):
     def __call__(self, stream, feat, fc1, fc2, labels, n, overflow, scores=0, partial=0, z=0, count=0):
         """scores: a device pointer for the (n, classes) scores, or 0 for none; partial: scratch of
         partial_floats(n) floats; z: where fc1's sums before ReLU go (n, hidden), or 0; count: a
-        device int, the images to classify of the n (0: all n). z and count need fc_kernel5 unsplit."""
+        device int, the images to classify of the n (0: all n). z and count need fc_kernel6, or fc_kernel5
+        unsplit."""
         if self.warpgroup:
             return self.warpgroup(stream, feat, fc1, fc2, labels, n, overflow, scores, z, count)
         splits = self.splits(n)
