@@ -1,14 +1,15 @@
 // The certificate of the low-precision pass (docs/certified.md) and the recomputation of the images
 // it leaves out. in: per image the float16 pass's features p and their bounds dp (n, FEAT), fc1's
-// sums before ReLU z (n, HIDDEN), the scores (n, CLASSES) and labels (n) (fc_kernel5 on p); fc2
-// (HIDDEN, CLASSES) float32 and rounded to float16; |fc1| rounded up and fc1 rounded to nearest,
-// float16, laid out by the host as wgmma operands; c_fc_bound the bound's constants.
+// sums before ReLU z (n, HIDDEN), the scores (n, CLASSES) and labels (n) (fc_kernel6 or 5 on p); fc2
+// (HIDDEN, CLASSES) float32; |fc1| rounded up and fc1 rounded to nearest, float16, laid out by the
+// host as wgmma operands; c_fc_bound the bound's constants.
 // certify_kernel1 (sm_90a only): block 256 threads = 2 warpgroups, 32 images, grid ceil(n / 32).
 //   Phase A: [dp * 2^S; |p|] (64 rows, rounded up to float16) . |fc1|_up on wgmma.m64n64k16, a
 //   warpgroup per 64 hidden units, k-tiles of 64 features staged by cp.async: per hidden unit j the
 //   bound e1_j = q_j + r1_j on fc1's difference between the paths (q = dp.|fc1|, r1 the float32
-//   sums' rounding), stable = |z_j| > e1_j, active = stable and z_j > 0; per class the bound's fc
-//   terms. Phase B: per image G = fc1 . diag(active) . fc2 (FEAT x CLASSES) on wgmma.m64n160k16
+//   sums' rounding), stable = |z_j| > e1_j, active = stable and z_j > 0, ReLU's slope between the
+//   paths (1 active, 0 stable and off, 1/2 +- 1/2 unstable); per class the bound's fc terms.
+//   Phase B: per image G = fc1 . diag(slope) . fc2 (FEAT x CLASSES) on wgmma.m64n160k16
 //   (A: fc1 in 64-feature slabs from shared memory, B: 16 images x 10 classes per warpgroup), and
 //   P_c = sum_i dp_i |G_it - G_ic|; the image is certified (ok = 1) when, for every class c other
 //   than its label t, s_t - s_c (rounded down) exceeds P_c + the fc terms (rounded up).
@@ -16,7 +17,7 @@
 // certify_kernel2 (sm_90a only): block 256 threads, 16 images, grid ceil(n / 16), two blocks an SM
 //   (97 KB shared, at most 128 registers). Phase A as version 1 (k-tiles of 64 features; rows 0-15
 //   dp, 16-31 |p|, the rest zeros), sum dp from the same tiles. Per image (16 threads, 8 hidden units
-//   each) phase B's operand is active_j (fc2_jt - fc2_jc) rounded to float16 (0 for c = t), and the
+//   each) phase B's operand is slope_j (fc2_jt - fc2_jc) rounded to float16 (0 for c = t), and the
 //   fc terms with |fc2_t - fc2_c| in place of version 1's |fc2_c| + |fc2_t|. Phase B: per slab of 64
 //   features H = fc1 . operand on wgmma.m64n80k16 (8 images x 10 classes a warpgroup), P_c += dp |H_c|
 //   in registers (no G tile in shared memory), summed over lanes, then over warps through shared
@@ -44,7 +45,7 @@ constexpr int A_FLOATS = 64 * A_ROW;       // [dp; |p|] k-tile, float32
 constexpr int B_FLOATS = KT * HIDDEN / 2;  // |fc1|_up k-tile, halves
 constexpr int NCOL = 16 * CLASSES;         // phase B columns per warpgroup
 constexpr int G_ROW = NCOL + 8;            // G tile row stride (floats): float2 stores conflict-free
-constexpr int BM_FLOATS = HIDDEN * NCOL / 2;   // a warpgroup's diag(active) . fc2, halves
+constexpr int BM_FLOATS = HIDDEN * NCOL / 2;   // a warpgroup's diag(slope) . fc2, halves
 constexpr int W1_FLOATS = KT * HIDDEN / 2;     // an fc1 slab, halves
 constexpr int DP_FLOATS = IMGS * KT;           // the slab's dp of the block's images
 // Shared memory (floats): region 1 = phase A's two stages, then Q; phase B's two G tiles.
@@ -70,18 +71,19 @@ __device__ __forceinline__ float absdiff_ru(float a, float b) { return a >= b ? 
 
 // Hidden unit j of an image: from its phase A sums (q: dp . |fc1|, m: |p| . |fc1|, unscaled) and fc1's
 // sum before ReLU z, the bound e1 = q + r1 on z's difference between the paths, whether the unit is
-// stable (both paths on one side of 0) and active, and its coefficients in T_c (coef_t) and R_c
-// (coef_r), all rounded up (docs/certified.md, steps 3-5).
+// stable (both paths on one side of 0), ReLU's slope between the paths (1 active, 0 stable and off,
+// unstable somewhere in [0, 1]: 1/2 in the product, the other 1/2 of q in T_c), and its coefficients in
+// T_c (coef_t) and R_c (coef_r), all rounded up (docs/certified.md, steps 3-5).
 struct Unit {
-    float q, coef_t, coef_r;
-    bool active;
+    float q, coef_t, coef_r, slope;
 };
 
 __device__ __forceinline__ Unit unit_terms(float qsum, float msum, float z) {
     const float q = __fmul_ru(qsum, c_fc_bound[QS]), m = __fmul_ru(msum, c_fc_bound[MS]);
     const float rr = __fmul_ru(c_fc_bound[FR1], __fmaf_ru(2.0f, m, q)), e1 = __fadd_ru(q, rr);
     const bool stable = fabsf(z) > e1, active = stable && z > 0.0f;
-    return {q, active ? rr : (stable ? 0.0f : e1), __fadd_ru(2.0f * relu(z), stable && !active ? 0.0f : e1), active};
+    return {q, active ? rr : (stable ? 0.0f : __fmaf_ru(0.5f, q, rr)), __fadd_ru(2.0f * relu(z), stable && !active ? 0.0f : e1),
+            active ? 1.0f : (stable ? 0.0f : 0.5f)};
 }
 
 
@@ -116,8 +118,7 @@ __device__ __forceinline__ void store_fc_terms(float (&Ac)[CLASSES], float (&Bc)
 extern "C" __global__ void __launch_bounds__(CERT_THREADS, 1)
 certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, const float* __restrict__ z,
                 const float* __restrict__ scores, const int* __restrict__ labels, const float4* __restrict__ w1abs,
-                const float4* __restrict__ w1h, const float* __restrict__ w2, const __half* __restrict__ w2h,
-                int* __restrict__ ok, int n) {
+                const float4* __restrict__ w1h, const float* __restrict__ w2, int* __restrict__ ok, int n) {
     using namespace v1;
     extern __shared__ float4 smem4[];
     float* r1 = reinterpret_cast<float*>(smem4);
@@ -188,9 +189,10 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
     store_tile(Q + 64 * wg, Q_ROW, qa);
     __syncthreads();
 
-    // Per image (8 threads, 16 hidden units each): e1, the ReLU pattern, phase B's operand and the
-    // fc terms: A_c = sum active |w2_c| q, B_c = sum active |w2_c|, Qa = sum active q, T_c = sum
-    // |w2_t - w2_c| (active r1, unstable e1), R_c = sum (2h + e1 unless stable and off) |w2_c|.
+    // Per image (8 threads, 16 hidden units each): e1, the ReLU pattern, phase B's operand slope_j
+    // w2_jc rounded to float16 and the fc terms (b = slope |w2_c|): A_c = sum b q, B_c = sum b, Qa = sum
+    // q where slope > 0, T_c = sum |w2_t - w2_c| (active r1, unstable q/2 + r1), R_c = sum (2h + e1
+    // unless stable and off) |w2_c|.
     {
         const int i = t / 8, part = t % 8, tc = top[i];
         __half* bm = reinterpret_cast<__half*>(r2) + (i / 16) * 2 * BM_FLOATS;  // halves
@@ -198,15 +200,15 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
         for (int jj = 0; jj < 16; ++jj) {
             const int j = part + 8 * jj;  // the 8 threads of an image: adjacent units, adjacent B halves
             const Unit u = unit_terms(Q[i * Q_ROW + j], Q[(32 + i) * Q_ROW + j], i < imgs ? z[(size_t)(img0 + i) * HIDDEN + j] : 0.0f);
-            const float q = u.q, coef_t = u.coef_t, coef_r = u.coef_r, wt = w2[j * CLASSES + tc];
-            const bool active = u.active;
-            if (active) qact = __fadd_ru(qact, q);
+            const float q = u.q, coef_t = u.coef_t, coef_r = u.coef_r, slope = u.slope, wt = w2[j * CLASSES + tc];
+            if (slope > 0.0f) qact = __fadd_ru(qact, q);
 #pragma unroll
             for (int c = 0; c < CLASSES; ++c) {
                 const float wc = w2[j * CLASSES + c], aw = fabsf(wc);
-                if (active) {
-                    Ac[c] = __fmaf_ru(aw, q, Ac[c]);
-                    Bc[c] = __fadd_ru(Bc[c], aw);
+                if (slope > 0.0f) {
+                    const float b = __fmul_ru(slope, aw);
+                    Ac[c] = __fmaf_ru(b, q, Ac[c]);
+                    Bc[c] = __fadd_ru(Bc[c], b);
                 }
                 Tc[c] = __fmaf_ru(absdiff_ru(wt, wc), coef_t, Tc[c]);
                 Rc[c] = __fmaf_ru(coef_r, aw, Rc[c]);
@@ -214,7 +216,7 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
                 // (k16 step, 8-column group, half of k, column % 8, k % 8).
                 const int col = CLASSES * (i % 16) + c, kk = j % 16;
                 bm[(((j / 16) * (NCOL / 8) + col / 8) * 2 + kk / 8) * 64 + (col % 8) * 8 + kk % 8] =
-                    active ? w2h[j * CLASSES + c] : __float2half(0.0f);
+                    __float2half_rn(slope * wc);
             }
         }
         store_fc_terms<8>(Ac, Bc, Tc, Rc, qact, part == 0, D[i], E + i * CLASSES, T + i * CLASSES, R + i * CLASSES);
@@ -383,9 +385,9 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
     __syncthreads();
 
     // Per image (16 threads, 8 hidden units each): e1, the ReLU pattern, phase B's operand
-    // active_j (fc2_jt - fc2_jc) (zero for c = t) and the fc terms with dw = |fc2_t - fc2_c|:
-    // A_c = sum active dw q, B_c = sum active dw, Qa = sum active q, T_c = sum dw (active r1,
-    // unstable e1), R_c = sum (2h + e1 unless stable and off) |fc2_c|.
+    // slope_j (fc2_jt - fc2_jc) (zero for c = t) and the fc terms with dw = |fc2_t - fc2_c| (b = slope
+    // dw): A_c = sum b q, B_c = sum b, Qa = sum q where slope > 0, T_c = sum dw (active r1, unstable
+    // q/2 + r1), R_c = sum (2h + e1 unless stable and off) |fc2_c|.
     {
         const int i = t / 16, part = t % 16, tc = top[i];
         __half* bm = reinterpret_cast<__half*>(r2) + (i / 8) * 2 * BM_FLOATS;  // halves
@@ -393,15 +395,15 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
         for (int jj = 0; jj < HIDDEN / 16; ++jj) {
             const int j = part + 16 * jj;  // the 16 threads of an image: adjacent units, adjacent B halves
             const Unit u = unit_terms(Q[i * Q_ROW + j], Q[(IMGS + i) * Q_ROW + j], i < imgs ? z[(size_t)(img0 + i) * HIDDEN + j] : 0.0f);
-            const float q = u.q, coef_t = u.coef_t, coef_r = u.coef_r, wt = w2[j * CLASSES + tc];
-            const bool active = u.active;
-            if (active) qact = __fadd_ru(qact, q);
+            const float q = u.q, coef_t = u.coef_t, coef_r = u.coef_r, slope = u.slope, wt = w2[j * CLASSES + tc];
+            if (slope > 0.0f) qact = __fadd_ru(qact, q);
 #pragma unroll
             for (int c = 0; c < CLASSES; ++c) {
                 const float wc = w2[j * CLASSES + c], dw = absdiff_ru(wt, wc);
-                if (active) {
-                    Ac[c] = __fmaf_ru(dw, q, Ac[c]);
-                    Bc[c] = __fadd_ru(Bc[c], dw);
+                if (slope > 0.0f) {
+                    const float b = __fmul_ru(slope, dw);
+                    Ac[c] = __fmaf_ru(b, q, Ac[c]);
+                    Bc[c] = __fadd_ru(Bc[c], b);
                 }
                 Tc[c] = __fmaf_ru(dw, coef_t, Tc[c]);
                 Rc[c] = __fmaf_ru(coef_r, fabsf(wc), Rc[c]);
@@ -409,7 +411,7 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
                 // (k16 step, 8-column group, half of k, column % 8, k % 8).
                 const int col = CLASSES * (i % 8) + c, kk = j % 16;
                 bm[(((j / 16) * (NCOL / 8) + col / 8) * 2 + kk / 8) * 64 + (col % 8) * 8 + kk % 8] =
-                    __float2half_rn(active ? wt - wc : 0.0f);
+                    __float2half_rn(slope * (wt - wc));
             }
         }
         store_fc_terms<16>(Ac, Bc, Tc, Rc, qact, part == 0, D[i], E + i * CLASSES, T + i * CLASSES, R + i * CLASSES);

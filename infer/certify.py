@@ -48,25 +48,39 @@ def _windows(a, k):
     return reference.unroll(a, k).reshape(n, h - k + 1, w - k + 1, k * k * c)
 
 
+def conv2_weight_bound(w2):
+    """Per weight (n, C2) in float64: what conv2's gap counts per unit of |fl16(a)| in that weight's
+    product. float16 rounds the weight by r = fl16(w) - w (known: the weights are fixed, |r| averages
+    about a third of u|w|) and the input by at most u|fl16(a)| + eta; float32 sums n products of
+    |fl16(w)| <= |w| + |r| on the float16 path, 3xTF32 keeps 3 * 2^-22 and sums 3n on the exact one,
+    whose |a| is at most (1 + u)|fl16(a)| + eta. inf where a weight overflows float16."""
+    n = w2[..., 0].size
+    w = np.asarray(w2, np.float32).reshape(n, -1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        r = np.abs(to_half(w).astype(np.float64) - w)
+    return r * (1 + gamma(n)) + np.abs(w).astype(np.float64) * (U16 + gamma(n) + exact_rounding(n) * (1 + U16))
+
+
 def conv2_gap(a1, w2, style):
     """Bound on |float16 conv2 - exact path's conv2| per output (N, Ho, Wo, C2), both fed the same
-    conv1 outputs a1: per product, float16 rounds w and a (2u + u^2 of |w||a|, plus what underflow
-    loses), 3xTF32 keeps 3 * 2^-22; float32 sums of n (float16) and 3n (3xTF32) products."""
+    conv1 outputs a1: conv2_weight_bound per |fl16(a)|, the inputs' eta (and what 3xTF32 loses of it)
+    per |w|, and what TF32 splits and float32 lose to underflow (TINY) per |w| and per |a|."""
     k, n = w2.shape[0], w2[..., 0].size
-    alpha = 2 * U16 + U16 * U16 + gamma(n) * (1 + U16) ** 2 + U_EXACT + gamma(3 * n) * SPLIT
-    beta = (1 + U16) * ETA16 * (1 + gamma(n)) + TINY  # per |w| and per |a|: the underflow terms
+    b = conv2_weight_bound(w2)
     w_abs = np.abs(w2).reshape(n, -1).astype(np.float64)
-    a = _windows(np.abs(a1).astype(np.float64), k)
-    if style == "componentwise":  # |W2| as 64 more output channels
-        through = (alpha * a + beta) @ w_abs
-    else:  # every term at its window's largest |a|: the window's maximum times |W2|'s column sums
-        through = (alpha * a.max(axis=-1, keepdims=True) + beta) * w_abs.sum(axis=0)
-    return through + beta * a.sum(axis=-1, keepdims=True) + n * ETA16 * ETA16 * (1 + gamma(n))
+    with np.errstate(over="ignore"):
+        ah = _windows(np.abs(to_half(a1)).astype(np.float64), k)
+    if style == "componentwise":  # the bound's weights as 64 more output channels
+        through = ah @ b
+    else:  # every term at its window's largest |fl16(a)|: the window's maximum times the bound's column sums
+        through = ah.max(axis=-1, keepdims=True) * b.sum(axis=0)
+    a_sum = _windows(np.abs(a1).astype(np.float64), k).sum(axis=-1, keepdims=True)
+    return through + ((1 + exact_rounding(n)) * ETA16 + TINY) * w_abs.sum(axis=0) + TINY * a_sum
 
 
-def fc_rounding(n):
-    """A float32 fc layer's sum of n products on either path (3xTF32 where the GPU uses it): at most
-    this times the sum of |w||a|."""
+def exact_rounding(n):
+    """The exact path's sum of n products (3xTF32 where the GPU uses it, float32 sums): at most this
+    times the sum of |w||a| from exact arithmetic. Used for conv2 and both fc layers, on either path."""
     return gamma(3 * n) * SPLIT + U_EXACT
 
 
@@ -97,8 +111,9 @@ def _half_pass(x, model, style):
     w1, w2 = model.fc1.astype(np.float64), model.fc2.astype(np.float64)
     z = reference.fc(p, model.fc1)
     p_abs = np.abs(p).astype(np.float64)
-    r1 = fc_rounding(w1.shape[0]) * ((2 * p_abs + d_p) @ np.abs(w1))
-    e1 = d_p @ np.abs(w1) + r1  # |z - z'| per hidden unit
+    r1 = exact_rounding(w1.shape[0]) * ((2 * p_abs + d_p) @ np.abs(w1))
+    q = d_p @ np.abs(w1)
+    e1 = q + r1  # |z - z'| per hidden unit
     h = reference.relu(z)
     scores = reference.fc(h, model.fc2)
     stable = np.abs(z) > e1  # same sign on both paths: ReLU is linear on the whole segment
@@ -106,12 +121,15 @@ def _half_pass(x, model, style):
     top = reference.argmax(scores)
     rows = np.arange(n)
     dw = w2[:, top].T[:, :, None] - w2[None, :, :]  # (N, hidden, classes): w2_t - w2_c
-    g = np.einsum("kj,njc->nkc", w1, active[:, :, None] * dw)  # d(s_t - s_c)/dp along the stable units
+    # ReLU's slope between the paths: h' - h = slope (z' - z), 1 on active units, 0 on the other stable
+    # ones, somewhere in [0, 1] on the unstable: there 1/2 goes into g, the other +-1/2 at most q/2.
+    slope = np.where(stable, active, 0.5)
+    g = np.einsum("kj,njc->nkc", w1, slope[:, :, None] * dw)  # d(s_t - s_c)/dp through the slopes
     gap = np.einsum("nkc,nk->nc", np.abs(g), d_p)
-    gap += np.einsum("njc,nj->nc", np.abs(dw), np.where(stable, active * r1, e1))
+    gap += np.einsum("njc,nj->nc", np.abs(dw), np.where(stable, active * r1, q / 2 + r1))
     # fc2's float32 sums on both paths, for s_t and s_c
     h_abs = np.abs(h).astype(np.float64)
-    r2 = fc_rounding(w2.shape[0]) * ((2 * h_abs + np.where(stable, active * e1, e1)) @ np.abs(w2))
+    r2 = exact_rounding(w2.shape[0]) * ((2 * h_abs + np.where(stable, active * e1, e1)) @ np.abs(w2))
     gap += r2 + r2[rows, top][:, None]
     gap *= 1 + 2.0**-20  # the bound's own float64 arithmetic
     gap[rows, top] = 0
@@ -165,19 +183,28 @@ def half_up(a):
     return h
 
 
+BOUND_LOG2 = 9  # conv2's bound columns scaled by 2^9 before float16: about 0.45-0.7 |w|, normal where w is
+
+
+def conv2_bound_columns(w2):
+    """conv2_weight_bound * 2^BOUND_LOG2 rounded up to float16, shaped as w2: the bound's B operand
+    in fused_kernel4 and fused_kernel5 (the 64 columns beside the weights)."""
+    b = conv2_weight_bound(w2) * 2.0**BOUND_LOG2
+    with np.errstate(over="ignore"):
+        return half_up(up32(b)).reshape(np.shape(w2))
+
+
 def conv2_constants(w2):
     """fused_kernel4's and fused_kernel5's c_conv2_bound: [A1, BETA_N, G3Q, C[c] per output channel]
     (fused_kernel5 applies them per pool window: docs/certified.md). Per output it bounds
-    conv2_gap by A1 S + C[c] + BETA_N amax, where S is the tensor cores' float32 sum of |w|_up (half_up)
-    times the float16 inputs and amax the image's largest conv1 output: sum |w| a <= (S / (1 -
-    gamma_n) + eta sum |w|_up) / (1 - u), since a <= (fl16(a) + eta) / (1 - u), and sum a <= n amax."""
+    conv2_gap by A1 S + C[c] + BETA_N amax, where S is the tensor cores' float32 sum of the bound
+    columns times the float16 inputs (at least 1 - gamma_n of the exact sum, which is at least
+    2^BOUND_LOG2 sum_k conv2_weight_bound |fl16(a)|) and amax the image's largest conv1 output (sum a
+    <= n amax)."""
     n = w2[..., 0].size
-    alpha = 2 * U16 + U16 * U16 + gamma(n) * (1 + U16) ** 2 + U_EXACT + gamma(3 * n) * SPLIT
-    beta = (1 + U16) * ETA16 * (1 + gamma(n)) + TINY
-    w = np.abs(np.asarray(w2, np.float32)).reshape(n, -1)
-    w_up = half_up(w).astype(np.float64).sum(axis=0)
-    chan = alpha * ETA16 * w_up / (1 - U16) + beta * w.astype(np.float64).sum(axis=0) + n * ETA16 * ETA16 * (1 + gamma(n))
-    head = [alpha / ((1 - gamma(n)) * (1 - U16)), beta * n, gamma(3, U32) / 4]
+    w = np.abs(np.asarray(w2, np.float32)).reshape(n, -1).astype(np.float64)
+    chan = ((1 + exact_rounding(n)) * ETA16 + TINY) * w.sum(axis=0)
+    head = [2.0**-BOUND_LOG2 / (1 - gamma(n)), TINY * n, gamma(3, U32) / 4]
     return up32(np.concatenate([head, chan]))
 
 
@@ -185,13 +212,13 @@ def fc_constants(fc1):
     """certify_kernel1's and 2's c_fc_bound: [QS, MS, FR1, FR2, ALPHA2, KAPPA, ETA2H, DSCALE]. q = dp
     |fc1| and m = |p| |fc1| come from float16 operands rounded up (dp scaled by DSCALE) summed by the
     tensor cores, so each is at most the sum over 1 - gamma_FEAT (QS, MS also undo the scale); FR1,
-    FR2 are fc_rounding of fc1 and fc2. The product over the hidden units, fc1 diag(active) b with b
+    FR2 are exact_rounding of fc1 and fc2. The product over the hidden units, fc1 diag(active) b with b
     fc2 (version 1) or fc2_t - fc2_c (version 2: the float32 difference, rounded to nearest again),
     both rounded to float16, is within ALPHA2 |fc1| |b| + KAPPA (|fc1| + |b|) + eta^2 (1 + gamma) of the
     exact product, per term: b's rounding u_d = u (1 + 2^-24) + 2^-24 covers both roundings."""
     feat, hidden = fc1.shape
     g_f, g_h = gamma(feat), gamma(hidden)
     u_d = U16 * (1 + U32) + U32
-    return up32([2.0**-DSCALE_LOG2 / (1 - g_f), 1 / (1 - g_f), fc_rounding(feat), fc_rounding(hidden),
+    return up32([2.0**-DSCALE_LOG2 / (1 - g_f), 1 / (1 - g_f), exact_rounding(feat), exact_rounding(hidden),
                  U16 + u_d + U16 * u_d + g_h * (1 + U16) * (1 + u_d), (1 + g_h) * (1 + U16) * (1 + u_d) * ETA16,
                  hidden * (1 + g_h) * ETA16 * ETA16, 2.0**DSCALE_LOG2])

@@ -54,6 +54,20 @@ def test_a_hidden_unit_the_error_switches_off_is_bounded():
     assert (observed[:, 1] > 0.03).all() and (observed <= gap).all()
 
 
+def test_an_unstable_unit_at_full_slope_is_bounded():
+    """ReLU's slope between the paths is 1/2 +- 1/2 on an unstable unit: here it is 1 (float16's z is
+    -72 * 2^-20, the exact path's 0.10), and the errors of the unit's two features have opposite
+    signs (conv1's channels rounded down and up), so half of q alone would not cover it."""
+    up, down = np.float32(1 + 0.49 * 2**-10), np.float32(1 - 0.24 * 2**-10)  # float16 rounds both to 1
+    conv2 = np.zeros((3, 3, 16, 2), np.float32)
+    conv2[:, :, :8, 0], conv2[:, :, 8:, 1] = up, down
+    model = loader.model_from_arrays(dict(conv1=np.array([up] * 8 + [down] * 8, np.float32).reshape(1, 1, 1, 16), conv2=conv2,
+                                          fc1=np.array([[1], [-(1 + 2**-20)]], np.float32), fc2=np.array([[1, 0]], np.float32)))
+    observed, gap = observed_and_gap(np.ones((2, 10, 10, 1), np.float32), model, "componentwise")
+    assert (observed[:, 1] > 0.1).all() and (observed <= gap).all()
+    assert (observed[:, 1] > 0.75 * gap[:, 1]).all(), (observed, gap)
+
+
 @pytest.mark.parametrize("conv1,conv2", [(1.4 * 2**-24, 1), (1, 1.4 * 2**-24)], ids=["activations", "weights"])
 def test_values_in_float16s_subnormals_are_bounded(conv1, conv2):
     """1.4 * 2^-24: float16 keeps 2^-24, 29% off, which no relative bound covers."""
@@ -100,7 +114,7 @@ def test_most_of_the_bundled_sample_is_certified(bundled):
 
 @pytest.mark.parametrize("scale", [1.0, 1e-6, 500.0])
 def test_the_gpu_constants_bound_the_oracles_conv2_gap(scale):
-    """fused_kernel4's d2 = A1 S + C[c] + BETA_N amax, with S its float16 sum of |w|_up fl16(a) at the
+    """fused_kernel4's d2 = A1 S + C[c] + BETA_N amax, with S its float16 sum of the bound columns times fl16(a) at the
     low end of what float32 sums may give (S (1 - gamma_n)), is at least the oracle's conv2_gap; and
     fused_kernel5's, with S summed over the 2x2 means and the largest mean for amax, at least the gap's
     mean over each pool window."""
@@ -111,7 +125,7 @@ def test_the_gpu_constants_bound_the_oracles_conv2_gap(scale):
     a1[1, 3] *= np.float32(1e-4)
     c = certify.conv2_constants(w2).astype(np.float64)
     n = 5 * 5 * 32
-    w_up = certify.half_up(np.abs(w2)).astype(np.float64).reshape(n, -1)
+    w_up = certify.conv2_bound_columns(w2).astype(np.float64).reshape(n, -1)
     s = certify._windows(certify.to_half(a1).astype(np.float64), 5) @ w_up * (1 - certify.gamma(n))
     amax = a1.reshape(3, -1).max(axis=1)[:, None, None, None].astype(np.float64)
     gpu = c[0] * s + c[3:] + c[1] * amax
@@ -135,5 +149,5 @@ def test_the_fc_constants_are_rounded_up():
     qs, ms, fr1, fr2, alpha2, kappa, eta2h, dscale = certify.fc_constants(fc1).astype(np.float64)
     g = certify.gamma(1024)
     assert qs >= 2.0**-12 / (1 - g) and ms >= 1 / (1 - g) and dscale == 2.0**12
-    assert fr1 >= certify.fc_rounding(1024) and fr2 >= certify.fc_rounding(128)
+    assert fr1 >= certify.exact_rounding(1024) and fr2 >= certify.exact_rounding(128)
     assert alpha2 >= 2 * certify.U16 and kappa >= certify.ETA16 and eta2h >= 128 * certify.ETA16**2

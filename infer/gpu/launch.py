@@ -608,7 +608,7 @@ class Certify(Launcher):
     reads the listed images where they lie). The shapes it takes: 10 classes, 128 hidden units, features in 64s."""
     source, kernel = "certify", "certify_kernel2"
     KERNELS = {1: "certify_kernel1", 2: "certify_kernel2"}
-    ARG_TYPES = {1: "PPPPPPPPPPi", 2: "PPPPPPPPPi"}
+    ARG_TYPES = {1: "PPPPPPPPPi", 2: "PPPPPPPPPi"}
     DIRECTED_ROUNDING = True
     IMGS = {1: 32, 2: 16}
     THREADS, MAX_IMAGES = 256, 1 << 20
@@ -646,11 +646,9 @@ class Certify(Launcher):
         self.scatter.prepare("PPPPPPPP")
         self.constants = self.module.get_global("c_fc_bound")[0]
 
-    def __call__(self, stream, feat, dp, z, scores, labels, w1abs, w1h, w2, w2h, ok, n):
-        """w2h (fc2 in float16) is version 1's only: version 2 rounds fc2's differences itself."""
-        fc2 = (w2, w2h) if self.version == 1 else (w2,)
+    def __call__(self, stream, feat, dp, z, scores, labels, w1abs, w1h, w2, ok, n):
         self.launch(stream, (ceil_div(n, self.IMGS[self.version]), 1), (self.THREADS, 1, 1), feat, dp, z, scores, labels,
-                    w1abs, w1h, *fc2, ok, n, shared=self.bytes)
+                    w1abs, w1h, w2, ok, n, shared=self.bytes)
 
     def compact_list(self, stream, ok, n, idx, count, fb_overflow, total):
         """The images ok left out, in order, into idx; their number into *count and added to *total."""

@@ -355,11 +355,12 @@ class FusedCertified(FusedWarpgroup):
     @staticmethod
     def conv2_halves(conv2):
         """(K2, K2, C1, C2) as K2*K2 slabs of C1 rows x 2*C2 columns of float16, the weights rounded
-        to nearest then their magnitudes rounded up, in wgmma's layout: (K2*K2, C1/16, 2*C2/8, 2, 8, 8)."""
+        to nearest then the bound's columns (certify.conv2_bound_columns), in wgmma's layout:
+        (K2*K2, C1/16, 2*C2/8, 2, 8, 8)."""
         k2, _, c1, c2 = conv2.shape
         w = np.ascontiguousarray(conv2, np.float32).reshape(k2 * k2, c1, c2)
         with np.errstate(over="ignore"):
-            both = np.concatenate([w.astype(np.float16), certify.half_up(np.abs(w))], axis=2)
+            both = np.concatenate([w.astype(np.float16), certify.conv2_bound_columns(conv2).reshape(k2 * k2, c1, c2)], axis=2)
         return wgmma_halves(both)
 
     def upload(self, model, to_device):
@@ -378,7 +379,6 @@ class FusedCertified(FusedWarpgroup):
         with np.errstate(over="ignore"):
             self.w1abs = words(wgmma_halves(certify.half_up(np.abs(model.fc1))[None]))
             self.w1h = words(wgmma_halves(model.fc1.astype(np.float16).reshape(g.flat // 64, 64, g.hidden).transpose(0, 2, 1)))
-            self.fc2h = words(model.fc2.astype(np.float16)) if self.CERTIFY_VERSION == 1 else 0
         self.recomputed_dev = to_device(np.zeros(1, np.float32))  # an int32 counter (zero bits)
 
     def recomputed(self):
@@ -404,7 +404,7 @@ class FusedCertified(FusedWarpgroup):
         self.convs(stream, x, self.w2h, s["feat"], n, bad, dp=s["dp"])
         # The float16 pass's scores may overflow where the exact path's do not: its own flag, unread.
         self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, s["cert_overflow"], s["scores"], s["partial"], z=s["z"])
-        c(stream, s["feat"], s["dp"], s["z"], s["scores"], labels, self.w1abs, self.w1h, self.fc2, self.fc2h, s["ok"], n)
+        c(stream, s["feat"], s["dp"], s["z"], s["scores"], labels, self.w1abs, self.w1h, self.fc2, s["ok"], n)
         c.compact_list(stream, s["ok"], n, s["idx"], s["count"], s["fb_overflow"], self.recomputed_dev)
         self.exact(stream, x, self.w2, s["feat"], n, 0, count=s["count"], idx=s["idx"])
         self.fcs(stream, s["feat"], self.fc1, self.fc2, s["fb_labels"], n, s["fb_overflow"], s["fb_scores"] if scores else 0,
