@@ -18,6 +18,7 @@ from .reader import Reader, wait
 from .errors import InputError
 from .gpu.launch import GEMMS, gemm_runs_on
 from .gpu.pipelines import ALGORITHMS
+from .options import STREAMS
 
 GEOMETRY = re.compile(r"^(\d+)x(\d+)x(\d+),(\d+):(\d+),(\d+):(\d+),(\d+)(?:,(\d+))?$")
 
@@ -228,7 +229,7 @@ def read_all(data_path, model, n=None):
         data.close()
 
 
-def bench(data_path, model_path, n=None, streams=4, warmup=5, repeats=20, random=None, torch_compile=True):
+def bench(data_path, model_path, n=None, streams=STREAMS, warmup=5, repeats=20, random=None, torch_compile=True):
     """Rows of the benchmark table, best first, and facts about the device: on the first n images
     of a data file, or (random: a geometry, see random_case) on n random images and weights."""
     if random:
@@ -239,7 +240,7 @@ def bench(data_path, model_path, n=None, streams=4, warmup=5, repeats=20, random
     return bench_arrays(model, x, streams, warmup, repeats, torch_compile)
 
 
-def bench_arrays(model, x, streams=4, warmup=5, repeats=20, torch_compile=True):
+def bench_arrays(model, x, streams=STREAMS, warmup=5, repeats=20, torch_compile=True):
     from .gpu.device import Device
 
     n = len(x)

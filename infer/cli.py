@@ -10,7 +10,7 @@ from .errors import InputError
 from .gpu import compiler
 from .gpu.launch import GEMMS, TILE_WIDTHS
 from .gpu.pipelines import ALGORITHMS, AUTO, PRECISIONS
-from .options import DECODE_MODES
+from .options import DECODE_MODES, STREAMS
 
 
 def parse_devices(ctx, param, value):
@@ -28,7 +28,7 @@ def parse_devices(ctx, param, value):
 def cuda_options(f):
     """The CUDA backend's options of `run`."""
     for option in reversed([
-        click.option("--streams", type=click.IntRange(1, 64), default=4, show_default=True,
+        click.option("--streams", type=click.IntRange(1, 64), default=STREAMS, show_default=True,
                      help="CUDA streams that chunks of images are spread over."),
         click.option("--tile-width", type=click.Choice([str(t) for t in TILE_WIDTHS]),
                      help="--conv-algo unroll: the GEMM's tile: the square tile of 'tiled' (8, 16, 32), the "
@@ -205,7 +205,7 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
 @click.option("--random", "random_geometry", metavar="HxWxC,K1:C1,K2:C2,HIDDEN",
               help="Instead of DATA and MODEL: N (default 10000) random images and He-initialized weights of this "
                    "geometry, e.g. 32x32x3,5:32,5:64,256 (5x5 convs 3->32->64, fc 256 hidden, 10 classes).")
-@click.option("--streams", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--streams", type=click.IntRange(1, 64), default=STREAMS, show_default=True)
 @click.option("--warmup", type=click.IntRange(0), default=5, show_default=True)
 @click.option("--repeats", type=click.IntRange(1), default=20, show_default=True)
 @click.option("--torch-compile/--no-torch-compile", default=True, show_default=True,
