@@ -4,7 +4,9 @@
 // in: x (n, IN_H, IN_W, IN_C) float32; conv1's split weights in constant memory c_w1 as version 3;
 // w2h: per (kh, kw) slab, per k16 step of C1, the B operand of wgmma.m64n128k16 as K-major core
 // matrices of halves: (K2*K2, C1/16, 16 column groups, 2 halves of k, 8, 8), columns 0-63 conv2's
-// weights rounded to nearest, 64-127 their magnitudes rounded up; c_conv2_bound the bound's constants.
+// weights rounded to nearest, 64-127 the bound columns (per weight, 2^9 times what its product adds to
+// the gap per |fl16(a)|: its own rounding and the sums', rounded up: certify.conv2_bound_columns);
+// c_conv2_bound the bound's constants.
 // out: feat (n, P2H, P2W, C2) float32 as fused_kernel3's, from the float16 conv2; dp (the same shape):
 // per feature, an upper bound on |feature - exact path's feature|; *bad as version 3.
 // fused_kernel4 (sm_90a only): block 256 threads = 2 warpgroups, 4 images, grid ceil(n / 4); phases
@@ -12,7 +14,7 @@
 //   phase 2: each warpgroup its 2 images one after the other, an m64n128k16 tile per image and group
 //   of 16 windows (rows as version 3), A = the pooled conv1 outputs rounded to float16 in registers,
 //   B the slab (real and bound columns), w2h's slabs double-buffered by cp.async (8 KB each); the
-//   pool epilogue stores the features and, from the bound columns S = sum |w2|_up a16, per output
+//   pool epilogue stores the features and, from the bound columns S = sum b_up a16, per output
 //   d2 = A1 S + C[c] + BETA_N amax and per feature dp = avg d2 + gamma_3 avg (2 |v| + d2) + 2^-148,
 //   all rounded up. 2 x 2 x H2*W2*C2*K2*K2*C1 float16 tensor FLOPs an image, plus version 3's conv1.
 
@@ -27,9 +29,9 @@ static_assert(STAGE_FLOATS >= 2 * SLAB16 + 4 && STAGE_FLOATS >= X_PAD + W1F_FLOA
               "fused v4: the stage area holds the images and w1, or two slabs, then the images' maxima");
 static_assert(PSTR % 2 == 0 && RSTR % 2 == 0 && ISTR % 2 == 0, "fused v4: A fragments are float2 loads");
 
-// A1: alpha / ((1 - gamma_n)(1 - u)), the factor of S; BETA_N: beta * n (times the image's largest
-// conv1 output it bounds beta * sum a); G3Q: gamma_3 / 4; then C[c] per conv2 channel: alpha eta
-// sum |w|_up / (1 - u) + beta sum |w| + n eta^2 (1 + gamma_n). The host computes them rounded up.
+// A1: 2^-9 / (1 - gamma_n), the factor of S; BETA_N: tiny * n (times the image's largest conv1
+// output it bounds tiny * sum a); G3Q: gamma_3 / 4; then C[c] per conv2 channel: ((1 + e3) eta +
+// tiny) sum |w| (certify.conv2_constants). The host computes them rounded up.
 enum { A1, BETA_N, G3Q, CHAN };
 __constant__ float c_conv2_bound[CHAN + C2];
 

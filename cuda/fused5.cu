@@ -9,8 +9,8 @@
 //   row); then qb, the 2x2 means of p1 rounded up (the bound's A: one row per pooled window). Phase 2,
 //   per (kh, kw) slab of w2h (fused4's, cp.async double-buffered): each warpgroup m64n64k16 on its 2
 //   images (rows y*8 + x of the output, B the slab's nearest columns) and m64n32k16 on all 4 images'
-//   16 windows (A qb in registers, B 32 of the slab's |w|_up columns): S = sum |w|_up qb, a bound on
-//   the window's mean of sum |w|_up fl16(a). The pool epilogue stores the features and dp = D + G3Q
+//   16 windows (A qb in registers, B 32 of the slab's bound columns b_up): S = sum b_up qb, a bound on
+//   the window's mean of sum b_up fl16(a). The pool epilogue stores the features and dp = D + G3Q
 //   (2 sum relu v + 4 D) + 2^-148, D = A1 S + C[c] + BETA_N (qmax + eta) / (1 - u), all rounded up, with
 //   qmax the image's largest qb (sum a over a window's inputs <= n (qmax + eta) / (1 - u): no conv1
 //   maximum to track, unlike version 4's amax).

@@ -53,7 +53,7 @@ def test_testfull_labels_are_the_exact_paths(gpu, ece408, chunk):
     x = read_all(ece408 / "testfull.hdf5", model, 10000)
     exact, certified, recomputed = both(model, x, chunk)
     np.testing.assert_array_equal(certified, exact)
-    assert 0 < recomputed < 0.4 * len(x), recomputed  # the oracle leaves 16% (docs/certified.md)
+    assert 0 < recomputed < 0.12 * len(x), recomputed  # the oracle leaves 10.2% (docs/certified.md): a looser bound fails
 
 
 def test_bundled_sample_labels_are_the_exact_paths(gpu):
