@@ -43,6 +43,7 @@ fused_kernel1(const float* __restrict__ x, const float* __restrict__ w2, float* 
     const int img0 = blockIdx.x * IMGS;
     const int imgs = min(IMGS, n - img0);
 
+#define PROLOGUE_LOADS 1  // more at a time: 12 bytes spilled on sm_80
 #include "fused_prologue.cuh"
     __syncthreads();  // p1 complete; the staged images are dead from here on
 
