@@ -43,6 +43,14 @@ def test_a_batch_that_fits_stays_resident_in_chunks_for_every_stream():
     assert memory(1, 80 << 30) == (1, True)
 
 
+def test_the_default_streams_take_10000_images_in_one_round():
+    """8 streams: 8 chunks of 1,250 run at once; on 4, a fifth chunk of 2,048 ran alone (docs/performance.md)."""
+    from infer.options import STREAMS
+
+    chunk, resident = memory(10_000, 80 << 30, streams=STREAMS)
+    assert resident and chunk * STREAMS >= 10_000 and chunk == 1250
+
+
 def test_images_over_two_fifths_of_free_memory_are_staged_not_resident():
     n, free = 1_000_000, 4 << 30  # 3.1 GB of float32 images, 4 GiB free
     chunk, resident = memory(n, free)
