@@ -31,21 +31,22 @@ static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused: shared memor
 // certified path's recomputed share, read where it lies). Each thread's loads go out STAGE_LOADS at a
 // time before any is used: one at a time, a block waited on ~13 trips to memory in turn (ncu:
 // fused_kernel3's staging 11.6% of its stall samples, long scoreboard).
-template <int STAGE_LOADS = 8>
+constexpr int STAGE_LOADS = 8;
+template <int LOADS = STAGE_LOADS>
 __device__ __forceinline__ void stage_images(float* stage, const float* __restrict__ x, int img0, int imgs,
                                              int* __restrict__ bad, const int* __restrict__ idx = nullptr) {
     constexpr int IMG = IN_H * IN_W * IN_C;
     const float* xb = x + (size_t)img0 * IMG;
-    for (int i0 = threadIdx.x; i0 < X_FLOATS; i0 += STAGE_LOADS * FUSED_THREADS) {
-        float v[STAGE_LOADS];
+    for (int i0 = threadIdx.x; i0 < X_FLOATS; i0 += LOADS * FUSED_THREADS) {
+        float v[LOADS];
 #pragma unroll
-        for (int k = 0; k < STAGE_LOADS; ++k) {
+        for (int k = 0; k < LOADS; ++k) {
             const int i = i0 + k * FUSED_THREADS;
             v[k] = 0.0f;
             if (i < imgs * IMG) v[k] = idx != nullptr ? x[(size_t)idx[img0 + i / IMG] * IMG + i % IMG] : xb[i];
         }
 #pragma unroll
-        for (int k = 0; k < STAGE_LOADS; ++k) {
+        for (int k = 0; k < LOADS; ++k) {
             const int i = i0 + k * FUSED_THREADS;
             if (i < X_FLOATS) {
                 if (bad != nullptr && !isfinite(v[k])) atomicMin(bad, img0 + i / IMG);

@@ -1,9 +1,9 @@
 // Phases 0 and 1 of fused_kernel1 and fused_kernel2, included into each kernel's body (as a function,
 // ptxas allocated fused_kernel1's registers differently on sm_80 and spilled). Uses the kernel's t,
 // x, img0, imgs, bad, stage and p1, and its p1 strides PSTR, RSTR, ISTR.
-// PROLOGUE_LOADS: stage_images' loads at a time (8; fused_kernel1 spills on sm_80 with more than 1).
+// PROLOGUE_LOADS: stage_images' loads at a time (STAGE_LOADS; fused_kernel1 spills on sm_80 with more than 1).
 #ifndef PROLOGUE_LOADS
-#define PROLOGUE_LOADS 8
+#define PROLOGUE_LOADS STAGE_LOADS
 #endif
 
     // Phase 0: this block's images into shared memory (zeros past the end of the batch), checked.

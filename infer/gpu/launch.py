@@ -606,9 +606,8 @@ class Certify(Launcher):
     certify_kernel2 for 16 images a block, two blocks an SM (certify_kernel1: 32 images a block, one
     block an SM), sm_90a; compact_kernel1 (one block) and scatter_kernel1 (the recomputation, fused_kernel3,
     reads the listed images where they lie). The shapes it takes: 10 classes, 128 hidden units, features in 64s."""
-    source, kernel = "certify", "certify_kernel2"
+    source, kernel, arg_types = "certify", "certify_kernel2", "PPPPPPPPPi"  # both versions
     KERNELS = {1: "certify_kernel1", 2: "certify_kernel2"}
-    ARG_TYPES = {1: "PPPPPPPPPi", 2: "PPPPPPPPPi"}
     DIRECTED_ROUNDING = True
     IMGS = {1: 32, 2: 16}
     THREADS, MAX_IMAGES = 256, 1 << 20
@@ -636,7 +635,7 @@ class Certify(Launcher):
     def __init__(self, build, g, version=2):
         import pycuda.driver as cuda
 
-        self.version, self.kernel, self.arg_types = version, self.KERNELS[version], self.ARG_TYPES[version]
+        self.version, self.kernel = version, self.KERNELS[version]
         super().__init__(build, "sm_90a", FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes)
         self.bytes = self.shared(g, version)
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.bytes)
