@@ -23,6 +23,20 @@
 //   in registers (no G tile in shared memory), summed over lanes, then over warps through shared
 //   memory once. Certified as version 1 with P_c + E_c (H's rounding) for P_c + E_t + E_c.
 //   2 x FEAT x HIDDEN x (2 + CLASSES) float16 tensor FLOPs an image, phase A's half on zero rows.
+// certify_kernel3 (sm_90a only): the same bound in two stages, the second only where the first
+//   fails. Block 256 threads, 32 images, grid ceil(n / 32), up to three blocks an SM (74 KB shared).
+//   Phase A as version 1 (rows 0-31 dp, 32-63 |p|: no zero rows), k-tiles of 32 features in 4
+//   stages, 2 ahead, with the tensor cores' groups left in flight (no drain a tile); the per-image
+//   terms as version 2 (8 threads an image). Stage one, per class c: |H_c| <= |fc1| slope |dw_c|, so
+//   P_c <= A_c = sum slope |dw_c| q: certified where s_t - s_c exceeds A_c + T_c + FR2 (R_t + R_c).
+//   A class that fails is a pair (image, c): its column slope (fc2_t - fc2_c) as float16 (128 halves)
+//   and its margin and rest (E_c + T_c + FR2 (R_t + R_c)) appended to a list (*npairs counts them).
+//   2 x FEAT x HIDDEN x 2 float16 tensor FLOPs an image (dp and |p| rows).
+// pair_kernel1 (sm_90a only): stage two on the listed pairs: block 256 threads, 32 pairs a round, grid
+//   strides over *npairs' rounds; H = fc1 . columns (FEAT x 32) on wgmma.m64n32k16 (each warpgroup
+//   every other 64-feature slab, A and B from shared memory), P = sum_i dp_i |H_i| per pair; a pair
+//   whose margin does not exceed P + rest clears its image's ok. 2 x FEAT x HIDDEN float16 tensor
+//   FLOPs a pair.
 // compact_kernel1: one block of 1024 threads: the images with ok = 0 in order into idx, their number
 //   into *count and added to *total (the run's recomputed images), *fb_overflow = INT_MAX (for the
 //   recomputation's fc kernel).
@@ -477,6 +491,275 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
             sure = sure && isfinite(s[c]) && isfinite(gap) && __fsub_rd(s[tc], s[c]) > gap;
         }
         ok[img0 + i] = sure && isfinite(s[tc]);
+    }
+}
+
+// Version 3's layout (floats): phase A's four stages, then Q and the slopes where they were; per image D
+// and the label.
+namespace v3 {
+constexpr int IMGS = 32, KT = 32, NSTAGES = 4;  // images a block; phase A's k-tile (features) and its stages
+constexpr int A_ROW = KT + 8;                    // staged A rows: float2 fragment loads conflict-free
+constexpr int A_FLOATS = 64 * A_ROW;             // rows 0-31: dp, 32-63: |p|
+constexpr int B_FLOATS = KT * HIDDEN / 2;        // |fc1|_up k-tile, halves
+constexpr int STAGE = A_FLOATS + B_FLOATS;
+constexpr int Q_ROW = HIDDEN + 4;
+constexpr int QS_FLOATS = 64 * Q_ROW + IMGS * HIDDEN;  // Q, then each image's ReLU slopes
+constexpr int R1 = NSTAGES * STAGE > QS_FLOATS ? NSTAGES * STAGE : QS_FLOATS;
+constexpr int UNITS = HIDDEN / 8;                // hidden units of each of an image's 8 threads
+static_assert(FEAT % (2 * KT) == 0 && STAGE % 4 == 0 && HIDDEN % 8 == 0, "certify v3: k-tiles in pairs, 16-byte stages");
+static_assert((R1 + 2 * IMGS) * 4 <= 113 * 1024, "certify v3: two blocks an SM (launch.Certify.shared)");
+}  // namespace v3
+
+extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
+certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, const float* __restrict__ z,
+                const float* __restrict__ scores, const int* __restrict__ labels, const float4* __restrict__ w1abs,
+                const float* __restrict__ w2, int* __restrict__ ok, float4* __restrict__ pairs, __half* __restrict__ columns,
+                int* __restrict__ npairs, int n) {
+    using namespace v3;
+    extern __shared__ float4 smem4[];
+    float* r1 = reinterpret_cast<float*>(smem4);
+    float* D = r1 + R1;  // sum of dp
+    int* top = reinterpret_cast<int*>(D + IMGS);
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
+    const int wg = warp / 4, w = warp % 4;
+    const int img0 = blockIdx.x * IMGS, imgs = min(IMGS, n - img0);
+    if (t < IMGS) top[t] = t < imgs ? labels[img0 + t] : 0;
+
+    // Phase A. Rows 0-31: dp of image r (times 2^S), 32-63: |p| of image r - 32.
+    auto fetch_a = [&](int tile) {
+        float* as = r1 + (tile % NSTAGES) * STAGE;
+        for (int e = t; e < 64 * KT / 4; e += CERT_THREADS) {
+            const int row = e / (KT / 4), col = 4 * (e % (KT / 4)), img = row % IMGS;
+            cp_async16(as + row * A_ROW + col, (row < IMGS ? dp : feat) + (size_t)(img0 + min(img, imgs - 1)) * FEAT + tile * KT + col,
+                       img < imgs);
+        }
+        const float4* src = w1abs + (size_t)tile * (B_FLOATS / 4);
+        for (int e = t; e < B_FLOATS / 4; e += CERT_THREADS)
+            cp_async16(reinterpret_cast<float4*>(as + A_FLOATS) + e, src + e, true);
+    };
+    constexpr int TILES = FEAT / KT;
+    float qa[32];
+    float dsum[2] = {};  // warps 0-1: sum dp of rows (images) 16 w + g, + 8, over this thread's k, rounded up
+    fetch_a(0);
+    cp_async_commit();
+    if (TILES > 1) fetch_a(1);
+    cp_async_commit();
+    // A tile's MMAs read their A fragments from registers after they are issued, until a wait covers
+    // them: the fragments alternate between two sets, and each set is kept live (an empty asm reading
+    // it) until the wait after the next tile's MMAs, so the next tile cannot be converted into it.
+    unsigned av[2][KT / 16][4] = {};
+    auto step = [&](int tile, unsigned (&a)[KT / 16][4], const unsigned (&done)[KT / 16][4]) {
+        cp_async_wait<1>();
+        asm volatile("fence.proxy.async.shared::cta;");
+        __syncthreads();  // this tile landed; tile - 2's MMAs, the last to read the stage refilled now, are done
+        if (tile + 2 < TILES) fetch_a(tile + 2);
+        cp_async_commit();
+        const float* as = r1 + (tile % NSTAGES) * STAGE;
+        const float scale = w < 2 ? c_fc_bound[DSCALE] : 1.0f;  // warps 0-1: dp rows, 2-3: |p| rows
+#pragma unroll
+        for (int ks = 0; ks < KT / 16; ++ks)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                const float2 v = *reinterpret_cast<const float2*>(as + (16 * w + g + 8 * (r % 2)) * A_ROW + 16 * ks + 2 * tig + 8 * (r / 2));
+                a[ks][r] = half2_up(fabsf(v.x) * scale, fabsf(v.y) * scale);
+                if (w < 2) dsum[r % 2] = __fadd_ru(dsum[r % 2], __fadd_ru(v.x, v.y));
+            }
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int ks = 0; ks < KT / 16; ++ks)  // this warpgroup's 64 hidden units: column groups 8 wg on
+            wgmma16(qa, a[ks], wgmma_desc(as + A_FLOATS + ks * (HIDDEN * 16 / 2) + wg * 8 * 64), tile > 0 || ks > 0);
+        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // the previous tile's MMAs are done
+#pragma unroll
+        for (int ks = 0; ks < KT / 16; ++ks)
+            asm volatile("" :: "r"(done[ks][0]), "r"(done[ks][1]), "r"(done[ks][2]), "r"(done[ks][3]));
+    };
+    for (int tile = 0; tile < TILES; tile += 2) {
+        step(tile, av[0], av[1]);
+        step(tile + 1, av[1], av[0]);
+    }
+    wgmma_drain();
+    if (wg == 0 && w < 2)
+#pragma unroll
+        for (int dy = 0; dy < 2; ++dy) {
+            float d = dsum[dy];
+            for (int o = 1; o < 4; o *= 2) d = __fadd_ru(d, __shfl_xor_sync(0xffffffffu, d, o));
+            if (tig == 0) D[16 * w + g + 8 * dy] = d;
+        }
+    cp_async_wait<0>();
+    __syncthreads();  // the stages are dead: Q takes their place
+    float* Q = r1;
+    store_tile(Q + 64 * wg, Q_ROW, qa);
+    __syncthreads();
+
+    // Per image (8 threads, 16 hidden units each) the terms of version 2, summed over the 8 threads
+    // in a butterfly (commutative additions: every thread ends with the same sums).
+    const int i = t / 8, part = t % 8, tc = top[i];
+    float* slopes = Q + 64 * Q_ROW + i * HIDDEN;  // this image's, for its pairs' columns
+    float Ac[CLASSES] = {}, Bc[CLASSES] = {}, Tc[CLASSES] = {}, Rc[CLASSES] = {}, qact = 0.0f;
+    for (int jj = 0; jj < UNITS; ++jj) {
+        const int j = part + 8 * jj;
+        const Unit u = unit_terms(Q[i * Q_ROW + j], Q[(IMGS + i) * Q_ROW + j], i < imgs ? z[(size_t)(img0 + i) * HIDDEN + j] : 0.0f);
+        const float wt = w2[j * CLASSES + tc];
+        slopes[j] = u.slope;
+        if (u.slope > 0.0f) qact = __fadd_ru(qact, u.q);
+#pragma unroll
+        for (int c = 0; c < CLASSES; ++c) {
+            const float wc = w2[j * CLASSES + c], dw = absdiff_ru(wt, wc);
+            if (u.slope > 0.0f) {
+                const float b = __fmul_ru(u.slope, dw);
+                Ac[c] = __fmaf_ru(b, u.q, Ac[c]);
+                Bc[c] = __fadd_ru(Bc[c], b);
+            }
+            Tc[c] = __fmaf_ru(dw, u.coef_t, Tc[c]);
+            Rc[c] = __fmaf_ru(u.coef_r, fabsf(wc), Rc[c]);
+        }
+    }
+#pragma unroll
+    for (int o = 1; o < 8; o *= 2) {
+        qact = __fadd_ru(qact, __shfl_xor_sync(0xffffffffu, qact, o));
+#pragma unroll
+        for (int c = 0; c < CLASSES; ++c) {
+            Ac[c] = __fadd_ru(Ac[c], __shfl_xor_sync(0xffffffffu, Ac[c], o));
+            Bc[c] = __fadd_ru(Bc[c], __shfl_xor_sync(0xffffffffu, Bc[c], o));
+            Tc[c] = __fadd_ru(Tc[c], __shfl_xor_sync(0xffffffffu, Tc[c], o));
+            Rc[c] = __fadd_ru(Rc[c], __shfl_xor_sync(0xffffffffu, Rc[c], o));
+        }
+    }
+
+    // Stage one: P_c <= A_c. A class that fails it is a pair for pair_kernel1, unless its margin does
+    // not even exceed the rest of the gap (P_c >= 0): then the image is recomputed, nothing paired.
+    const float* s = scores + (size_t)(img0 + min(i, imgs - 1)) * CLASSES;
+    const float d = D[i];
+    bool sure = i < imgs && isfinite(s[tc]);
+    unsigned fail = 0;
+    float margin[CLASSES], rest[CLASSES];
+#pragma unroll
+    for (int c = 0; c < CLASSES; ++c) {
+        if (c == tc) continue;
+        const float fr = __fmul_ru(c_fc_bound[FR2], __fadd_ru(Rc[tc], Rc[c]));
+        const float cheap = __fadd_ru(__fadd_ru(Ac[c], Tc[c]), fr);
+        // the rest of version 2's gap: E_c (H's own rounding, weighted by dp), T_c and fc2's rounding
+        const float eta = __fmaf_ru(c_fc_bound[KAPPA], __fmaf_ru(d, Bc[c], qact), __fmul_ru(c_fc_bound[ETA2H], d));
+        margin[c] = __fsub_rd(s[tc], s[c]);
+        rest[c] = __fadd_ru(__fadd_ru(__fmaf_ru(c_fc_bound[ALPHA2], Ac[c], eta), Tc[c]), fr);
+        const bool first = isfinite(cheap) && margin[c] > cheap;
+        sure = sure && isfinite(s[c]) && (first || (isfinite(rest[c]) && margin[c] > rest[c]));
+        if (!first) fail |= 1u << c;
+    }
+    if (!sure) fail = 0;
+    int at = part == 0 && fail ? atomicAdd(npairs, __popc(fail)) : 0;
+    at = __shfl_sync(0xffffffffu, at, lane & ~7);
+    if (part == 0 && i < imgs) ok[img0 + i] = sure;  // pair_kernel1 clears it where a pair fails
+#pragma unroll
+    for (int c = 0; c < CLASSES; ++c) {
+        if (!(fail >> c & 1)) continue;
+        if (part == 0) pairs[at] = make_float4(__int_as_float(img0 + i), margin[c], rest[c], 0.0f);
+#pragma unroll
+        for (int jj = 0; jj < UNITS; ++jj) {
+            const int j = part + 8 * jj;
+            columns[(size_t)at * HIDDEN + j] = __float2half_rn(slopes[j] * (w2[j * CLASSES + tc] - w2[j * CLASSES + c]));
+        }
+        ++at;
+    }
+}
+
+// pair_kernel1's layout (floats): two stages of both warpgroups' fc1 slab and its dp per pair; the
+// round's columns as wgmma's B operand; per warp its P sums; per pair its image.
+namespace pr {
+constexpr int NP = 32;                     // pairs a round
+constexpr int SLABS = FEAT / 64;           // fc1 slabs of 64 feature rows
+constexpr int ITERS = (SLABS + 1) / 2;     // a slab for each warpgroup per iteration
+constexpr int SLAB = 64 * HIDDEN / 2;      // a slab, halves
+constexpr int DS_ROW = 64 + 4;             // a slab's dp per pair: pairs 4 banks apart
+constexpr int HALF = SLAB + NP * DS_ROW;   // one warpgroup's share of a stage
+constexpr int STAGE = 2 * HALF;
+constexpr int COLS = HIDDEN * NP / 2;      // the round's columns, halves
+static_assert(HALF % 4 == 0, "pair v1: 16-byte stages");
+static_assert((2 * STAGE + COLS + 8 * NP + NP) * 4 <= 113 * 1024, "pair v1: two blocks an SM (launch.Certify.shared)");
+}  // namespace pr
+
+extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
+pair_kernel1(const float4* __restrict__ pairs, const float4* __restrict__ columns, const int* __restrict__ npairs,
+             const float* __restrict__ dp, const float4* __restrict__ w1h, int* __restrict__ ok) {
+    using namespace pr;
+    extern __shared__ float4 smem4[];
+    float* stages = reinterpret_cast<float*>(smem4);
+    float* cols = stages + 2 * STAGE;
+    float* pw = cols + COLS;  // [warp of the block][pair]
+    int* pim = reinterpret_cast<int*>(pw + 8 * NP);
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
+    const int wg = warp / 4, w = warp % 4, count = *npairs;
+    for (int p0 = blockIdx.x * NP; p0 < count; p0 += gridDim.x * NP) {
+        const int np = min(NP, count - p0);
+        __syncthreads();  // the previous round is done with cols, pim and pw
+        if (t < NP) pim[t] = t < np ? __float_as_int(pairs[p0 + t].x) : 0;
+        // Pair k's halves 8 ch .. 8 ch + 7 are one 16-byte row of B's K-major core matrices (k16 step,
+        // 8-column group, half of k, column % 8, k % 8).
+        for (int e = t; e < NP * HIDDEN / 8; e += CERT_THREADS) {
+            const int k = e / (HIDDEN / 8), ch = e % (HIDDEN / 8);
+            cp_async16(cols + (((ch / 2) * (NP / 8) + k / 8) * 2 + ch % 2) * 32 + (k % 8) * 4,
+                       columns + (size_t)(p0 + min(k, np - 1)) * (HIDDEN / 8) + ch, k < np);
+        }
+        __syncthreads();  // pim
+        auto fetch = [&](int it) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int slab = 2 * it + h;
+                if (slab >= SLABS) break;
+                float* ws = stages + (it % 2) * STAGE + h * HALF;
+                const float4* src = w1h + (size_t)slab * (SLAB / 4);
+                for (int e = t; e < SLAB / 4; e += CERT_THREADS) cp_async16(reinterpret_cast<float4*>(ws) + e, src + e, true);
+                for (int e = t; e < NP * 16; e += CERT_THREADS) {
+                    const int k = e / 16, col = 4 * (e % 16);
+                    cp_async16(ws + SLAB + k * DS_ROW + col, dp + (size_t)pim[k] * FEAT + slab * 64 + col, k < np);
+                }
+            }
+            cp_async_commit();
+        };
+        float P[NP / 4] = {};  // P[2 cg + e]: pair 8 cg + 2 tig + e, this thread's rows of its warpgroup's slabs
+        fetch(0);
+        for (int it = 0; it < ITERS; ++it) {
+            cp_async_wait<0>();
+            asm volatile("fence.proxy.async.shared::cta;");
+            __syncthreads();  // this iteration's slabs landed; the other stage's MMAs and dp reads are done
+            if (it + 1 < ITERS) fetch(it + 1);
+            if (2 * it + wg < SLABS) {
+                const float* ws = stages + (it % 2) * STAGE + wg * HALF;
+                float acc[16];
+                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+                for (int ks = 0; ks < HIDDEN / 16; ++ks)
+                    wgmma16_ss(acc, wgmma_desc(ws + ks * (64 * 16 / 2)), wgmma_desc(cols + ks * (NP * 16 / 2)), ks > 0);
+                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+                wgmma_drain();
+                const float* ds = ws + SLAB + 16 * w + g;
+#pragma unroll
+                for (int cg = 0; cg < NP / 8; ++cg)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float* dk = ds + (8 * cg + 2 * tig + e) * DS_ROW;
+                        P[2 * cg + e] = __fmaf_ru(dk[0], fabsf(acc[4 * cg + e]), __fmaf_ru(dk[8], fabsf(acc[4 * cg + 2 + e]), P[2 * cg + e]));
+                    }
+            }
+        }
+#pragma unroll
+        for (int o = 4; o < 32; o *= 2)  // over the warp's 16 rows
+#pragma unroll
+            for (int k = 0; k < NP / 4; ++k) P[k] = __fadd_ru(P[k], __shfl_xor_sync(0xffffffffu, P[k], o));
+        if (g == 0)
+#pragma unroll
+            for (int cg = 0; cg < NP / 8; ++cg)
+                *reinterpret_cast<float2*>(pw + warp * NP + 8 * cg + 2 * tig) = make_float2(P[2 * cg], P[2 * cg + 1]);
+        __syncthreads();
+        if (t < np) {
+            float pc = 0.0f;
+#pragma unroll
+            for (int k = 0; k < 8; ++k) pc = __fadd_ru(pc, pw[k * NP + t]);
+            const float4 m = pairs[p0 + t];  // image, s_t - s_c rounded down, the rest of the gap
+            const float gap = __fadd_ru(pc, m.z);
+            if (!(isfinite(gap) && m.y > gap)) ok[__float_as_int(m.x)] = 0;
+        }
     }
 }
 

@@ -603,26 +603,46 @@ class FullyConnected(Launcher):
 
 class Certify(Launcher):
     """The certificate of the low-precision pass and the recomputation around it (cuda/certify.cu):
-    certify_kernel2 for 16 images a block, two blocks an SM (certify_kernel1: 32 images a block, one
-    block an SM), sm_90a; compact_kernel1 (one block) and scatter_kernel1 (the recomputation, fused_kernel3,
-    reads the listed images where they lie). The shapes it takes: 10 classes, 128 hidden units, features in 64s."""
-    source, kernel, arg_types = "certify", "certify_kernel2", "PPPPPPPPPi"  # both versions
-    KERNELS = {1: "certify_kernel1", 2: "certify_kernel2"}
+    certify_kernel3 (32 images a block) and pair_kernel1 on the (image, class) pairs its first stage
+    left (certify_kernel2: 16 images a block, both stages in one; certify_kernel1: 32 images a block,
+    one block an SM), sm_90a; compact_kernel1 (one block) and scatter_kernel1 (the recomputation,
+    fused_kernel3, reads the listed images where they lie). The shapes it takes: 10 classes, 128
+    hidden units, features in 64s."""
+    source = "certify"
+    KERNELS = {1: "certify_kernel1", 2: "certify_kernel2", 3: "certify_kernel3"}
+    ARG_TYPES = {1: "PPPPPPPPPi", 2: "PPPPPPPPPi", 3: "PPPPPPPPPPPi"}
     DIRECTED_ROUNDING = True
-    IMGS = {1: 32, 2: 16}
+    IMGS = {1: 32, 2: 16, 3: 32}
+    PAIRS = 32  # pair_kernel1's pairs a round
     THREADS, MAX_IMAGES = 256, 1 << 20
 
     @staticmethod
-    def shared(g, version=2):
+    def shared(g, version=3):
         """certify_kernel<version>'s dynamic shared bytes (its regions and the per-image terms)."""
         small = lambda imgs: imgs * (3 * g.classes + 2)  # noqa: E731
         if version == 1:
             a, b, g_row, ncol = 64 * 72, 64 * g.hidden // 2, 16 * g.classes + 8, 16 * g.classes
             r1 = max(2 * 64 * g_row, 2 * (a + b))
             return 4 * (r1 + g.hidden * ncol + 2 * (64 * g.hidden // 2 + 32 * 64) + small(32))
+        if version == 3:
+            stages, q_and_slopes = 4 * (64 * 40 + 32 * g.hidden // 2), 64 * (g.hidden + 4) + 32 * g.hidden
+            return 4 * (max(stages, q_and_slopes) + 2 * 32)
         stage, ncol = 64 * g.hidden // 2 + 16 * 68, 8 * g.classes
         r1 = max(2 * stage, 2 * (32 * 72 + 64 * g.hidden // 2), 32 * (g.hidden + 4))
         return 4 * (r1 + g.hidden * ncol + small(16) + 8 * ncol)
+
+    @classmethod
+    def pair_shared(cls, g):
+        """pair_kernel1's dynamic shared bytes: two stages of two fc1 slabs and their dp, the columns."""
+        half = 64 * g.hidden // 2 + cls.PAIRS * 68
+        return 4 * (2 * 2 * half + g.hidden * cls.PAIRS // 2 + 9 * cls.PAIRS)
+
+    @staticmethod
+    def pair_floats(g, n):
+        """Scratch for the pairs of n images (certify_kernel3 lists at most classes - 1 an image):
+        [(name, floats)] for pairs (image, margin, rest, 0), columns (float16, hidden a pair), npairs."""
+        most = (g.classes - 1) * n
+        return [("pairs", 4 * most), ("columns", most * g.hidden // 2), ("npairs", 1)]
 
     @staticmethod
     def fits(g):
@@ -632,22 +652,37 @@ class Certify(Launcher):
                     f"features in 64s; the model has {g.classes}, {g.hidden} and {g.flat}")
         return None
 
-    def __init__(self, build, g, version=2):
+    def __init__(self, build, g, version=3):
         import pycuda.driver as cuda
 
-        self.version, self.kernel = version, self.KERNELS[version]
+        self.version, self.kernel, self.arg_types = version, self.KERNELS[version], self.ARG_TYPES[version]
         super().__init__(build, "sm_90a", FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes)
-        self.bytes = self.shared(g, version)
-        self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.bytes)
-        self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+        self.bytes, self.pair_bytes = self.shared(g, version), self.pair_shared(g)
+        self.pair = self.module.get_function("pair_kernel1")
+        self.pair.prepare("PPPPPP")
+        for f, size in ((self.function, self.bytes), (self.pair, self.pair_bytes)):
+            f.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, size)
+            f.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
         self.compact, self.scatter = (self.module.get_function(f"{k}_kernel1") for k in ("compact", "scatter"))
         self.compact.prepare("PiPPPP")
         self.scatter.prepare("PPPPPPPP")
         self.constants = self.module.get_global("c_fc_bound")[0]
 
-    def __call__(self, stream, feat, dp, z, scores, labels, w1abs, w1h, w2, ok, n):
-        self.launch(stream, (ceil_div(n, self.IMGS[self.version]), 1), (self.THREADS, 1, 1), feat, dp, z, scores, labels,
-                    w1abs, w1h, w2, ok, n, shared=self.bytes)
+    def __call__(self, stream, feat, dp, z, scores, labels, w1abs, w1h, w2, ok, n, pairs=None):
+        """ok[i] = 1 where image i is certified; version 3 needs pairs: the pointers pair_floats names."""
+        grid = (ceil_div(n, self.IMGS[self.version]), 1)
+        if self.version != 3:
+            self.launch(stream, grid, (self.THREADS, 1, 1), feat, dp, z, scores, labels, w1abs, w1h, w2, ok, n, shared=self.bytes)
+            return
+        import pycuda.driver as cuda
+
+        listed, columns, npairs = pairs
+        cuda.memset_d32_async(npairs, 0, 1, stream)
+        self.launch(stream, grid, (self.THREADS, 1, 1), feat, dp, z, scores, labels, w1abs, w2, ok, listed, columns, npairs, n,
+                    shared=self.bytes)
+        # A round of pairs for each 32 images: the first stage leaves about one pair in three images.
+        self.launch(stream, (ceil_div(n, self.PAIRS), 1), (self.THREADS, 1, 1), listed, columns, npairs, dp, w1h, ok,
+                    shared=self.pair_bytes, function=self.pair, name="pair_kernel1")
 
     def compact_list(self, stream, ok, n, idx, count, fb_overflow, total):
         """The images ok left out, in order, into idx; their number into *count and added to *total."""

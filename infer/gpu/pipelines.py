@@ -327,13 +327,13 @@ class FusedCertified(FusedWarpgroup):
     """Certified low precision (docs/certified.md): conv2 with float16 operands and a bound beside
     each feature (fused_kernel5, or fused_kernel4 where its shapes do not fit), fc1 -> ReLU -> fc2
     as the exact path computes them (fc1's sums before ReLU kept), a certificate per image
-    (certify_kernel2); the images it leaves out are listed on the GPU and recomputed by fused-wgmma's
+    (certify_kernel3, then pair_kernel1 where its first stage fails); the images it leaves out are listed on the GPU and recomputed by fused-wgmma's
     kernels (fused_kernel3, fc_kernel5) on a count the GPU set, so the labels are fused-wgmma's. The
     scores asked for are the float16 pass's where certified."""
     NAME = "fused-certified"
     KERNEL = "fused_kernel4"  # any geometry fused-wgmma runs; fused_kernel5 where its shapes fit (8x8 conv2 outputs)
     KERNELS = ("fused_kernel5", KERNEL)
-    CERTIFY_VERSION = 2  # certify_kernel2; 1 still runs (tests/test_certified_gpu.py)
+    CERTIFY_VERSION = 3  # certify_kernel3 and pair_kernel1; 1 and 2 still run (tests/test_certified_gpu.py)
 
     @classmethod
     def kernel_for(cls, g):
@@ -395,7 +395,7 @@ class FusedCertified(FusedWarpgroup):
         return [("feat", chunk * g.flat), ("dp", chunk * g.flat), ("z", chunk * g.hidden), ("scores", chunk * g.classes),
                 ("ok", chunk), ("idx", chunk), ("count", 1), ("fb_overflow", 1), ("cert_overflow", 1),
                 ("fb_labels", chunk), ("fb_scores", chunk * g.classes),
-                ("partial", self.fcs.partial_floats(chunk))]
+                ("partial", self.fcs.partial_floats(chunk))] + launch.Certify.pair_floats(g, chunk)
 
     def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0):
         import pycuda.driver as cuda
@@ -404,7 +404,8 @@ class FusedCertified(FusedWarpgroup):
         self.convs(stream, x, self.w2h, s["feat"], n, bad, dp=s["dp"])
         # The float16 pass's scores may overflow where the exact path's do not: its own flag, unread.
         self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, s["cert_overflow"], s["scores"], s["partial"], z=s["z"])
-        c(stream, s["feat"], s["dp"], s["z"], s["scores"], labels, self.w1abs, self.w1h, self.fc2, s["ok"], n)
+        c(stream, s["feat"], s["dp"], s["z"], s["scores"], labels, self.w1abs, self.w1h, self.fc2, s["ok"], n,
+          pairs=(s["pairs"], s["columns"], s["npairs"]))
         c.compact_list(stream, s["ok"], n, s["idx"], s["count"], s["fb_overflow"], self.recomputed_dev)
         self.exact(stream, x, self.w2, s["feat"], n, 0, count=s["count"], idx=s["idx"])
         self.fcs(stream, s["feat"], self.fc1, self.fc2, s["fb_labels"], n, s["fb_overflow"], s["fb_scores"] if scores else 0,
