@@ -494,8 +494,8 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
     }
 }
 
-// Version 3's layout (floats): phase A's four stages, then Q and the slopes where they were; per image D
-// and the label.
+// Version 3's layout (floats): phase A's four stages, then Q and the slopes where they were; per image
+// its z, D and the label.
 namespace v3 {
 constexpr int IMGS = 32, KT = 32, NSTAGES = 4;  // images a block; phase A's k-tile (features) and its stages
 constexpr int A_ROW = KT + 8;                    // staged A rows: float2 fragment loads conflict-free
@@ -507,7 +507,7 @@ constexpr int QS_FLOATS = 64 * Q_ROW + IMGS * HIDDEN;  // Q, then each image's R
 constexpr int R1 = NSTAGES * STAGE > QS_FLOATS ? NSTAGES * STAGE : QS_FLOATS;
 constexpr int UNITS = HIDDEN / 8;                // hidden units of each of an image's 8 threads
 static_assert(FEAT % (2 * KT) == 0 && STAGE % 4 == 0 && HIDDEN % 8 == 0, "certify v3: k-tiles in pairs, 16-byte stages");
-static_assert((R1 + 2 * IMGS) * 4 <= 113 * 1024, "certify v3: two blocks an SM (launch.Certify.shared)");
+static_assert((R1 + IMGS * HIDDEN + 2 * IMGS) * 4 <= 113 * 1024, "certify v3: two blocks an SM (launch.Certify.shared)");
 }  // namespace v3
 
 extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
@@ -518,28 +518,38 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
     using namespace v3;
     extern __shared__ float4 smem4[];
     float* r1 = reinterpret_cast<float*>(smem4);
-    float* D = r1 + R1;  // sum of dp
+    float* Z = r1 + R1;  // fc1's sums before ReLU, [img][HIDDEN]
+    float* D = Z + IMGS * HIDDEN;  // sum of dp
     int* top = reinterpret_cast<int*>(D + IMGS);
     const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
     const int wg = warp / 4, w = warp % 4;
     const int img0 = blockIdx.x * IMGS, imgs = min(IMGS, n - img0);
     if (t < IMGS) top[t] = t < imgs ? labels[img0 + t] : 0;
+    for (int e = t; e < IMGS * HIDDEN / 4; e += CERT_THREADS) {  // with the first k-tile's copies
+        const int i = e / (HIDDEN / 4);
+        cp_async16(Z + 4 * e, z + (size_t)(img0 + min(i, imgs - 1)) * HIDDEN + 4 * (e % (HIDDEN / 4)), i < imgs);
+    }
 
-    // Phase A. Rows 0-31: dp of image r (times 2^S), 32-63: |p| of image r - 32.
+    // Phase A. Rows 0-31: dp of image r (times 2^S), 32-63: |p| of image r - 32. Each thread copies
+    // one 16-byte piece of a dp row and the same piece of its image's |p| row, and two of |fc1|'s.
+    static_assert(IMGS * KT / 4 == CERT_THREADS && B_FLOATS == 8 * CERT_THREADS, "certify v3: two copies a thread each");
+    const int ci = t / (KT / 4), cc = 4 * (t % (KT / 4));
+    const size_t crow = (size_t)(img0 + min(ci, imgs - 1)) * FEAT + cc;
+    const float *dp_src = dp + crow, *p_src = feat + crow;
+    const float4* b_src = w1abs + t;
+    float* a_dst = r1 + ci * A_ROW + cc;
     auto fetch_a = [&](int tile) {
-        float* as = r1 + (tile % NSTAGES) * STAGE;
-        for (int e = t; e < 64 * KT / 4; e += CERT_THREADS) {
-            const int row = e / (KT / 4), col = 4 * (e % (KT / 4)), img = row % IMGS;
-            cp_async16(as + row * A_ROW + col, (row < IMGS ? dp : feat) + (size_t)(img0 + min(img, imgs - 1)) * FEAT + tile * KT + col,
-                       img < imgs);
-        }
-        const float4* src = w1abs + (size_t)tile * (B_FLOATS / 4);
-        for (int e = t; e < B_FLOATS / 4; e += CERT_THREADS)
-            cp_async16(reinterpret_cast<float4*>(as + A_FLOATS) + e, src + e, true);
+        float* as = a_dst + (tile % NSTAGES) * STAGE;
+        cp_async16(as, dp_src + tile * KT, ci < imgs);
+        cp_async16(as + IMGS * A_ROW, p_src + tile * KT, ci < imgs);
+        float4* bs = reinterpret_cast<float4*>(r1 + (tile % NSTAGES) * STAGE + A_FLOATS) + t;
+        cp_async16(bs, b_src + tile * (B_FLOATS / 4), true);
+        cp_async16(bs + CERT_THREADS, b_src + tile * (B_FLOATS / 4) + CERT_THREADS, true);
     };
     constexpr int TILES = FEAT / KT;
     float qa[32];
-    float dsum[2] = {};  // warps 0-1: sum dp of rows (images) 16 w + g, + 8, over this thread's k, rounded up
+    float dsum[2] = {};  // warps 0-1 of warpgroup 0: sum dp of rows (images) 16 w + g, + 8, over this thread's k, rounded up
+    const float scale = w < 2 ? c_fc_bound[DSCALE] : 1.0f;  // warps 0-1: dp rows, 2-3: |p| rows
     fetch_a(0);
     cp_async_commit();
     if (TILES > 1) fetch_a(1);
@@ -555,14 +565,13 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
         if (tile + 2 < TILES) fetch_a(tile + 2);
         cp_async_commit();
         const float* as = r1 + (tile % NSTAGES) * STAGE;
-        const float scale = w < 2 ? c_fc_bound[DSCALE] : 1.0f;  // warps 0-1: dp rows, 2-3: |p| rows
 #pragma unroll
         for (int ks = 0; ks < KT / 16; ++ks)
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
                 const float2 v = *reinterpret_cast<const float2*>(as + (16 * w + g + 8 * (r % 2)) * A_ROW + 16 * ks + 2 * tig + 8 * (r / 2));
                 a[ks][r] = half2_up(fabsf(v.x) * scale, fabsf(v.y) * scale);
-                if (w < 2) dsum[r % 2] = __fadd_ru(dsum[r % 2], __fadd_ru(v.x, v.y));
+                if (wg == 0 && w < 2) dsum[r % 2] = __fadd_ru(dsum[r % 2], __fadd_ru(v.x, v.y));
             }
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
@@ -599,7 +608,7 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
     float Ac[CLASSES] = {}, Bc[CLASSES] = {}, Tc[CLASSES] = {}, Rc[CLASSES] = {}, qact = 0.0f;
     for (int jj = 0; jj < UNITS; ++jj) {
         const int j = part + 8 * jj;
-        const Unit u = unit_terms(Q[i * Q_ROW + j], Q[(IMGS + i) * Q_ROW + j], i < imgs ? z[(size_t)(img0 + i) * HIDDEN + j] : 0.0f);
+        const Unit u = unit_terms(Q[i * Q_ROW + j], Q[(IMGS + i) * Q_ROW + j], Z[i * HIDDEN + j]);
         const float wt = w2[j * CLASSES + tc];
         slopes[j] = u.slope;
         if (u.slope > 0.0f) qact = __fadd_ru(qact, u.q);

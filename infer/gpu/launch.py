@@ -626,7 +626,7 @@ class Certify(Launcher):
             return 4 * (r1 + g.hidden * ncol + 2 * (64 * g.hidden // 2 + 32 * 64) + small(32))
         if version == 3:
             stages, q_and_slopes = 4 * (64 * 40 + 32 * g.hidden // 2), 64 * (g.hidden + 4) + 32 * g.hidden
-            return 4 * (max(stages, q_and_slopes) + 2 * 32)
+            return 4 * (max(stages, q_and_slopes) + 32 * g.hidden + 2 * 32)
         stage, ncol = 64 * g.hidden // 2 + 16 * 68, 8 * g.classes
         r1 = max(2 * stage, 2 * (32 * 72 + 64 * g.hidden // 2), 32 * (g.hidden + 4))
         return 4 * (r1 + g.hidden * ncol + small(16) + 8 * ncol)
