@@ -84,6 +84,38 @@ def test_streamed_shuffled_chunks_unshuffled_on_the_gpu_predict_as_the_host(tmp_
     np.testing.assert_array_equal(gpu.labels, plain.labels)
 
 
+def test_the_placers_staging_block_is_taken_before_the_timed_run(tmp_path, rng, monkeypatch):
+    """The GPU unshuffle's staging block (a streamed block: ~25 MB at full size) is allocated as the
+    Session prepares, never inside the timed stream, and kept for the next file it fits."""
+    import shutil
+
+    import pycuda.driver as cuda
+
+    from tests.test_gpu_decode import timed_stream
+
+    options = streamed_options("shuffle+gzip", monkeypatch)
+    monkeypatch.setattr("infer.gpu.backend.CudaBackend.STREAM_BYTES", 60_000)  # blocks of one chunk
+    x = (rng.random((2000, 13, 13, 1)) * 200).astype("f4")
+    first = tmp_path / "a.h5"
+    with h5py.File(first, "w") as f:
+        f.create_dataset("x", data=x, chunks=(800, 13, 13, 1), **options)
+        f["y"] = np.eye(10)[rng.integers(0, 10, len(x))]
+    other = shutil.copy(first, tmp_path / "b.h5")
+    streaming, taken, alloc = timed_stream(monkeypatch), [], cuda.mem_alloc
+
+    def allocating(nbytes):
+        taken.append(streaming[0])
+        return alloc(nbytes)
+    monkeypatch.setattr(cuda, "mem_alloc", allocating)
+    with Session(SMALL, "cuda") as s:
+        a = s.evaluate(first)
+        count = len(taken)
+        b = s.evaluate(other)  # another file whose blocks the same staging block fits
+    assert a.reader["decode"] == b.reader["decode"] == "host, unshuffled on the GPU", (a.reader, b.reader)
+    assert count > 0 and len(taken) == count and not any(taken), taken
+    np.testing.assert_array_equal(b.predictions, a.predictions)
+
+
 def test_bench_stream_reads_as_the_run_reads(tmp_path, ece408):
     """The raw read row of `cnninfer bench --stream` leaves the chunks shuffled, as the run does."""
     if native.library() is None:

@@ -185,6 +185,8 @@ class CudaBackend(HostSide):
             self.host_buffers((self.stream_block,) + tuple(x_shape[1:]), wire, self.ring_depth)
         if streamed:
             _ = self.reader
+            if not decoding and source is not None:  # its staging block, here rather than in the timed run
+                self._placer_for(source)
         self._host("buffers + warm-up", t)
 
     def _gpu_decodes(self, source, wire):
@@ -205,6 +207,7 @@ class CudaBackend(HostSide):
         wire = np.dtype(wire)
         elems = int(np.prod(image_shape))
         self._free_decoder()
+        self._free_placer()
         ex.free_run()
         best = getattr(self.pipeline, "STREAM_CHUNK", self.pipeline.CHUNK) if streamed else self.pipeline.CHUNK
         # Blocks the GPU decodes are larger, and their ring deeper: chunks decoding at once make its speed
@@ -263,24 +266,35 @@ class CudaBackend(HostSide):
         their whole chunks left shuffled where the GPU can unshuffle them as it places the blocks
         (shuffled.Placer; without the device memory for its staging block, the host unshuffles)."""
         run = self.executor.run
-        self._free_placer()
         if not run.key[5]:
             self.decoding = "host"
             source = super().stream_source(data, start, stop)
-            if run.resident and not shuffled.unsupported(data, run.wire, self.reader.native):
-                try:
-                    self.placer = shuffled.Placer(self.build, data.parts[0][1], run.block, self._alloc_placing)
-                except cuda.MemoryError:  # the host unshuffles, as without a GPU
-                    self._free_placer()
-                    return source
-                self.decoding = "host, unshuffled on the GPU"
-                return (shuffled.Source(data),) + source[1:]
-            return source
+            if self._placer_for(data) is None:
+                return source
+            self.decoding = "host, unshuffled on the GPU"
+            return (shuffled.Source(data),) + source[1:]
         self._decoder_for(data.parts[0][1])
         self.decoder.start()
         self.decoding = self.decoder.describe()
         buffers = self.host_buffers((self.decoder.capacity,), np.uint8, self.ring_depth)
         return chunk_decode.Blocks(data, self.decoder), buffers, chunk_decode.Block
+
+    def _placer_for(self, data):
+        """The GPU unshuffle (shuffled.Placer) of DataSet `data` for the prepared run: the one kept
+        where its staging block fits, else a new one; None where the GPU cannot unshuffle `data`'s
+        chunks, or has no memory for the staging block (the host unshuffles, as without a GPU)."""
+        run = self.executor.run
+        if not run.resident or shuffled.unsupported(data, run.wire, self.reader.native):
+            return None
+        rows = data.parts[0][1]
+        if self.placer is not None and self.placer.fits(rows, run.block):
+            return self.placer
+        self._free_placer()
+        try:
+            self.placer = shuffled.Placer(self.build, rows, run.block, self._alloc_placing)
+        except cuda.MemoryError:
+            self._free_placer()
+        return self.placer
 
     def _decoder_for(self, rows):
         """The GPU decoder of `rows` (a ChunkedRows) for the prepared run: the one kept where it
@@ -325,7 +339,7 @@ class CudaBackend(HostSide):
         finally:
             if self.decoder is not None:
                 self.decoder.synchronize()
-            self._free_placer()
+            self.copies.synchronize()  # the placer's staging block is free for the next run
 
     def _alloc_placing(self, nbytes):
         self.placing.append(cuda.mem_alloc(max(nbytes, 4)))
@@ -344,6 +358,7 @@ class CudaBackend(HostSide):
             return
         cuda.Context.synchronize()
         self._free_decoder()
+        self._free_placer()
         self.executor.free_run()
         self.close_host()
         for buf in self.weights:

@@ -54,8 +54,15 @@ class Placer:
     def __init__(self, build, rows, block, alloc):
         self.rows_per, self.row_bytes, self.itemsize = rows.align, rows.row_bytes, rows.dtype.itemsize
         self.bits = rows.bitshuffle  # (values per block, exact tail), or None: HDF5's byte shuffle
+        self.block = block
         self.staging = alloc(block * self.row_bytes)
         self.unshuffle = (launch.BitUnshuffle if self.bits else launch.Unshuffle)(build, self.itemsize)
+
+    def fits(self, rows, block):
+        """Whether this placer unshuffles `rows` (a ChunkedRows) in blocks of `block` images as it is:
+        the same chunk rows, image bytes, value size and shuffle, and a staging block as large."""
+        return ((rows.align, rows.row_bytes, rows.dtype.itemsize, rows.bitshuffle)
+                == (self.rows_per, self.row_bytes, self.itemsize, self.bits) and block <= self.block)
 
     def enqueue(self, stream, dst, x, lo):
         """Queue block x (images from lo on) up and into dst on stream: (the event after the upload,
