@@ -101,13 +101,29 @@ __device__ __forceinline__ Unit unit_terms(float qsum, float msum, float z) {
 }
 
 
-// The per-image fc terms of one image, each summed over the PARTS adjacent lanes that share it
-// (rounded up); the first of them stores E_c (the fc product's own rounding, weighted by dp:
-// docs/certified.md), T_c and R_c.
+// Versions 2 and 3's fc terms of hidden unit u for every class c, with dw = |fc2_t - fc2_c| rounded
+// up and b = slope dw: A_c += b q and B_c += b where the slope is not 0, T_c += dw coef_t, R_c +=
+// coef_r |fc2_c| (w2j: fc2's row j, wt = fc2_jt).
+__device__ __forceinline__ void add_class_terms(const Unit& u, float wt, const float* __restrict__ w2j, float (&Ac)[CLASSES],
+                                                float (&Bc)[CLASSES], float (&Tc)[CLASSES], float (&Rc)[CLASSES]) {
+#pragma unroll
+    for (int c = 0; c < CLASSES; ++c) {
+        const float wc = w2j[c], dw = absdiff_ru(wt, wc);
+        if (u.slope > 0.0f) {
+            const float b = __fmul_ru(u.slope, dw);
+            Ac[c] = __fmaf_ru(b, u.q, Ac[c]);
+            Bc[c] = __fadd_ru(Bc[c], b);
+        }
+        Tc[c] = __fmaf_ru(dw, u.coef_t, Tc[c]);
+        Rc[c] = __fmaf_ru(u.coef_r, fabsf(wc), Rc[c]);
+    }
+}
+
+// The per-image terms summed over the PARTS adjacent lanes that share an image, rounded up, in a
+// butterfly: the additions commute, so every lane ends with the same sums.
 template <int PARTS>
-__device__ __forceinline__ void store_fc_terms(float (&Ac)[CLASSES], float (&Bc)[CLASSES], float (&Tc)[CLASSES],
-                                               float (&Rc)[CLASSES], float qact, bool first, float d, float* E, float* T,
-                                               float* R) {
+__device__ __forceinline__ void sum_lanes(float (&Ac)[CLASSES], float (&Bc)[CLASSES], float (&Tc)[CLASSES], float (&Rc)[CLASSES],
+                                          float& qact) {
 #pragma unroll
     for (int o = 1; o < PARTS; o *= 2) {
         qact = __fadd_ru(qact, __shfl_xor_sync(0xffffffffu, qact, o));
@@ -119,6 +135,57 @@ __device__ __forceinline__ void store_fc_terms(float (&Ac)[CLASSES], float (&Bc)
             Rc[c] = __fadd_ru(Rc[c], __shfl_xor_sync(0xffffffffu, Rc[c], o));
         }
     }
+}
+
+// Phase B's P = sum_i dp_i |H_i| over a warpgroup's m64 tile of H (accumulators acc, 8 NG columns):
+// column 8 cg + 2 tig + e into P[2 cg + e], rows 16 w + g and + 8 of this thread; row(col) points at
+// the column's dp for row 16 w + g (its + 8 is the other row's).
+template <int NG, class Row>
+__device__ __forceinline__ void add_dp_abs(float (&P)[2 * NG], const float (&acc)[4 * NG], Row row) {
+    const int tig = threadIdx.x % 4;
+#pragma unroll
+    for (int cg = 0; cg < NG; ++cg)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const float* d = row(8 * cg + 2 * tig + e);
+            P[2 * cg + e] = __fmaf_ru(d[0], fabsf(acc[4 * cg + e]), __fmaf_ru(d[8], fabsf(acc[4 * cg + 2 + e]), P[2 * cg + e]));
+        }
+}
+
+// P summed over the warp's 16 rows (rounded up) and stored per warp: pw[warp][column].
+template <int NG>
+__device__ __forceinline__ void store_warp_sums(float (&P)[2 * NG], float* pw) {
+    const int lane = threadIdx.x % 32, g = lane / 4, tig = lane % 4;
+#pragma unroll
+    for (int o = 4; o < 32; o *= 2)
+#pragma unroll
+        for (int k = 0; k < 2 * NG; ++k) P[k] = __fadd_ru(P[k], __shfl_xor_sync(0xffffffffu, P[k], o));
+    if (g == 0)
+#pragma unroll
+        for (int cg = 0; cg < NG; ++cg)
+            *reinterpret_cast<float2*>(pw + (threadIdx.x / 32) * 8 * NG + 8 * cg + 2 * tig) = make_float2(P[2 * cg], P[2 * cg + 1]);
+}
+
+// Phase A's sums of dp, each thread's over its k for rows 16 w + g and + 8, summed over the quad of
+// lanes that share the rows (rounded up) and stored: D[row].
+__device__ __forceinline__ void store_dp_sums(const float (&dsum)[2], float* D) {
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32 % 4, g = lane / 4, tig = lane % 4;
+#pragma unroll
+    for (int dy = 0; dy < 2; ++dy) {
+        float d = dsum[dy];
+        for (int o = 1; o < 4; o *= 2) d = __fadd_ru(d, __shfl_xor_sync(0xffffffffu, d, o));
+        if (tig == 0) D[16 * w + g + 8 * dy] = d;
+    }
+}
+
+// The per-image fc terms of one image, each summed over the PARTS adjacent lanes that share it
+// (rounded up); the first of them stores E_c (the fc product's own rounding, weighted by dp:
+// docs/certified.md), T_c and R_c.
+template <int PARTS>
+__device__ __forceinline__ void store_fc_terms(float (&Ac)[CLASSES], float (&Bc)[CLASSES], float (&Tc)[CLASSES],
+                                               float (&Rc)[CLASSES], float qact, bool first, float d, float* E, float* T,
+                                               float* R) {
+    sum_lanes<PARTS>(Ac, Bc, Tc, Rc, qact);
     if (first)
 #pragma unroll
         for (int c = 0; c < CLASSES; ++c) {
@@ -191,13 +258,7 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         wgmma_drain();
     }
-    if (wg == 0 && w < 2)
-#pragma unroll
-        for (int dy = 0; dy < 2; ++dy) {
-            float d = dsum[dy];
-            for (int o = 1; o < 4; o *= 2) d = __fadd_ru(d, __shfl_xor_sync(0xffffffffu, d, o));
-            if (tig == 0) D[16 * w + g + 8 * dy] = d;
-        }
+    if (wg == 0 && w < 2) store_dp_sums(dsum, D);
     __syncthreads();  // the stages are dead: Q takes their place
     float* Q = r1;
     store_tile(Q + 64 * wg, Q_ROW, qa);
@@ -386,13 +447,7 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         wgmma_drain();
     }
-    if (wg == 0 && w == 0)
-#pragma unroll
-        for (int dy = 0; dy < 2; ++dy) {
-            float d = dsum[dy];
-            for (int o = 1; o < 4; o *= 2) d = __fadd_ru(d, __shfl_xor_sync(0xffffffffu, d, o));
-            if (tig == 0) D[g + 8 * dy] = d;
-        }
+    if (wg == 0 && w == 0) store_dp_sums(dsum, D);
     __syncthreads();  // the stages are dead: Q takes their place
     float* Q = r1;
     if (w < 2) store_tile(Q + 64 * wg, Q_ROW, qa);
@@ -409,23 +464,16 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
         for (int jj = 0; jj < HIDDEN / 16; ++jj) {
             const int j = part + 16 * jj;  // the 16 threads of an image: adjacent units, adjacent B halves
             const Unit u = unit_terms(Q[i * Q_ROW + j], Q[(IMGS + i) * Q_ROW + j], i < imgs ? z[(size_t)(img0 + i) * HIDDEN + j] : 0.0f);
-            const float q = u.q, coef_t = u.coef_t, coef_r = u.coef_r, slope = u.slope, wt = w2[j * CLASSES + tc];
-            if (slope > 0.0f) qact = __fadd_ru(qact, q);
+            const float wt = w2[j * CLASSES + tc];
+            if (u.slope > 0.0f) qact = __fadd_ru(qact, u.q);
+            add_class_terms(u, wt, w2 + j * CLASSES, Ac, Bc, Tc, Rc);
 #pragma unroll
             for (int c = 0; c < CLASSES; ++c) {
-                const float wc = w2[j * CLASSES + c], dw = absdiff_ru(wt, wc);
-                if (slope > 0.0f) {
-                    const float b = __fmul_ru(slope, dw);
-                    Ac[c] = __fmaf_ru(b, q, Ac[c]);
-                    Bc[c] = __fadd_ru(Bc[c], b);
-                }
-                Tc[c] = __fmaf_ru(dw, coef_t, Tc[c]);
-                Rc[c] = __fmaf_ru(coef_r, fabsf(wc), Rc[c]);
                 // B operand of this image's column 10 (i % 8) + c, k = j: K-major core matrices
                 // (k16 step, 8-column group, half of k, column % 8, k % 8).
                 const int col = CLASSES * (i % 8) + c, kk = j % 16;
                 bm[(((j / 16) * (NCOL / 8) + col / 8) * 2 + kk / 8) * 64 + (col % 8) * 8 + kk % 8] =
-                    __float2half_rn(slope * (wt - wc));
+                    __float2half_rn(u.slope * (wt - w2[j * CLASSES + c]));
             }
         }
         store_fc_terms<16>(Ac, Bc, Tc, Rc, qact, part == 0, D[i], E + i * CLASSES, T + i * CLASSES, R + i * CLASSES);
@@ -458,22 +506,9 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         wgmma_drain();
         const float* ds = ws + W1_FLOATS + 16 * w + g;
-#pragma unroll
-        for (int cg = 0; cg < NCOL / 8; ++cg)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const float* d = ds + (8 * wg + (8 * cg + 2 * tig + e) / CLASSES) * DS_ROW;
-                P[2 * cg + e] = __fmaf_ru(d[0], fabsf(acc[4 * cg + e]), __fmaf_ru(d[8], fabsf(acc[4 * cg + 2 + e]), P[2 * cg + e]));
-            }
+        add_dp_abs<NCOL / 8>(P, acc, [&](int col) { return ds + (8 * wg + col / CLASSES) * DS_ROW; });
     }
-#pragma unroll
-    for (int o = 4; o < 32; o *= 2)  // over the warp's 16 rows
-#pragma unroll
-        for (int k = 0; k < 20; ++k) P[k] = __fadd_ru(P[k], __shfl_xor_sync(0xffffffffu, P[k], o));
-    if (g == 0)
-#pragma unroll
-        for (int cg = 0; cg < NCOL / 8; ++cg)
-            *reinterpret_cast<float2*>(pw + warp * NCOL + 8 * cg + 2 * tig) = make_float2(P[2 * cg], P[2 * cg + 1]);
+    store_warp_sums<NCOL / 8>(P, pw);
     __syncthreads();
 
     if (t < imgs) {
@@ -588,13 +623,7 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
         step(tile + 1, av[1], av[0]);
     }
     wgmma_drain();
-    if (wg == 0 && w < 2)
-#pragma unroll
-        for (int dy = 0; dy < 2; ++dy) {
-            float d = dsum[dy];
-            for (int o = 1; o < 4; o *= 2) d = __fadd_ru(d, __shfl_xor_sync(0xffffffffu, d, o));
-            if (tig == 0) D[16 * w + g + 8 * dy] = d;
-        }
+    if (wg == 0 && w < 2) store_dp_sums(dsum, D);
     cp_async_wait<0>();
     __syncthreads();  // the stages are dead: Q takes their place
     float* Q = r1;
@@ -609,32 +638,11 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
     for (int jj = 0; jj < UNITS; ++jj) {
         const int j = part + 8 * jj;
         const Unit u = unit_terms(Q[i * Q_ROW + j], Q[(IMGS + i) * Q_ROW + j], Z[i * HIDDEN + j]);
-        const float wt = w2[j * CLASSES + tc];
         slopes[j] = u.slope;
         if (u.slope > 0.0f) qact = __fadd_ru(qact, u.q);
-#pragma unroll
-        for (int c = 0; c < CLASSES; ++c) {
-            const float wc = w2[j * CLASSES + c], dw = absdiff_ru(wt, wc);
-            if (u.slope > 0.0f) {
-                const float b = __fmul_ru(u.slope, dw);
-                Ac[c] = __fmaf_ru(b, u.q, Ac[c]);
-                Bc[c] = __fadd_ru(Bc[c], b);
-            }
-            Tc[c] = __fmaf_ru(dw, u.coef_t, Tc[c]);
-            Rc[c] = __fmaf_ru(u.coef_r, fabsf(wc), Rc[c]);
-        }
+        add_class_terms(u, w2[j * CLASSES + tc], w2 + j * CLASSES, Ac, Bc, Tc, Rc);
     }
-#pragma unroll
-    for (int o = 1; o < 8; o *= 2) {
-        qact = __fadd_ru(qact, __shfl_xor_sync(0xffffffffu, qact, o));
-#pragma unroll
-        for (int c = 0; c < CLASSES; ++c) {
-            Ac[c] = __fadd_ru(Ac[c], __shfl_xor_sync(0xffffffffu, Ac[c], o));
-            Bc[c] = __fadd_ru(Bc[c], __shfl_xor_sync(0xffffffffu, Bc[c], o));
-            Tc[c] = __fadd_ru(Tc[c], __shfl_xor_sync(0xffffffffu, Tc[c], o));
-            Rc[c] = __fadd_ru(Rc[c], __shfl_xor_sync(0xffffffffu, Rc[c], o));
-        }
-    }
+    sum_lanes<8>(Ac, Bc, Tc, Rc, qact);
 
     // Stage one: P_c <= A_c. A class that fails it is a pair for pair_kernel1, unless its margin does
     // not even exceed the rest of the gap (P_c >= 0): then the image is recomputed, nothing paired.
@@ -697,7 +705,7 @@ pair_kernel1(const float4* __restrict__ pairs, const float4* __restrict__ column
     float* cols = stages + 2 * STAGE;
     float* pw = cols + COLS;  // [warp of the block][pair]
     int* pim = reinterpret_cast<int*>(pw + 8 * NP);
-    const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
+    const int t = threadIdx.x, warp = t / 32, g = t % 32 / 4;
     const int wg = warp / 4, w = warp % 4, count = *npairs;
     for (int p0 = blockIdx.x * NP; p0 < count; p0 += gridDim.x * NP) {
         const int np = min(NP, count - p0);
@@ -743,23 +751,10 @@ pair_kernel1(const float4* __restrict__ pairs, const float4* __restrict__ column
                 asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
                 wgmma_drain();
                 const float* ds = ws + SLAB + 16 * w + g;
-#pragma unroll
-                for (int cg = 0; cg < NP / 8; ++cg)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float* dk = ds + (8 * cg + 2 * tig + e) * DS_ROW;
-                        P[2 * cg + e] = __fmaf_ru(dk[0], fabsf(acc[4 * cg + e]), __fmaf_ru(dk[8], fabsf(acc[4 * cg + 2 + e]), P[2 * cg + e]));
-                    }
+                add_dp_abs<NP / 8>(P, acc, [&](int col) { return ds + col * DS_ROW; });
             }
         }
-#pragma unroll
-        for (int o = 4; o < 32; o *= 2)  // over the warp's 16 rows
-#pragma unroll
-            for (int k = 0; k < NP / 4; ++k) P[k] = __fadd_ru(P[k], __shfl_xor_sync(0xffffffffu, P[k], o));
-        if (g == 0)
-#pragma unroll
-            for (int cg = 0; cg < NP / 8; ++cg)
-                *reinterpret_cast<float2*>(pw + warp * NP + 8 * cg + 2 * tig) = make_float2(P[2 * cg], P[2 * cg + 1]);
+        store_warp_sums<NP / 8>(P, pw);
         __syncthreads();
         if (t < np) {
             float pc = 0.0f;
