@@ -24,13 +24,16 @@
 //   memory once. Certified as version 1 with P_c + E_c (H's rounding) for P_c + E_t + E_c.
 //   2 x FEAT x HIDDEN x (2 + CLASSES) float16 tensor FLOPs an image, phase A's half on zero rows.
 // certify_kernel3 (sm_90a only): the same bound in two stages, the second only where the first
-//   fails. Block 256 threads, 32 images, grid ceil(n / 32), up to three blocks an SM (74 KB shared).
-//   Phase A as version 1 (rows 0-31 dp, 32-63 |p|: no zero rows), k-tiles of 32 features in 4
-//   stages, 2 ahead, with the tensor cores' groups left in flight (no drain a tile); the per-image
-//   terms as version 2 (8 threads an image). Stage one, per class c: |H_c| <= |fc1| slope |dw_c|, so
+//   fails. Block 256 threads, 32 images, grid ceil(n / 32), two blocks an SM (90 KB shared, at most
+//   128 registers). Phase A as version 1 (rows 0-31 dp, 32-63 |p|: no zero rows), k-tiles of 32
+//   features in 4 stages, 2 ahead, with the tensor cores' groups left in flight (no drain a tile: the
+//   A fragments in two register sets); z staged with the first tile; the per-image terms as version
+//   2 (8 threads an image). An image whose margin for some class cannot exceed even stage two's rest
+//   (P_c >= 0), or with a non-finite score, is left uncertified at once. Stage one, per class c: |H_c| <= |fc1| slope |dw_c|, so
 //   P_c <= A_c = sum slope |dw_c| q: certified where s_t - s_c exceeds A_c + T_c + FR2 (R_t + R_c).
-//   A class that fails is a pair (image, c): its column slope (fc2_t - fc2_c) as float16 (128 halves)
-//   and its margin and rest (E_c + T_c + FR2 (R_t + R_c)) appended to a list (*npairs counts them).
+//   A class that fails is a pair (image, c): its column slope (fc2_t - fc2_c) as float16 (HIDDEN
+//   halves) and its margin and rest (E_c + T_c + FR2 (R_t + R_c)) appended to a list (*npairs counts
+//   them; ok stays 1 for pair_kernel1 to clear).
 //   2 x FEAT x HIDDEN x 2 float16 tensor FLOPs an image (dp and |p| rows).
 // pair_kernel1 (sm_90a only): stage two on the listed pairs: block 256 threads, 32 pairs a round, grid
 //   strides over *npairs' rounds; H = fc1 . columns (FEAT x 32) on wgmma.m64n32k16 (each warpgroup

@@ -327,9 +327,10 @@ class FusedCertified(FusedWarpgroup):
     """Certified low precision (docs/certified.md): conv2 with float16 operands and a bound beside
     each feature (fused_kernel5, or fused_kernel4 where its shapes do not fit), fc1 -> ReLU -> fc2
     as the exact path computes them (fc1's sums before ReLU kept), a certificate per image
-    (certify_kernel3, then pair_kernel1 where its first stage fails); the images it leaves out are listed on the GPU and recomputed by fused-wgmma's
-    kernels (fused_kernel3, fc_kernel5) on a count the GPU set, so the labels are fused-wgmma's. The
-    scores asked for are the float16 pass's where certified."""
+    (certify_kernel3, then pair_kernel1 for the classes its first stage leaves); the images it leaves
+    out are listed on the GPU and recomputed by fused-wgmma's kernels (fused_kernel3 and its fc
+    kernel) on a count the GPU set, so the labels are fused-wgmma's. The scores asked for are the
+    float16 pass's where certified."""
     NAME = "fused-certified"
     KERNEL = "fused_kernel4"  # any geometry fused-wgmma runs; fused_kernel5 where its shapes fit (8x8 conv2 outputs)
     KERNELS = ("fused_kernel5", KERNEL)
