@@ -52,6 +52,9 @@
 #include "mma.cuh"
 #include "wgmma.cuh"
 
+#if !defined(SHARED_V1) || !defined(SHARED_V2) || !defined(SHARED_V3) || !defined(SHARED_PAIRS)
+#error "certify needs -DSHARED_V1 .. V3 and -DSHARED_PAIRS: each kernel's shared floats (launch.Certify.defines)"
+#endif
 #define CERT_THREADS 256
 namespace v1 {  // version 1's tiles and shared-memory layout (floats)
 constexpr int IMGS = 32;
@@ -72,7 +75,8 @@ constexpr int R3 = 2 * (W1_FLOATS + DP_FLOATS);  // phase B's two stages
 constexpr int Q_ROW = HIDDEN + 4;
 static_assert(64 * Q_ROW <= R1, "certify: Q fits region 1");
 constexpr int SMALL = IMGS * (3 * CLASSES + 2);  // per image: E, T, R per class, D, label
-static_assert((R1 + R2 + R3 + SMALL) * 4 <= 227 * 1024, "certify: shared memory (launch.Certify.SHARED)");
+static_assert((R1 + R2 + R3 + SMALL) * 4 <= 227 * 1024, "certify: shared memory (launch.Certify.shared)");
+static_assert(R1 + R2 + R3 + SMALL <= SHARED_V1, "certify v1: the shared memory launch.Certify.shared gives it");
 }  // namespace v1
 
 enum { QS, MS, FR1, FR2, ALPHA2, KAPPA, ETA2H, DSCALE, NCONST };
@@ -387,6 +391,7 @@ constexpr int SMALL = IMGS * (3 * CLASSES + 2);   // per image: E, T, R per clas
 constexpr int PW = 8 * NCOL;                      // per warp, its column sums of dp |H|
 static_assert(FEAT % KT == 0 && STAGE % 4 == 0 && R1 % 4 == 0, "certify v2: tiles and 16-byte stages");
 static_assert((R1 + R2 + SMALL + PW) * 4 <= 113 * 1024, "certify v2: two blocks an SM (launch.Certify.shared)");
+static_assert(R1 + R2 + SMALL + PW <= SHARED_V2, "certify v2: the shared memory launch.Certify.shared gives it");
 }  // namespace v2
 
 extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
@@ -546,6 +551,7 @@ constexpr int R1 = NSTAGES * STAGE > QS_FLOATS ? NSTAGES * STAGE : QS_FLOATS;
 constexpr int UNITS = HIDDEN / 8;                // hidden units of each of an image's 8 threads
 static_assert(FEAT % (2 * KT) == 0 && STAGE % 4 == 0 && HIDDEN % 8 == 0, "certify v3: k-tiles in pairs, 16-byte stages");
 static_assert((R1 + IMGS * HIDDEN + 2 * IMGS) * 4 <= 113 * 1024, "certify v3: two blocks an SM (launch.Certify.shared)");
+static_assert(R1 + IMGS * HIDDEN + 2 * IMGS <= SHARED_V3, "certify v3: the shared memory launch.Certify.shared gives it");
 }  // namespace v3
 
 extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
@@ -696,7 +702,8 @@ constexpr int HALF = SLAB + NP * DS_ROW;   // one warpgroup's share of a stage
 constexpr int STAGE = 2 * HALF;
 constexpr int COLS = HIDDEN * NP / 2;      // the round's columns, halves
 static_assert(HALF % 4 == 0, "pair v1: 16-byte stages");
-static_assert((2 * STAGE + COLS + 8 * NP + NP) * 4 <= 113 * 1024, "pair v1: two blocks an SM (launch.Certify.shared)");
+static_assert((2 * STAGE + COLS + 8 * NP + NP) * 4 <= 113 * 1024, "pair v1: two blocks an SM (launch.Certify.pair_shared)");
+static_assert(2 * STAGE + COLS + 8 * NP + NP <= SHARED_PAIRS, "pair v1: the shared memory launch.Certify.pair_shared gives it");
 }  // namespace pr
 
 extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)

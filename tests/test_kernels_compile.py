@@ -4,11 +4,12 @@ warnings as errors; ptxas's register and spill report is collected, and a spill 
 import re
 import shutil
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 
 from infer.gpu import compiler
-from infer.gpu.launch import GEMMS, Conv, FullyConnected, FullyConnectedWarpgroup, Fused, Gemm
+from infer.gpu.launch import GEMMS, Certify, Conv, FullyConnected, FullyConnectedWarpgroup, Fused, Gemm
 from infer.network import Geometry
 
 MNIST = Geometry(h=28, w=28, c=1, k1=5, c1=32, k2=5, c2=64, hidden=128, classes=10)
@@ -42,8 +43,7 @@ HOPPER = ([("fused3", Fused.defines(g, 3)) for g in (MNIST, Geometry(27, 29, 3, 
                                                      Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7), Geometry(24, 24, 2, 1, 32, 5, 64, 100, 7))]  # 2, 0
           + [("fused4", Fused.defines(MNIST, 4)), ("fused5", Fused.defines(MNIST, 5)), ("fused5", Fused.defines(Geometry(24, 24, 1, 5, 32, 3, 64, 128, 10), 5)),
              ("fc6", FullyConnectedWarpgroup.defines(MNIST)), ("fc6", FullyConnectedWarpgroup.defines(Geometry(28, 28, 1, 3, 16, 3, 20, 64, 7))),
-             ("certify", dict(FEAT=MNIST.flat, HIDDEN=128, CLASSES=10)),
-             ("certify", dict(FEAT=320, HIDDEN=128, CLASSES=10))]
+             ("certify", Certify.defines(MNIST)), ("certify", Certify.defines(SimpleNamespace(flat=320, hidden=128, classes=10)))]
           + [conv(c, version=2) for c in HOPPER_CONVS]
           + [gemm(4, 128, GEMM_BN=bn) for bn in (16, 32, 64)])
 REPORT = []

@@ -644,6 +644,12 @@ class Certify(Launcher):
         most = (g.classes - 1) * n
         return [("pairs", 4 * most), ("columns", most * g.hidden // 2), ("npairs", 1)]
 
+    @classmethod
+    def defines(cls, g):
+        """-D options: the shapes, and each kernel's shared floats (the kernels check theirs fit)."""
+        return dict(FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes, SHARED_PAIRS=cls.pair_shared(g) // 4,
+                    **{f"SHARED_V{v}": cls.shared(g, v) // 4 for v in cls.KERNELS})
+
     @staticmethod
     def fits(g):
         """None where the certificate's kernels take geometry g, else why not."""
@@ -656,7 +662,7 @@ class Certify(Launcher):
         import pycuda.driver as cuda
 
         self.version, self.kernel, self.arg_types = version, self.KERNELS[version], self.ARG_TYPES[version]
-        super().__init__(build, "sm_90a", FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes)
+        super().__init__(build, "sm_90a", **self.defines(g))
         self.bytes, self.pair_bytes = self.shared(g, version), self.pair_shared(g)
         self.pair = self.module.get_function("pair_kernel1")
         self.pair.prepare("PPPPPP")
