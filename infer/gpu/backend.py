@@ -282,7 +282,8 @@ class CudaBackend(HostSide):
     def _placer_for(self, data):
         """The GPU unshuffle (shuffled.Placer) of DataSet `data` for the prepared run: the one kept
         where its staging block fits, else a new one; None where the GPU cannot unshuffle `data`'s
-        chunks, or has no memory for the staging block (the host unshuffles, as without a GPU)."""
+        chunks, or has no memory for the staging block (the host unshuffles, as without a GPU). Every
+        use of the block is queued on the copy stream, so a kept one needs no wait between runs."""
         run = self.executor.run
         if not run.resident or shuffled.unsupported(data, run.wire, self.reader.native):
             return None
@@ -339,7 +340,6 @@ class CudaBackend(HostSide):
         finally:
             if self.decoder is not None:
                 self.decoder.synchronize()
-            self.copies.synchronize()  # the placer's staging block is free for the next run
 
     def _alloc_placing(self, nbytes):
         self.placing.append(cuda.mem_alloc(max(nbytes, 4)))
