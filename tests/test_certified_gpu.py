@@ -184,3 +184,42 @@ def test_precision_certified_through_the_session_and_the_command_line(gpu, ece40
     r = invoke("run", data, model, "--backend", "cuda", "--precision", "certified", "--profile", "--streams", "1")
     assert r.exit_code == 0, r.stderr
     assert f"certified: {10000 - certified.recomputed} of 10000 images in float16, {certified.recomputed} recomputed exactly" in r.stdout
+
+
+def test_the_default_certifies_large_runs_and_keeps_the_exact_scores(gpu, ece408):
+    """No --conv-algo, no --precision: a run of FusedCertified.CERTIFY_FROM images certifies (and counts
+    what it recomputed); asking for scores, or fewer images, runs the exact path alone, whose scores
+    are fused-wgmma's bits."""
+    from infer.gpu.backend import CudaBackend
+    from infer.gpu.pipelines import FusedCertified
+
+    hopper(gpu)
+    model = loader.load_model(ece408 / "model.hdf5")
+    base = read_all(ece408 / "testfull.hdf5", model, 10000)
+    n = FusedCertified.CERTIFY_FROM
+    x = np.concatenate([base] * -(-n // len(base)))[:n]
+
+    def default_run(x, scores):
+        b = CudaBackend()
+        try:
+            host = b.host_buffers(x.shape, np.float32)[0]
+            host[...] = x
+            b.prepare(model, x.shape, scores=scores)
+            assert "fused-certified" in b.device and "else exact" in b.device
+            b.recomputed()  # the warm-up's
+            labels, s = b.forward(host)
+            return labels, s, b.recomputed()
+        finally:
+            b.close()
+
+    exact, exact_scores, _ = labels_of(EXACT, model, x, scores=True)
+    labels, _, recomputed = default_run(x, False)
+    np.testing.assert_array_equal(labels, exact)
+    assert 0 < recomputed < 0.12 * n, recomputed
+    labels, scores, recomputed = default_run(x, True)
+    assert recomputed is None
+    np.testing.assert_array_equal(labels, exact)
+    np.testing.assert_array_equal(scores, exact_scores)
+    labels, _, recomputed = default_run(x[:n - 1], False)
+    assert recomputed is None
+    np.testing.assert_array_equal(labels, exact[:n - 1])

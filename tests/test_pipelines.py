@@ -18,7 +18,25 @@ NO_FUSED = Geometry(30, 30, 1, 3, 32, 3, 64, 128, 10)  # 28 -> 14 -> 12 -> 6x6 p
                                              (MNIST, "sm_100", FusedTensorCores), (MNIST, "sm_75", Fused),
                                              (ODD, "sm_90", FusedWarpgroup)])
 def test_auto_takes_the_first_that_runs(g, arch, expected):
-    assert choose(AUTO, g, arch) == (expected, None)
+    """--precision exact: the first exact algorithm that runs; not given: fused-certified where it
+    runs (its by_default decides per run, test_the_default_certifies_only_large_runs_without_scores)."""
+    assert choose(AUTO, g, arch, "exact") == (expected, None)
+    assert choose(AUTO, g, arch) == (FusedCertified if arch == "sm_90" else expected, None)
+
+
+def test_the_default_certifies_only_large_runs_without_scores():
+    """Named (--conv-algo fused-certified, --precision certified) every run is certified; as the
+    default, runs of CERTIFY_FROM images or more that ask for no scores, the rest run exactly."""
+    named = FusedCertified.__new__(FusedCertified)
+    named.certify_from, named.exact_scores = 1, False
+    default = FusedCertified.__new__(FusedCertified)
+    default.by_default()
+    most = FusedCertified.CERTIFY_FROM
+    assert named.certifies(1, False) and named.certifies(1, True) and named.describe == "float16 certified"
+    assert default.certifies(most, False) and default.certifies(10 * most, False)
+    assert not default.certifies(most - 1, False) and not default.certifies(most, True)
+    assert f"from {most} images" in default.describe
+    assert not FusedWarpgroup.certifies(None, most, False)
 
 
 def test_auto_falls_back_to_implicit_then_unroll_and_named_algorithms_say_why():
@@ -62,8 +80,7 @@ def test_precision_certified_takes_the_certified_path_where_it_runs_else_the_exa
                                    ("fused-certified", "certified", "Hopper")]:
         algo, why = choose(name, MNIST, "sm_90" if precision == "exact" or name != "fused-certified" else "sm_80", precision)
         assert algo is None and words in why, why
-    # exact, or not given: auto never runs float16
-    assert choose(AUTO, MNIST, "sm_90", "exact") == choose(AUTO, MNIST, "sm_90") == (FusedWarpgroup, None)
+    assert choose(AUTO, MNIST, "sm_90", "exact") == (FusedWarpgroup, None)  # exact: never float16
 
 
 def test_tf32_split_keeps_fp32_accuracy(rng):

@@ -95,9 +95,9 @@ class CudaBackend(HostSide):
 
     def recomputed(self):
         """Images the certified pipeline recomputed exactly since the last call (synchronizes), or
-        None where the pipeline computes every image exactly."""
+        None where the run computes every image exactly."""
         counter = getattr(self.pipeline, "recomputed", None)
-        return None if counter is None else counter()
+        return None if counter is None or not self.executor.certifies() else counter()
 
     @staticmethod
     def wire_dtype(stored):
@@ -148,6 +148,8 @@ class CudaBackend(HostSide):
                                     f"tiled GEMM (it shapes --conv-algo unroll's)")
             try:
                 pipeline = algo(self.build, g)
+                if algo is pipelines.FusedCertified and self.precision is None and self.algo == pipelines.AUTO:
+                    pipeline.by_default()
             except ValueError as e:
                 raise InputError(f"--conv-algo {algo.NAME}: {e}") from None
             self._host("compile / load kernels", t)

@@ -184,7 +184,8 @@ class Executor:
         return event(stream)
 
     def compute(self, i, start, count):
-        """Check or convert chunk i's images, then the network, on stream i mod S."""
+        """Check or convert chunk i's images, then the network (its certified pass where it
+        certifies the run), on stream i mod S."""
         run, s = self.run, i % len(self.streams)
         stream = self.streams[s]
         src = run.images(i, start, len(self.streams))
@@ -195,8 +196,13 @@ class Executor:
         else:
             images = int(run.floats[s])
             self.converters[run.wire](stream, src, images, count * run.elems)
-        self.pipeline.enqueue(stream, images, count, int(run.labels_dev) + 4 * start, int(run.scratch[s]),
-                              int(run.flags_dev) + 4 * chunk_index, self._scores(start), bad)
+        enqueue = self.pipeline.enqueue if self.certifies() else self.pipeline.enqueue_exact
+        enqueue(stream, images, count, int(run.labels_dev) + 4 * start, int(run.scratch[s]),
+                int(run.flags_dev) + 4 * chunk_index, self._scores(start), bad)
+
+    def certifies(self):
+        """Whether the run takes the pipeline's certified low-precision pass (pipeline.certifies)."""
+        return self.pipeline.certifies(len(self.run.labels), self.keep_scores)
 
     def _scores(self, start):
         return int(self.run.scores_dev) + 4 * start * self.pipeline.g.classes if self.keep_scores else 0

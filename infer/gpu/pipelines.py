@@ -45,6 +45,15 @@ class Algorithm:
     def available(cls, g, arch):
         return cls.runs_on(arch)
 
+    def certifies(self, n, scores):
+        """Whether a run of n images (scores asked for or not) takes a certified low-precision pass:
+        only fused-certified has one."""
+        return False
+
+    def enqueue_exact(self, *args, **kwargs):
+        """enqueue on the exact path alone: what every pipeline but fused-certified does anyway."""
+        return self.enqueue(*args, **kwargs)
+
 
 def classify(stream, pipeline, s, n, labels, overflow, scores):
     """fc1 -> ReLU -> fc2 through the pipeline's gemm_fc1 and gemm_fc2, then argmax: scratch s has
@@ -330,11 +339,15 @@ class FusedCertified(FusedWarpgroup):
     (certify_kernel3, then pair_kernel1 for the classes its first stage leaves); the images it leaves
     out are listed on the GPU and recomputed by fused-wgmma's kernels (fused_kernel3 and its fc
     kernel) on a count the GPU set, so the labels are fused-wgmma's. The scores asked for are the
-    float16 pass's where certified."""
+    float16 pass's where certified. Asked for by name it certifies every run; as the default
+    (by_default) only those it makes faster, the rest run on the exact path alone (enqueue_exact)."""
     NAME = "fused-certified"
     KERNEL = "fused_kernel4"  # any geometry fused-wgmma runs; fused_kernel5 where its shapes fit (8x8 conv2 outputs)
     KERNELS = ("fused_kernel5", KERNEL)
     CERTIFY_VERSION = 3  # certify_kernel3 and pair_kernel1; 1 and 2 still run (tests/test_certified_gpu.py)
+    # The default precision certifies runs of at least this many images that ask for no scores
+    # (docs/certified.md: below it the exact path's two kernels a chunk are faster than the eight).
+    CERTIFY_FROM = 16384
 
     @classmethod
     def kernel_for(cls, g):
@@ -352,6 +365,22 @@ class FusedCertified(FusedWarpgroup):
         self.fcs = launch.FullyConnected(build, g, tensor_cores=True)
         self.cert = launch.Certify(build, g, self.CERTIFY_VERSION)
         self.recomputed_dev = None
+        self.certify_from, self.exact_scores = 1, False  # asked for by name: every run certified
+
+    def by_default(self):
+        """As the default precision runs it: runs of CERTIFY_FROM images or more certified, unless
+        they ask for scores (those are then the exact path's)."""
+        self.certify_from, self.exact_scores = self.CERTIFY_FROM, True
+        return self
+
+    def certifies(self, n, scores):
+        return n >= self.certify_from and not (scores and self.exact_scores)
+
+    @property
+    def describe(self):
+        if self.exact_scores:
+            return f"float16 certified from {self.certify_from} images when no scores are asked for, else exact"
+        return "float16 certified"
 
     @staticmethod
     def conv2_halves(conv2):
@@ -416,6 +445,12 @@ class FusedCertified(FusedWarpgroup):
         c.scatter_labels(stream, n, s["idx"], s["count"], s["fb_labels"], labels, s["fb_scores"] if scores else 0, scores,
                          s["fb_overflow"], overflow)
 
+    def enqueue_exact(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0):
+        """fused-wgmma's two kernels (fused_kernel3, its fc kernel): for a run not certified."""
+        s = Scratch(scratch_base, self._layout(n)).ptr
+        self.exact(stream, x, self.w2, s["feat"], n, bad)
+        self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, overflow, scores, s["partial"])
+
 
 class ImplicitWarpgroup(Hopper, Implicit):
     """Implicit with each conv layer on Hopper's warpgroup MMA (wgmma, conv_kernel2) in 3xTF32, the
@@ -435,7 +470,7 @@ ALGORITHMS = {algo.NAME: algo for algo in (FusedWarpgroup, FusedTensorCores, Imp
 AUTO = "auto"  # the first of ALGORITHMS that can run the model on the GPU at hand
 
 
-PRECISIONS = ("exact", "certified")  # --precision; not given: --conv-algo alone decides
+PRECISIONS = ("exact", "certified")  # --precision; not given: by the run where --conv-algo is auto (choose)
 
 
 def precision_conflict(name, precision):
@@ -451,7 +486,8 @@ def choose(name, g, arch, precision=None):
     """(algorithm class, None) for --conv-algo name (or the first that fits, for auto) and --precision,
     or (None, why none can), or (algorithm class, a notice): --precision certified runs
     fused-certified where it can, else the exact path auto picks (the same answers), and says so.
-    --precision exact never runs the certified path."""
+    --precision exact never runs the certified path. Neither given (auto, no precision): fused-certified
+    where it can run, as its by_default() (the run decides), else the first that fits."""
     certified, conflict = FusedCertified, precision_conflict(name, precision)
     if conflict:
         return None, conflict
@@ -466,6 +502,8 @@ def choose(name, g, arch, precision=None):
             return None, why_not
         return algo, (f"cnninfer: --precision certified: {certified.NAME} cannot run this model ({why}); "
                       f"running the exact --conv-algo {algo.NAME} (the same answers)")
+    if name == AUTO and precision is None and certified.available(g, arch) is None:
+        return certified, None
     if name != AUTO:
         why = ALGORITHMS[name].available(g, arch)
         return (ALGORITHMS[name], None) if why is None else (None, f"--conv-algo {name} cannot run this model: {why}")
