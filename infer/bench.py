@@ -17,7 +17,7 @@ from .dataset import DataSet
 from .reader import Reader, wait
 from .errors import InputError
 from .gpu.launch import GEMMS, gemm_runs_on
-from .gpu.pipelines import ALGORITHMS
+from .gpu.pipelines import ALGORITHMS, default_path
 from .options import STREAMS
 
 GEOMETRY = re.compile(r"^(\d+)x(\d+)x(\d+),(\d+):(\d+),(\d+):(\d+),(\d+)(?:,(\d+))?$")
@@ -251,10 +251,12 @@ def bench_arrays(model, x, streams=STREAMS, warmup=5, repeats=20, torch_compile=
         peak, device, arch = fp32_peak(gpu), gpu.describe(), gpu.arch
     finally:
         gpu.close()
-    rows = []
+    rows, default = [], default_path(g, arch, n)
     for algo, gemm, tile in variants(arch):
         if ALGORITHMS[algo].available(g, arch) is None:
             rows.append(time_cnninfer(model, x, expected, algo, gemm, tile, streams, warmup, repeats))
+            if default is ALGORITHMS[algo] and gemm is None:  # (unroll has a row per GEMM and tile)
+                rows[-1]["name"] += " (default)"
     torch_rows = time_torch(model, x, warmup, repeats, torch_compile)
     for r in torch_rows:
         r["identical"] = int(np.count_nonzero(r["labels"] == expected))

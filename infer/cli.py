@@ -9,7 +9,7 @@ from . import __version__, backends, defaults, mnist, predictions, reference, se
 from .errors import InputError
 from .gpu import compiler
 from .gpu.launch import GEMMS, TILE_WIDTHS
-from .gpu.pipelines import ALGORITHMS, AUTO, PRECISIONS
+from .gpu.pipelines import ALGORITHMS, AUTO, PRECISIONS, FusedCertified
 from .options import DECODE_MODES, STREAMS
 
 
@@ -46,14 +46,15 @@ def cuda_options(f):
                           "both convs and pools in one kernel, conv2 on the tensor cores in 3xTF32; implicit-wgmma: "
                           "implicit-tc on Hopper's warpgroup MMA (sm_90); implicit-tc: each conv + ReLU + pool one "
                           "implicit-GEMM kernel in 3xTF32, any shapes; fused: fused-tc on FP32 cores; unroll: the "
-                          "2016 pipeline; auto: the first of these that can run the model on this GPU. "
-                          "fused-certified: --precision certified's path (never picked by auto)."),
+                          "2016 pipeline; fused-certified: --precision certified's path; auto: with no --precision, "
+                          "fused-certified where it runs (see --precision), else the first of the others that can "
+                          "run the model on this GPU."),
         click.option("--precision", type=click.Choice(PRECISIONS),
                      help="certified: conv2 in float16 with a bound per image; the images whose answer the bound "
                           "does not prove are recomputed exactly, so the answers are the exact path's (sm_90, "
                           "32 -> 64 channels, 128 hidden units, 10 classes; elsewhere the exact path runs, with "
-                          "a notice). exact: never float16. Default: exact (certified is slower today: "
-                          "docs/certified.md)."),
+                          "a notice). exact: never float16. Default: certified for runs of "
+                          f"{FusedCertified.CERTIFY_FROM} images or more (a GPU's share) that write no --scores (there it is faster: docs/certified.md), exact for the rest."),
         click.option("--device", "device_ordinal", type=click.IntRange(0), default=0, show_default=True,
                      help="CUDA device number."),
         click.option("--devices", callback=parse_devices, metavar="LIST|all",

@@ -438,6 +438,17 @@ def test_out_of_device_memory_falls_back_to_smaller_chunks(ece408, cpu_testfull,
     assert r.correct == TESTFULL_CORRECT and np.count_nonzero(r.predictions == cpu_testfull) >= TESTFULL_AGREE
 
 
+def exact_default():
+    """The exact path the default takes on this GPU (for runs it does not certify)."""
+    from infer.gpu.device import Device
+
+    gpu = Device(0)
+    try:
+        return "fused-wgmma" if launch.needs_hopper(gpu.arch) is None else "fused-tc"
+    finally:
+        gpu.close()
+
+
 def test_bench_validates_and_times_every_algorithm(ece408):
     import json
 
@@ -450,6 +461,8 @@ def test_bench_validates_and_times_every_algorithm(ece408):
     assert {"cnninfer fused", "cnninfer implicit-tc", "cnninfer unroll tiled tile 8", "cnninfer unroll blocked tile 64",
             "cnninfer unroll tf32x3 tile 128"} <= set(names)
     assert any("compiled + CUDA graph" in name for name in names)
+    # 100 images: fewer than the default certifies, so its row is the exact path's
+    assert [name for name in names if name.endswith(" (default)")] == [f"cnninfer {exact_default()} (default)"]
     for row in d["rows"]:
         assert row["gpu_ms"] > 0 and row["e2e_ms"] > 0 and row["identical"] >= 99
 

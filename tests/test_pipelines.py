@@ -6,7 +6,7 @@ from infer.gpu import launch
 from infer.gpu.launch import GEMMS, gemm_choice
 from infer.gpu.operands import tf32
 from infer.gpu.pipelines import (ALGORITHMS, AUTO, Fused, FusedCertified, FusedTensorCores, FusedWarpgroup, Implicit,
-                                 ImplicitWarpgroup, Unroll, choose)
+                                 ImplicitWarpgroup, Unroll, choose, default_path)
 from infer.network import Geometry
 
 MNIST = Geometry(28, 28, 1, 5, 32, 5, 64, 128, 10)
@@ -37,6 +37,9 @@ def test_the_default_certifies_only_large_runs_without_scores():
     assert not default.certifies(most - 1, False) and not default.certifies(most, True)
     assert f"from {most} images" in default.describe
     assert not FusedWarpgroup.certifies(None, most, False)
+    assert default_path(MNIST, "sm_90", most) is FusedCertified
+    assert default_path(MNIST, "sm_90", most - 1) is default_path(MNIST, "sm_90", most, scores=True) is FusedWarpgroup
+    assert default_path(MNIST, "sm_80", most) is FusedTensorCores
 
 
 def test_auto_falls_back_to_implicit_then_unroll_and_named_algorithms_say_why():

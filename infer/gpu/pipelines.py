@@ -511,3 +511,12 @@ def choose(name, g, arch, precision=None):
         if algo.available(g, arch) is None:
             return algo, None
     return None, "no GPU algorithm can run this model"
+
+
+def default_path(g, arch, n, scores=False):
+    """The algorithm whose kernels the default (auto, no precision) runs on n images: fused-certified
+    where it runs and certifies such a run (by_default), else the exact one auto picks."""
+    algo, _ = choose(AUTO, g, arch)
+    if algo is FusedCertified and (n < FusedCertified.CERTIFY_FROM or scores):
+        algo, _ = choose(AUTO, g, arch, "exact")
+    return algo
