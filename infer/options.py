@@ -26,7 +26,7 @@ class Options:
     fast_math: bool = False
     profile: bool = False
     decode: str = "host"  # where a streamed file's compressed chunks are decoded: host or gpu
-    precision: str = None  # exact or certified (float16 where certified, the rest exact); None: conv_algo decides
+    precision: str = None  # exact or certified (float16 where certified, the rest exact); None: by the run (pipelines.choose)
 
     @classmethod
     def of(cls, **given):
