@@ -405,7 +405,8 @@ def test_split_over_gpus_equals_one_gpu(ece408, monkeypatch, budget):
 
 
 def test_streamed_blocks_are_sized_in_bytes(ece408):
-    """About STREAM_BYTES a block whatever the stored type: 4x as many uint8 images as float32."""
+    """About STREAM_BYTES a block whatever the stored type: 4x as many uint8 images as float32, each
+    block one launch (a chunk)."""
     from infer import loader
     from infer.gpu.backend import CudaBackend
 
@@ -414,9 +415,10 @@ def test_streamed_blocks_are_sized_in_bytes(ece408):
     try:
         blocks = {}
         for stored in (np.float32, np.uint8):
-            b.prepare(model, (200_000, 28, 28, 1), wire=stored, streamed=True)
+            b.prepare(model, (1_000_000, 28, 28, 1), wire=stored, streamed=True)
             blocks[stored] = b.stream_block
             assert b.stream_block * 28 * 28 * np.dtype(stored).itemsize <= CudaBackend.STREAM_BYTES
+            assert b.executor.run.chunk == b.stream_block
         assert blocks[np.uint8] == 4 * blocks[np.float32]
     finally:
         b.close()

@@ -36,6 +36,15 @@ def memory(n, free, chunk=None, wire=3136, streamed=False, streams=4):
     return plan.memory(n, free, streams, chunk, 2048, MNIST_SCRATCH, 10, wire, 3136, streamed, 25 << 20, streams + 2)
 
 
+def test_a_streamed_launch_takes_a_whole_host_block():
+    block = 25 << 20
+    assert plan.streamed_chunk(8192, 28 * 28 * 4, block) == 8192  # float32: a block is 8,192 images
+    assert plan.streamed_chunk(8192, 28 * 28, block) == 32768  # uint8: four times as many, one launch
+    assert plan.streamed_chunk(8192, 96 * 96 * 12, block) == 8192  # larger images: never below the least
+    chunk = plan.streamed_chunk(8192, 28 * 28, block)
+    assert plan.ring(10**6, chunk, True, 28 * 28, block, 6) == (32768, 6)  # the block is that one launch
+
+
 def test_a_batch_that_fits_stays_resident_in_chunks_for_every_stream():
     assert memory(10_000, 80 << 30) == (2048, True)
     assert memory(3_000, 80 << 30) == (750, True)  # fewer images: each of 4 streams still gets a chunk

@@ -211,7 +211,9 @@ class CudaBackend(HostSide):
         self._free_decoder()
         self._free_placer()
         ex.free_run()
-        best = getattr(self.pipeline, "STREAM_CHUNK", self.pipeline.CHUNK) if streamed else self.pipeline.CHUNK
+        best = self.pipeline.CHUNK
+        if streamed and hasattr(self.pipeline, "STREAM_CHUNK"):  # a host block per launch
+            best = plan.streamed_chunk(self.pipeline.STREAM_CHUNK, elems * wire.itemsize, self.STREAM_BYTES)
         # Blocks the GPU decodes are larger, and their ring deeper: chunks decoding at once make its speed
         free = cuda.mem_get_info()[0]
         block_bytes, depth = ((chunk_decode.BLOCK_BYTES, chunk_decode.slots(free)) if decoding

@@ -229,7 +229,7 @@ class Fused(Algorithm):
     in shared memory, FP32 FFMA), then fc1 -> ReLU -> fc2 -> argmax in one kernel."""
     NAME = "fused"
     CHUNK = 2048  # in memory: chunks on 4 streams hide the upload of one behind the kernels of others
-    STREAM_CHUNK = 8192  # streamed: a whole block per launch, 3x fewer launches for the host to make
+    STREAM_CHUNK = 8192  # streamed: a whole host block per launch (plan.streamed_chunk), 3x fewer launches for the host
     KERNEL = "fused_kernel1"
 
     def __init__(self, build, g):

@@ -19,6 +19,14 @@ def aligned_chunk(best, align):
     return best - best % align if align <= best else best
 
 
+def streamed_chunk(least, image_bytes, block_bytes):
+    """Images per launch of a streamed batch: whole multiples of `least` filling a host block of
+    about block_bytes, so a block is one launch whatever the image's type (uint8 blocks hold 4x the
+    float32 images: at 8,192 a launch, four launches a block left the host enqueueing kernels while
+    the GPU waited)."""
+    return least * max(1, block_bytes // (least * image_bytes))
+
+
 def ring(n, chunk, streamed, image_bytes, block_bytes, depth):
     """(images per resident block, blocks): all n images in one block, or for a streamed batch
     a ring of blocks of whole chunks, about block_bytes each, at most depth deep."""
