@@ -20,7 +20,12 @@ class Result:
     profile: list = None
     streamed: bool = False  # read from the files block by block, overlapped with compute
     reader: dict = None  # the read path (layout) and reader threads
-    recomputed: int = None  # --precision certified: the images recomputed exactly (the rest float16, certified)
+    recomputed: int = None  # a certified run: the images recomputed exactly (the rest float16, certified)
+
+    @property
+    def precision(self):
+        """"certified" where the run took the certified float16 pass, else "exact"."""
+        return "exact" if self.recomputed is None else "certified"
 
     @property
     def n(self):
@@ -67,7 +72,7 @@ class Result:
                  elapsed_ms=self.timing["forward"], backend=self.backend, device=self.device,
                  input_shape=list(self.shape),
                  data=self.data_paths[0] if len(self.data_paths) == 1 else list(self.data_paths),
-                 model=self.model_path, streamed=self.streamed, timing_ms=dict(self.timing),
+                 model=self.model_path, streamed=self.streamed, precision=self.precision, timing_ms=dict(self.timing),
                  shards=self.per_shard(), per_class=self.per_class(), confusion=self.confusion.tolist())
         if self.reader is not None:
             d["reader"] = self.reader

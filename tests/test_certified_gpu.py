@@ -180,7 +180,9 @@ def test_precision_certified_through_the_session_and_the_command_line(gpu, ece40
     r = invoke("run", data, model, "--backend", "cuda", "--precision", "certified", "--json")
     assert r.exit_code == 0, r.stderr
     d = json.loads(r.stdout)
-    assert d["correct"] == 8722 and d["recomputed"] == certified.recomputed
+    assert d["correct"] == 8722 and d["recomputed"] == certified.recomputed and d["precision"] == "certified"
+    d = json.loads(invoke("run", data, model, "--backend", "cuda", "--json").stdout)  # the default: 10,000 run exactly
+    assert d["precision"] == "exact" and "recomputed" not in d and "fused-certified" in d["device"]
     r = invoke("run", data, model, "--backend", "cuda", "--precision", "certified", "--profile", "--streams", "1")
     assert r.exit_code == 0, r.stderr
     assert f"certified: {10000 - certified.recomputed} of 10000 images in float16, {certified.recomputed} recomputed exactly" in r.stdout

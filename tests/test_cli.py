@@ -37,7 +37,8 @@ def test_json_has_the_result_and_timing(ece408):
     assert (d["n"], d["correct"], d["accuracy"], d["backend"]) == (100, 95, 0.95, "cpu")
     assert set(d["timing_ms"]) == {"load", "prepare", "forward"}
     assert d["elapsed_ms"] == d["timing_ms"]["forward"] > 0
-    assert d["device"].startswith("CPU") and "recomputed" not in d  # only --precision certified's GPU path counts
+    assert d["device"].startswith("CPU") and "recomputed" not in d  # only a certified GPU run counts
+    assert d["precision"] == "exact"
 
 
 def test_precision_takes_exact_or_certified(ece408):
