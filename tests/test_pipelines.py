@@ -28,9 +28,8 @@ def test_the_default_certifies_only_large_runs_without_scores():
     """Named (--conv-algo fused-certified, --precision certified) every run is certified; as the
     default, runs of CERTIFY_FROM images or more that ask for no scores, the rest run exactly."""
     named = FusedCertified.__new__(FusedCertified)
-    named.certify_from, named.exact_scores = 1, False
-    default = FusedCertified.__new__(FusedCertified)
-    default.by_default()
+    named.default = False
+    default = FusedCertified.__new__(FusedCertified).by_default()
     most = FusedCertified.CERTIFY_FROM
     assert named.certifies(1, False) and named.certifies(1, True) and named.describe == "float16 certified"
     assert default.certifies(most, False) and default.certifies(10 * most, False)

@@ -365,21 +365,26 @@ class FusedCertified(FusedWarpgroup):
         self.fcs = launch.FullyConnected(build, g, tensor_cores=True)
         self.cert = launch.Certify(build, g, self.CERTIFY_VERSION)
         self.recomputed_dev = None
-        self.certify_from, self.exact_scores = 1, False  # asked for by name: every run certified
+        self.default = False  # asked for by name: every run certified
 
     def by_default(self):
-        """As the default precision runs it: runs of CERTIFY_FROM images or more certified, unless
-        they ask for scores (those are then the exact path's)."""
-        self.certify_from, self.exact_scores = self.CERTIFY_FROM, True
+        """As the default precision runs it: only the runs certified_by_default names."""
+        self.default = True
         return self
 
+    @classmethod
+    def certified_by_default(cls, n, scores):
+        """Whether the default certifies a run of n images: from CERTIFY_FROM, unless it asks for
+        scores (those are then the exact path's bits)."""
+        return n >= cls.CERTIFY_FROM and not scores
+
     def certifies(self, n, scores):
-        return n >= self.certify_from and not (scores and self.exact_scores)
+        return not self.default or self.certified_by_default(n, scores)
 
     @property
     def describe(self):
-        if self.exact_scores:
-            return f"float16 certified from {self.certify_from} images when no scores are asked for, else exact"
+        if self.default:
+            return f"float16 certified from {self.CERTIFY_FROM} images when no scores are asked for, else exact"
         return "float16 certified"
 
     @staticmethod
@@ -517,6 +522,6 @@ def default_path(g, arch, n, scores=False):
     """The algorithm whose kernels the default (auto, no precision) runs on n images: fused-certified
     where it runs and certifies such a run (by_default), else the exact one auto picks."""
     algo, _ = choose(AUTO, g, arch)
-    if algo is FusedCertified and (n < FusedCertified.CERTIFY_FROM or scores):
+    if algo is FusedCertified and not algo.certified_by_default(n, scores):
         algo, _ = choose(AUTO, g, arch, "exact")
     return algo
