@@ -20,8 +20,9 @@
 //   (N/8, 2 halves of k, 8 rows, 4 k). conv1: m64n32k8 tiles, k = (kh, kw, ci) padded to a multiple
 //   of 8, except that a last 1 or 2 k past a whole k8 step go to FFMA; the split w1 in constant
 //   memory, copied beside the images; each warpgroup takes two tiles at a time. conv2: each of the 2
-//   warpgroups computes 2 images, one m64n64k8 tile per image, host layout of w2 (K2*K2, C1/8, {hi,
-//   lo}, C2/8, 2, 8, 4). 3 x 2 x (H1*W1*C1*K1S + H2*W2*C2*K2*K2*C1) tensor FLOPs an image (K1S: the
+//   warpgroups computes IMGS / 2 images, one m64n64k8 tile per image, host layout of w2 (K2*K2, C1/8,
+//   {hi, lo}, C2/8, 2, 8, 4). IMGS is 4, or 2 for the certified path's recomputation (a block's
+//   latency at a chunk's end, half the tensor work a block; each image's sums the same, so its bits). 3 x 2 x (H1*W1*C1*K1S + H2*W2*C2*K2*K2*C1) tensor FLOPs an image (K1S: the
 //   k of conv1's steps, 24 for ECE408's 25), plus 2 x H1*W1*C1 per tail k on FFMA.
 // The shared-memory layout is the host's (launch.Fused.plan): it passes the images per block IMGS, the
 // pooled conv1 output's strides PSTR (pixel), RSTR (row), ISTR (image) and the floats of the stage
@@ -33,6 +34,7 @@
 #include "fused_conv1_wgmma.cuh"
 static_assert(STAGE_FLOATS >= 2 * SLAB2, "fused v2/v3: the stage area must hold two w2 slabs");
 static_assert(C2 == 64, "fused v3: N = C2 = 64 (wgmma.m64n64k8)");
+constexpr int WG_IMGS = IMGS / 2;  // conv2's images per warpgroup
 
 
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
@@ -56,13 +58,13 @@ fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float
     __syncthreads();  // p1 complete; the staged images and w1 are dead from here on
     fetch_slab(slabs, w2f, 0);
 
-    // Phase 2: conv2, 2 images per warpgroup, one m64n64 tile per image and group of 16 windows.
-    float acc[2][32];
+    // Phase 2: conv2, WG_IMGS images per warpgroup, one m64n64 tile per image and group of 16 windows.
+    float acc[WG_IMGS][32];
     for (int u = 0; u < STEPS; ++u) {
         const int mg = u / (K2 * K2), s = u % (K2 * K2);
         // Rows g and g + 8 of warp w: pool window mg*16 + 4w + g/2, column dx = g % 2, row dy = 0, 1.
         const int win = mg * 16 + 4 * w + g / 2, py = win / P2W, px = win % P2W;
-        const float* as = p1 + (2 * wg) * ISTR + (2 * py + s / K2) * RSTR + (2 * px + g % 2 + s % K2) * PSTR + tig;
+        const float* as = p1 + (WG_IMGS * wg) * ISTR + (2 * py + s / K2) * RSTR + (2 * px + g % 2 + s % K2) * PSTR + tig;
         // Slab u has landed (ours; the proxy fence hands it to the tensor cores' reads, the barrier
         // makes everyone's visible), and every warpgroup's MMAs on the other buffer have completed.
         asm volatile("cp.async.wait_group 0;");
@@ -72,9 +74,9 @@ fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float
         const float* slab = stage + (u % 2) * SLAB2;
 #pragma unroll
         for (int ks = 0; ks < KSTEPS; ++ks) {
-            float av[2][4];
+            float av[WG_IMGS][4];
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
+            for (int i = 0; i < WG_IMGS; ++i) {
                 const float* a = as + i * ISTR + ks * 8;
                 av[i][0] = a[0];
                 av[i][1] = a[RSTR];
@@ -87,8 +89,8 @@ fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float
 
         if (s == K2 * K2 - 1) {
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int img = 2 * wg + i;
+            for (int i = 0; i < WG_IMGS; ++i) {
+                const int img = WG_IMGS * wg + i;
                 float* out = feat + ((size_t)(img0 + img) * WINDOWS + win) * C2 + 2 * tig;
 #pragma unroll
                 for (int c = 0; c < C2 / 8; ++c) {

@@ -21,7 +21,7 @@ constexpr int W1F_FLOATS = KS1 * 2 * 8 * C1 + TAIL1 * C1;
 constexpr int TILES1 = (P1H * P1W + 15) / 16;  // conv1 m64 tiles (16 pool windows each) per image
 constexpr int JOBS1 = IMGS * TILES1;
 
-static_assert(IMGS == 4 && FUSED_THREADS == 256, "fused v3/v4: two warpgroups of two images each");
+static_assert((IMGS == 4 || IMGS == 2) && FUSED_THREADS == 256, "fused v3/v4: two warpgroups of IMGS / 2 images each");
 static_assert(C1 == 32, "fused v3/v4: N = C1 = 32 (wgmma.m64n32k8)");
 static_assert(X_PAD >= X_FLOATS && X_PAD % 32 == 0, "fused v3/v4: conv1's weights after the images, 128-byte aligned");
 static_assert(STAGE_FLOATS >= X_PAD + W1F_FLOATS, "fused v3/v4: the stage area must hold the images and conv1's weights");

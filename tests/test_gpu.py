@@ -190,6 +190,36 @@ def test_fused_conv_kernel(gpu, rng, g, algo):
     assert d.get(bad, 1, np.int32)[0] == 5
 
 
+@pytest.mark.parametrize("g", [g for g in GEOMETRIES if launch.Fused.plan(g, 3)[0] is not None],
+                         ids=lambda g: f"{g.h}x{g.w}x{g.c}-k{g.k1}-{g.c1}-k{g.k2}-{g.c2}")
+def test_fused_kernel3_two_images_a_block_gives_the_same_bits(gpu, rng, g):
+    """The certified path's recomputation runs fused_kernel3 2 images a block: every feature the same
+    bits as 4 a block, on a listed subset (idx, a count) as on all images."""
+    from infer.gpu.pipelines import FusedWarpgroup
+
+    runs_here("fused-wgmma")
+    n = 11
+    x, w = rand(rng, n, g.h, g.w, g.c), Weights(rng, g)
+    d = Dev()
+    xs, w2 = d.put(x), d.put(FusedWarpgroup.conv2_weights(w.conv2))
+    listed, count = d.put([9, 2, 7, 4, 0, 10, 5], np.int32), d.put([5], np.int32)
+    outs = []
+    for imgs in launch.Fused.IMGS3:
+        k = launch.Fused(build(gpu), g, FusedWarpgroup.KERNEL, imgs=imgs)
+        assert k.imgs == imgs
+        d.cuda.memcpy_htod(k.conv1_constant, FusedWarpgroup.conv1_weights(w.conv1))
+        every, some = d.empty((n, g.flat)), d.empty((n, g.flat))
+        k(None, xs, w2, every, n)
+        k(None, xs, w2, some, n, count=count, idx=listed)
+        outs.append((d.get(every, (n, g.flat)), d.get(some, (n, g.flat))))
+    (every4, some4), (every2, some2) = outs
+    assert np.isfinite(every4).all() and np.isfinite(some4[:5]).all() and np.isnan(some4[5:]).all()
+    np.testing.assert_array_equal(every2.view(np.uint32), every4.view(np.uint32))
+    np.testing.assert_array_equal(some2.view(np.uint32)[:5], some4.view(np.uint32)[:5])
+    np.testing.assert_array_equal(some4.view(np.uint32)[:5], every4.view(np.uint32)[[9, 2, 7, 4, 0]])
+    assert np.isnan(some2[5:]).all()
+
+
 def geometry_id(g):
     return f"{g.h}x{g.w}x{g.c}-k{g.k1}-{g.c1}-k{g.k2}-{g.c2}"
 

@@ -169,3 +169,14 @@ def test_conv1_weights_steps_then_tail(rng, k1, c, steps, tail):
     assert mma[0, ks, 1, 2, kc, 5, kk] == tf32(flat[k, 21] - tf32(flat[k, 21]))
     padded = mma.transpose(0, 1, 4, 6, 2, 3, 5).reshape(8 * steps, -1)[k + 1:]  # rows (ks, kc, kk) past k
     assert not padded.any()
+
+
+def test_fused_plan_takes_two_or_four_images_a_block_only_for_version_3():
+    """fused_kernel3 runs 2 images a block for the certified path's recomputation, a smaller layout."""
+    four, two = launch.Fused.plan(MNIST, 3)[0], launch.Fused.plan(MNIST, 3, imgs=2)[0]
+    assert (four.imgs, two.imgs) == (4, 2) and two.shared < four.shared
+    assert launch.Fused.defines(MNIST, 3, imgs=2)["IMGS"] == 2
+    with pytest.raises(ValueError, match="takes 4 images a block, not 2"):
+        launch.Fused.plan(MNIST, 4, imgs=2)
+    with pytest.raises(ValueError, match="takes 4 or 2 images a block, not 3"):
+        launch.Fused.plan(MNIST, 3, imgs=3)

@@ -343,9 +343,15 @@ class Fused(Launcher):
     SMEM_LIMIT = 227 * 1024
     ARCH = {3: "sm_90a", 4: "sm_90a", 5: "sm_90a"}  # versions compiled for a target other than the GPU's own
 
+    IMGS3 = (4, 2)  # version 3's images a block: 4, or 2 for a shorter block (the recomputation)
+
     @classmethod
-    def plan(cls, g, version=1):
-        """(FusedLayout, None) for geometry g, or (None, why the kernel cannot run it)."""
+    def plan(cls, g, version=1, imgs=4):
+        """(FusedLayout, None) for geometry g, or (None, why the kernel cannot run it); imgs: version
+        3's images a block (IMGS3; the other versions fix theirs)."""
+        if imgs != 4 and (version != 3 or imgs not in cls.IMGS3):
+            raise ValueError(f"fused_kernel{version} takes {' or '.join(map(str, cls.IMGS3)) if version == 3 else 4} "
+                             f"images a block, not {imgs}")
         (p1h, p1w), (p2h, p2w) = g.pool1_out, g.pool2_out
         images = lambda imgs: imgs * g.h * g.w * g.c  # noqa: E731
         if g.k1 * g.k1 * g.c > 64 or cls.THREADS % g.c1:
@@ -395,9 +401,9 @@ class Fused(Launcher):
             # outputs (4 floats) and holds two float16 slabs (C1 * C2 floats each) in phase 2.
             pstr = g.c1 + (8 if version == 4 else 4)
             steps, tail = cls.conv1_steps(g.k1 * g.k1 * g.c)
-            w1_at = ceil_div(images(4), 32) * 32
+            w1_at = ceil_div(images(imgs), 32) * 32
             slabs, maxima = (2 * g.c1 * g.c2, 4) if version == 4 else (4 * g.c1 * g.c2, 0)
-            layout = FusedLayout(4, pstr, p1w * pstr, p1h * p1w * pstr,
+            layout = FusedLayout(imgs, pstr, p1w * pstr, p1h * p1w * pstr,
                                  max(w1_at + (16 * steps + tail) * g.c1 + maxima, slabs + maxima), w1_at)
         if layout.shared > cls.SMEM_LIMIT:
             return None, f"it needs {layout.shared} bytes of shared memory per block, more than {cls.SMEM_LIMIT}"
@@ -411,8 +417,8 @@ class Fused(Launcher):
         return -(-(k - tail) // 8), tail
 
     @classmethod
-    def defines(cls, g, version=1):
-        layout, why = cls.plan(g, version)
+    def defines(cls, g, version=1, imgs=4):
+        layout, why = cls.plan(g, version, imgs)
         if layout is None:
             raise ValueError(f"the fused kernel cannot run this network: {why}")
         defines = dict(IN_H=g.h, IN_W=g.w, IN_C=g.c, K1=g.k1, C1=g.c1, K2=g.k2, C2=g.c2, IMGS=layout.imgs,
@@ -423,13 +429,13 @@ class Fused(Launcher):
             defines.update(P1_HALVES=1)
         return defines
 
-    def __init__(self, build, g, kernel="fused_kernel1"):
+    def __init__(self, build, g, kernel="fused_kernel1", imgs=4):
         self.kernel, version = kernel, version_of(kernel)
         self.source, self.version = f"fused{version}", version
         self.arg_types = self.ARG_TYPES.get(version, self.arg_types)
         self.DIRECTED_ROUNDING = version in (4, 5)
-        super().__init__(build, self.ARCH.get(version), **self.defines(g, version))
-        layout = self.plan(g, version)[0]
+        super().__init__(build, self.ARCH.get(version), **self.defines(g, version, imgs))
+        layout = self.plan(g, version, imgs)[0]
         self.imgs, self.shared = layout.imgs, layout.shared
         import pycuda.driver as cuda
 

@@ -337,8 +337,8 @@ class FusedCertified(FusedWarpgroup):
     each feature (fused_kernel5, or fused_kernel4 where its shapes do not fit), fc1 -> ReLU -> fc2
     as the exact path computes them (fc1's sums before ReLU kept), a certificate per image
     (certify_kernel3, then pair_kernel1 for the classes its first stage leaves); the images it leaves
-    out are listed on the GPU and recomputed by fused-wgmma's kernels (fused_kernel3 and its fc
-    kernel) on a count the GPU set, so the labels are fused-wgmma's. The scores asked for are the
+    out are listed on the GPU and recomputed by fused-wgmma's kernels (fused_kernel3, 2 images a
+    block, and its fc kernel) on a count the GPU set, so the labels are fused-wgmma's. The scores asked for are the
     float16 pass's where certified. Asked for by name it certifies every run; as the default
     (by_default) only those it makes faster, the rest run on the exact path alone (enqueue_exact)."""
     NAME = "fused-certified"
@@ -348,6 +348,7 @@ class FusedCertified(FusedWarpgroup):
     # The default precision certifies runs of at least this many images that ask for no scores
     # (docs/certified.md: below it the exact path's two kernels a chunk are faster than the eight).
     CERTIFY_FROM = 16384
+    RECOMPUTE_IMGS = 2  # fused_kernel3's images a block when it recomputes a chunk's list
 
     @classmethod
     def kernel_for(cls, g):
@@ -362,6 +363,8 @@ class FusedCertified(FusedWarpgroup):
         self.g = g
         self.convs = launch.Fused(build, g, self.kernel_for(g))
         self.exact = launch.Fused(build, g, FusedWarpgroup.KERNEL)
+        # The recomputation: the same kernel 2 images a block, a shorter block at each chunk's end
+        self.recompute = launch.Fused(build, g, FusedWarpgroup.KERNEL, imgs=self.RECOMPUTE_IMGS)
         self.fcs = launch.FullyConnected(build, g, tensor_cores=True)
         self.cert = launch.Certify(build, g, self.CERTIFY_VERSION)
         self.recomputed_dev = None
@@ -407,6 +410,7 @@ class FusedCertified(FusedWarpgroup):
         g, conv1 = self.g, self.conv1_weights(model.conv1)
         cuda.memcpy_htod(self.convs.conv1_constant, conv1)
         cuda.memcpy_htod(self.exact.conv1_constant, conv1)
+        cuda.memcpy_htod(self.recompute.conv1_constant, conv1)
         cuda.memcpy_htod(self.convs.module.get_global("c_conv2_bound")[0], certify.conv2_constants(model.conv2))
         cuda.memcpy_htod(self.cert.constants, certify.fc_constants(model.fc1))
         self.w2, self.w2h = to_device(self.conv2_weights(model.conv2)), words(self.conv2_halves(model.conv2))
@@ -442,7 +446,7 @@ class FusedCertified(FusedWarpgroup):
         c(stream, s["feat"], s["dp"], s["z"], s["scores"], labels, self.w1abs, self.w1h, self.fc2, s["ok"], n,
           pairs=(s["pairs"], s["columns"], s["npairs"]))
         c.compact_list(stream, s["ok"], n, s["idx"], s["count"], s["fb_overflow"], self.recomputed_dev)
-        self.exact(stream, x, self.w2, s["feat"], n, 0, count=s["count"], idx=s["idx"])
+        self.recompute(stream, x, self.w2, s["feat"], n, 0, count=s["count"], idx=s["idx"])
         self.fcs(stream, s["feat"], self.fc1, self.fc2, s["fb_labels"], n, s["fb_overflow"], s["fb_scores"] if scores else 0,
                  s["partial"], count=s["count"])
         if scores:
