@@ -144,6 +144,18 @@ __device__ __forceinline__ void sum_lanes(float (&Ac)[CLASSES], float (&Bc)[CLAS
     }
 }
 
+// acc = a 64-feature fc1 slab (ws: the A operand, 64 x HIDDEN halves) . b (HIDDEN x 2 NACC halves),
+// both read by the tensor cores from shared memory; returns once the warpgroup's MMAs are done.
+template <int NACC>
+__device__ __forceinline__ void fc1_slab_product(float (&acc)[NACC], const float* ws, const float* b) {
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+    for (int ks = 0; ks < HIDDEN / 16; ++ks)
+        wgmma16_ss(acc, wgmma_desc(ws + ks * (64 * 16 / 2)), wgmma_desc(b + ks * (NACC * 16)), ks > 0);
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    wgmma_drain();
+}
+
 // Phase B's P = sum_i dp_i |H_i| over a warpgroup's m64 tile of H (accumulators acc, 8 NG columns):
 // column 8 cg + 2 tig + e into P[2 cg + e], rows 16 w + g and + 8 of this thread; row(col) points at
 // the column's dp for row 16 w + g (its + 8 is the other row's).
@@ -331,12 +343,7 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
         __syncthreads();  // this slab landed; the other stage's MMAs and every G tile read are done
         if (slab + 1 < FEAT / KT) fetch_b(slab + 1);
         const float* ws = r3 + (slab % 2) * (W1_FLOATS + DP_FLOATS);
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-        for (int ks = 0; ks < HIDDEN / 16; ++ks)
-            wgmma16_ss(acc, wgmma_desc(ws + ks * (64 * 16 / 2)), wgmma_desc(bm + ks * (NCOL * 16 / 2)), ks > 0);
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        wgmma_drain();
+        fc1_slab_product(acc, ws, bm);
         store_tile(G, G_ROW, acc);
         asm volatile("bar.sync %0, 128;" :: "r"(1 + wg));  // this warpgroup's G tile is whole
         const float* ds = ws + W1_FLOATS + i * KT;
@@ -507,12 +514,7 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
         __syncthreads();  // this slab landed; the other stage's MMAs are done
         if (slab + 1 < FEAT / 64) fetch_b(slab + 1);
         const float* ws = r1 + (slab % 2) * STAGE;
-        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-        for (int ks = 0; ks < HIDDEN / 16; ++ks)
-            wgmma16_ss(acc, wgmma_desc(ws + ks * (64 * 16 / 2)), wgmma_desc(bm + ks * (NCOL * 16 / 2)), ks > 0);
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        wgmma_drain();
+        fc1_slab_product(acc, ws, bm);
         const float* ds = ws + W1_FLOATS + 16 * w + g;
         add_dp_abs<NCOL / 8>(P, acc, [&](int col) { return ds + (8 * wg + col / CLASSES) * DS_ROW; });
     }
@@ -754,12 +756,7 @@ pair_kernel1(const float4* __restrict__ pairs, const float4* __restrict__ column
             if (2 * it + wg < SLABS) {
                 const float* ws = stages + (it % 2) * STAGE + wg * HALF;
                 float acc[16];
-                asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
-#pragma unroll
-                for (int ks = 0; ks < HIDDEN / 16; ++ks)
-                    wgmma16_ss(acc, wgmma_desc(ws + ks * (64 * 16 / 2)), wgmma_desc(cols + ks * (NP * 16 / 2)), ks > 0);
-                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-                wgmma_drain();
+                fc1_slab_product(acc, ws, cols);
                 const float* ds = ws + SLAB + 16 * w + g;
                 add_dp_abs<NP / 8>(P, acc, [&](int col) { return ds + col * DS_ROW; });
             }

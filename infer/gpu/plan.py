@@ -20,10 +20,10 @@ def aligned_chunk(best, align):
 
 
 def streamed_chunk(least, image_bytes, block_bytes):
-    """Images per launch of a streamed batch: whole multiples of `least` filling a host block of
-    about block_bytes, so a block is one launch whatever the image's type (uint8 blocks hold 4x the
-    float32 images: at 8,192 a launch, four launches a block left the host enqueueing kernels while
-    the GPU waited)."""
+    """Whole multiples of `least` images filling about block_bytes (at least one). As the images
+    per launch of a streamed batch, a host block is one launch whatever the image's type (uint8
+    blocks hold 4x the float32 images: at 8,192 a launch, four launches a block left the host
+    enqueueing kernels while the GPU waited)."""
     return least * max(1, block_bytes // (least * image_bytes))
 
 
@@ -32,7 +32,7 @@ def ring(n, chunk, streamed, image_bytes, block_bytes, depth):
     a ring of blocks of whole chunks, about block_bytes each, at most depth deep."""
     if not streamed:
         return n, 1
-    block = min(n, chunk * max(1, block_bytes // (chunk * image_bytes)))
+    block = min(n, streamed_chunk(chunk, image_bytes, block_bytes))
     return block, min(depth, -(-n // block))
 
 
