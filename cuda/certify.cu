@@ -144,6 +144,23 @@ __device__ __forceinline__ void sum_lanes(float (&Ac)[CLASSES], float (&Bc)[CLAS
     }
 }
 
+// Phase A's A fragments of a staged k-tile (rows ROW floats apart), this thread's rows 16 w + g and
+// + 8 (w: its warp in the warpgroup): |value| * scale as float16 pairs rounded up; where sum_dp the
+// values (dp) are also added into dsum, rounded up.
+template <int KS, int ROW>
+__device__ __forceinline__ void phase_a_fragments(unsigned (&a)[KS][4], const float* as, float scale, bool sum_dp,
+                                                  float (&dsum)[2]) {
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32 % 4, g = lane / 4, tig = lane % 4;
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            const float2 v = *reinterpret_cast<const float2*>(as + (16 * w + g + 8 * (r % 2)) * ROW + 16 * ks + 2 * tig + 8 * (r / 2));
+            a[ks][r] = half2_up(fabsf(v.x) * scale, fabsf(v.y) * scale);
+            if (sum_dp) dsum[r % 2] = __fadd_ru(dsum[r % 2], __fadd_ru(v.x, v.y));
+        }
+}
+
 // acc = a 64-feature fc1 slab (ws: the A operand, 64 x HIDDEN halves) . b (HIDDEN x 2 NACC halves),
 // both read by the tensor cores from shared memory; returns once the warpgroup's MMAs are done.
 template <int NACC>
@@ -230,7 +247,7 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
     float* R = T + IMGS * CLASSES;
     float* D = R + IMGS * CLASSES;         // sum of dp
     int* top = reinterpret_cast<int*>(D + IMGS);
-    const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
+    const int t = threadIdx.x, warp = t / 32;
     const int wg = warp / 4, w = warp % 4, tw = t % 128;
     const int img0 = blockIdx.x * IMGS, imgs = min(IMGS, n - img0);
 
@@ -262,14 +279,7 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
         const float* bs = as + A_FLOATS;
         const float scale = w < 2 ? c_fc_bound[DSCALE] : 1.0f;  // warps 0-1: dp rows, 2-3: |p| rows
         unsigned av[KT / 16][4];
-#pragma unroll
-        for (int ks = 0; ks < KT / 16; ++ks)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const float2 v = *reinterpret_cast<const float2*>(as + (16 * w + g + 8 * (r % 2)) * A_ROW + 16 * ks + 2 * tig + 8 * (r / 2));
-                av[ks][r] = half2_up(fabsf(v.x) * scale, fabsf(v.y) * scale);
-                if (w < 2) dsum[r % 2] = __fadd_ru(dsum[r % 2], __fadd_ru(v.x, v.y));
-            }
+        phase_a_fragments<KT / 16, A_ROW>(av, as, scale, w < 2, dsum);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int ks = 0; ks < KT / 16; ++ks)  // this warpgroup's 64 hidden units: column groups 8 wg on
@@ -415,7 +425,7 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
     float* D = R + IMGS * CLASSES;         // sum of dp
     int* top = reinterpret_cast<int*>(D + IMGS);
     float* pw = reinterpret_cast<float*>(top + IMGS);  // [warp of the block][column]
-    const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane >> 2;
     const int wg = warp / 4, w = warp % 4;
     const int img0 = blockIdx.x * IMGS, imgs = min(IMGS, n - img0);
     if (t < IMGS) top[t] = t < imgs ? labels[img0 + t] : 0;
@@ -443,18 +453,8 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
         if (tile + 1 < FEAT / KT) fetch_a(tile + 1);
         const float* as = r1 + (tile % 2) * (A_FLOATS + B_FLOATS);
         const float scale = w == 0 ? c_fc_bound[DSCALE] : 1.0f;
-        unsigned av[KT / 16][4];
-#pragma unroll
-        for (int ks = 0; ks < KT / 16; ++ks)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                av[ks][r] = 0;
-                if (w < 2) {
-                    const float2 v = *reinterpret_cast<const float2*>(as + (16 * w + g + 8 * (r % 2)) * A_ROW + 16 * ks + 2 * tig + 8 * (r / 2));
-                    av[ks][r] = half2_up(fabsf(v.x) * scale, fabsf(v.y) * scale);
-                    if (w == 0) dsum[r % 2] = __fadd_ru(dsum[r % 2], __fadd_ru(v.x, v.y));
-                }
-            }
+        unsigned av[KT / 16][4] = {};  // warps 2-3: the zero rows
+        if (w < 2) phase_a_fragments<KT / 16, A_ROW>(av, as, scale, w == 0, dsum);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int ks = 0; ks < KT / 16; ++ks)  // this warpgroup's 64 hidden units: column groups 8 wg on
@@ -567,7 +567,7 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
     float* Z = r1 + R1;  // fc1's sums before ReLU, [img][HIDDEN]
     float* D = Z + IMGS * HIDDEN;  // sum of dp
     int* top = reinterpret_cast<int*>(D + IMGS);
-    const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
     const int wg = warp / 4, w = warp % 4;
     const int img0 = blockIdx.x * IMGS, imgs = min(IMGS, n - img0);
     if (t < IMGS) top[t] = t < imgs ? labels[img0 + t] : 0;
@@ -611,14 +611,7 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
         if (tile + 2 < TILES) fetch_a(tile + 2);
         cp_async_commit();
         const float* as = r1 + (tile % NSTAGES) * STAGE;
-#pragma unroll
-        for (int ks = 0; ks < KT / 16; ++ks)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-                const float2 v = *reinterpret_cast<const float2*>(as + (16 * w + g + 8 * (r % 2)) * A_ROW + 16 * ks + 2 * tig + 8 * (r / 2));
-                a[ks][r] = half2_up(fabsf(v.x) * scale, fabsf(v.y) * scale);
-                if (wg == 0 && w < 2) dsum[r % 2] = __fadd_ru(dsum[r % 2], __fadd_ru(v.x, v.y));
-            }
+        phase_a_fragments<KT / 16, A_ROW>(a, as, scale, wg == 0 && w < 2, dsum);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int ks = 0; ks < KT / 16; ++ks)  // this warpgroup's 64 hidden units: column groups 8 wg on
