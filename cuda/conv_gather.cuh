@@ -10,12 +10,6 @@ static_assert(ROWS + STAGES * STAGE_FLOATS == SHARED_FLOATS, "conv: the host's s
 
 static_assert(PH >= 1 && PW >= 1, "conv: the pooled output is empty");
 
-// Offset in x of k index r = (kh, kw, c) from a conv output's top-left input value.
-__device__ __forceinline__ int k_offset(int r) {
-    const int kh = r / (KS * IN_C), kw = (r / IN_C) % KS, c = r % IN_C;
-    return (kh * IN_W + kw) * IN_C + c;
-}
-
 // Gather the k-tile [k0, k0 + BK) of the block's ROWS GEMM rows into as (row stride AST), zeros past
 // KTOT and for rows past the last window (rowbase -1).
 __device__ __forceinline__ void fetch_a(float* as, const int* rowbase, const float* __restrict__ x, int k0) {

@@ -1,4 +1,4 @@
-// What conv_kernel1 and conv_kernel2 share: the conv's geometry from the -D shapes.
+// What conv_kernel1, conv_kernel2 and conv_kernel3 share: the conv's geometry from the -D shapes.
 #pragma once
 #if !defined(IN_H) || !defined(IN_W) || !defined(IN_C) || !defined(KS) || !defined(C_OUT) || !defined(BN)
 #error "conv: the host passes the shapes and the column block BN as -D options"
@@ -12,3 +12,9 @@ constexpr int KTOT = KS * KS * IN_C;
 constexpr int THREADS = 256, BK = 16;
 constexpr int AST = BK + 4;  // conflict-free fragment loads (see gemm3.cu)
 constexpr bool VEC_A = IN_C % 4 == 0;
+
+// Offset in x of k index r = (kh, kw, c) from a conv output's top-left input value.
+__device__ __forceinline__ int k_offset(int r) {
+    const int kh = r / (KS * IN_C), kw = (r / IN_C) % KS, c = r % IN_C;
+    return (kh * IN_W + kw) * IN_C + c;
+}

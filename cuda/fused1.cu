@@ -5,7 +5,7 @@
 // conv2's weights in global memory, staged through shared memory one (kh, kw) slab at a time.
 // All versions: block FUSED_THREADS (256), grid ceil(n / IMGS); phase 0 stages the images and, where
 // `bad` is not null, checks them: *bad = min(*bad, i) for every image i holding a value that is not
-// finite (check_kernel1's job, done here on the way in: the images are read once); phase 1
+// finite (check_kernel2's job, done here on the way in: the images are read once); phase 1
 // computes one pooled conv1 output per thread-iteration (the thread's channel fixed, its K1*K1*IN_C
 // weights in registers; 4 conv outputs, ReLU, ((a+b)+c)+d * 0.25); phase 2 is conv2 as an implicit
 // GEMM (the im2col gather is the shared-memory addressing), M = pixels, N = C2, K = K2*K2*C1, with

@@ -25,15 +25,28 @@ def test_convert_kernel_equals_numpys_astype(gpu, rng, dtype):
     np.testing.assert_array_equal(d.get(out, len(values)), values.astype(np.float32))
 
 
-def test_check_kernel_finds_the_first_bad_image(gpu, rng):
+@pytest.mark.parametrize("skew", range(4))  # x starting 0 to 3 floats past a 16-byte boundary
+def test_check_kernel_finds_the_first_bad_image(gpu, rng, skew):
+    """Bad values in the scalar head (before x's first 16-byte boundary), the 16-byte body and the
+    scalar tail: each is found alone, and the first bad image of several."""
     from infer.gpu.launch import Check
 
+    d, check = Dev(), Check(build(gpu))
     x = rng.standard_normal((37, 5, 3, 1)).astype(np.float32)
+
+    def first_bad(images):
+        bad = d.put([2**31 - 1], np.int32)
+        padded = np.concatenate([np.zeros(skew, np.float32), images.ravel()])
+        check(None, int(d.put(padded)) + 4 * skew, 37, 15, bad)
+        return d.get(bad, 1, np.int32)[0]
+
+    assert first_bad(x) == 2**31 - 1
+    for where, image in (((0, 0, 0, 0), 0), ((0, 0, 2, 0), 0), ((36, 4, 2, 0), 36), ((20, 3, 1, 0), 20)):
+        y = x.copy()
+        y[where] = np.nan
+        assert first_bad(y) == image, where
     x[30, 4, 2, 0], x[11, 0, 1, 0], x[12, 2, 2, 0] = np.nan, -np.inf, np.inf
-    d = Dev()
-    bad = d.put([2**31 - 1], np.int32)
-    Check(build(gpu))(None, d.put(x), 37, 15, bad)
-    assert d.get(bad, 1, np.int32)[0] == 11
+    assert first_bad(x) == 11
 
 
 @pytest.fixture(scope="module")

@@ -21,9 +21,17 @@ CONVS = [(28, 28, 1, 5, 32, 32), (12, 12, 32, 5, 64, 64), (29, 31, 3, 7, 12, 32)
 HOPPER_CONVS = [(28, 28, 1, 5, 32, 32), (12, 12, 32, 5, 64, 64), (29, 31, 3, 7, 12, 16), (62, 62, 256, 7, 256, 64)]
 
 
+# conv_kernel3's layers (H, W, C, K, C_OUT, BN): conv1 of the other geometries, and K past one chunk of sums
+WHOLE_CONVS = [(32, 32, 3, 5, 32, 32), (64, 64, 1, 5, 32, 32), (29, 31, 3, 7, 12, 16), (30, 30, 5, 9, 16, 16),
+               (14, 14, 3, 5, 64, 64), (128, 128, 3, 7, 32, 32)]
+
+
 def conv(sizes, version=1):
     defines = dict(zip(("IN_H", "IN_W", "IN_C", "KS", "C_OUT", "BN"), sizes))
-    return f"conv{version}", dict(defines, SHARED_FLOATS=Conv.layout(version, defines["BN"])[1] // 4)
+    h, w, c, k, _, bn = sizes
+    shared = Conv.layout(version, bn, h, w, c, k)[1]
+    whole = dict(SPAN=Conv.span(h, w, c, k), MIN_BLOCKS=Conv.blocks_per_sm(bn, shared)) if version == 3 else {}
+    return f"conv{version}", dict(defines, SHARED_FLOATS=shared // 4, **whole)
 
 
 def gemm(version, tile, **extra):
@@ -44,7 +52,7 @@ HOPPER = ([("fused3", Fused.defines(g, 3)) for g in (MNIST, Geometry(27, 29, 3, 
           + [("fused3", Fused.defines(MNIST, 3, imgs=2)), ("fused4", Fused.defines(MNIST, 4)), ("fused5", Fused.defines(MNIST, 5)), ("fused5", Fused.defines(Geometry(24, 24, 1, 5, 32, 3, 64, 128, 10), 5)),
              ("fc6", FullyConnectedWarpgroup.defines(MNIST)), ("fc6", FullyConnectedWarpgroup.defines(Geometry(28, 28, 1, 3, 16, 3, 20, 64, 7))),
              ("certify", Certify.defines(MNIST)), ("certify", Certify.defines(SimpleNamespace(flat=320, hidden=128, classes=10)))]
-          + [conv(c, version=2) for c in HOPPER_CONVS]
+          + [conv(c, version=2) for c in HOPPER_CONVS] + [conv(c, version=3) for c in WHOLE_CONVS]
           + [gemm(4, 128, GEMM_BN=bn) for bn in (16, 32, 64)])
 REPORT = []
 

@@ -180,3 +180,40 @@ def test_fused_plan_takes_two_or_four_images_a_block_only_for_version_3():
         launch.Fused.plan(MNIST, 4, imgs=2)
     with pytest.raises(ValueError, match="takes 4 or 2 images a block, not 3"):
         launch.Fused.plan(MNIST, 3, imgs=3)
+
+
+# (h, w, c, k): 1 and 3 channels, 25 windows an image (groups across images), a 7x7 kernel, odd widths
+SPAN_LAYERS = [(32, 32, 3, 5), (64, 64, 1, 5), (14, 14, 3, 5), (29, 31, 3, 7), (13, 17, 2, 3), (9, 9, 1, 5)]
+
+
+@pytest.mark.parametrize("h,w,c,k", SPAN_LAYERS)
+def test_conv_kernel3s_span_holds_every_groups_reads(h, w, c, k):
+    """conv_kernel3 copies SPAN floats of x from its 16-byte aligned start before a group's first
+    window: every value each group's rows read lies inside, for each misalignment of x (a model of
+    the kernel's addressing over n images, brute force)."""
+    span, ph, pw = launch.Conv.span(h, w, c, k), (h - k + 1) // 2, (w - k + 1) // 2
+    starts = ph * pw // np.gcd(32, ph * pw)  # the places in an image where groups start
+    n = -(-32 * (starts + 1) // (ph * pw)) + 1  # images enough for a full group at each
+    win = np.arange(n * ph * pw)
+    img, rem = np.divmod(win, ph * pw)
+    base = ((img * h + 2 * (rem // pw)) * w + 2 * (rem % pw)) * c
+    kh, kw, ch = np.unravel_index(np.arange(k * k * c), (k, k, c))
+    koff = (kh * w + kw) * c + ch
+    reads = base[:, None, None] + np.array([0, c, w * c, (w + 1) * c])[None, :, None] + koff[None, None, :]
+    widest = 0
+    for mis in range(4):
+        for first in range(0, len(win), 32):
+            start = ((base[first] + mis) & ~3) - mis
+            group = reads[first:first + 32]
+            assert group.min() >= start and group.max() - start < span
+            widest = max(widest, group.max() - start + 1)
+    assert span - 4 < widest <= span  # no more than the alignment's slack over what is read
+
+
+def test_implicit_wgmma_takes_conv_kernel3_for_narrow_inputs_that_fit():
+    assert ImplicitWarpgroup.conv_kernel(32, 32, 3, 5, 32) == "conv_kernel3"
+    assert ImplicitWarpgroup.conv_kernel(28, 28, 1, 5, 32) == "conv_kernel3"
+    assert ImplicitWarpgroup.conv_kernel(14, 14, 32, 5, 64) == "conv_kernel2"  # 16-byte gathers
+    assert "shared memory" in launch.Conv.whole(64, 64, 3, 11, 64)  # 11x11x3 weights x 64 channels
+    assert ImplicitWarpgroup.conv_kernel(64, 64, 3, 11, 64) == "conv_kernel2"
+    assert Implicit.conv_kernel(32, 32, 3, 5, 32) == "conv_kernel1"

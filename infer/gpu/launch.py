@@ -188,39 +188,89 @@ class Conv(Launcher):
     """One conv layer -> ReLU -> 2x2 average pool of any geometry, an implicit GEMM on the tensor
     cores in 3xTF32: x (n, h, w, c) -> (n, (h-k+1)//2, (w-k+1)//2, c_out). Version 1 on mma.sync
     (sm_80 and later, conv_kernel1), weights (k, k, c, c_out) as stored; version 2 on Hopper's wgmma (sm_90a, conv_kernel2),
-    weights as pipelines.ImplicitWarpgroup lays them out for column blocks of `bn` channels."""
+    weights as pipelines.ImplicitWarpgroup lays them out for column blocks of `bn` channels; version
+    3 (conv_kernel3) version 2's bits for the layers `whole` takes, persistent blocks (two an SM)."""
     arg_types = "PPPi"
     THREADS, BK = 256, 16
-    ARCH = {2: "sm_90a"}
+    ARCH = {2: "sm_90a", 3: "sm_90a"}
+    WHOLE_BYTES = 110 * 1024  # conv_kernel3's most shared memory: two blocks an SM
+    SM_SHARED = 228 * 1024  # an H100's shared memory an SM (1 KB of it per block for the driver)
 
     def __init__(self, build, h, w, c, k, c_out, kernel="conv_kernel1"):
         version = version_of(kernel)
-        sizes = (32, 64, 128) if version == 1 else (16, 32, 64)  # the column block's channels (BN)
-        bn = next((bn for bn in sizes if c_out <= bn), sizes[-1])
-        self.kernel, self.source = kernel, f"conv{version}"
+        bn = self.column_block(version, c_out)
+        self.kernel, self.source, self.version = kernel, f"conv{version}", version
         self.bn, self.c_out, self.image = bn, c_out, h * w * c
         self.windows = ((h - k + 1) // 2) * ((w - k + 1) // 2)
-        self.block_windows, self.shared = self.layout(version, bn)
+        self.block_windows, self.shared = self.layout(version, bn, h, w, c, k)
+        self.per_sm = self.blocks_per_sm(bn, self.shared)
+        whole = dict(SPAN=self.span(h, w, c, k), MIN_BLOCKS=self.per_sm) if version == 3 else {}
         super().__init__(build, self.ARCH.get(version), IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn,
-                         SHARED_FLOATS=self.shared // 4)
+                         SHARED_FLOATS=self.shared // 4, **whole)
+        self.blocks = self.per_sm * build.sms  # version 3's most blocks
         import pycuda.driver as cuda
 
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)
 
+    @staticmethod
+    def column_block(version, c_out):
+        """The channels of a column block (BN): the smallest size that holds c_out, else the largest."""
+        sizes = (32, 64, 128) if version == 1 else (16, 32, 64)
+        return next((bn for bn in sizes if c_out <= bn), sizes[-1])
+
     @classmethod
-    def layout(cls, version, bn):
-        """(pool windows per block, dynamic shared bytes): the block's row table (one int per GEMM
-        row, 4 rows a window), then its pipeline stages of an a tile and a k-tile of weights."""
+    def blocks_per_sm(cls, bn, shared):
+        """conv_kernel3's blocks an SM: 4 (64 registers a thread) unless its accumulators are 64 channels
+        wide, then 2; fewer where their shared memory does not fit."""
+        return max(1, min(2 if bn == 64 else 4, cls.SM_SHARED // (shared + 1024)))
+
+    @classmethod
+    def layout(cls, version, bn, h, w, c, k):
+        """(pool windows per block, or per group for version 3; dynamic shared bytes). Versions 1, 2:
+        the block's row table (one int per GEMM row, 4 rows a window), then its pipeline stages of an
+        a tile and a k-tile of weights. Version 3: the column block's weights, two stretches of x
+        (span), a k offset per k."""
         if version == 1:
             windows = 16 * (8 // (bn // 32))
             rows, stages = 4 * windows, 2 if bn == 32 else 3
             return windows, 4 * (rows + stages * (rows * (cls.BK + 4) + cls.BK * (bn + 8)))
+        if version == 3:
+            kp = ceil_div(k * k * c, cls.BK) * cls.BK
+            return 32, 4 * (kp * 2 * bn + 2 * cls.span(h, w, c, k) + kp)
         windows, rows = 32, 128
         return windows, 4 * (rows + 4 * (rows * (cls.BK + 4) + 2 * cls.BK * bn))
 
+    @staticmethod
+    def span(h, w, c, k):
+        """conv_kernel3's SPAN: the most floats of x one group of 32 pool windows reads, from its first
+        window's top-left value to its last window's last, plus 3 for a 16-byte aligned start, in 4s.
+        The most over every group: a group's reach depends on where in an image it starts."""
+        ph, pw = (h - k + 1) // 2, (w - k + 1) // 2
+        windows = ph * pw
+
+        def base(win):
+            img, rem = np.divmod(win, windows)
+            return ((img * h + 2 * (rem // pw)) * w + 2 * (rem % pw)) * c
+
+        first = np.unique(np.arange(windows, dtype=np.int64) * 32 % windows)
+        reach = int((base(first + 31) - base(first)).max()) + (w + 1) * c + ((k - 1) * w + k - 1) * c + c - 1
+        return ceil_div(reach + 4, 4) * 4
+
+    @classmethod
+    def whole(cls, h, w, c, k, c_out):
+        """None where conv_kernel3 takes the layer, else why not: inputs of 1 to 3 channels (wider ones
+        are copied 16 bytes at a time, which conv_kernel2 does well), in WHOLE_BYTES of shared memory."""
+        if c % 4 == 0:
+            return f"conv_kernel3 is for inputs of 1 to 3 channels (in 4s, conv_kernel2 gathers 16 bytes at a time); this one has {c}"
+        shared = cls.layout(3, cls.column_block(3, c_out), h, w, c, k)[1]
+        if shared > cls.WHOLE_BYTES:
+            return f"conv_kernel3 would need {shared} bytes of shared memory, more than {cls.WHOLE_BYTES}"
+        return None
+
     def __call__(self, stream, x, w, out, n):
         _check_int32(conv_inputs=n * self.image, conv_outputs=n * self.windows * self.c_out)
-        grid = (ceil_div(n * self.windows, self.block_windows), ceil_div(self.c_out, self.bn))
+        blocks = ceil_div(n * self.windows, self.block_windows)
+        grid = (min(blocks, self.blocks) if self.version == 3 else blocks, ceil_div(self.c_out, self.bn))
         self.launch(stream, grid, (self.THREADS, 1, 1), x, w, out, n, shared=self.shared)
 
 
@@ -263,10 +313,10 @@ class Convert(Launcher):
 class Check(Launcher):
     """*bad = min(*bad, first image holding a value that is not finite) over float32 images (for the
     pipelines whose kernels do not check the images as they read them)."""
-    source, kernel, arg_types = "stage", "check_kernel1", "PiiP"
+    source, kernel, arg_types = "stage", "check_kernel2", "PiiP"
 
     def __call__(self, stream, x, n, per_image, bad):
-        self.launch(stream, (min(ceil_div(n * per_image, 256), 4096), 1), (256, 1, 1), x, n, per_image, bad)
+        self.launch(stream, (min(ceil_div(n * per_image, 4 * 256), 4096), 1), (256, 1, 1), x, n, per_image, bad)
 
 
 class DecodeCheck(Launcher):

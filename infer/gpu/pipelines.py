@@ -5,7 +5,7 @@ needs (scratch_floats), and enqueues one chunk on a stream: images in, labels (i
 class scores, float32, where a scores pointer is given), and the chunk-relative index of its
 first image with non-finite scores atomically min'ed into *overflow; where a bad pointer is given,
 the index of the first image holding a non-finite value is min'ed into *bad (the fused kernels
-check the images as they stage them, the other pipelines run check_kernel1 first).
+check the images as they stage them, the other pipelines run check_kernel2 first).
 """
 import numpy as np
 
@@ -179,8 +179,8 @@ class Implicit(Algorithm):
     def __init__(self, build, g):
         self.g = g
         (p1h, p1w) = g.pool1_out
-        self.conv1 = launch.Conv(build, g.h, g.w, g.c, g.k1, g.c1, self.CONV_KERNEL)
-        self.conv2 = launch.Conv(build, p1h, p1w, g.c1, g.k2, g.c2, self.CONV_KERNEL)
+        layers = (g.h, g.w, g.c, g.k1, g.c1), (p1h, p1w, g.c1, g.k2, g.c2)
+        self.conv1, self.conv2 = (launch.Conv(build, *layer, kernel=self.conv_kernel(*layer)) for layer in layers)
         self.check = launch.Check(build)
         try:
             self.fcs = launch.FullyConnected(build, g)
@@ -190,6 +190,11 @@ class Implicit(Algorithm):
             self.argmax = launch.Argmax(build)
         per_image = 4 * (p1h * p1w * g.c1 + g.flat + g.hidden + g.classes)
         self.CHUNK = max(1, min(2048, self.SCRATCH_BYTES // per_image, (2**31 - 1) // (g.h * g.w * g.c)))
+
+    @classmethod
+    def conv_kernel(cls, h, w, c, k, c_out):
+        """The kernel of one conv layer (input h x w x c, k x k, c_out channels)."""
+        return cls.CONV_KERNEL
 
     @staticmethod
     def conv_weights(weights, bn):
@@ -463,9 +468,14 @@ class FusedCertified(FusedWarpgroup):
 
 class ImplicitWarpgroup(Hopper, Implicit):
     """Implicit with each conv layer on Hopper's warpgroup MMA (wgmma, conv_kernel2) in 3xTF32, the
-    weights read by the tensor cores from shared memory; sm_90 only."""
+    weights read by the tensor cores from shared memory; layers of 1 to 3 input channels whose weights
+    fit in shared memory whole on conv_kernel3 (the same bits); sm_90 only."""
     NAME = "implicit-wgmma"
     CONV_KERNEL = "conv_kernel2"
+
+    @classmethod
+    def conv_kernel(cls, *layer):
+        return "conv_kernel3" if launch.Conv.whole(*layer) is None else cls.CONV_KERNEL
 
     @staticmethod
     def conv_weights(weights, bn):
