@@ -10,7 +10,7 @@
 //   memory); k-tiles of 16 through a 4-stage cp.async pipeline fetched 2 ahead; 16 k-tiles summed in
 //   the tensor cores, then added in FP32; then ReLU -> fc2 -> argmax as fc_kernel5. Grid ceil(n / 64),
 //   blocks past *count return. 3 x 2 x FEAT x HIDDEN tensor FLOPs an image; fc1 read from L2 once a
-//   block (fc_kernel5: once per 32 images, on mma.sync).
+//   block (fc_kernel5: once per 32 images, on mma.sync). Two blocks an SM, one for 256 hidden units.
 
 #include "fc_epilogue.cuh"
 #include "wgmma.cuh"
@@ -23,12 +23,13 @@ constexpr int COLS = HIDDEN / 2;  // a warpgroup's hidden units
 constexpr int AST = TK + 4;       // feature rows 20 floats apart: the A fragments' loads hit 32 banks
 constexpr int A_FLOATS = IMGS6 * AST, B_CB = 2 * TK * COLS, STAGE_FLOATS = A_FLOATS + 2 * B_CB;
 constexpr int KP = (FEAT + TK - 1) / TK * TK;
-static_assert(COLS == 32 || COLS == 64, "fc v6: 64 or 128 hidden units (m64n32 or m64n64 a warpgroup)");
+static_assert(COLS == 32 || COLS == 64 || COLS == 128, "fc v6: 64, 128 or 256 hidden units (m64n32, n64 or n128 a warpgroup)");
+constexpr int MIN_BLOCKS6 = COLS == 128 ? 1 : 2;  // 256 hidden units: two m64n128 sums a thread, 128 registers
 static_assert(FEAT % 4 == 0, "fc v6: 16-byte feature rows");
 static_assert(SHARED_FLOATS >= STAGES6 * STAGE_FLOATS && SHARED_FLOATS >= IMGS6 * (HID_STRIDE + CLASSES),
               "fc v6: the stages, then the hidden layer and the scores");
 
-extern "C" __global__ void __launch_bounds__(THREADS6, 2)
+extern "C" __global__ void __launch_bounds__(THREADS6, MIN_BLOCKS6)
 fc_kernel6(const float* __restrict__ feat, const float* __restrict__ w1f, const float* __restrict__ fc2,
            int* __restrict__ labels, int n, int* __restrict__ overflow, float* __restrict__ scores_out,
            float* __restrict__ z_out, const int* __restrict__ count) {

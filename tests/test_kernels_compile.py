@@ -51,6 +51,7 @@ HOPPER = ([("fused3", Fused.defines(g, 3)) for g in (MNIST, Geometry(27, 29, 3, 
                                                      Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7), Geometry(24, 24, 2, 1, 32, 5, 64, 100, 7))]  # 2, 0
           + [("fused3", Fused.defines(MNIST, 3, imgs=2)), ("fused4", Fused.defines(MNIST, 4)), ("fused5", Fused.defines(MNIST, 5)), ("fused5", Fused.defines(Geometry(24, 24, 1, 5, 32, 3, 64, 128, 10), 5)),
              ("fc6", FullyConnectedWarpgroup.defines(MNIST)), ("fc6", FullyConnectedWarpgroup.defines(Geometry(28, 28, 1, 3, 16, 3, 20, 64, 7))),
+             ("fc6", FullyConnectedWarpgroup.defines(WIDE_FC)),
              ("certify", Certify.defines(MNIST)), ("certify", Certify.defines(SimpleNamespace(flat=320, hidden=128, classes=10)))]
           + [conv(c, version=2) for c in HOPPER_CONVS] + [conv(c, version=3) for c in WHOLE_CONVS]
           + [gemm(4, 128, GEMM_BN=bn) for bn in (16, 32, 64)])

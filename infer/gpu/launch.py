@@ -510,9 +510,9 @@ class Fused(Launcher):
 class FullyConnectedWarpgroup(Launcher):
     """fc1 -> ReLU -> fc2 -> argmax on Hopper's warpgroup MMA in 3xTF32 (fc_kernel6, cuda/fc6.cu, sm_90a):
     64 images a block, two warpgroups of half the hidden units each; fc1 pre-split by the host
-    (weights). The shapes it takes: 64 or 128 hidden units, features in 4s, unsplit."""
+    (weights). The shapes it takes: 64, 128 or 256 hidden units, features in 4s, unsplit."""
     source, kernel, arg_types = "fc6", "fc_kernel6", "PPPPiPPPP"
-    IMGS, THREADS, TK, STAGES, HIDDEN = 64, 256, 16, 4, (64, 128)
+    IMGS, THREADS, TK, STAGES, HIDDEN = 64, 256, 16, 4, (64, 128, 256)
 
     @classmethod
     def fits(cls, g, arch):
@@ -562,6 +562,7 @@ class FullyConnected(Launcher):
     and the splits added in order (fc_kernel3). fc1 goes to the GPU as fc1_operand lays it out."""
     source, kernel, arg_types = "fc", "fc_kernel4", "PPPPiPP"
     IMGS = 16
+    SUM_IMGS = 4  # fc_kernel3's images a block (more blocks for the few images that take splits)
     TC_IMGS, TC_BK, TC_STAGES, TC_MAX_HIDDEN = 32, 32, 3, 256  # fc_kernel5's images a block, k-tile, depth, widest layer
     SPLIT_FEATURES = 4096  # from here on fc1 (at least 4096 x hidden) is split when blocks are few
     TARGET_BLOCKS = 264  # two per SM on an H100
@@ -588,7 +589,8 @@ class FullyConnected(Launcher):
             raise ValueError(f"the fused fc kernel needs 32..512 hidden units (a multiple of 4) and few classes; "
                              f"the model has {g.hidden} and {g.classes}")
         tiled = 32 if g.hidden >= 64 and cls.shared(g, 32, tile, tile + 4) <= 48 * 1024 else 16  # registers: 16 when small
-        return dict(FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes, FC_IMGS=cls.IMGS, FC_TILE=tile, FC4_IMGS=tiled)
+        return dict(FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes, FC_IMGS=cls.IMGS, FC3_IMGS=cls.SUM_IMGS, FC_TILE=tile,
+                    FC4_IMGS=tiled)
 
     def __init__(self, build, g, tensor_cores=None, wgmma=None):
         """tensor_cores: None picks fc_kernel5 wherever it runs; False or True forces the choice.
@@ -653,7 +655,7 @@ class FullyConnected(Launcher):
             self.launch(stream, (ceil_div(n, self.IMGS), splits), (self.hidden, 1, 1), feat, fc1, partial, n, per_split,
                         function=self.split_sum, name="fc_kernel2")
         if splits > 1:
-            self.launch(stream, (ceil_div(n, self.IMGS), 1), (self.hidden, 1, 1), partial, fc2, labels, n, overflow,
+            self.launch(stream, (ceil_div(n, self.SUM_IMGS), 1), (self.hidden, 1, 1), partial, fc2, labels, n, overflow,
                         scores, splits, function=self.add_splits, name="fc_kernel3")
 
 
