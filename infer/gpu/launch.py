@@ -189,7 +189,7 @@ class Conv(Launcher):
     cores in 3xTF32: x (n, h, w, c) -> (n, (h-k+1)//2, (w-k+1)//2, c_out). Version 1 on mma.sync
     (sm_80 and later, conv_kernel1), weights (k, k, c, c_out) as stored; version 2 on Hopper's wgmma (sm_90a, conv_kernel2),
     weights as pipelines.ImplicitWarpgroup lays them out for column blocks of `bn` channels; version
-    3 (conv_kernel3) version 2's bits for the layers `whole` takes, persistent blocks (two an SM)."""
+    3 (conv_kernel3) version 2's bits for the layers `whole` takes, persistent blocks (blocks_per_sm)."""
     arg_types = "PPPi"
     THREADS, BK = 256, 16
     ARCH = {2: "sm_90a", 3: "sm_90a"}
@@ -203,11 +203,11 @@ class Conv(Launcher):
         self.bn, self.c_out, self.image = bn, c_out, h * w * c
         self.windows = ((h - k + 1) // 2) * ((w - k + 1) // 2)
         self.block_windows, self.shared = self.layout(version, bn, h, w, c, k)
-        self.per_sm = self.blocks_per_sm(bn, self.shared)
-        whole = dict(SPAN=self.span(h, w, c, k), MIN_BLOCKS=self.per_sm) if version == 3 else {}
+        per_sm = self.blocks_per_sm(bn, self.shared)
+        whole = dict(SPAN=self.span(h, w, c, k), MIN_BLOCKS=per_sm) if version == 3 else {}
         super().__init__(build, self.ARCH.get(version), IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn,
                          SHARED_FLOATS=self.shared // 4, **whole)
-        self.blocks = self.per_sm * build.sms  # version 3's most blocks
+        self.blocks = per_sm * build.sms  # version 3's grid: every block resident
         import pycuda.driver as cuda
 
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)
