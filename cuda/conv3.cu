@@ -6,7 +6,7 @@
 // conv_kernel3 (sm_90a): conv_kernel2's rows, k order, 3xTF32 products and sums (16 k-tiles in the
 //   tensor cores, then FP32 adds), so the same bits; for inputs of 1 to 3 channels, whose 4-byte
 //   gathers left conv_kernel2 L1-bound (ncu, 32x32x3 conv1, 4,096 images: 259 us, tensor pipe 20%;
-//   this kernel 121 us, 44% of the float16 rate: 88% of TF32's). Persistent:
+//   this kernel 121 us, 44%: 41% of the TF32 peak in FLOPs). Persistent:
 //   grid (min(groups, MIN_BLOCKS an SM), C_OUT / BN), each block stages its column block's weights once
 //   (KP * 2 * BN floats), then per group of 32 pool windows the contiguous stretch of x its rows read
 //   (at most SPAN floats, the host's bound over every group; 16-byte copies, the next group's in
