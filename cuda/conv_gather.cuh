@@ -15,12 +15,13 @@ static_assert(PH >= 1 && PW >= 1, "conv: the pooled output is empty");
 __device__ __forceinline__ void fetch_a(float* as, const int* rowbase, const float* __restrict__ x, int k0) {
     const int t = threadIdx.x;
     if (VEC_A) {  // 4 consecutive channels of one (kh, kw) per copy; a thread's k group is fixed
-        const int r = k0 + 4 * (t % 4), off = k_offset(r);
+        constexpr int QUADS = BK / 4;  // copies a row
+        const int r = k0 + 4 * (t % QUADS), off = k_offset(r);
 #pragma unroll
-        for (int i = 0; i < ROWS * BK / 4 / THREADS; ++i) {
-            const int row = t / 4 + i * (THREADS / 4), base = rowbase[row];
+        for (int i = 0; i < ROWS * QUADS / THREADS; ++i) {
+            const int row = t / QUADS + i * (THREADS / QUADS), base = rowbase[row];
             const bool ok = base >= 0 && r < KTOT;
-            cp_async16(as + row * AST + 4 * (t % 4), ok ? x + base + off : x, ok);
+            cp_async16(as + row * AST + 4 * (t % QUADS), ok ? x + base + off : x, ok);
         }
     } else {
         const int r = k0 + t % BK, off = k_offset(r);

@@ -9,8 +9,12 @@
 
 constexpr int OH = IN_H - KS + 1, OW = IN_W - KS + 1, PH = OH / 2, PW = OW / 2, WINDOWS = PH * PW;
 constexpr int KTOT = KS * KS * IN_C;
-constexpr int THREADS = 256, BK = 16;
-constexpr int AST = BK + 4;  // conflict-free fragment loads (see gemm3.cu)
+#ifndef CONV_BK
+#define CONV_BK 16
+#endif
+constexpr int THREADS = 256, BK = CONV_BK;  // a k-tile: 16, or 32 (conv_kernel2)
+static_assert(BK == 16 || BK == 32, "conv: k-tiles of 16 or 32");
+constexpr int AST = BK + 4;  // conflict-free fragment loads (see gemm3.cu): rows 4 banks apart
 constexpr bool VEC_A = IN_C % 4 == 0;
 
 // Offset in x of k index r = (kh, kw, c) from a conv output's top-left input value.

@@ -100,27 +100,29 @@ __device__ __forceinline__ void wgmma_drain() { asm volatile("wgmma.wait_group.s
 // STAGE_SIZE floats hold an A tile (A_SIZE floats, rows ASTRIDE apart, TK k) then the k-tile's
 // weight parts and remainders: fetch(tile) starts the copies of k-tile `tile` into its stage;
 // a_row is this thread's A fragment offset in a stage, b_off its warpgroup's weights past the A tile
-// (fc_kernel6's two column blocks). Tiles are fetched 2 ahead, so the stage refilled was last read
-// by tile - 2's MMAs, which every warpgroup has finished (each k8 step waits for the one before it):
-// no drain per tile. CHUNK k-tiles are summed in the tensor cores, then added to acc in FP32 (the
+// (fc_kernel6's two column blocks). Tiles are fetched AHEAD ahead (2, or 1 with 3 stages), so the
+// stage refilled was last read by tile - 2's MMAs or earlier, which every warpgroup has finished
+// (each k8 step waits for the one before it): no drain per tile. CHUNK k-tiles are summed in the tensor cores, then added to acc in FP32 (the
 // tensor cores' accumulation rounds toward zero). Nested loops on purpose: with one flat loop and the
 // FP32 add under a condition, ptxas injects a warpgroup wait at every back-edge (C7517).
-template <int COLS, int TK, int NSTAGES, int CHUNK, int ASTRIDE, int A_SIZE, int STAGE_SIZE, class Fetch>
+template <int COLS, int TK, int NSTAGES, int CHUNK, int ASTRIDE, int A_SIZE, int STAGE_SIZE, int AHEAD = 2, class Fetch>
 __device__ __forceinline__ void mma3_k_loop(float (&acc)[1][COLS / 2], const float* stages, int a_row, int tiles, Fetch fetch,
                                             int b_off = 0) {
-    fetch(0);
-    cp_async_commit();
-    if (tiles > 1) fetch(1);
-    cp_async_commit();
+    static_assert(NSTAGES >= AHEAD + 2, "mma3_k_loop: the stage refilled must be two tiles old");
+#pragma unroll
+    for (int a = 0; a < AHEAD; ++a) {
+        if (a < tiles) fetch(a);
+        cp_async_commit();
+    }
     float d[1][COLS / 2];
     for (int c0 = 0; c0 < tiles; c0 += CHUNK) {
         for (int tile = c0; tile < min(tiles, c0 + CHUNK); ++tile) {
             // Tile `tile` has landed (ours; the proxy fence hands it to the tensor cores, the barrier
             // makes everyone's visible).
-            cp_async_wait<1>();
+            cp_async_wait<AHEAD - 1>();
             asm volatile("fence.proxy.async.shared::cta;");
             __syncthreads();
-            if (tile + 2 < tiles) fetch(tile + 2);
+            if (tile + AHEAD < tiles) fetch(tile + AHEAD);
             cp_async_commit();
             const float* stage = stages + (tile % NSTAGES) * STAGE_SIZE;
             const float* as = stage + a_row;

@@ -104,7 +104,7 @@ def test_conv_kernel(gpu, rng, h, w, c, k, c_out, algo):
     d = Dev()
     out = d.empty((n + 1,) + expected.shape[1:])
     conv = Conv(build(gpu), h, w, c, k, c_out, ALGORITHMS[algo].CONV_KERNEL)
-    weights = ALGORITHMS[algo].conv_weights(wt, conv.bn)
+    weights = ALGORITHMS[algo].conv_weights(wt, conv.bn, conv.bk)
     conv(None, d.put(x), d.put(weights), out, n)
     got = d.get(out, (n + 1,) + expected.shape[1:])
     np.testing.assert_allclose(got[:n], expected, rtol=1e-5, atol=1e-5 * np.sqrt(k * k * c))
@@ -126,12 +126,12 @@ def test_conv_kernel3_gives_conv_kernel2s_bits(gpu, rng, h, w, c, k, c_out):
     expected = reference.avgpool2(reference.relu(reference.conv2d(x, wt)))
     d, shape = Dev(), (n + 1,) + expected.shape[1:]
     exact = Conv(build(gpu), h, w, c, k, c_out, "conv_kernel2")
-    weights = d.put(ALGORITHMS["implicit-wgmma"].conv_weights(wt, exact.bn))
     before = d.empty(shape)
-    exact(None, d.put(x), weights, before, n)
+    exact(None, d.put(x), d.put(ALGORITHMS["implicit-wgmma"].conv_weights(wt, exact.bn, exact.bk)), before, n)
     bits = d.get(before, shape)
     np.testing.assert_allclose(bits[:n], expected, rtol=1e-5, atol=1e-5 * np.sqrt(k * k * c))
     conv = Conv(build(gpu), h, w, c, k, c_out, "conv_kernel3")
+    weights = d.put(ALGORITHMS["implicit-wgmma"].conv_weights(wt, conv.bn, conv.bk))
     for skew in range(4):  # x starting 0 to 3 floats past a 16-byte boundary
         for blocks in (1, conv.blocks):
             conv.blocks = blocks

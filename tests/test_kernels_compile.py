@@ -27,7 +27,7 @@ WHOLE_CONVS = [(32, 32, 3, 5, 32, 32), (64, 64, 1, 5, 32, 32), (29, 31, 3, 7, 12
 
 
 def conv(sizes, version=1):
-    defines = dict(zip(("IN_H", "IN_W", "IN_C", "KS", "C_OUT", "BN"), sizes))
+    defines = dict(zip(("IN_H", "IN_W", "IN_C", "KS", "C_OUT", "BN"), sizes), CONV_BK=Conv.BK[version])
     h, w, c, k, _, bn = sizes
     shared = Conv.layout(version, bn, h, w, c, k)[1]
     whole = dict(SPAN=Conv.span(h, w, c, k), MIN_BLOCKS=Conv.blocks_per_sm(bn, shared)) if version == 3 else {}

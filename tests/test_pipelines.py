@@ -140,7 +140,7 @@ def test_conv2_weights_as_wgmma_core_matrices(rng):
 
 def test_implicit_wgmma_weights_padded_per_column_block(rng):
     w = rng.standard_normal((3, 3, 5, 50)).astype(np.float32)  # k = 45 -> 48, 50 channels -> 2 blocks of 32
-    f = ImplicitWarpgroup.conv_weights(w, 32)
+    f = ImplicitWarpgroup.conv_weights(w, 32, 16)
     assert f.shape == (2, 6, 2, 4, 2, 8, 4) and f.flags.c_contiguous
     flat = w.reshape(45, 50)
     # column block b, k8 step ks, part, 8-channel group ni, k half kc, channel row r, k within the half kk

@@ -191,26 +191,29 @@ class Conv(Launcher):
     weights as pipelines.ImplicitWarpgroup lays them out for column blocks of `bn` channels; version
     3 (conv_kernel3) version 2's bits for the layers `whole` takes, persistent blocks (blocks_per_sm)."""
     arg_types = "PPPi"
-    THREADS, BK = 256, 16
+    THREADS = 256
+    BK = {1: 16, 2: 32, 3: 16}  # k-tiles (conv_kernel3: the k padding of its weights)
     ARCH = {2: "sm_90a", 3: "sm_90a"}
     WHOLE_BYTES = 110 * 1024  # conv_kernel3's most shared memory: two blocks an SM
     SM_SHARED = 228 * 1024  # an H100's shared memory an SM (1 KB of it per block for the driver)
 
     def __init__(self, build, h, w, c, k, c_out, kernel="conv_kernel1"):
         version = version_of(kernel)
-        bn = self.column_block(version, c_out)
+        bn, self.bk = self.column_block(version, c_out), self.BK[version]
         self.kernel, self.source, self.version = kernel, f"conv{version}", version
         self.bn, self.c_out, self.image = bn, c_out, h * w * c
         self.windows = ((h - k + 1) // 2) * ((w - k + 1) // 2)
         self.block_windows, self.shared = self.layout(version, bn, h, w, c, k)
         per_sm = self.blocks_per_sm(bn, self.shared)
         whole = dict(SPAN=self.span(h, w, c, k), MIN_BLOCKS=per_sm) if version == 3 else {}
-        super().__init__(build, self.ARCH.get(version), IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn,
+        super().__init__(build, self.ARCH.get(version), IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn, CONV_BK=self.bk,
                          SHARED_FLOATS=self.shared // 4, **whole)
         self.blocks = per_sm * build.sms  # version 3's grid: every block resident
         import pycuda.driver as cuda
 
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)
+        if version > 1:  # all of the SM's memory as shared memory: two blocks of conv_kernel2's 103 KB fit only so
+            self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
 
     @staticmethod
     def column_block(version, c_out):
@@ -230,15 +233,16 @@ class Conv(Launcher):
         the block's row table (one int per GEMM row, 4 rows a window), then its pipeline stages of an
         a tile and a k-tile of weights. Version 3: the column block's weights, two stretches of x
         (span), a k offset per k."""
+        bk = cls.BK[version]
         if version == 1:
             windows = 16 * (8 // (bn // 32))
             rows, stages = 4 * windows, 2 if bn == 32 else 3
-            return windows, 4 * (rows + stages * (rows * (cls.BK + 4) + cls.BK * (bn + 8)))
+            return windows, 4 * (rows + stages * (rows * (bk + 4) + bk * (bn + 8)))
         if version == 3:
-            kp = ceil_div(k * k * c, cls.BK) * cls.BK
+            kp = ceil_div(k * k * c, bk) * bk
             return 32, 4 * (kp * 2 * bn + 2 * cls.span(h, w, c, k) + kp)
-        windows, rows = 32, 128
-        return windows, 4 * (rows + 4 * (rows * (cls.BK + 4) + 2 * cls.BK * bn))
+        windows, rows, stages = 32, 128, 4 if bk == 16 else 3
+        return windows, 4 * (rows + stages * (rows * (bk + 4) + 2 * bk * bn))
 
     @staticmethod
     def span(h, w, c, k):

@@ -197,12 +197,12 @@ class Implicit(Algorithm):
         return cls.CONV_KERNEL
 
     @staticmethod
-    def conv_weights(weights, bn):
+    def conv_weights(weights, bn, bk):
         return weights  # (K, K, C, M) is the (K*K*C, M) B operand as it is
 
     def upload(self, model, to_device):
-        self.w1 = to_device(self.conv_weights(model.conv1, self.conv1.bn))
-        self.w2 = to_device(self.conv_weights(model.conv2, self.conv2.bn))
+        self.w1 = to_device(self.conv_weights(model.conv1, self.conv1.bn, self.conv1.bk))
+        self.w2 = to_device(self.conv_weights(model.conv2, self.conv2.bn, self.conv2.bk))
         self.fc1 = to_device(self.fcs.fc1_operand(model.fc1) if self.fcs is not None else model.fc1)
         self.fc2 = to_device(model.fc2)
 
@@ -478,10 +478,10 @@ class ImplicitWarpgroup(Hopper, Implicit):
         return "conv_kernel3" if launch.Conv.whole(*layer) is None else cls.CONV_KERNEL
 
     @staticmethod
-    def conv_weights(weights, bn):
+    def conv_weights(weights, bn, bk):
         """(K, K, C, M) as the (K*K*C, M) B operand, in wgmma's layout per column block of bn channels
-        (operands.wgmma_column_blocks; k padded to whole k-tiles of Conv.BK)."""
-        return wgmma_column_blocks(weights.reshape(-1, weights.shape[-1]), bn, launch.Conv.BK)
+        (operands.wgmma_column_blocks; k padded to whole k-tiles of bk, the kernel's)."""
+        return wgmma_column_blocks(weights.reshape(-1, weights.shape[-1]), bn, bk)
 
 
 ALGORITHMS = {algo.NAME: algo for algo in (FusedWarpgroup, FusedTensorCores, ImplicitWarpgroup, Implicit, Fused, Unroll,
