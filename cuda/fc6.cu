@@ -8,8 +8,9 @@
 //   [wg HIDDEN / 2, + HIDDEN / 2) as m64n(HIDDEN / 2)k8 tiles in 3xTF32 (wgmma.cuh's mma3_k_loop: A
 //   from the staged features into registers, split there; B read by the tensor cores from shared
 //   memory); k-tiles of 16 through a 4-stage cp.async pipeline fetched 2 ahead; 16 k-tiles summed in
-//   the tensor cores, then added in FP32; then ReLU -> fc2 -> argmax as fc_kernel5. Grid ceil(n / 64),
-//   blocks past *count return. 3 x 2 x FEAT x HIDDEN tensor FLOPs an image; fc1 read from L2 once a
+//   the tensor cores, then added in FP32; then ReLU -> fc2 -> argmax as fc_kernel5. Grid (ceil(n / 64),
+//   splits): where `partial` is given, block y sums features [y per_split, + per_split) into partial
+//   (splits, n, HIDDEN) for fc_kernel3 (fc.cu) instead, as fc_kernel5 does; blocks past *count return. 3 x 2 x FEAT x HIDDEN tensor FLOPs an image; fc1 read from L2 once a
 //   block (fc_kernel5: once per 32 images, on mma.sync). Two blocks an SM, one for 256 hidden units.
 
 #include "fc_epilogue.cuh"
@@ -32,7 +33,7 @@ static_assert(SHARED_FLOATS >= STAGES6 * STAGE_FLOATS && SHARED_FLOATS >= IMGS6 
 extern "C" __global__ void __launch_bounds__(THREADS6, MIN_BLOCKS6)
 fc_kernel6(const float* __restrict__ feat, const float* __restrict__ w1f, const float* __restrict__ fc2,
            int* __restrict__ labels, int n, int* __restrict__ overflow, float* __restrict__ scores_out,
-           float* __restrict__ z_out, const int* __restrict__ count) {
+           float* __restrict__ z_out, const int* __restrict__ count, float* __restrict__ partial, int per_split) {
     extern __shared__ float4 smem4[];
     float* smem = reinterpret_cast<float*>(smem4);
     const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane / 4, tig = lane % 4;
@@ -48,21 +49,36 @@ fc_kernel6(const float* __restrict__ feat, const float* __restrict__ w1f, const 
     const int ai = t / (TK / 4), af = 4 * (t % (TK / 4));
     const float* a_src = feat + (size_t)(img0 + min(ai, imgs - 1)) * FEAT + af;
     const float* b_src = w1f + 4 * t;
+    // This block's k-tiles: split blockIdx.y's per_split features, or all of them (per_split 0)
+    const int t0 = per_split ? blockIdx.y * (per_split / TK) : 0;
+    const int tiles = per_split ? min(KP / TK - t0, per_split / TK) : KP / TK;
     auto fetch = [&](int tile) {
         float* stage = smem + (tile % STAGES6) * STAGE_FLOATS;
-        const int f0 = tile * TK;
+        const int f0 = (t0 + tile) * TK;
         cp_async16(stage + ai * AST + af, a_src + f0, ai < imgs && f0 + af < FEAT);
 #pragma unroll
         for (int cb = 0; cb < 2; ++cb)
 #pragma unroll
             for (int r = 0; r < B_CB / (4 * THREADS6); ++r)
                 cp_async16(stage + A_FLOATS + cb * B_CB + 4 * (t + r * THREADS6),
-                           b_src + (size_t)cb * KP * 2 * COLS + (size_t)tile * B_CB + 4 * r * THREADS6, true);
+                           b_src + (size_t)cb * KP * 2 * COLS + (size_t)(t0 + tile) * B_CB + 4 * r * THREADS6, true);
     };
 
     float acc[1][COLS / 2];
-    mma3_k_loop<COLS, TK, STAGES6, CHUNK6, AST, A_FLOATS, STAGE_FLOATS>(acc, smem, (16 * w + g) * AST + tig, KP / TK, fetch,
+    mma3_k_loop<COLS, TK, STAGES6, CHUNK6, AST, A_FLOATS, STAGE_FLOATS>(acc, smem, (16 * w + g) * AST + tig, tiles, fetch,
                                                                        wg * B_CB);
+    if (partial != nullptr) {  // a split: its sums into partial (splits, n, HIDDEN), for fc_kernel3
+#pragma unroll
+        for (int c = 0; c < COLS / 8; ++c)
+#pragma unroll
+            for (int dy = 0; dy < 2; ++dy) {
+                const int i = 16 * w + g + 8 * dy, h = wg * COLS + 8 * c + 2 * tig;
+                if (i < imgs)
+                    *reinterpret_cast<float2*>(partial + ((size_t)blockIdx.y * n + img0 + i) * HIDDEN + h) =
+                        make_float2(acc[0][4 * c + 2 * dy], acc[0][4 * c + 2 * dy + 1]);
+            }
+        return;
+    }
     __syncthreads();  // both warpgroups are done with the stages: the hidden layer and the scores reuse them
 
     // Accumulator 4c + 2dy + e: image 16 w + g + 8 dy, hidden unit wg COLS + 8 c + 2 tig + e.

@@ -514,8 +514,9 @@ class Fused(Launcher):
 class FullyConnectedWarpgroup(Launcher):
     """fc1 -> ReLU -> fc2 -> argmax on Hopper's warpgroup MMA in 3xTF32 (fc_kernel6, cuda/fc6.cu, sm_90a):
     64 images a block, two warpgroups of half the hidden units each; fc1 pre-split by the host
-    (weights). The shapes it takes: 64, 128 or 256 hidden units, features in 4s, unsplit."""
-    source, kernel, arg_types = "fc6", "fc_kernel6", "PPPPiPPPP"
+    (weights). The shapes it takes: 64, 128 or 256 hidden units, features in 4s; split over the
+    features into partial sums where FullyConnected asks (its fc_kernel3 adds them)."""
+    source, kernel, arg_types = "fc6", "fc_kernel6", "PPPPiPPPPPi"
     IMGS, THREADS, TK, STAGES, HIDDEN = 64, 256, 16, 4, (64, 128, 256)
 
     @classmethod
@@ -524,9 +525,9 @@ class FullyConnectedWarpgroup(Launcher):
         why = needs_hopper(arch)
         if why:
             return f"fc_kernel6 {why}"
-        if g.hidden not in cls.HIDDEN or g.flat % 4 or g.flat >= FullyConnected.SPLIT_FEATURES:
-            return (f"fc_kernel6 needs {' or '.join(map(str, cls.HIDDEN))} hidden units and fewer than "
-                    f"{FullyConnected.SPLIT_FEATURES} features in 4s; the model has {g.hidden} and {g.flat}")
+        if g.hidden not in cls.HIDDEN or g.flat % 4:
+            return (f"fc_kernel6 needs {' or '.join(map(str, cls.HIDDEN))} hidden units and features in 4s; "
+                    f"the model has {g.hidden} and {g.flat}")
         return None
 
     @classmethod
@@ -552,9 +553,10 @@ class FullyConnectedWarpgroup(Launcher):
         """fc1 (features, hidden) as the kernel reads it: two column blocks of TF32 parts and remainders."""
         return operands.wgmma_column_blocks(np.ascontiguousarray(fc1, np.float32), fc1.shape[1] // 2, cls.TK)
 
-    def __call__(self, stream, feat, fc1, fc2, labels, n, overflow, scores=0, z=0, count=0):
-        self.launch(stream, (ceil_div(n, self.IMGS), 1), (self.THREADS, 1, 1), feat, fc1, fc2, labels, n, overflow, scores,
-                    z, count, shared=self.bytes)
+    def __call__(self, stream, feat, fc1, fc2, labels, n, overflow, scores=0, z=0, count=0, partial=0, per_split=0, splits=1):
+        """partial, per_split (a multiple of TK): the splits' sums into partial instead, splits of them."""
+        self.launch(stream, (ceil_div(n, self.IMGS), splits), (self.THREADS, 1, 1), feat, fc1, fc2, labels, n, overflow,
+                    scores, z, count, partial, per_split, shared=self.bytes)
 
 
 class FullyConnected(Launcher):
@@ -562,7 +564,7 @@ class FullyConnected(Launcher):
     fit (fc_kernel6, FullyConnectedWarpgroup), else on the tensor cores in 3xTF32 (fc_kernel5, sm_80
     and later, up to 256 hidden units) for 32 images a block, else register-tiled on the FP32 cores
     (fc_kernel4) for 32 images a block (16 where shared memory is short). For large feature counts
-    and few images fc1 is split over blocks (fc_kernel5, or fc_kernel2 for FC_IMGS images a block)
+    and few images fc1 is split over blocks (fc_kernel6 or fc_kernel5, or fc_kernel2 for FC_IMGS images a block)
     and the splits added in order (fc_kernel3). fc1 goes to the GPU as fc1_operand lays it out."""
     source, kernel, arg_types = "fc", "fc_kernel4", "PPPPiPP"
     IMGS = 16
@@ -621,7 +623,8 @@ class FullyConnected(Launcher):
         else:
             self.split_sum = self.module.get_function("fc_kernel2")
             self.split_sum.prepare("PPPii")
-        self.block_imgs = self.TC_IMGS if self.tensor_cores else self.IMGS  # of the kernel that sums splits
+        # the images a block of the kernel that sums the splits
+        self.block_imgs = FullyConnectedWarpgroup.IMGS if self.warpgroup else self.TC_IMGS if self.tensor_cores else self.IMGS
 
     def fc1_operand(self, fc1):
         """fc1 (features, hidden) as this launcher's kernel reads it from the GPU."""
@@ -640,16 +643,18 @@ class FullyConnected(Launcher):
     def __call__(self, stream, feat, fc1, fc2, labels, n, overflow, scores=0, partial=0, z=0, count=0):
         """scores: a device pointer for the (n, classes) scores, or 0 for none; partial: scratch of
         partial_floats(n) floats; z: where fc1's sums before ReLU go (n, hidden), or 0; count: a
-        device int, the images to classify of the n (0: all n). z and count need fc_kernel6, or fc_kernel5
+        device int, the images to classify of the n (0: all n). z and count need fc_kernel6 or fc_kernel5,
         unsplit."""
-        if self.warpgroup:
-            return self.warpgroup(stream, feat, fc1, fc2, labels, n, overflow, scores, z, count)
         splits = self.splits(n)
+        if self.warpgroup and splits == 1:
+            return self.warpgroup(stream, feat, fc1, fc2, labels, n, overflow, scores, z, count)
         if (z or count) and (not self.tensor_cores or splits > 1):
-            raise ValueError("fc1's sums and a device-set count need fc_kernel5 with one split")
+            raise ValueError("fc1's sums and a device-set count need fc_kernel5 or fc_kernel6 with one split")
         per_split = ceil_div(ceil_div(self.flat, splits), self.tile) * self.tile
         splits = ceil_div(self.flat, per_split)
-        if self.tensor_cores:
+        if self.warpgroup:
+            self.warpgroup(stream, feat, fc1, fc2, labels, n, overflow, partial=partial, per_split=per_split, splits=splits)
+        elif self.tensor_cores:
             self.launch(stream, (ceil_div(n, self.TC_IMGS), splits), (self.tc_threads, 1, 1), feat, fc1, fc2, labels, n,
                         overflow, scores, partial, per_split, z, count, shared=self.tc_bytes, function=self.tc, name="fc_kernel5")
         elif splits == 1:
