@@ -10,8 +10,9 @@
 //   memory); k-tiles of 16 through a 4-stage cp.async pipeline fetched 2 ahead; 16 k-tiles summed in
 //   the tensor cores, then added in FP32; then ReLU -> fc2 -> argmax as fc_kernel5. Grid (ceil(n / 64),
 //   splits): where `partial` is given, block y sums features [y per_split, + per_split) into partial
-//   (splits, n, HIDDEN) for fc_kernel3 (fc.cu) instead, as fc_kernel5 does; blocks past *count return. 3 x 2 x FEAT x HIDDEN tensor FLOPs an image; fc1 read from L2 once a
-//   block (fc_kernel5: once per 32 images, on mma.sync). Two blocks an SM, one for 256 hidden units.
+//   (splits, n, HIDDEN) for fc_kernel3 (fc.cu) instead, as fc_kernel5 does; blocks past *count
+//   return. 3 x 2 x FEAT x HIDDEN tensor FLOPs an image; fc1 read from L2 once a block (fc_kernel5:
+//   once per 32 images, on mma.sync). Two blocks an SM, one for 256 hidden units.
 
 #include "fc_epilogue.cuh"
 #include "wgmma.cuh"
