@@ -15,23 +15,20 @@ from infer.network import Geometry
 MNIST = Geometry(h=28, w=28, c=1, k1=5, c1=32, k2=5, c2=64, hidden=128, classes=10)
 SMALL_FC = Geometry(28, 28, 1, 3, 16, 3, 13, 36, 10)  # 325 features (scalar loads), 36 hidden units
 WIDE_FC = Geometry(28, 28, 1, 5, 64, 5, 128, 256, 10)  # 256 hidden units: fc1 tiles of 16, 8 warps in fc_kernel5
-# conv layers (H, W, C, K, C_OUT, BN): ECE408's two, odd channel counts (scalar copies), 7x7, the largest
-CONVS = [(28, 28, 1, 5, 32, 32), (12, 12, 32, 5, 64, 64), (29, 31, 3, 7, 12, 32), (11, 12, 12, 3, 20, 32),
-         (13, 13, 7, 7, 50, 64), (62, 62, 256, 7, 256, 128), (20, 20, 5, 3, 100, 128)]
-HOPPER_CONVS = [(28, 28, 1, 5, 32, 32), (12, 12, 32, 5, 64, 64), (29, 31, 3, 7, 12, 16), (62, 62, 256, 7, 256, 64)]
+# conv layers (H, W, C, K, C_OUT): ECE408's two, odd channel counts (scalar copies), 7x7, the largest;
+# column blocks (BN) of 32, 64 and 128 (version 1), 16 and 64 (version 2)
+CONVS = [(28, 28, 1, 5, 32), (12, 12, 32, 5, 64), (29, 31, 3, 7, 12), (11, 12, 12, 3, 20), (13, 13, 7, 7, 50),
+         (62, 62, 256, 7, 256), (20, 20, 5, 3, 100)]
+HOPPER_CONVS = [(28, 28, 1, 5, 32), (12, 12, 32, 5, 64), (29, 31, 3, 7, 12), (62, 62, 256, 7, 256)]
 
 
-# conv_kernel3's layers (H, W, C, K, C_OUT, BN): conv1 of the other geometries, and K past one chunk of sums
-WHOLE_CONVS = [(32, 32, 3, 5, 32, 32), (64, 64, 1, 5, 32, 32), (29, 31, 3, 7, 12, 16), (30, 30, 5, 9, 16, 16),
-               (14, 14, 3, 5, 64, 64), (128, 128, 3, 7, 32, 32)]
+# conv_kernel3's layers: conv1 of the other geometries, and K past one chunk of sums
+WHOLE_CONVS = [(32, 32, 3, 5, 32), (64, 64, 1, 5, 32), (29, 31, 3, 7, 12), (30, 30, 5, 9, 16), (14, 14, 3, 5, 64),
+               (128, 128, 3, 7, 32)]
 
 
 def conv(sizes, version=1):
-    defines = dict(zip(("IN_H", "IN_W", "IN_C", "KS", "C_OUT", "BN"), sizes), CONV_BK=Conv.BK[version])
-    h, w, c, k, _, bn = sizes
-    shared = Conv.layout(version, bn, h, w, c, k)[1]
-    whole = dict(SPAN=Conv.span(h, w, c, k), MIN_BLOCKS=Conv.blocks_per_sm(bn, shared)) if version == 3 else {}
-    return f"conv{version}", dict(defines, SHARED_FLOATS=shared // 4, **whole)
+    return f"conv{version}", Conv.defines(version, *sizes)
 
 
 def gemm(version, tile, **extra):

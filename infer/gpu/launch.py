@@ -199,21 +199,27 @@ class Conv(Launcher):
 
     def __init__(self, build, h, w, c, k, c_out, kernel="conv_kernel1"):
         version = version_of(kernel)
-        bn, self.bk = self.column_block(version, c_out), self.BK[version]
+        defines = self.defines(version, h, w, c, k, c_out)
         self.kernel, self.source, self.version = kernel, f"conv{version}", version
-        self.bn, self.c_out, self.image = bn, c_out, h * w * c
+        self.bn, self.bk, self.c_out, self.image = defines["BN"], defines["CONV_BK"], c_out, h * w * c
         self.windows = ((h - k + 1) // 2) * ((w - k + 1) // 2)
-        self.block_windows, self.shared = self.layout(version, bn, h, w, c, k)
-        per_sm = self.blocks_per_sm(bn, self.shared)
-        whole = dict(SPAN=self.span(h, w, c, k), MIN_BLOCKS=per_sm) if version == 3 else {}
-        super().__init__(build, self.ARCH.get(version), IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn, CONV_BK=self.bk,
-                         SHARED_FLOATS=self.shared // 4, **whole)
-        self.blocks = per_sm * build.sms  # version 3's grid: every block resident
+        self.block_windows, self.shared = self.layout(version, self.bn, h, w, c, k)
+        super().__init__(build, self.ARCH.get(version), **defines)
+        self.blocks = defines.get("MIN_BLOCKS", 0) * build.sms  # version 3's grid: every block resident
         import pycuda.driver as cuda
 
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)
         if version > 1:  # all of the SM's memory as shared memory: two blocks of conv_kernel2's 103 KB fit only so
             self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+
+    @classmethod
+    def defines(cls, version, h, w, c, k, c_out):
+        """The -D options of a layer (input h x w x c, k x k, c_out channels) for conv_kernel<version>."""
+        bn = cls.column_block(version, c_out)
+        shared = cls.layout(version, bn, h, w, c, k)[1]
+        whole = dict(SPAN=cls.span(h, w, c, k), MIN_BLOCKS=cls.blocks_per_sm(bn, shared)) if version == 3 else {}
+        return dict(IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn, CONV_BK=cls.BK[version], SHARED_FLOATS=shared // 4,
+                    **whole)
 
     @staticmethod
     def column_block(version, c_out):
@@ -245,6 +251,7 @@ class Conv(Launcher):
         return windows, 4 * (rows + stages * (rows * (bk + 4) + 2 * bk * bn))
 
     @staticmethod
+    @functools.lru_cache(maxsize=None)
     def span(h, w, c, k):
         """conv_kernel3's SPAN: the most floats of x one group of 32 pool windows reads, from its first
         window's top-left value to its last window's last, plus 3 for a 16-byte aligned start, in 4s.
