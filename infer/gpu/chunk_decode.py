@@ -1,12 +1,13 @@
-"""A compressed data set streamed to the GPU as its compressed bytes, decoded there by nvCOMP.
+"""A compressed data set streamed to the GPU as its compressed bytes, decoded there.
 
 The reader threads only read each block's chunks (pread, no decoding) into page-locked memory; the
-block goes up as it is stored, nvCOMP decodes its chunks into a device buffer of whole chunks, a
-kernel checks them (nvCOMP's status, the decoded size, deflate's adler32) and HDF5's shuffle is
-undone as the images are placed where the network reads them. A batch of 8 deflate chunks of 1,000
-MNIST images takes nvCOMP 35-74 ms on an H100 (it decodes each stream serially), and 1,000 such
-chunks in one batch 44-92 ms: throughput comes from chunks in flight, so blocks decode on several
-streams at once (up to MAX_STREAMS) into a deep ring of device slots.
+block goes up as it is stored, an inflater decodes its chunks into a device buffer of whole chunks,
+a kernel checks them (the inflater's status, the decoded size, deflate's adler32) and HDF5's shuffle
+is undone as the images are placed where the network reads them. The inflaters (INFLATERS, the
+--decode modes): `gpu`, cnninfer's own inflate_kernel1 (cuda/inflate.cu, a warp a chunk), and
+`nvcomp`, nvCOMP's batched deflate (the gpu-decode extra). Both decode each chunk serially, so
+throughput comes from chunks in flight: blocks decode on several streams at once (up to
+MAX_STREAMS) into a deep ring of device slots.
 """
 import numpy as np
 
@@ -18,15 +19,58 @@ from . import launch, nvcomp
 # Not Zstd: nvCOMP 6.0's Zstd decoder never returned on a chunk with 64 damaged bytes (H100), where
 # its deflate decoder reports damage; nvCOMP leaves damaged input undefined, and a hang is no answer.
 GPU_CODECS = {reader.FILTER_DEFLATE: ("Deflate", 2, 4, True)}
+
+
+class KernelInflater:
+    """cnninfer's inflate_kernel1 (launch.Inflate): no library, no scratch memory, any alignment."""
+    name = "cnninfer inflate_kernel1"
+
+    def __init__(self, build, codec, count, chunk_bytes, alloc):
+        self.version, self.call = self.name, launch.Inflate(build)
+
+    def __call__(self, *args):
+        self.call(*args)
+
+    @staticmethod
+    def unavailable():
+        return None
+
+    @staticmethod
+    def input_align(codec):
+        return 1
+
+
+class NvcompInflater:
+    """nvCOMP's batched decompression, with its scratch memory."""
+    name = "nvCOMP"
+
+    def __init__(self, build, codec, count, chunk_bytes, alloc):
+        self.call = nvcomp.Decompressor(codec, count, chunk_bytes, alloc)
+        self.version = self.call.version
+
+    def __call__(self, *args):
+        self.call(*args)
+
+    @staticmethod
+    def unavailable():
+        lib, why = nvcomp.library()
+        return why if lib is None else None
+
+    @staticmethod
+    def input_align(codec):
+        return max(nvcomp.alignments(codec).input, 1)
+
+
+INFLATERS = {"gpu": KernelInflater, "nvcomp": NvcompInflater}  # the --decode modes that decode on the GPU
 BLOCK_BYTES = 128 << 20  # decoded bytes per block: 40 MNIST chunks of 1,000 float32 images
 IN_FLIGHT_BYTES = 3 << 30  # decoded bytes decoding at once at most (~1,000 such chunks), an eighth of the free memory
 MAX_STREAMS = 24  # decode streams, a block each; with the network's and the copies', within 32 hardware queues
 SPARE_SLOTS = 3  # device slots beyond one per decode stream: blocks decoded, waiting for or in compute
 
 
-def warm_up(build, rows):
-    """Load the kernels decoding `rows` (a ChunkedRows) and nvCOMP's (its first call loads its
-    modules), decoding one small stream, so no timed run pays for it."""
+def warm_up(build, rows, decode):
+    """Load the kernels decoding `rows` (a ChunkedRows) and the inflater's of --decode mode `decode`
+    (nvCOMP's first call loads its modules), decoding one small stream, so no timed run pays for it."""
     import zlib
 
     import pycuda.driver as cuda
@@ -40,7 +84,7 @@ def warm_up(build, rows):
         taken.append(cuda.mem_alloc(max(nbytes, 4)))
         return taken[-1]
     try:
-        nv = nvcomp.Decompressor("Deflate", 1, 4096, alloc)
+        nv = INFLATERS[decode](build, "Deflate", 1, 4096, alloc)
         stream = np.frombuffer(zlib.compress(bytes(4096))[2:-4], np.uint8)
         src, out, table = alloc(len(stream)), alloc(4096), alloc(48)
         cuda.memcpy_htod(src, stream)
@@ -58,9 +102,9 @@ def slots(free):
     return max(1, min(MAX_STREAMS, min(IN_FLIGHT_BYTES, free // 8) // BLOCK_BYTES)) + SPARE_SLOTS
 
 
-def unsupported(data, wire):
-    """None where the GPU can decode the images of `data` (a DataSet) as they travel in type
-    `wire`, else why not, in a phrase."""
+def unsupported(data, wire, decode):
+    """None where --decode `decode` can decode the images of `data` (a DataSet) on the GPU as they
+    travel in type `wire`, else why not, in a phrase."""
     if len(data.parts) != 1:
         return "the data set spans several files"
     rows = data.parts[0][1]
@@ -80,18 +124,17 @@ def unsupported(data, wire):
         return "its values are stored in the other byte order, swapped on the host"
     if rows.shuffle and rows.dtype.itemsize not in (1, 2, 4, 8):
         return f"no unshuffle for {rows.dtype.itemsize}-byte values"
-    lib, why = nvcomp.library()
-    return why if lib is None else None
+    return INFLATERS[decode].unavailable()
 
 
-def layout(rows, block):
+def layout(rows, block, inflater):
     """How blocks of `block` images of `rows` (a ChunkedRows the GPU decodes) lie in page-locked
     memory: (chunks a block holds at most, bytes of its chunk table, the alignment of each chunk's
     stream, bytes of a block: the table, then the most any block's chunks take)."""
     sizes = np.array(rows.index, np.int64).reshape(-1, 3)[:, 1]
     chunks = -(-block // rows.align) + 1  # a block may start inside a chunk
     table = -(-6 * 8 * chunks // 256) * 256
-    align = max(nvcomp.alignments(GPU_CODECS[rows.codec][0]).input, 1)
+    align = inflater.input_align(GPU_CODECS[rows.codec][0])
     sums = np.concatenate([[0], np.cumsum(sizes + align)])
     k = min(chunks, len(sizes))
     return chunks, table, align, table + int((sums[k:] - sums[:-k]).max()) + align
@@ -125,24 +168,25 @@ class Block:
 
 
 class Decoder:
-    """The device side of streamed files: per decode stream, nvCOMP's scratch, the compressed block
+    """The device side of streamed files: per decode stream, the inflater (with nvCOMP, its scratch), the compressed block
     and its chunks decoded (a stride apart); one pair of failure flags for the whole run. Built as
     the run is prepared and kept for the next file whose chunks it fits (bind), so no timed stream
     allocates its ~3 GB of device memory."""
 
-    def __init__(self, build, rows, block, streams, alloc, buffers):
+    def __init__(self, build, rows, block, streams, alloc, buffers, decode):
         import pycuda.driver as cuda
 
         self.build, self.buffers = build, buffers  # buffers: what alloc took
         self.codec = GPU_CODECS[rows.codec][0]
         self.chunk_bytes = rows.chunk_bytes
         self.stride = -(-self.chunk_bytes // 256) * 256
-        self.max_chunks, self.table_bytes, self.align, self.capacity = layout(rows, block)
+        self.inflater = INFLATERS[decode]
+        self.max_chunks, self.table_bytes, self.align, self.capacity = layout(rows, block, self.inflater)
         self.check = launch.DecodeCheck(build)
         self.flags = alloc(8)
         self.streams, self.scratch = [], []
         for _ in range(streams):
-            nv = nvcomp.Decompressor(self.codec, self.max_chunks, self.chunk_bytes, alloc)
+            nv = self.inflater(build, self.codec, self.max_chunks, self.chunk_bytes, alloc)
             self.scratch.append((nv, alloc(self.capacity), alloc(self.max_chunks * self.stride)))
             self.streams.append(cuda.Stream())
         self.version = nv.version
@@ -151,7 +195,7 @@ class Decoder:
 
     def fits(self, rows, block):
         """Whether this decoder's buffers serve blocks of `block` images of `rows`."""
-        chunks, table, align, capacity = layout(rows, block)
+        chunks, table, align, capacity = layout(rows, block, self.inflater)
         return (GPU_CODECS[rows.codec][0] == self.codec and rows.chunk_bytes == self.chunk_bytes
                 and (chunks, table, align) == (self.max_chunks, self.table_bytes, self.align) and capacity <= self.capacity)
 
@@ -212,8 +256,7 @@ class Decoder:
         good &= sizes > self.head + self.tail
         if not good.all():
             k = int(np.argmin(good))
-            raise InputError(f"{self.rows.label}: chunk {block.c0 + k} cannot be decompressed (nvCOMP {self.codec}: "
-                             "not a zlib stream)")
+            raise InputError(f"{self.rows.label}: chunk {block.c0 + k} cannot be decompressed (not a zlib stream)")
 
     def enqueue(self, dst, block, waits=()):
         """Queue block's upload, decoding, check and placing at device address dst on the next
@@ -281,6 +324,6 @@ class Decoder:
         j = int(flags.min())
         what = f"{self.rows.label}: chunk {j}"
         if flags[0] == j:
-            return InputError(f"{what} cannot be decompressed (nvCOMP {self.codec}: damaged data or not "
-                              f"{self.chunk_bytes} bytes once decoded)")
+            return InputError(f"{what} cannot be decompressed ({self.inflater.name} {self.codec}: damaged data or "
+                              f"not {self.chunk_bytes} bytes once decoded)")
         return InputError(f"{what} fails its adler32 checksum once decompressed: the file is damaged")

@@ -341,6 +341,26 @@ class DecodeCheck(Launcher):
                     chunk_bytes, stride, int(adler), first, bad)
 
 
+class Inflate(Launcher):
+    """Deflate streams (zlib's without header and trailer) decoded by inflate_kernel1, a warp each,
+    every stream into its own output (4-byte aligned): called as nvCOMP's batched decompression
+    (nvcomp.Decompressor), statuses OK, BAD (damaged, or reading past its size) or FULL (decoding
+    to more than its output holds)."""
+    source, kernel, arg_types = "inflate", "inflate_kernel1", "PPPPPP"
+    OK, BAD, FULL = 0, 1, 2
+
+    def __init__(self, build):
+        import pycuda.driver as cuda
+
+        super().__init__(build)
+        # a block takes ~39 KB of shared memory: five an SM only with the whole carveout
+        self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+
+    def __call__(self, stream, count, src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses):
+        """As nvcomp.Decompressor: every argument but count a device address of an array of count."""
+        self.launch(stream, (count, 1), (32, 1, 1), src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses)
+
+
 class _PerValueSize(Launcher):
     """A decode.cu kernel built for values of value_bytes bytes (1, 2, 4 or 8)."""
     source = "decode"
