@@ -1,6 +1,6 @@
-// Compressed HDF5 chunks decoded on the GPU (by nvCOMP, into a block of whole chunks, `stride` bytes
+// Compressed HDF5 chunks decoded on the GPU (by inflate_kernel1, into a block of whole chunks, `stride` bytes
 // apart) -> checked, then placed as the images the network reads, in the stored type.
-// decode_check_kernel1: one block per chunk: nvCOMP's status and decoded size, then where ADLER is
+// decode_check_kernel1: one block per chunk: the inflater's status and decoded size, then where ADLER is
 //   set (zlib streams) the adler32 of the decoded bytes (A = 1 + sum d_i, B = n + sum (n - i) d_i,
 //   mod 65521, summed 16 bytes a thread-step) against the 4 big-endian bytes after the deflate data;
 //   the lowest failing chunk (first + index) into bad[0] (did not decode) or bad[1] (checksum).

@@ -23,7 +23,7 @@ def create_cuda(devices=None, **options):
         from .gpu.multi import MultiGpuBackend
     except ImportError as e:
         raise BackendUnavailable(f"the CUDA backend needs PyCUDA ({e}); install it with: pip install 'cnninfer[cuda]'") from None
-    if options.get("decode", "host") != "host":
+    if options.get("decode") == "gpu":
         ask_hardware_queues(DECODE_QUEUES)  # before the driver starts
     if devices == "all":
         devices = list(range(visible_devices()))
@@ -49,8 +49,8 @@ def create(name, notice, chunk=None, readers=None, **cuda_options):
     """A ready backend by name; `notice` takes the one-line notices: when `auto` falls back to the
     CPU, when an option has no effect on the algorithm that runs."""
     if name == "cpu":
-        if cuda_options.get("decode", "host") != "host":
-            raise InputError(f"--decode {cuda_options['decode']} needs the CUDA backend")
+        if cuda_options.get("decode") == "gpu":
+            raise InputError("--decode gpu needs the CUDA backend")
         return CpuBackend(chunk=chunk, readers=readers)
     try:
         return create_cuda(chunk=chunk, readers=readers, notice=once(notice), **cuda_options)

@@ -7,7 +7,7 @@ from .errors import InputError
 from .gpu.launch import GEMMS, TILE_WIDTHS
 from .gpu.pipelines import ALGORITHMS, AUTO, PRECISIONS, precision_conflict
 
-DECODE_MODES = ("host", "gpu", "nvcomp")  # gpu, nvcomp: gpu.chunk_decode.INFLATERS
+DECODE_MODES = ("host", "gpu")
 # CUDA streams by default: testfull's 10,000 images run as 8 chunks of 1,250 all at once (H100: 0.71 ms
 # GPU, 0.86-0.90 end to end; on 4 streams the fifth chunk of 2,048 was a tail: 0.75 / 0.89-0.93 ms).
 STREAMS = 8

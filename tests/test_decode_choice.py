@@ -1,13 +1,12 @@
-"""Which files --decode gpu and nvcomp take, and why not (no GPU needed): deflate chunks of whole
-images in the type the GPU reads, in one file (nvcomp: with nvCOMP installed); everything else one
-line saying why."""
+"""Which files --decode gpu takes, and why not (no GPU needed): deflate chunks of whole images in
+the type the GPU reads, in one file; everything else one line saying why."""
 import h5py
 import numpy as np
 import pytest
 
 from infer import loader
 from infer.dataset import DataSet
-from infer.gpu import chunk_decode, nvcomp
+from infer.gpu import chunk_decode
 from infer.options import Options
 from infer.errors import InputError
 from tests.conftest import assert_refused, invoke
@@ -18,7 +17,7 @@ def model(ece408):
     return loader.load_model(ece408 / "model.hdf5")
 
 
-def why(tmp_path, model, rng, wire=np.float32, shards=1, dtype="f4", decode="gpu", **options):
+def why(tmp_path, model, rng, wire=np.float32, shards=1, dtype="f4", **options):
     x = rng.random((120, 28, 28, 1)).astype(dtype)
     paths = []
     for i in range(shards):
@@ -28,7 +27,7 @@ def why(tmp_path, model, rng, wire=np.float32, shards=1, dtype="f4", decode="gpu
             f["y"] = np.eye(10)[rng.integers(0, 10, 120)]
     data = DataSet.open(paths, model)
     try:
-        return chunk_decode.unsupported(data, np.dtype(wire), decode)
+        return chunk_decode.unsupported(data, np.dtype(wire))
     finally:
         data.close()
 
@@ -36,7 +35,6 @@ def why(tmp_path, model, rng, wire=np.float32, shards=1, dtype="f4", decode="gpu
 GZIP = dict(compression="gzip", chunks=(16, 28, 28, 1))
 
 
-@pytest.mark.parametrize("decode", list(chunk_decode.INFLATERS))
 @pytest.mark.parametrize("options,wire,dtype,shards,reason", [
     (dict(compression="lzf", chunks=(16, 28, 28, 1)), "f4", "f4", 1, "not lzf"),
     (dict(chunks=(16, 28, 28, 1)), "f4", "f4", 1, "not raw chunks"),
@@ -47,29 +45,21 @@ GZIP = dict(compression="gzip", chunks=(16, 28, 28, 1))
     (GZIP, "f4", "f4", 2, "spans several files"),
     (GZIP, "f4", ">f4", 1, "stored in the other byte order"),
 ])
-def test_what_the_gpu_does_not_decode_says_why(tmp_path, model, rng, options, wire, dtype, shards, reason, decode):
-    assert reason in why(tmp_path, model, rng, wire, shards, dtype, decode, **options)
+def test_what_the_gpu_does_not_decode_says_why(tmp_path, model, rng, options, wire, dtype, shards, reason):
+    assert reason in why(tmp_path, model, rng, wire, shards, dtype, **options)
 
 
-def test_deflate_chunks_of_whole_images_need_nothing_more_and_nvcomp_only_nvcomp(tmp_path, model, rng, monkeypatch):
-    monkeypatch.setenv("CNNINFER_NVCOMP", str(tmp_path / "missing.so"))
-    nvcomp.library.cache_clear()
-    try:
-        assert why(tmp_path, model, rng, **GZIP) is None
-        assert why(tmp_path, model, rng, shuffle=True, **GZIP) is None
-        assert "does not load" in why(tmp_path, model, rng, decode="nvcomp", **GZIP)
-        assert "does not load" in why(tmp_path, model, rng, shuffle=True, decode="nvcomp", **GZIP)
-    finally:
-        nvcomp.library.cache_clear()
+def test_deflate_chunks_of_whole_images_need_nothing_more(tmp_path, model, rng):
+    assert why(tmp_path, model, rng, **GZIP) is None
+    assert why(tmp_path, model, rng, shuffle=True, **GZIP) is None
 
 
 def test_the_decode_option_is_checked():
     assert Options().decode == "host"
-    with pytest.raises(InputError, match="decode must be one of host, gpu, nvcomp, not 'cpu'"):
+    with pytest.raises(InputError, match="decode must be one of host, gpu, not 'cpu'"):
         Options.of(decode="cpu")
 
 
-@pytest.mark.parametrize("decode", list(chunk_decode.INFLATERS))
-def test_decode_on_the_gpu_on_the_cpu_backend_is_one_line(ece408, decode):
-    r = invoke("run", ece408 / "test100.hdf5", ece408 / "model.hdf5", "--backend", "cpu", "--decode", decode)
-    assert_refused(r, f"--decode {decode} needs the CUDA backend")
+def test_decode_gpu_on_the_cpu_backend_is_one_line(ece408):
+    r = invoke("run", ece408 / "test100.hdf5", ece408 / "model.hdf5", "--backend", "cpu", "--decode", "gpu")
+    assert_refused(r, "--decode gpu needs the CUDA backend")

@@ -1,8 +1,7 @@
-"""Deflate chunks decoded on the GPU, by cnninfer's inflate_kernel1 (--decode gpu) and by nvCOMP
-(--decode nvcomp, where the gpu-decode extra is installed): the predictions of the host's decoding
-for every level, shuffle, value type and chunk size (blocks starting and ending inside chunks,
-chunks a stride apart or back to back, odd byte counts), and a damaged chunk refused in one line
-naming it. Needs a GPU."""
+"""Deflate chunks decoded on the GPU by inflate_kernel1 (--decode gpu): the predictions of the
+host's decoding for every level, shuffle, value type and chunk size (blocks starting and ending
+inside chunks, chunks a stride apart or back to back, odd byte counts), and a damaged chunk refused
+in one line naming it. Needs a GPU."""
 import os
 import shutil
 
@@ -12,20 +11,10 @@ import pytest
 
 from infer import Session
 from infer.errors import InputError
-from infer.gpu import chunk_decode
 from tests.conftest import assert_refused, invoke, small_model
 
 pytestmark = pytest.mark.gpu
 SMALL = small_model(np.random.default_rng(13))  # takes 13x13x1 images as well as 12x12x1
-
-
-@pytest.fixture(params=list(chunk_decode.INFLATERS))
-def decode(request):
-    """Each --decode mode that decodes on the GPU, skipped where it cannot run here."""
-    why = chunk_decode.INFLATERS[request.param].unavailable()
-    if why:
-        pytest.skip(why)
-    return request.param
 
 
 @pytest.fixture(autouse=True)
@@ -64,8 +53,8 @@ def sessions():
         s.close()
 
 
-def assert_same_as_host(sessions, path, model, decode, what="GPU"):
-    gpu, host = sessions(model, decode).evaluate(path), sessions(model, "host").evaluate(path)
+def assert_same_as_host(sessions, path, model, what="GPU"):
+    gpu, host = sessions(model, "gpu").evaluate(path), sessions(model, "host").evaluate(path)
     assert gpu.streamed and gpu.reader["decode"].startswith(what), gpu.reader
     assert host.reader["decode"].startswith("host")
     np.testing.assert_array_equal(gpu.predictions, host.predictions)
@@ -75,21 +64,21 @@ def assert_same_as_host(sessions, path, model, decode, what="GPU"):
 
 @pytest.mark.parametrize("name", ["gzip1", "gzip6", "gzip1_shuffle", "gzip6_shuffle"])
 @pytest.mark.parametrize("chunk", [16, 37])  # 16 float32 images: 50,176 bytes, back to back; 37: a stride apart
-def test_mnist_float32_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, decode, name, chunk):
+def test_mnist_float32_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, name, chunk):
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][:1999], f["y"][:1999]
-    r = assert_same_as_host(sessions, write(tmp_path / "c.h5", x, y, chunk, name), ece408 / "model.hdf5", decode)
+    r = assert_same_as_host(sessions, write(tmp_path / "c.h5", x, y, chunk, name), ece408 / "model.hdf5")
     assert r.correct > 1700
 
 
 @pytest.mark.parametrize("name", ["gzip1", "gzip6_shuffle"])
 @pytest.mark.parametrize("dtype", ["u1", "i2"])
-def test_odd_sized_images_of_integer_types(tmp_path, rng, sessions, decode, name, dtype):
+def test_odd_sized_images_of_integer_types(tmp_path, rng, sessions, name, dtype):
     """13x13x1 images (169 values: chunks of odd byte counts, adler32 byte by byte), 2-byte values
     unshuffled, converted to float32 on the GPU after decoding."""
     x = (rng.random((613, 13, 13, 1)) * 200).astype(dtype)
     y = np.eye(10)[rng.integers(0, 10, len(x))]
-    assert_same_as_host(sessions, write(tmp_path / "o.h5", x, y, 37, name), SMALL, decode)
+    assert_same_as_host(sessions, write(tmp_path / "o.h5", x, y, 37, name), SMALL)
 
 
 def test_float64_images_are_refused_for_the_gpu_with_the_reason(tmp_path, rng):
@@ -99,13 +88,12 @@ def test_float64_images_are_refused_for_the_gpu_with_the_reason(tmp_path, rng):
     assert_refused(r, "f.h5", "--decode gpu", "converted on the host")
 
 
-def test_the_host_decodes_unless_asked_and_gpu_refuses_what_it_cannot(tmp_path, ece408, sessions, decode):
+def test_the_host_decodes_unless_asked_and_gpu_refuses_what_it_cannot(tmp_path, ece408, sessions):
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][:700], f["y"][:700]
     gz = write(tmp_path / "g.h5", x, y, 50, "gzip1")
-    s = sessions(ece408 / "model.hdf5", decode)
-    said = "GPU: " + chunk_decode.INFLATERS[decode].name.split()[0]
-    assert s.evaluate(gz).reader["decode"].startswith(said)
+    s = sessions(ece408 / "model.hdf5", "gpu")
+    assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel1")
     with Session(ece408 / "model.hdf5", "cuda") as default:
         assert default.evaluate(gz).reader["decode"] == "host"
     with h5py.File(tmp_path / "l.h5", "w") as f:
@@ -113,13 +101,13 @@ def test_the_host_decodes_unless_asked_and_gpu_refuses_what_it_cannot(tmp_path, 
         f["y"] = y
     with pytest.raises(InputError, match="not lzf"):
         s.evaluate(tmp_path / "l.h5")
-    assert s.evaluate(gz).reader["decode"].startswith(said)  # and the session goes on
-    r = invoke("run", tmp_path / "l.h5", ece408 / "model.hdf5", "--decode", decode)
-    assert_refused(r, "l.h5", f"--decode {decode}", "the GPU decodes deflate (gzip) chunks, not lzf")
+    assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel1")  # and the session goes on
+    r = invoke("run", tmp_path / "l.h5", ece408 / "model.hdf5", "--decode", "gpu")
+    assert_refused(r, "l.h5", "--decode gpu", "the GPU decodes deflate (gzip) chunks, not lzf")
     if zstd_ok():
         write(tmp_path / "z.h5", x, y, 50, "zstd")
-        r = invoke("run", tmp_path / "z.h5", ece408 / "model.hdf5", "--decode", decode)
-        assert_refused(r, "z.h5", f"--decode {decode}", "not zstd")
+        r = invoke("run", tmp_path / "z.h5", ece408 / "model.hdf5", "--decode", "gpu")
+        assert_refused(r, "z.h5", "--decode gpu", "not zstd")
 
 
 def zstd_ok():
@@ -150,18 +138,18 @@ def damaged(tmp_path, ece408, name, where):
     (lambda size: [size - 1], ["chunk 3", "adler32"]),
     (lambda size: [0], ["chunk 3", "not a zlib stream"]),
 ])
-def test_a_damaged_chunk_is_refused_in_one_line(tmp_path, ece408, decode, where, words):
+def test_a_damaged_chunk_is_refused_in_one_line(tmp_path, ece408, where, words):
     path = damaged(tmp_path, ece408, "gzip1", where)
     out = tmp_path / "p.npy"
-    r = invoke("run", path, ece408 / "model.hdf5", "--decode", decode, "--predictions", out)
+    r = invoke("run", path, ece408 / "model.hdf5", "--decode", "gpu", "--predictions", out)
     assert_refused(r, "bad.h5", "'x'", *words)
     assert not out.exists()
 
 
-def test_damage_anywhere_in_a_chunk_is_found_and_the_session_goes_on(tmp_path, ece408, sessions, decode, rng):
-    """24 damages of 1 to 64 bytes at random places of chunk 3 (the inflater's own checks or adler32
+def test_damage_anywhere_in_a_chunk_is_found_and_the_session_goes_on(tmp_path, ece408, sessions, rng):
+    """24 damages of 1 to 64 bytes at random places of chunk 3 (the kernel's own checks or adler32
     find each); after each, the same session decodes the good file right."""
-    s = sessions(ece408 / "model.hdf5", decode)
+    s = sessions(ece408 / "model.hdf5", "gpu")
     with h5py.File(ece408 / "testfull.hdf5") as f:
         good = write(tmp_path / "good.h5", f["x"][:900], f["y"][:900], 50, "gzip1")
     want = s.evaluate(good).predictions
@@ -189,8 +177,8 @@ def timed_stream(monkeypatch):
     return streaming
 
 
-@pytest.mark.parametrize("mode", ["host", "gpu"])
-def test_the_ring_is_pinned_before_the_timed_run(tmp_path, ece408, monkeypatch, mode):
+@pytest.mark.parametrize("decode", ["host", "gpu"])
+def test_the_ring_is_pinned_before_the_timed_run(tmp_path, ece408, monkeypatch, decode):
     """Pinning a 25 MB buffer takes ~17 ms (H100 host): a streamed run's ring is pinned as the
     Session prepares, never inside the timed stream, and pinned once for repeated runs."""
     from infer.gpu.backend import CudaBackend
@@ -203,15 +191,15 @@ def test_the_ring_is_pinned_before_the_timed_run(tmp_path, ece408, monkeypatch, 
     monkeypatch.setattr(CudaBackend, "new_host_buffer", staticmethod(pinning))
     with h5py.File(ece408 / "testfull.hdf5") as f:
         path = write(tmp_path / "g.h5", f["x"][:700], f["y"][:700], 50, "gzip1_shuffle")
-    with Session(ece408 / "model.hdf5", "cuda", decode=mode) as s:
+    with Session(ece408 / "model.hdf5", "cuda", decode=decode) as s:
         first = s.evaluate(path)
         count = len(pinned)
         assert first.streamed and s.evaluate(path).correct == first.correct
     assert count > 0 and len(pinned) == count and not any(pinned)
 
 
-def test_the_decoders_device_memory_is_taken_before_the_timed_run(tmp_path, ece408, monkeypatch, decode):
-    """Decoding on the GPU's ~3 GB of device buffers are allocated as the Session prepares, never inside
+def test_the_decoders_device_memory_is_taken_before_the_timed_run(tmp_path, ece408, monkeypatch):
+    """--decode gpu's ~3 GB of device buffers are allocated as the Session prepares, never inside
     the timed stream, and kept for the next file they fit."""
     import pycuda.driver as cuda
 
@@ -224,7 +212,7 @@ def test_the_decoders_device_memory_is_taken_before_the_timed_run(tmp_path, ece4
     with h5py.File(ece408 / "testfull.hdf5") as f:
         first = write(tmp_path / "a.h5", f["x"][:700], f["y"][:700], 50, "gzip1_shuffle")
     other = shutil.copy(first, tmp_path / "b.h5")
-    with Session(ece408 / "model.hdf5", "cuda", decode=decode) as s:
+    with Session(ece408 / "model.hdf5", "cuda", decode="gpu") as s:
         a = s.evaluate(first)
         count = len(taken)
         b = s.evaluate(other)  # another file that the same buffers fit

@@ -3,9 +3,9 @@
 # tools/make_big.py writes (float32 and uint8 contiguous, big-endian, gzip 1/6,
 # shuffle, lzf, fletcher32, chunks cutting images, and hdf5plugin's Blosc, Blosc2, Zstd, LZ4 and
 # Bitshuffle: hdf5plugin on the path): `cnninfer bench --stream` on four of them (the run beside
-# the raw parallel read, the GPU alone and, where nvCOMP is installed or CNNINFER_NVCOMP names it,
-# --decode gpu), 3 fresh `cnninfer run`s of each (images/s, reader, peak RSS; the deflate ones also
-# with --decode gpu given nvCOMP), and every run's 1M predictions against the contiguous file's.
+# the raw parallel read, the GPU alone and --decode gpu where it applies), 3 fresh `cnninfer run`s
+# of each (images/s, reader, peak RSS; the deflate ones also with --decode gpu), and every run's 1M
+# predictions against the contiguous file's.
 # Usage:  . .device/setup.sh && bash tools/device_stream.sh   (logs in $OUT, or ./device-out)
 set -uo pipefail
 out="${OUT:-device-out}"; mkdir -p "$out"
@@ -18,11 +18,8 @@ for f in big big_u8 big_gz1 big_shuf_gz1; do
 done
 python3 - "$data" $layouts <<'PY' 2>&1 | tee "$out/stream-runs.txt"
 import json, subprocess, sys, numpy as np
-from infer.gpu import nvcomp
 data, layouts = sys.argv[1], sys.argv[2:]
-runs = [(name, "host") for name in layouts]
-if nvcomp.library()[0] is not None:
-    runs += [(name, "gpu") for name in ("big_gz1", "big_gz6", "big_shuf_gz1", "big_shuf_gz6")]
+runs = [(name, "host") for name in layouts] + [(name, "gpu") for name in ("big_gz1", "big_gz6", "big_shuf_gz1", "big_shuf_gz6")]
 for name, decode in runs:
     for i in range(3):
         r = subprocess.run(["/usr/bin/time", "-f", "%M", "cnninfer", "run", f"/tmp/{name}.hdf5", f"{data}/model.hdf5",

@@ -53,7 +53,7 @@ class CudaBackend(HostSide):
             raise InputError(conflict)
         # Decoding on the GPU keeps ~30 streams busy at once: as many hardware queues, which cost
         # the context ~230 MB more host memory (H100: peak RSS 600-690 MB against 390-450), so only then
-        self.gpu = Device(device, hardware_queues=DECODE_QUEUES if decode in chunk_decode.INFLATERS else None)
+        self.gpu = Device(device, hardware_queues=DECODE_QUEUES if decode == "gpu" else None)
         self.profiler = Profiler() if profile else NullProfiler()
         self.build = Build(self.gpu.arch, fast_math, tile_width, self.profiler, gemm_algo, self.gpu.l2_bytes,
                            self.gpu.sms)
@@ -174,9 +174,9 @@ class CudaBackend(HostSide):
             self._allocate(key)
             ex.warm_up()
             if decoding:
-                chunk_decode.warm_up(self.build, source.parts[0][1], self.decode)
+                chunk_decode.warm_up(self.build, source.parts[0][1])
         if decoding and not ex.run.resident:
-            raise InputError(f"{source.parts[0][0]}: --decode {self.decode}: the GPU has too little free memory for the "
+            raise InputError(f"{source.parts[0][0]}: --decode gpu: the GPU has too little free memory for the "
                              "decoded blocks")
         # The ring's page-locked buffers, here rather than in the timed run: pinning a 25 MB buffer
         # takes ~17 ms (--decode gpu pinned its ring in the run: a 1M shuffled gzip 1 file on an
@@ -192,12 +192,12 @@ class CudaBackend(HostSide):
         self._host("buffers + warm-up", t)
 
     def _gpu_decodes(self, source, wire):
-        """Whether the GPU decodes `source`'s chunks (--decode gpu or nvcomp); one line where it cannot."""
-        if self.decode not in chunk_decode.INFLATERS:
+        """Whether the GPU decodes `source`'s chunks (--decode gpu); one line where it cannot."""
+        if self.decode != "gpu":
             return False
-        why = chunk_decode.unsupported(source, wire, self.decode)
+        why = chunk_decode.unsupported(source, wire)
         if why:
-            raise InputError(f"{source.parts[0][0]}: --decode {self.decode}: {why}")
+            raise InputError(f"{source.parts[0][0]}: --decode gpu: {why}")
         return True
 
     def _allocate(self, key):
@@ -321,7 +321,7 @@ class CudaBackend(HostSide):
 
         while True:
             try:
-                self.decoder = chunk_decode.Decoder(self.build, rows, run.block, streams, alloc, taken, self.decode)
+                self.decoder = chunk_decode.Decoder(self.build, rows, run.block, streams, alloc, taken)
                 return self.decoder
             except cuda.MemoryError:
                 for buf in taken:

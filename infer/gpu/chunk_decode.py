@@ -1,76 +1,30 @@
 """A compressed data set streamed to the GPU as its compressed bytes, decoded there.
 
 The reader threads only read each block's chunks (pread, no decoding) into page-locked memory; the
-block goes up as it is stored, an inflater decodes its chunks into a device buffer of whole chunks,
-a kernel checks them (the inflater's status, the decoded size, deflate's adler32) and HDF5's shuffle
-is undone as the images are placed where the network reads them. The inflaters (INFLATERS, the
---decode modes): `gpu`, cnninfer's own inflate_kernel1 (cuda/inflate.cu, a warp a chunk), and
-`nvcomp`, nvCOMP's batched deflate (the gpu-decode extra). Both decode each chunk serially, so
-throughput comes from chunks in flight: blocks decode on several streams at once (up to
-MAX_STREAMS) into a deep ring of device slots.
+block goes up as it is stored, inflate_kernel1 (cuda/inflate.cu: a warp a chunk) decodes its chunks
+into a device buffer of whole chunks, a kernel checks them (the kernel's status, the decoded size,
+deflate's adler32) and HDF5's shuffle is undone as the images are placed where the network reads
+them. A chunk of 1,000 MNIST images takes one warp 37-68 ms (H100), and an SM holds five: speed
+comes from chunks in flight, so blocks decode on several streams at once (up to MAX_STREAMS) into a
+deep ring of device slots.
 """
 import numpy as np
 
 from .. import reader
 from ..errors import InputError
-from . import launch, nvcomp
+from . import launch
 
-# HDF5 filter -> (nvCOMP codec, bytes before the codec's stream, bytes after it, adler32 trailer).
-# Not Zstd: nvCOMP 6.0's Zstd decoder never returned on a chunk with 64 damaged bytes (H100), where
-# its deflate decoder reports damage; nvCOMP leaves damaged input undefined, and a hang is no answer.
-GPU_CODECS = {reader.FILTER_DEFLATE: ("Deflate", 2, 4, True)}
-
-
-class KernelInflater:
-    """cnninfer's inflate_kernel1 (launch.Inflate): no library, no scratch memory, any alignment."""
-    name = "cnninfer inflate_kernel1"
-
-    def __init__(self, build, codec, count, chunk_bytes, alloc):
-        self.version, self.call = self.name, launch.Inflate(build)
-
-    def __call__(self, *args):
-        self.call(*args)
-
-    @staticmethod
-    def unavailable():
-        return None
-
-    @staticmethod
-    def input_align(codec):
-        return 1
-
-
-class NvcompInflater:
-    """nvCOMP's batched decompression, with its scratch memory."""
-    name = "nvCOMP"
-
-    def __init__(self, build, codec, count, chunk_bytes, alloc):
-        self.call = nvcomp.Decompressor(codec, count, chunk_bytes, alloc)
-        self.version = self.call.version
-
-    def __call__(self, *args):
-        self.call(*args)
-
-    @staticmethod
-    def unavailable():
-        lib, why = nvcomp.library()
-        return why if lib is None else None
-
-    @staticmethod
-    def input_align(codec):
-        return max(nvcomp.alignments(codec).input, 1)
-
-
-INFLATERS = {"gpu": KernelInflater, "nvcomp": NvcompInflater}  # the --decode modes that decode on the GPU
+# HDF5 filter -> (bytes before the codec's stream, bytes after it, adler32 trailer)
+GPU_CODECS = {reader.FILTER_DEFLATE: (2, 4, True)}
 BLOCK_BYTES = 128 << 20  # decoded bytes per block: 40 MNIST chunks of 1,000 float32 images
 IN_FLIGHT_BYTES = 3 << 30  # decoded bytes decoding at once at most (~1,000 such chunks), an eighth of the free memory
 MAX_STREAMS = 24  # decode streams, a block each; with the network's and the copies', within 32 hardware queues
 SPARE_SLOTS = 3  # device slots beyond one per decode stream: blocks decoded, waiting for or in compute
 
 
-def warm_up(build, rows, decode):
-    """Load the kernels decoding `rows` (a ChunkedRows) and the inflater's of --decode mode `decode`
-    (nvCOMP's first call loads its modules), decoding one small stream, so no timed run pays for it."""
+def warm_up(build, rows):
+    """Load the kernels decoding `rows` (a ChunkedRows), decoding one small stream, so no timed run
+    pays for it."""
     import zlib
 
     import pycuda.driver as cuda
@@ -84,13 +38,13 @@ def warm_up(build, rows, decode):
         taken.append(cuda.mem_alloc(max(nbytes, 4)))
         return taken[-1]
     try:
-        nv = INFLATERS[decode](build, "Deflate", 1, 4096, alloc)
+        inflate = launch.Inflate(build)
         stream = np.frombuffer(zlib.compress(bytes(4096))[2:-4], np.uint8)
         src, out, table = alloc(len(stream)), alloc(4096), alloc(48)
         cuda.memcpy_htod(src, stream)
         cuda.memcpy_htod(table, np.array([int(src), len(stream), 4096, 0, int(out), 0], np.uint64))
         t = int(table)
-        nv(cuda.Stream(), 1, t, t + 8, t + 16, t + 24, t + 32, t + 40)
+        inflate(cuda.Stream(), 1, t, t + 8, t + 16, t + 24, t + 32, t + 40)
         cuda.Context.synchronize()
     finally:
         for buf in taken:
@@ -102,9 +56,9 @@ def slots(free):
     return max(1, min(MAX_STREAMS, min(IN_FLIGHT_BYTES, free // 8) // BLOCK_BYTES)) + SPARE_SLOTS
 
 
-def unsupported(data, wire, decode):
-    """None where --decode `decode` can decode the images of `data` (a DataSet) on the GPU as they
-    travel in type `wire`, else why not, in a phrase."""
+def unsupported(data, wire):
+    """None where the GPU can decode the images of `data` (a DataSet) as they travel in type
+    `wire`, else why not, in a phrase."""
     if len(data.parts) != 1:
         return "the data set spans several files"
     rows = data.parts[0][1]
@@ -124,20 +78,19 @@ def unsupported(data, wire, decode):
         return "its values are stored in the other byte order, swapped on the host"
     if rows.shuffle and rows.dtype.itemsize not in (1, 2, 4, 8):
         return f"no unshuffle for {rows.dtype.itemsize}-byte values"
-    return INFLATERS[decode].unavailable()
+    return None
 
 
-def layout(rows, block, inflater):
+def layout(rows, block):
     """How blocks of `block` images of `rows` (a ChunkedRows the GPU decodes) lie in page-locked
-    memory: (chunks a block holds at most, bytes of its chunk table, the alignment of each chunk's
-    stream, bytes of a block: the table, then the most any block's chunks take)."""
+    memory: (chunks a block holds at most, bytes of its chunk table, bytes of a block: the table,
+    then the most any block's chunks take, back to back)."""
     sizes = np.array(rows.index, np.int64).reshape(-1, 3)[:, 1]
     chunks = -(-block // rows.align) + 1  # a block may start inside a chunk
     table = -(-6 * 8 * chunks // 256) * 256
-    align = inflater.input_align(GPU_CODECS[rows.codec][0])
-    sums = np.concatenate([[0], np.cumsum(sizes + align)])
+    sums = np.concatenate([[0], np.cumsum(sizes)])
     k = min(chunks, len(sizes))
-    return chunks, table, align, table + int((sums[k:] - sums[:-k]).max()) + align
+    return chunks, table, table + int((sums[k:] - sums[:-k]).max())
 
 
 class Blocks:
@@ -168,41 +121,37 @@ class Block:
 
 
 class Decoder:
-    """The device side of streamed files: per decode stream, the inflater (with nvCOMP, its scratch), the compressed block
-    and its chunks decoded (a stride apart); one pair of failure flags for the whole run. Built as
-    the run is prepared and kept for the next file whose chunks it fits (bind), so no timed stream
-    allocates its ~3 GB of device memory."""
+    """The device side of streamed files: per decode stream, the compressed block and its chunks
+    decoded (a stride apart); one pair of failure flags for the whole run. Built as the run is
+    prepared and kept for the next file whose chunks it fits (bind), so no timed stream allocates
+    its ~3 GB of device memory."""
 
-    def __init__(self, build, rows, block, streams, alloc, buffers, decode):
+    def __init__(self, build, rows, block, streams, alloc, buffers):
         import pycuda.driver as cuda
 
         self.build, self.buffers = build, buffers  # buffers: what alloc took
-        self.codec = GPU_CODECS[rows.codec][0]
         self.chunk_bytes = rows.chunk_bytes
         self.stride = -(-self.chunk_bytes // 256) * 256
-        self.inflater = INFLATERS[decode]
-        self.max_chunks, self.table_bytes, self.align, self.capacity = layout(rows, block, self.inflater)
-        self.check = launch.DecodeCheck(build)
+        self.max_chunks, self.table_bytes, self.capacity = layout(rows, block)
+        self.inflate, self.check = launch.Inflate(build), launch.DecodeCheck(build)
         self.flags = alloc(8)
         self.streams, self.scratch = [], []
         for _ in range(streams):
-            nv = self.inflater(build, self.codec, self.max_chunks, self.chunk_bytes, alloc)
-            self.scratch.append((nv, alloc(self.capacity), alloc(self.max_chunks * self.stride)))
+            self.scratch.append((alloc(self.capacity), alloc(self.max_chunks * self.stride)))
             self.streams.append(cuda.Stream())
-        self.version = nv.version
         self.used = 0
         self.bind(rows)
 
     def fits(self, rows, block):
         """Whether this decoder's buffers serve blocks of `block` images of `rows`."""
-        chunks, table, align, capacity = layout(rows, block, self.inflater)
-        return (GPU_CODECS[rows.codec][0] == self.codec and rows.chunk_bytes == self.chunk_bytes
-                and (chunks, table, align) == (self.max_chunks, self.table_bytes, self.align) and capacity <= self.capacity)
+        chunks, table, capacity = layout(rows, block)
+        return (rows.chunk_bytes == self.chunk_bytes and (chunks, table) == (self.max_chunks, self.table_bytes)
+                and capacity <= self.capacity)
 
     def bind(self, rows):
         """Decode the chunks of `rows` (a ChunkedRows that fits) from now on."""
         self.rows = rows
-        _, self.head, self.tail, self.adler = GPU_CODECS[rows.codec]
+        self.head, self.tail, self.adler = GPU_CODECS[rows.codec]
         index = np.array(rows.index, np.int64).reshape(-1, 3)
         self.offsets, self.sizes = index[:, 0], index[:, 1]
         self.per, self.row_bytes = rows.align, rows.row_bytes
@@ -210,7 +159,7 @@ class Decoder:
         self.unshuffle = launch.Unshuffle(self.build, rows.dtype.itemsize) if self.shuffled else None
 
     def describe(self):
-        return f"GPU: {self.version} {self.codec}{' + unshuffle' if self.shuffled else ''}, {len(self.streams)} streams"
+        return f"GPU: inflate_kernel1{' + unshuffle' if self.shuffled else ''}, {len(self.streams)} streams"
 
     def start(self):
         import pycuda.driver as cuda
@@ -223,13 +172,7 @@ class Decoder:
         chunks stored back to back; futures."""
         c0, c1 = lo // self.per, -(-hi // self.per)
         sizes, offsets = self.sizes[c0:c1], self.offsets[c0:c1]
-        if self.align == 1:
-            positions = np.concatenate([[0], np.cumsum(sizes[:-1])])
-        else:
-            positions, at = np.empty(len(sizes), np.int64), 0
-            for k, size in enumerate(sizes):
-                at = -(-(at + self.head) // self.align) * self.align - self.head
-                positions[k], at = at, at + size
+        positions = np.concatenate([[0], np.cumsum(sizes[:-1])])
         block.lo, block.c0, block.positions = lo, c0, positions
         block.end = int(positions[-1] + sizes[-1])
         runs = np.flatnonzero((offsets[1:] != offsets[:-1] + sizes[:-1]) | (positions[1:] != positions[:-1] + sizes[:-1])) + 1
@@ -267,7 +210,7 @@ class Decoder:
         from .executor import event
 
         stream = self.streams[self.used % len(self.streams)]
-        nv, comp, decoded = self.scratch[self.used % len(self.streams)]
+        comp, decoded = self.scratch[self.used % len(self.streams)]
         self.used += 1
         n = len(block.positions)
         sizes = self.sizes[block.c0:block.c0 + n]
@@ -281,7 +224,7 @@ class Decoder:
         cuda.memcpy_htod_async(comp, block.buf[:self.table_bytes + block.end], stream)
         uploaded = event(stream)
         at = [int(comp) + k * 8 * m for k in range(6)]
-        nv(stream, n, at[0], at[1], at[2], at[4], at[3], at[5])
+        self.inflate(stream, n, at[0], at[1], at[2], at[4], at[3], at[5])
         self.check(stream, n, at[0], at[1], at[4], at[5], decoded, self.chunk_bytes, self.stride, self.adler, block.c0,
                    self.flags)
         for e in waits:  # the slot's previous images computed
@@ -324,6 +267,6 @@ class Decoder:
         j = int(flags.min())
         what = f"{self.rows.label}: chunk {j}"
         if flags[0] == j:
-            return InputError(f"{what} cannot be decompressed ({self.inflater.name} {self.codec}: damaged data or "
-                              f"not {self.chunk_bytes} bytes once decoded)")
+            return InputError(f"{what} cannot be decompressed (damaged deflate data, or not {self.chunk_bytes} "
+                              "bytes once decoded)")
         return InputError(f"{what} fails its adler32 checksum once decompressed: the file is damaged")

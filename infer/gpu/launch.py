@@ -331,7 +331,7 @@ class Check(Launcher):
 
 
 class DecodeCheck(Launcher):
-    """bad[0] = min(bad[0], first + c) for every chunk c nvCOMP did not decode to chunk_bytes; with
+    """bad[0] = min(bad[0], first + c) for every chunk c not decoded to chunk_bytes; with
     adler (zlib streams) bad[1] likewise where the decoded bytes fail the stream's adler32."""
     source, kernel, arg_types = "decode", "decode_check_kernel1", "PPPPPqqiiP"
 
@@ -343,9 +343,8 @@ class DecodeCheck(Launcher):
 
 class Inflate(Launcher):
     """Deflate streams (zlib's without header and trailer) decoded by inflate_kernel1, a warp each,
-    every stream into its own output (4-byte aligned): called as nvCOMP's batched decompression
-    (nvcomp.Decompressor), statuses OK, BAD (damaged, or reading past its size) or FULL (decoding
-    to more than its output holds)."""
+    every stream into its own output (4-byte aligned); statuses OK, BAD (damaged, or reading past
+    its size) or FULL (decoding to more than its output holds)."""
     source, kernel, arg_types = "inflate", "inflate_kernel1", "PPPPPP"
     OK, BAD, FULL = 0, 1, 2
 
@@ -357,7 +356,8 @@ class Inflate(Launcher):
         self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
 
     def __call__(self, stream, count, src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses):
-        """As nvcomp.Decompressor: every argument but count a device address of an array of count."""
+        """Every argument but count a device address of an array of count: source pointers, source
+        sizes, output capacities, decoded sizes (out, uint64), output pointers, statuses (out, int32)."""
         self.launch(stream, (count, 1), (32, 1, 1), src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses)
 
 
