@@ -17,7 +17,9 @@
 #ifndef DIST_BITS
 #define DIST_BITS 8  // also holds the code-length code (7 bits at most)
 #endif
-#define WINDOW 32768u  // deflate's largest distance
+#ifndef WINDOW
+#define WINDOW 8192u  // the recent output kept in shared memory (a power of two, >= 1024); older bytes are read back from the output
+#endif
 #define LINE 128u      // output bytes a warp stores at once
 #define INFLATE_OK 0
 #define INFLATE_BAD 1   // not a deflate stream, damaged, or one that ends past its size
@@ -189,8 +191,9 @@ __device__ __forceinline__ bool flush(unsigned p, unsigned& flushed, unsigned ca
                                       int lane) {
     for (; p - flushed >= LINE; flushed += LINE) {
         if (flushed + LINE > cap) return false;
-        out[flushed / 4 + lane] = *reinterpret_cast<const unsigned*>(win + ((flushed + 4 * lane) & (WINDOW - 1)));
+        out[flushed / 4 + lane] = *reinterpret_cast<const unsigned*>(win + ((flushed + 4 * lane) & (WINDOW - 1u)));
     }
+    __syncwarp();  // the stores ordered before any lane's read of them (a far match)
     return true;
 }
 
@@ -234,7 +237,7 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
             const long long from = in.consumed() / 8;
             if (from + n > size) { status = INFLATE_BAD; break; }
             for (unsigned base = 0; base < n && status == INFLATE_OK; base += 32) {
-                if (base + lane < n) win[(p + base + lane) & (WINDOW - 1)] = src[from + base + lane];
+                if (base + lane < n) win[(p + base + lane) & (WINDOW - 1u)] = src[from + base + lane];
                 __syncwarp();
                 if (!flush(p + min(base + 32, n), flushed, cap, out, win, lane)) status = INFLATE_FULL;
             }
@@ -318,12 +321,12 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
             unsigned e = sh.lit[in.bits & ((1u << LIT_BITS) - 1u)];
             if (e - 1u < 0xfffu) {  // a literal (every lane writes the same byte, so each sees it), and
                 in.drop(e & 15u);   // another where the table gives one for the bits left (>= 18)
-                win[p & (WINDOW - 1)] = (unsigned char)(e >> 4);
+                win[p & (WINDOW - 1u)] = (unsigned char)(e >> 4);
                 e = sh.lit[in.bits & ((1u << LIT_BITS) - 1u)];
                 const bool two = e - 1u < 0xfffu;
                 if (two) {
                     in.drop(e & 15u);
-                    win[(p + 1) & (WINDOW - 1)] = (unsigned char)(e >> 4);
+                    win[(p + 1) & (WINDOW - 1u)] = (unsigned char)(e >> 4);
                 }
                 p += 1 + two;
                 if (p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
@@ -333,7 +336,7 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
                 e = long_code<LITLEN>(in.bits, e, sh.lit_code);
                 if (e - 1u < 0xfffu) {
                     in.drop(e & 15u);
-                    win[p & (WINDOW - 1)] = (unsigned char)(e >> 4);
+                    win[p & (WINDOW - 1u)] = (unsigned char)(e >> 4);
                     if (++p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
                     continue;
                 }
@@ -360,21 +363,26 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
             const unsigned dextra = (d >> 4) & 15u;
             const unsigned dist = ((d >> 8) & 0xffffu) + (unsigned)(in.bits & ((1u << dextra) - 1u));
             in.drop(dextra);
-            if (dist > p) { status = INFLATE_BAD; break; }
-            // lane i copies byte i of each 32: from before p where dist < 32 (the pattern's byte i % dist),
-            // else from a step that an earlier step (or an earlier match) wrote
             const unsigned from = p - dist;
+            if (dist + len > WINDOW || dist > p) {  // its source left the window: it lies in the output, stored
+                if (dist > p) { status = INFLATE_BAD; break; }  // (as dist >= len + LINE), or is before the start
+                const unsigned char* stored = reinterpret_cast<const unsigned char*>(out) + from;
+                for (unsigned i = lane; i < len; i += 32) win[(p + i) & (WINDOW - 1u)] = __ldcg(stored + i);
+                __syncwarp();
+                p += len;
+                if (p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
+                continue;
+            }
+            // lane i copies byte i of each 32: from before p where dist < 32 (the pattern's byte i % dist),
+            // else from a step that an earlier step (or an earlier match) wrote; as dist + len <= WINDOW,
+            // no step writes a byte that the same step reads
             unsigned r = dist >= 32 ? lane : sh.mod[dist][lane];
-            unsigned char v = win[(from + r) & (WINDOW - 1)];
-            __syncwarp();
-            if (lane < len) win[(p + lane) & (WINDOW - 1)] = v;
+            if (lane < len) win[(p + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
             __syncwarp();
 #pragma unroll 1
             for (unsigned base = 32; base < len; base += 32) {
                 r = dist >= 32 ? r + 32 : sh.mod[dist][r + 32];
-                v = win[(from + r) & (WINDOW - 1)];
-                __syncwarp();
-                if (base + lane < len) win[(p + base + lane) & (WINDOW - 1)] = v;
+                if (base + lane < len) win[(p + base + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
                 __syncwarp();
             }
             p += len;
@@ -387,7 +395,7 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
     if (p > cap) p = cap;
     __syncwarp();
     unsigned char* tail = reinterpret_cast<unsigned char*>(out);
-    for (unsigned i = flushed + lane; i < p; i += 32) tail[i] = win[i & (WINDOW - 1)];
+    for (unsigned i = flushed + lane; i < p; i += 32) tail[i] = win[i & (WINDOW - 1u)];
     if (lane == 0) {
         statuses[c] = status;
         actual_bytes[c] = p;

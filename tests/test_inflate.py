@@ -1,5 +1,6 @@
 """inflate_kernel1 (cuda/inflate.cu) against zlib: every level and strategy, window sizes, flushes
-that add stored and empty blocks, literal-heavy and match-heavy data, distances from 1 to 32,768,
+that add stored and empty blocks, literal-heavy and match-heavy data, distances from 1 to 32,768
+(copied from the kernel's window in shared memory, of 1 KB to 32 KB, or read back from the output),
 streams at every misalignment, outputs exactly full and one byte short; and damaged streams: where
 zlib decodes one, the kernel gives the same bytes, and it never writes past its output. Needs a GPU."""
 import zlib
@@ -23,9 +24,10 @@ def deflate(data, level=6, strategy=zlib.Z_DEFAULT_STRATEGY, wbits=15, flush_eve
     return b"".join(parts) + c.flush()
 
 
-def inflate(gpu, streams, caps, skews=None):
-    """Run inflate_kernel1 over streams (bytes), stream k starting skews[k] bytes past a 16-byte
-    boundary, into outputs of caps[k] bytes: (statuses, decoded sizes, outputs, guards intact)."""
+def inflate(gpu, streams, caps, skews=None, window=None):
+    """Run inflate_kernel1 (keeping `window` bytes in shared memory) over streams (bytes), stream k
+    starting skews[k] bytes past a 16-byte boundary, into outputs of caps[k] bytes: (statuses,
+    decoded sizes, outputs, guards intact)."""
     import pycuda.driver as cuda
 
     from infer.gpu import launch
@@ -47,7 +49,7 @@ def inflate(gpu, streams, caps, skews=None):
     d_table = cuda.to_device(table)
     d_status = cuda.to_device(np.full(n, -1, np.int32))
     row = [int(d_table) + 8 * n * k for k in range(5)]
-    launch.Inflate(build(gpu))(cuda.Stream(), n, row[0], row[1], row[2], row[3], row[4], d_status)
+    launch.Inflate(build(gpu), window)(cuda.Stream(), n, row[0], row[1], row[2], row[3], row[4], d_status)
     cuda.Context.synchronize()
     status, back, out = cuda.from_device_like(d_status, np.zeros(n, np.int32)), cuda.from_device_like(d_table, table), \
         cuda.from_device_like(d_out, np.zeros(int(outs[-1]), np.uint8))
@@ -77,13 +79,14 @@ SETTINGS = {"level 0": dict(level=0), "level 1": dict(level=1), "level 6": dict(
             "flushes": dict(level=1, flush_every=7_001), "small memory": dict(level=4, mem=1)}
 
 
+@pytest.mark.parametrize("window", [1024, None, 32768])  # None: the launcher's own
 @pytest.mark.parametrize("setting", SETTINGS)
-def test_the_kernel_decodes_what_zlib_does(gpu, rng, setting):
+def test_the_kernel_decodes_what_zlib_does(gpu, rng, setting, window):
     data = corpus(rng)
     names = list(data)
     streams = [deflate(data[k], **SETTINGS[setting]) for k in names]
     caps = [len(data[k]) for k in names]
-    status, sizes, outputs, guards = inflate(gpu, streams, caps)
+    status, sizes, outputs, guards = inflate(gpu, streams, caps, window=window)
     for k, name in enumerate(names):
         assert (status[k], sizes[k], guards[k]) == (0, caps[k], True), name
         assert outputs[k] == data[name], name

@@ -347,12 +347,16 @@ class Inflate(Launcher):
     its size) or FULL (decoding to more than its output holds)."""
     source, kernel, arg_types = "inflate", "inflate_kernel1", "PPPPPP"
     OK, BAD, FULL = 0, 1, 2
+    WINDOW = 8192  # recent output bytes a block keeps in shared memory (matches from further back read the output)
 
-    def __init__(self, build):
+    def __init__(self, build, window=None):
         import pycuda.driver as cuda
 
-        super().__init__(build)
-        # a block takes ~39 KB of shared memory: five an SM only with the whole carveout
+        window = window or self.WINDOW
+        if window < 1024 or window & (window - 1):
+            raise ValueError(f"the window is a power of two of at least 1024 bytes, not {window}")
+        super().__init__(build, WINDOW=window)
+        # a block's shared memory (17 KB with 8 KB of window): as many an SM as fit
         self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
 
     def __call__(self, stream, count, src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses):
