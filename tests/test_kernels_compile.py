@@ -98,11 +98,13 @@ def compile_without_spills(tmp_path, name, defines, arch):
     assert r.returncode == 0, r.stderr
     kernels = re.findall(r"Compiling entry function '(\w+)'", r.stderr)
     usage = re.findall(r"Used (\d+) registers", r.stderr)
-    spills = [int(a) + int(b) for a, b in re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)]
-    assert kernels and len(usage) == len(kernels) == len(spills), r.stderr
-    for kernel, regs, spill in zip(kernels, usage, spills):
-        REPORT.append(f"{kernel:16} {arch}  {str(defines.get('TILE_WIDTH', '')):>3}  {regs:>4} registers  {spill} bytes spilled")
-    assert not any(spills), f"{name} spills registers on {arch}: {r.stderr}"
+    # every function's spills: the kernels' and those of device functions kept out of line (inflate.cu's long_code)
+    spilled = {f: int(a) + int(b) for f, a, b in re.findall(
+        r"Function properties for (\w+)\n\s+\d+ bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)}
+    assert kernels and len(usage) == len(kernels) and set(kernels) <= set(spilled), r.stderr
+    for kernel, regs in zip(kernels, usage):
+        REPORT.append(f"{kernel:16} {arch}  {str(defines.get('TILE_WIDTH', '')):>3}  {regs:>4} registers  {spilled[kernel]} bytes spilled")
+    assert not any(spilled.values()), f"{name} spills registers on {arch}: {r.stderr}"
     # ptxas serializes the wgmma (one in flight) where registers run short (C7512) or for other
     # reasons (C75xx "Potential Performance Loss"); a kernel that did so was dropped (docs/performance.md).
     assert "Potential Performance Loss" not in r.stderr, f"{name} on {arch}: {r.stderr}"
