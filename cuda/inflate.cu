@@ -6,10 +6,11 @@
 //   (no shuffles): Huffman codes through tables of 2^LIT_BITS and 2^DIST_BITS entries in shared
 //   memory (longer codes bit by bit, canonically; two literals a step where the bits allow), tables
 //   built by the 32 lanes (ballots rank each length's symbols); the stream read 32 bits at a time,
-//   the next word loaded a refill ahead, no branch; literals and matches land in a 32 KB window in
-//   shared memory (a match copied by the lanes, 32 bytes a step), each finished 128-byte line stored
-//   in one coalesced store: reads the stream once, writes the output once; 41.6 KB of shared memory
-//   and 142 registers a block, five blocks an SM.
+//   the next word loaded a refill ahead, no branch; literals and matches land in a window of the last
+//   WINDOW bytes in shared memory (a match copied by the lanes, 32 bytes a step; one from further
+//   back read from the output already stored), each finished 128-byte line stored in one coalesced
+//   store: reads the stream once, writes the output about once; with 8 KB, 17 KB of shared memory
+//   and 139 registers a block, twelve blocks an SM.
 
 #ifndef LIT_BITS
 #define LIT_BITS 10
