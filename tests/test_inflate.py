@@ -8,10 +8,12 @@ import zlib
 import numpy as np
 import pytest
 
+from infer.gpu.launch import Inflate
 from tests.conftest import build
 
 pytestmark = pytest.mark.gpu
 GUARD = 64  # bytes after each output that must stay as they were
+OK, BAD, FULL = Inflate.OK, Inflate.BAD, Inflate.FULL
 
 
 def deflate(data, level=6, strategy=zlib.Z_DEFAULT_STRATEGY, wbits=15, flush_every=None, mem=8):
@@ -30,8 +32,6 @@ def inflate(gpu, streams, caps, skews=None, window=None):
     decoded sizes, outputs, guards intact)."""
     import pycuda.driver as cuda
 
-    from infer.gpu import launch
-
     n = len(streams)
     skews = skews or [k % 4 for k in range(n)]
     at, src = [], bytearray()
@@ -49,7 +49,7 @@ def inflate(gpu, streams, caps, skews=None, window=None):
     d_table = cuda.to_device(table)
     d_status = cuda.to_device(np.full(n, -1, np.int32))
     row = [int(d_table) + 8 * n * k for k in range(5)]
-    launch.Inflate(build(gpu), window)(cuda.Stream(), n, row[0], row[1], row[2], row[3], row[4], d_status)
+    Inflate(build(gpu), window)(cuda.Stream(), n, row[0], row[1], row[2], row[3], row[4], d_status)
     cuda.Context.synchronize()
     status, back, out = cuda.from_device_like(d_status, np.zeros(n, np.int32)), cuda.from_device_like(d_table, table), \
         cuda.from_device_like(d_out, np.zeros(int(outs[-1]), np.uint8))
@@ -88,7 +88,7 @@ def test_the_kernel_decodes_what_zlib_does(gpu, rng, setting, window):
     caps = [len(data[k]) for k in names]
     status, sizes, outputs, guards = inflate(gpu, streams, caps, window=window)
     for k, name in enumerate(names):
-        assert (status[k], sizes[k], guards[k]) == (0, caps[k], True), name
+        assert (status[k], sizes[k], guards[k]) == (OK, caps[k], True), name
         assert outputs[k] == data[name], name
 
 
@@ -96,7 +96,7 @@ def test_every_misalignment_and_a_full_output(gpu, rng):
     data = rng.integers(0, 6, 50_001, dtype=np.uint8).tobytes()
     s = deflate(data, level=1)
     status, sizes, outputs, guards = inflate(gpu, [s] * 8, [len(data)] * 4 + [len(data) - 1] * 4, skews=[0, 1, 2, 3] * 2)
-    assert list(status) == [0] * 4 + [2] * 4 and all(guards)  # 2: FULL
+    assert list(status) == [OK] * 4 + [FULL] * 4 and all(guards)
     assert all(o == data for o in outputs[:4]) and list(sizes[:4]) == [len(data)] * 4
 
 
@@ -105,7 +105,7 @@ def test_streams_that_end_early_or_are_not_deflate(gpu, rng):
     s = deflate(data, level=6)
     cases = [s[:len(s) // 2], s[:-1], b"\xff" * 100, bytes([0x07]) + bytes(50), b"\x00\x05\x00\x00\x00"]
     status, _, _, guards = inflate(gpu, cases, [len(data)] * len(cases))
-    assert list(status) == [1] * len(cases) and all(guards)  # 1: BAD
+    assert list(status) == [BAD] * len(cases) and all(guards)
 
 
 def test_damaged_streams_decode_as_zlib_does_or_fail(gpu, rng):
@@ -134,6 +134,6 @@ def test_damaged_streams_decode_as_zlib_does_or_fail(gpu, rng):
     assert all(guards)
     for k, (want, original) in enumerate(expect):
         if want is not None:
-            assert status[k] == 0 and outputs[k][:sizes[k]] == want, k
+            assert status[k] == OK and outputs[k][:sizes[k]] == want, k
         else:
-            assert status[k] != 0 or outputs[k][:sizes[k]] != original, k
+            assert status[k] != OK or outputs[k][:sizes[k]] != original, k

@@ -362,6 +362,8 @@ class Inflate(Launcher):
     def __call__(self, stream, count, src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses):
         """Every argument but count a device address of an array of count: source pointers, source
         sizes, output capacities, decoded sizes (out, uint64), output pointers, statuses (out, int32)."""
+        if not 0 < count <= INT_MAX:
+            raise ValueError(f"inflate_kernel1 decodes 1 to {INT_MAX} streams a launch, not {count}")
         self.launch(stream, (count, 1), (32, 1, 1), src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses)
 
 
