@@ -4,13 +4,14 @@
 // pointers (4-byte aligned) and statuses (out: INFLATE_OK, _BAD, _FULL).
 // inflate_kernel1: a block of one warp per stream, every lane decoding the same symbols in lockstep
 //   (no shuffles): Huffman codes through tables of 2^LIT_BITS and 2^DIST_BITS entries in shared
-//   memory (longer codes bit by bit, canonically; two literals a step where the bits allow), tables
+//   memory (longer codes bit by bit, canonically; two literals a step where the bits allow; the next
+//   symbol's entry looked up before this one's copy and store), tables
 //   built by the 32 lanes (ballots rank each length's symbols); the stream read 32 bits at a time,
 //   the next word loaded a refill ahead, no branch; literals and matches land in a window of the last
 //   WINDOW bytes in shared memory (a match copied by the lanes, 32 bytes a step; one from further
 //   back read from the output already stored), each finished 128-byte line stored in one coalesced
 //   store: reads the stream once, writes the output about once; with 8 KB, 17 KB of shared memory
-//   and 139 registers a block, twelve blocks an SM.
+//   and 140 registers a block, twelve blocks an SM.
 
 #ifndef LIT_BITS
 #define LIT_BITS 10
@@ -317,11 +318,13 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
                 break;
             }
         }
-        for (;;) {  // the block's symbols
-            in.refill();
-            unsigned e = sh.lit[in.bits & ((1u << LIT_BITS) - 1u)];
+        // The next symbol's table entry is looked up as soon as its bits are known, before the work
+        // on this one (a match's copy, a line's store) that does not need it.
+        in.refill();
+        unsigned e = sh.lit[in.bits & ((1u << LIT_BITS) - 1u)];
+        for (;;) {  // the block's symbols; e: the next one's entry (>= 33 bits in hand)
             if (e - 1u < 0xfffu) {  // a literal (every lane writes the same byte, so each sees it), and
-                in.drop(e & 15u);   // another where the table gives one for the bits left (>= 18)
+                in.drop(e & 15u);   // another where the table gives one for the bits left (>= 23)
                 win[p & (WINDOW - 1u)] = (unsigned char)(e >> 4);
                 e = sh.lit[in.bits & ((1u << LIT_BITS) - 1u)];
                 const bool two = e - 1u < 0xfffu;
@@ -330,6 +333,8 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
                     win[(p + 1) & (WINDOW - 1u)] = (unsigned char)(e >> 4);
                 }
                 p += 1 + two;
+                in.refill();
+                if (two) e = sh.lit[in.bits & ((1u << LIT_BITS) - 1u)];
                 if (p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
                 continue;
             }
@@ -338,6 +343,8 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
                 if (e - 1u < 0xfffu) {
                     in.drop(e & 15u);
                     win[p & (WINDOW - 1u)] = (unsigned char)(e >> 4);
+                    in.refill();
+                    e = sh.lit[in.bits & ((1u << LIT_BITS) - 1u)];
                     if (++p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
                     continue;
                 }
@@ -364,6 +371,8 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
             const unsigned dextra = (d >> 4) & 15u;
             const unsigned dist = ((d >> 8) & 0xffffu) + (unsigned)(in.bits & ((1u << dextra) - 1u));
             in.drop(dextra);
+            in.refill();
+            e = sh.lit[in.bits & ((1u << LIT_BITS) - 1u)];
             const unsigned from = p - dist;
             if (dist + len > WINDOW || dist > p) {  // its source left the window: it lies in the output, stored
                 if (dist > p) { status = INFLATE_BAD; break; }  // (as dist >= len + LINE), or is before the start

@@ -4,7 +4,7 @@ The reader threads only read each block's chunks (pread, no decoding) into page-
 block goes up as it is stored, inflate_kernel1 (cuda/inflate.cu: a warp a chunk) decodes its chunks
 into a device buffer of whole chunks, a kernel checks them (the kernel's status, the decoded size,
 deflate's adler32) and HDF5's shuffle is undone as the images are placed where the network reads
-them. A chunk of 1,000 MNIST images takes one warp 37-73 ms (H100), and an SM holds twelve: speed
+them. A chunk of 1,000 MNIST images takes one warp 43-71 ms (H100), and an SM holds twelve: speed
 comes from chunks in flight, so blocks decode on several streams at once (up to MAX_STREAMS) into a
 deep ring of device slots.
 """
