@@ -139,7 +139,7 @@ def resolve(args):
               help="CUDA, streamed files: where compressed chunks are decoded. host: by the reader threads; "
                    "gpu: deflate (gzip) chunks of whole images uploaded as stored and decoded on the GPU (1M MNIST "
                    "images on an H100: 1.4-2.0x the host's decoding on shuffled or gzip 6 chunks, about even on gzip 1; "
-                   "~250 MB more host memory).")
+                   "~150-180 MB more host memory).")
 def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tolerance, predictions_path, scores_path,
         quiet, check, streams, tile_width, gemm_algo, conv_algo, precision, device_ordinal, devices, fast_math, profile,
         decode):

@@ -41,6 +41,9 @@ class CudaBackend(HostSide):
     # Streamed blocks in flight (being read, uploaded, computed): 6 of ~25 MB pinned, whatever --streams
     # is (8 streams with 10 blocks held 100 MB more, peak RSS 485 against 385 MB, for no more speed)
     ring_depth = 6
+    # The compressed blocks the GPU decodes (--decode gpu): 3 measured as fast as 6 and 12 (1M shuffled
+    # gzip 1: 4.56-4.73M images/s against 4.66-4.73M and 4.59-4.61M) at 566 MB peak RSS against 638 and 780
+    decode_ring_depth = 3
 
     def __init__(self, chunk=None, streams=STREAMS, tile_width=None, conv_algo=pipelines.AUTO, device=0,
                  fast_math=False, profile=False, readers=None, gemm_algo="auto", notice=None, decode="host",
@@ -182,7 +185,7 @@ class CudaBackend(HostSide):
         # takes ~17 ms (--decode gpu pinned its ring in the run: a 1M shuffled gzip 1 file on an
         # H100 streamed at 2.5-3.1M images/s, 3.7-4.2M since)
         if decoding:
-            self.host_buffers((self._decoder_for(source.parts[0][1]).capacity,), np.uint8, self.ring_depth)
+            self.host_buffers((self._decoder_for(source.parts[0][1]).capacity,), np.uint8, self.decode_ring_depth)
         elif streamed:
             self.host_buffers((self.stream_block,) + tuple(x_shape[1:]), wire, self.ring_depth)
         if streamed:
@@ -280,7 +283,7 @@ class CudaBackend(HostSide):
         self._decoder_for(data.parts[0][1])
         self.decoder.start()
         self.decoding = self.decoder.describe()
-        buffers = self.host_buffers((self.decoder.capacity,), np.uint8, self.ring_depth)
+        buffers = self.host_buffers((self.decoder.capacity,), np.uint8, self.decode_ring_depth)
         return chunk_decode.Blocks(data, self.decoder), buffers, chunk_decode.Block
 
     def _placer_for(self, data):
