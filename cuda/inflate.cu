@@ -162,6 +162,12 @@ struct Bits {
     }
 };
 
+// The table entry of the stream's next bits.
+template <int BITS>
+__device__ __forceinline__ unsigned lookup(const unsigned* table, unsigned long long bits) {
+    return table[bits & ((1u << BITS) - 1u)];
+}
+
 // A symbol of a code longer than its table, bit by bit (bits: at least 15 of them).
 __device__ int slow_symbol(unsigned long long bits, const Canonical& code, int* used) {
     int c = 0, first = 0, index = 0;
@@ -210,7 +216,7 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
     const unsigned char* src = src_ptrs[c];
     const long long size = (long long)src_bytes[c];
     const unsigned cap = (unsigned)min(dst_bytes[c], 0x7fffffffull);
-    unsigned* out = reinterpret_cast<unsigned*>(dst_ptrs[c]);  // 4-byte aligned (Inflate checks)
+    unsigned* out = reinterpret_cast<unsigned*>(dst_ptrs[c]);  // 4-byte aligned (chunk_decode: 256-byte strides)
     unsigned char* win = sh.window;
     for (int i = lane; i < 32 * 64; i += 32) sh.mod[i / 64][i % 64] = i / 64 ? (i % 64) % (i / 64) : 0;
 
@@ -277,7 +283,7 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
             const int total = nlit + ndist;
             while (i < total) {
                 in.refill();
-                const unsigned e = sh.dist[in.bits & ((1u << DIST_BITS) - 1u)];
+                const unsigned e = lookup<DIST_BITS>(sh.dist, in.bits);
                 if (e == 0) { status = INFLATE_BAD; break; }
                 in.drop(e & 15u);
                 const unsigned s = e >> 8;
@@ -321,12 +327,12 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
         // The next symbol's table entry is looked up as soon as its bits are known, before the work
         // on this one (a match's copy, a line's store) that does not need it.
         in.refill();
-        unsigned e = sh.lit[in.bits & ((1u << LIT_BITS) - 1u)];
+        unsigned e = lookup<LIT_BITS>(sh.lit, in.bits);
         for (;;) {  // the block's symbols; e: the next one's entry (>= 33 bits in hand)
             if (e - 1u < 0xfffu) {  // a literal (every lane writes the same byte, so each sees it), and
                 in.drop(e & 15u);   // another where the table gives one for the bits left (>= 23)
                 win[p & (WINDOW - 1u)] = (unsigned char)(e >> 4);
-                e = sh.lit[in.bits & ((1u << LIT_BITS) - 1u)];
+                e = lookup<LIT_BITS>(sh.lit, in.bits);
                 const bool two = e - 1u < 0xfffu;
                 if (two) {
                     in.drop(e & 15u);
@@ -334,7 +340,7 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
                 }
                 p += 1 + two;
                 in.refill();
-                if (two) e = sh.lit[in.bits & ((1u << LIT_BITS) - 1u)];
+                if (two) e = lookup<LIT_BITS>(sh.lit, in.bits);
                 if (p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
                 continue;
             }
@@ -344,7 +350,7 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
                     in.drop(e & 15u);
                     win[p & (WINDOW - 1u)] = (unsigned char)(e >> 4);
                     in.refill();
-                    e = sh.lit[in.bits & ((1u << LIT_BITS) - 1u)];
+                    e = lookup<LIT_BITS>(sh.lit, in.bits);
                     if (++p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
                     continue;
                 }
@@ -362,7 +368,7 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
             const unsigned len = ((e >> 8) & 0x1ffu) + (unsigned)(in.bits & ((1u << extra) - 1u));
             in.drop(extra);
             in.refill();
-            unsigned d = sh.dist[in.bits & ((1u << DIST_BITS) - 1u)];
+            unsigned d = lookup<DIST_BITS>(sh.dist, in.bits);
             if ((d & 15u) == 0) {
                 d = long_code<DISTANCE>(in.bits, d, sh.dist_code);
                 if (d == 0) { status = INFLATE_BAD; break; }
@@ -372,7 +378,7 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
             const unsigned dist = ((d >> 8) & 0xffffu) + (unsigned)(in.bits & ((1u << dextra) - 1u));
             in.drop(dextra);
             in.refill();
-            e = sh.lit[in.bits & ((1u << LIT_BITS) - 1u)];
+            e = lookup<LIT_BITS>(sh.lit, in.bits);
             const unsigned from = p - dist;
             if (dist + len > WINDOW || dist > p) {  // its source left the window: it lies in the output, stored
                 if (dist > p) { status = INFLATE_BAD; break; }  // (as dist >= len + LINE), or is before the start
