@@ -150,3 +150,23 @@ def test_a_damaged_chunk_left_shuffled_is_one_line_and_nothing_written(tmp_path,
     r = invoke("run", path, ece408 / "model.hdf5", "--backend", "cuda", "--predictions", out)
     assert_refused(r, "d.h5", "'x'", "chunk 2")
     assert not out.exists()
+
+
+def test_a_plain_file_after_a_shuffled_one_is_not_unshuffled(tmp_path, ece408, monkeypatch):
+    """The session keeps its GPU unshuffle for the next shuffled file and hands it only the blocks
+    of one: a plain file of the same shape after a shuffled one predicts as it does alone (the
+    kept placer was handed the plain file's blocks too, and unshuffled them)."""
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:700], f["y"][:700]
+    paths = {}
+    for name, shuffle in (("s", True), ("p", False)):
+        paths[name] = tmp_path / f"{name}.h5"
+        with h5py.File(paths[name], "w") as f:
+            f.create_dataset("x", data=x, chunks=(50, 28, 28, 1), compression="gzip", compression_opts=1, shuffle=shuffle)
+            f["y"] = y
+    with Session(ece408 / "model.hdf5", "cuda") as s:
+        a, b = s.evaluate(paths["s"]), s.evaluate(paths["p"])
+    assert a.reader["decode"] == "host, unshuffled on the GPU" and b.reader["decode"] == "host", (a.reader, b.reader)
+    np.testing.assert_array_equal(b.predictions, a.predictions)
+    assert b.correct == a.correct > 600

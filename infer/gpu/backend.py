@@ -67,6 +67,7 @@ class CudaBackend(HostSide):
         self.decoder = None  # the GPU decoder (chunk_decode.Decoder): made as a run is prepared, kept while it fits
         self.decoder_streams = 0  # the decode streams it was made for
         self.placer, self.placing = None, []  # its GPU unshuffle (shuffled.Placer), and the placer's buffers
+        self.unshuffling = None  # the placer the ring streaming now hands its blocks to, or None
         self.decoding = "host"  # where the last stream's chunks were decoded, for --json
         self.weights, self.model = [], None
         self.executor = Executor(streams, self.profiler, graph.enabled() and not profile)
@@ -273,10 +274,12 @@ class CudaBackend(HostSide):
         their whole chunks left shuffled where the GPU can unshuffle them as it places the blocks
         (shuffled.Placer; without the device memory for its staging block, the host unshuffles)."""
         run = self.executor.run
+        self.unshuffling = None
         if not run.key[5]:
             self.decoding = "host"
             source = super().stream_source(data, start, stop)
-            if self._placer_for(data) is None:
+            self.unshuffling = self._placer_for(data)  # None for a file it cannot unshuffle, though one is kept
+            if self.unshuffling is None:
                 return source
             self.decoding = "host, unshuffled on the GPU"
             return (shuffled.Source(data),) + source[1:]
@@ -343,7 +346,7 @@ class CudaBackend(HostSide):
         """Labels found (and scores) of images streamed from `ring`, into out (see host.outputs)."""
         try:
             forward_stream(self.executor, self.copies, ring, progress, out, self.reader.aside, self.model.path,
-                           self.decoder, self.placer)
+                           self.decoder, self.unshuffling)
         finally:
             if self.decoder is not None:
                 self.decoder.synchronize()
