@@ -15,6 +15,9 @@
 //   left, down to a multiple of 8, or with exact_tail only where they are one; then the values after
 //   it as they are) -> the values in dst; a thread per 8 values of a chunk (8 * VALUE_BYTES byte
 //   loads, one per bit row), grid-stride; reads and writes the chunks' bytes once.
+// bitunshuffle_kernel2: version 1 keeping only the `values` values from value first_value of the
+//   chunks on (a block of images that starts or ends inside a chunk), written from dst[0]; reads the
+//   chunks' groups holding them once.
 
 #ifndef VALUE_BYTES
 #define VALUE_BYTES 4
@@ -110,19 +113,23 @@ extern "C" __global__ void unshuffle_kernel1(const unsigned char* __restrict__ d
     }
 }
 
-extern "C" __global__ void bitunshuffle_kernel1(const unsigned char* __restrict__ src, value_t* __restrict__ dst,
-                                                long long chunks, long long chunk_values, long long block,
-                                                int exact_tail) {
+// Values [lo, hi) of the chunks (numbered across them) into dst[0..hi - lo).
+__device__ __forceinline__ void bitunshuffle(const unsigned char* __restrict__ src, value_t* __restrict__ dst,
+                                             long long chunks, long long chunk_values, long long block,
+                                             int exact_tail, long long lo, long long hi) {
     const long long per = (chunk_values + 7) / 8;  // groups of 8 values a chunk
     const long long full = chunk_values / block * block, rest = chunk_values - full;
     const long long shuffled = full + (exact_tail ? (rest % 8 ? 0 : rest) : rest - rest % 8);
-    for (long long g = blockIdx.x * (long long)blockDim.x + threadIdx.x; g < chunks * per;
+    const long long g0 = lo / chunk_values * per + lo % chunk_values / 8;  // the group holding value lo
+    for (long long g = g0 + blockIdx.x * (long long)blockDim.x + threadIdx.x; g < chunks * per;
          g += (long long)gridDim.x * blockDim.x) {
-        const long long c = g / per, e = g % per * 8;
-        const unsigned char* in = src + c * chunk_values * VALUE_BYTES;
-        value_t* out = dst + c * chunk_values;
+        const long long c = g / per, e = g % per * 8, at = c * chunk_values;
+        if (at + e >= hi) break;
+        const unsigned char* in = src + at * VALUE_BYTES;
+        value_t* out = dst + at - lo;  // value i of chunk c at out[i], kept where lo <= at + i < hi
+        const long long a = max(e, lo - at), b = min(min(e + 8, chunk_values), hi - at);
         if (e >= shuffled) {  // the values after the last multiple of 8, as they are
-            for (long long i = e; i < e + 8 && i < chunk_values; ++i) {
+            for (long long i = a; i < b; ++i) {
                 value_t v = 0;
 #pragma unroll
                 for (int k = 0; k < VALUE_BYTES; ++k) v |= (value_t)__ldg(in + i * VALUE_BYTES + k) << (8 * k);
@@ -140,7 +147,25 @@ extern "C" __global__ void bitunshuffle_kernel1(const unsigned char* __restrict_
 #pragma unroll
             for (int m = 0; m < 8; ++m) v[m] |= (value_t)((byte >> m) & 1u) << b;
         }
+        if (a == e && b == e + 8) {
 #pragma unroll
-        for (int m = 0; m < 8; ++m) out[e + m] = v[m];
+            for (int m = 0; m < 8; ++m) out[e + m] = v[m];
+        } else {
+#pragma unroll
+            for (int m = 0; m < 8; ++m)
+                if (e + m >= a && e + m < b) out[e + m] = v[m];
+        }
     }
+}
+
+extern "C" __global__ void bitunshuffle_kernel1(const unsigned char* __restrict__ src, value_t* __restrict__ dst,
+                                                long long chunks, long long chunk_values, long long block,
+                                                int exact_tail) {
+    bitunshuffle(src, dst, chunks, chunk_values, block, exact_tail, 0, chunks * chunk_values);
+}
+
+extern "C" __global__ void bitunshuffle_kernel2(const unsigned char* __restrict__ src, value_t* __restrict__ dst,
+                                                long long chunks, long long chunk_values, long long block,
+                                                int exact_tail, long long first_value, long long values) {
+    bitunshuffle(src, dst, chunks, chunk_values, block, exact_tail, first_value, first_value + values);
 }

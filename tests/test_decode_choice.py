@@ -1,10 +1,11 @@
-"""Which files --decode gpu takes, and why not (no GPU needed): deflate chunks of whole images in
-the type the GPU reads, in one file; everything else one line saying why."""
+"""Which files --decode gpu takes, and why not (no GPU needed): deflate chunks, and Blosc's lz4 with
+its bitshuffle, of whole images in the type the GPU reads, in one file; everything else one line
+saying why."""
 import h5py
 import numpy as np
 import pytest
 
-from infer import loader
+from infer import loader, native
 from infer.dataset import DataSet
 from infer.gpu import chunk_decode
 from infer.options import Options
@@ -52,6 +53,19 @@ def test_what_the_gpu_does_not_decode_says_why(tmp_path, model, rng, options, wi
 def test_deflate_chunks_of_whole_images_need_nothing_more(tmp_path, model, rng):
     assert why(tmp_path, model, rng, **GZIP) is None
     assert why(tmp_path, model, rng, shuffle=True, **GZIP) is None
+
+
+@pytest.mark.parametrize("blosc,reason", [
+    (dict(cname="lz4", shuffle=2), None),
+    (dict(cname="zstd", shuffle=2), "not its other codecs"),
+    (dict(cname="lz4", shuffle=1), "bitshuffled"),
+])
+def test_blosc_chunks_the_gpu_decodes_are_lz4_and_bitshuffled(tmp_path, model, rng, blosc, reason):
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    if native.library() is None:
+        pytest.skip("no native read pool here")
+    got = why(tmp_path, model, rng, chunks=(16, 28, 28, 1), compression=hdf5plugin.Blosc(**blosc))
+    assert got is None if reason is None else reason in got
 
 
 def test_the_decode_option_is_checked():

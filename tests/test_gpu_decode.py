@@ -1,7 +1,7 @@
-"""Deflate chunks decoded on the GPU by inflate_kernel1 (--decode gpu): the predictions of the
-host's decoding for every level, shuffle, value type and chunk size (blocks starting and ending
-inside chunks, chunks a stride apart or back to back, odd byte counts), and a damaged chunk refused
-in one line naming it. Needs a GPU."""
+"""Deflate chunks decoded on the GPU by inflate_kernel1 (--decode gpu), and Blosc lz4 + bitshuffle
+chunks by blosc_lz4_kernel1: the predictions of the host's decoding for every level, shuffle, value type
+and chunk size (blocks starting and ending inside chunks, chunks a stride apart or back to back, odd
+byte counts), and a damaged chunk refused in one line naming it. Needs a GPU."""
 import os
 import shutil
 
@@ -28,6 +28,9 @@ def small_blocks(monkeypatch):
 def codec(name):
     if name == "zstd":
         return dict(pytest.importorskip("hdf5plugin").Zstd(clevel=3))
+    if name == "blosc_lz4":
+        hdf5plugin = pytest.importorskip("hdf5plugin")
+        return dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.BITSHUFFLE))
     return dict(compression="gzip", compression_opts=int(name[4]), shuffle=name.endswith("shuffle"))
 
 
@@ -81,6 +84,70 @@ def test_odd_sized_images_of_integer_types(tmp_path, rng, sessions, name, dtype)
     assert_same_as_host(sessions, write(tmp_path / "o.h5", x, y, 37, name), SMALL)
 
 
+@pytest.mark.parametrize("chunk", [16, 37])  # blocks of 12,544 and 29,008 values (c-blosc: one block a chunk)
+def test_mnist_float32_blosc_lz4_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, chunk):
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:1999], f["y"][:1999]
+    r = assert_same_as_host(sessions, write(tmp_path / "b.h5", x, y, chunk, "blosc_lz4"), ece408 / "model.hdf5",
+                            "GPU: blosc_lz4_kernel1")
+    assert r.correct > 1700
+
+
+@pytest.mark.parametrize("dtype", ["u1", "i2"])
+def test_blosc_lz4_images_of_integer_types(tmp_path, rng, sessions, dtype):
+    """13x13x1 images in chunks of 48 (8,112 values: whole groups of 8), mostly zeros as MNIST's (so
+    every chunk shrinks and is stored coded), a block starting inside a chunk."""
+    x = (rng.integers(1, 5, (613, 13, 13, 1)) * 40 * (rng.random((613, 13, 13, 1)) < 0.4)).astype(dtype)
+    y = np.eye(10)[rng.integers(0, 10, len(x))]
+    assert_same_as_host(sessions, write(tmp_path / "o.h5", x, y, 48, "blosc_lz4"), SMALL, "GPU: blosc_lz4_kernel1")
+
+
+def blosc_chunk(path, k, mend):
+    """Chunk k of path's 'x' replaced by mend(its bytes, the chunk's rows): the bytes to store."""
+    with h5py.File(path, "r+") as f:
+        d = f["x"]
+        at = d.id.get_chunk_info(k).chunk_offset
+        mask, data = d.id.read_direct_chunk(at)
+        d.id.write_direct_chunk(at, mend(bytearray(data), d[at[0]:at[0] + d.chunks[0]]), mask)
+
+
+def test_a_blosc_chunk_stored_otherwise_is_decoded_on_the_host(tmp_path, ece408, sessions):
+    """Chunk 5 byte-shuffled (c-blosc's other shuffle), as Blosc's filter reads any of its chunks:
+    the GPU leaves it to the reader threads and places their rows."""
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:900], f["y"][:900]
+    path = write(tmp_path / "b.h5", x, y, 50, "blosc_lz4")
+
+    def byte_shuffled(data, rows):
+        with h5py.File(tmp_path / "other.h5", "w") as f:
+            d = f.create_dataset("x", data=rows, chunks=rows.shape, **hdf5plugin.Blosc(cname="lz4", shuffle=1))
+            return d.id.read_direct_chunk((0, 0, 0, 0))[1]
+    blosc_chunk(path, 5, byte_shuffled)
+    with h5py.File(path) as f:
+        np.testing.assert_array_equal(f["x"][:], x)
+    assert_same_as_host(sessions, path, ece408 / "model.hdf5", "GPU: blosc_lz4_kernel1")
+
+
+@pytest.mark.parametrize("mend,words", [
+    # the first stream's first token: more literals than the stream holds
+    (lambda data: data[:int.from_bytes(data[16:20], "little") + 4] + bytes([0xF0]) + bytes([0xFF]) * 40
+     + data[int.from_bytes(data[16:20], "little") + 45:], ["chunk 3", "cannot be decompressed", "lz4"]),
+    # its first block starting past its end
+    (lambda data: data[:16] + (10 ** 9).to_bytes(4, "little") + data[20:], ["chunk 3", "cannot be decompressed"]),
+])
+def test_a_damaged_blosc_chunk_is_refused_in_one_line(tmp_path, ece408, mend, words):
+    pytest.importorskip("hdf5plugin")
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:900], f["y"][:900]
+    path = write(tmp_path / "bad.h5", x, y, 50, "blosc_lz4")
+    blosc_chunk(path, 3, lambda data, rows: bytes(mend(data)))
+    out = tmp_path / "p.npy"
+    r = invoke("run", path, ece408 / "model.hdf5", "--decode", "gpu", "--predictions", out)
+    assert_refused(r, "bad.h5", "'x'", *words)
+    assert not out.exists()
+
+
 def test_float64_images_are_refused_for_the_gpu_with_the_reason(tmp_path, rng):
     x = rng.random((300, 28, 28, 1))
     path = write(tmp_path / "f.h5", x, np.eye(10)[rng.integers(0, 10, 300)], 37, "gzip1")
@@ -103,7 +170,7 @@ def test_the_host_decodes_unless_asked_and_gpu_refuses_what_it_cannot(tmp_path, 
         s.evaluate(tmp_path / "l.h5")
     assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel1")  # and the session goes on
     r = invoke("run", tmp_path / "l.h5", ece408 / "model.hdf5", "--decode", "gpu")
-    assert_refused(r, "l.h5", "--decode gpu", "the GPU decodes deflate (gzip) chunks, not lzf")
+    assert_refused(r, "l.h5", "--decode gpu", "the GPU decodes deflate (gzip) and Blosc lz4 chunks, not lzf")
     if zstd_ok():
         write(tmp_path / "z.h5", x, y, 50, "zstd")
         r = invoke("run", tmp_path / "z.h5", ece408 / "model.hdf5", "--decode", "gpu")

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from infer.gpu import compiler
-from infer.gpu.launch import GEMMS, Certify, Conv, FullyConnected, FullyConnectedWarpgroup, Fused, Gemm
+from infer.gpu.launch import GEMMS, BloscLz4, Certify, Conv, FullyConnected, FullyConnectedWarpgroup, Fused, Gemm
 from infer.network import Geometry
 
 MNIST = Geometry(h=28, w=28, c=1, k1=5, c1=32, k2=5, c2=64, hidden=128, classes=10)
@@ -43,7 +43,7 @@ VARIANTS = ([gemm(s.version, tw) for s in GEMMS.values() if not s.hopper_only fo
             + [(f"fused{version}", Fused.defines(MNIST, version)) for version in (1, 2)] + [("fc", FullyConnected.defines(g)) for g in (MNIST, SMALL_FC, WIDE_FC)]
             + [(name, {}) for name in ("unroll", "place", "pool", "argmax")] + [("inflate", {"WINDOW": w}) for w in (1024, 8192, 32768)]
             + [("stage", {"SRC_T": t}) for t in ("unsigned char", "short", "long long")]
-            + [("decode", {"VALUE_BYTES": b}) for b in (1, 2, 4, 8)])
+            + [("decode", {"VALUE_BYTES": b}) for b in (1, 2, 4, 8)] + [("lz4", {"WARPS": BloscLz4.WARPS})])
 HOPPER = ([("fused3", Fused.defines(g, 3)) for g in (MNIST, Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7),  # conv1 tails 1, 0
                                                      Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7), Geometry(24, 24, 2, 1, 32, 5, 64, 100, 7))]  # 2, 0
           + [("fused3", Fused.defines(MNIST, 3, imgs=2)), ("fused4", Fused.defines(MNIST, 4)), ("fused5", Fused.defines(MNIST, 5)), ("fused5", Fused.defines(Geometry(24, 24, 1, 5, 32, 3, 64, 128, 10), 5)),

@@ -1,21 +1,24 @@
 """A compressed data set streamed to the GPU as its compressed bytes, decoded there.
 
 The reader threads only read each block's chunks (pread, no decoding) into page-locked memory; the
-block goes up as it is stored, inflate_kernel1 (cuda/inflate.cu: a warp a chunk) decodes its chunks
-into a device buffer of whole chunks, a kernel checks them (the kernel's status, the decoded size,
-deflate's adler32) and HDF5's shuffle is undone as the images are placed where the network reads
-them. A chunk of 1,000 MNIST images takes one warp 43-71 ms (H100), and an SM holds twelve: speed
-comes from chunks in flight, so blocks decode on several streams at once (up to MAX_STREAMS) into a
-deep ring of device slots.
+block goes up as it is stored, and a codec (CODECS) decodes its chunks into a device buffer of whole
+chunks and places them as the images the network reads:
+- deflate (Deflate): inflate_kernel1 (cuda/inflate.cu: a warp a chunk), a kernel checking them (the
+  kernel's status, the decoded size, deflate's adler32), HDF5's shuffle undone as they are placed. A
+  chunk of 1,000 MNIST images takes one warp 43-71 ms (H100), and an SM holds twelve;
+- Blosc lz4 + bitshuffle (BloscLz4): blosc_lz4_kernel1 (cuda/lz4.cu: a warp per stream of a block,
+  ~21 a 1,000-image chunk, ~13 ms each), the bits unshuffled as they are placed.
+Speed comes from chunks in flight, so blocks decode on several streams at once (up to MAX_STREAMS)
+into a deep ring of device slots.
 """
+import os
+
 import numpy as np
 
 from .. import reader
 from ..errors import InputError
 from . import launch
 
-# HDF5 filter -> (bytes before the codec's stream, bytes after it, adler32 trailer)
-GPU_CODECS = {reader.FILTER_DEFLATE: (2, 4, True)}
 BLOCK_BYTES = 128 << 20  # decoded bytes per block: 40 MNIST chunks of 1,000 float32 images
 IN_FLIGHT_BYTES = 3 << 30  # decoded bytes decoding at once at most (~1,000 such chunks), an eighth of the free memory
 MAX_STREAMS = 24  # decode streams, a block each; with the network's and the copies', within 32 hardware queues
@@ -25,26 +28,16 @@ SPARE_SLOTS = 3  # device slots beyond one per decode stream: blocks decoded, wa
 def warm_up(build, rows):
     """Load the kernels decoding `rows` (a ChunkedRows), decoding one small stream, so no timed run
     pays for it."""
-    import zlib
-
     import pycuda.driver as cuda
 
-    launch.DecodeCheck(build)
-    if rows.shuffle and rows.dtype.itemsize > 1:
-        launch.Unshuffle(build, rows.dtype.itemsize)
+    codec = CODECS[rows.codec](build, rows)
     taken = []
 
     def alloc(nbytes):
         taken.append(cuda.mem_alloc(max(nbytes, 4)))
         return taken[-1]
     try:
-        inflate = launch.Inflate(build)
-        stream = np.frombuffer(zlib.compress(bytes(4096))[2:-4], np.uint8)
-        src, out, table = alloc(len(stream)), alloc(4096), alloc(48)
-        cuda.memcpy_htod(src, stream)
-        cuda.memcpy_htod(table, np.array([int(src), len(stream), 4096, 0, int(out), 0], np.uint64))
-        t = int(table)
-        inflate(cuda.Stream(), 1, t, t + 8, t + 16, t + 24, t + 32, t + 40)
+        codec.warm_up(alloc)
         cuda.Context.synchronize()
     finally:
         for buf in taken:
@@ -64,8 +57,8 @@ def unsupported(data, wire):
     rows = data.parts[0][1]
     if not isinstance(rows, reader.ChunkedRows):
         return f"its images are not stored in chunks ({rows.kind})"
-    if rows.codec not in GPU_CODECS:
-        return f"the GPU decodes deflate (gzip) chunks, not {rows.filters or 'raw chunks'}"
+    if rows.codec not in CODECS:
+        return f"the GPU decodes deflate (gzip) and Blosc lz4 chunks, not {rows.filters or 'raw chunks'}"
     if rows.cut:
         return "its chunks cut images (the GPU path takes chunks of whole images)"
     if rows.summed:
@@ -78,19 +71,236 @@ def unsupported(data, wire):
         return "its values are stored in the other byte order, swapped on the host"
     if rows.shuffle and rows.dtype.itemsize not in (1, 2, 4, 8):
         return f"no unshuffle for {rows.dtype.itemsize}-byte values"
-    return None
+    return CODECS[rows.codec].unsupported(rows)
 
 
 def layout(rows, block):
     """How blocks of `block` images of `rows` (a ChunkedRows the GPU decodes) lie in page-locked
-    memory: (chunks a block holds at most, bytes of its chunk table, bytes of a block: the table,
+    memory: (chunks a block holds at most, bytes of its table of streams, bytes of a block: the table,
     then the most any block's chunks take, back to back)."""
     sizes = np.array(rows.index, np.int64).reshape(-1, 3)[:, 1]
     chunks = -(-block // rows.align) + 1  # a block may start inside a chunk
-    table = -(-6 * 8 * chunks // 256) * 256
+    arrays, per_chunk = CODECS[rows.codec].table(rows)
+    table = -(-arrays * 8 * chunks * per_chunk // 256) * 256
     sums = np.concatenate([[0], np.cumsum(sizes)])
     k = min(chunks, len(sizes))
     return chunks, table, table + int((sums[k:] - sums[:-k]).max())
+
+
+class Deflate:
+    """HDF5's deflate filter: a zlib stream a chunk (its 2-byte header and adler32 trailer around the
+    deflate data), decoded by inflate_kernel1 into chunks 256 bytes apart, checked by
+    decode_check_kernel1 (status, size, adler32), and HDF5's shuffle undone as the images are placed."""
+    name, head, tail = "inflate_kernel1", 2, 4
+
+    def __init__(self, build, rows):
+        self.inflate, self.check = launch.Inflate(build), launch.DecodeCheck(build)
+        self.shuffled = rows.shuffle and rows.dtype.itemsize > 1
+        self.unshuffle = launch.Unshuffle(build, rows.dtype.itemsize) if self.shuffled else None
+        self.rows = rows
+
+    @staticmethod
+    def unsupported(rows):
+        return None
+
+    @staticmethod
+    def table(rows):
+        """(uint64 arrays of the table of streams, streams a chunk)"""
+        return 6, 1
+
+    @staticmethod
+    def stride(chunk_bytes):
+        return -(-chunk_bytes // 256) * 256
+
+    def describe(self):
+        return f"inflate_kernel1{' + unshuffle' if self.shuffled else ''}"
+
+    def warm_up(self, alloc):
+        import zlib
+
+        import pycuda.driver as cuda
+
+        stream = np.frombuffer(zlib.compress(bytes(4096))[2:-4], np.uint8)
+        src, out, table = alloc(len(stream)), alloc(4096), alloc(48)
+        cuda.memcpy_htod(src, stream)
+        cuda.memcpy_htod(table, np.array([int(src), len(stream), 4096, 0, int(out), 0], np.uint64))
+        t = int(table)
+        self.inflate(cuda.Stream(), 1, t, t + 8, t + 16, t + 24, t + 32, t + 40)
+
+    def prepare(self, dec, block, comp, decoded):
+        """Refuse, before anything is uploaded, a chunk whose stream does not even start right; then
+        the block's table: per chunk its stream, size, capacity, decoded size (out), output, status (out)."""
+        n = len(block.positions)
+        sizes = dec.sizes[block.c0:block.c0 + n]
+        data = block.buf[dec.table_bytes:]
+        at = block.positions
+        # zlib: CM 8, window <= 32K, no preset dictionary, the header check
+        cmf, flg = data[at].astype(np.int64), data[at + 1].astype(np.int64)
+        good = (cmf & 15 == 8) & (cmf >> 4 <= 7) & ((cmf * 256 + flg) % 31 == 0) & (flg & 32 == 0)
+        good &= sizes > self.head + self.tail
+        if not good.all():
+            k = int(np.argmin(good))
+            raise InputError(f"{self.rows.label}: chunk {block.c0 + k} cannot be decompressed (not a zlib stream)")
+        table = block.buf[:dec.table_bytes].view(np.uint64)
+        m = dec.max_chunks
+        table[0:n] = int(comp) + dec.table_bytes + block.positions + self.head
+        table[m:m + n] = sizes - self.head - self.tail
+        table[2 * m:2 * m + n] = dec.chunk_bytes
+        table[3 * m:3 * m + n] = int(decoded) + np.arange(n, dtype=np.uint64) * dec.stride
+
+    def decode(self, dec, stream, block, comp, decoded):
+        n, m = len(block.positions), dec.max_chunks
+        at = [int(comp) + k * 8 * m for k in range(6)]
+        self.inflate(stream, n, at[0], at[1], at[2], at[4], at[3], at[5])
+        self.check(stream, n, at[0], at[1], at[4], at[5], decoded, dec.chunk_bytes, dec.stride, True, block.c0,
+                   dec.flags)
+
+    def place(self, dec, stream, block, decoded, dst):
+        import pycuda.driver as cuda
+
+        n, per, row_bytes = len(block.positions), dec.per, dec.row_bytes
+        first = block.lo - block.c0 * per  # rows of the first chunk before the block
+        if self.shuffled:
+            values = row_bytes // self.rows.dtype.itemsize
+            self.unshuffle(stream, decoded, dst, first * values, len(block) * values, per * values, dec.stride)
+        elif dec.stride == dec.chunk_bytes:
+            cuda.memcpy_dtod_async(dst, int(decoded) + first * row_bytes, len(block) * row_bytes, stream)
+        else:
+            done = 0
+            for k in range(n):
+                lo = first if k == 0 else k * per
+                rows = min(per * (k + 1), first + len(block)) - lo
+                cuda.memcpy_dtod_async(dst + done * row_bytes, int(decoded) + k * dec.stride
+                                       + (lo - k * per) * row_bytes, rows * row_bytes, stream)
+                done += rows
+
+    def failure(self, dec, j, which):
+        what = f"{self.rows.label}: chunk {j}"
+        if which == 0:
+            return InputError(f"{what} cannot be decompressed (damaged deflate data, or not {dec.chunk_bytes} "
+                              "bytes once decoded)")
+        return InputError(f"{what} fails its adler32 checksum once decompressed: the file is damaged")
+
+
+class BloscLz4:
+    """hdf5plugin's Blosc filter (c-blosc 1's format 2) with lz4 and its bitshuffle: the chunks'
+    streams decoded by blosc_lz4_kernel1 into chunks back to back, the bits unshuffled as the images
+    are placed (bitunshuffle_kernel2). The host checks each chunk's header in the page-locked block;
+    a chunk stored otherwise (copied whole, byte shuffled, another codec or block size) is decoded
+    by the reader threads, as without a GPU, and goes into place after the others."""
+    name = "blosc_lz4_kernel1"
+    LZ4 = 1  # c-blosc's codec number, in a header's flags >> 5
+
+    def __init__(self, build, rows):
+        self.lz4 = launch.BloscLz4(build)
+        self.unshuffle = launch.BitUnshuffleRange(build, rows.dtype.itemsize)
+        self.rows, self.itemsize = rows, rows.dtype.itemsize
+        self.block_values, self.exact_tail = rows.bitshuffle
+        self.block_bytes = self.block_values * self.itemsize
+        self.pending = []  # (page-locked rows decoded on the host, the event after their upload)
+
+    @classmethod
+    def unsupported(cls, rows):
+        if rows.bitshuffle is None or not rows.bitshuffle[1]:
+            return "the GPU decodes Blosc chunks that are bitshuffled, with a native reader"
+        head = os.pread(rows.fd, 16, int(rows.index[0][0]))
+        if len(head) < 16 or head[2] >> 5 != cls.LZ4:
+            return "the GPU decodes Blosc's lz4, not its other codecs"
+        return None
+
+    @staticmethod
+    def table(rows):
+        """(uint64 arrays of the table of chunks: start, stored size, output; entries a chunk)"""
+        return 3, 1
+
+    @staticmethod
+    def stride(chunk_bytes):
+        return chunk_bytes
+
+    def describe(self):
+        return "blosc_lz4_kernel1 + bitunshuffle"
+
+    def warm_up(self, alloc):
+        import pycuda.driver as cuda
+
+        size = self.itemsize  # one block of 8 values, not split, its stream stored as it is
+        chunk = np.frombuffer(bytes([2, 1, 0x24, size]) + np.array([8 * size, 8 * size, 24 + 8 * size, 20, 8 * size],
+                                                                   "<u4").tobytes() + bytes(8 * size), np.uint8)
+        src, out, values, table, bad = alloc(len(chunk)), alloc(8 * size), alloc(8 * size), alloc(24), alloc(4)
+        cuda.memcpy_htod(src, chunk)
+        cuda.memcpy_htod(table, np.array([int(src), len(chunk), int(out)], np.uint64))
+        t, stream = int(table), cuda.Stream()
+        self.lz4(stream, 1, t, t + 8, t + 16, 8 * size, 8 * size, size, 0, bad)
+        self.unshuffle(stream, out, values, 1, 8, 8, 1, 0, 8)
+
+    def prepare(self, dec, block, comp, decoded):
+        """The block's table: per chunk its start, stored size (0 where the GPU does not take it) and
+        output; the chunks it does not take decoded on the host now (a damaged one is refused here,
+        as without a GPU)."""
+        n = len(block.positions)
+        taken = blosc_chunks(block.buf[dec.table_bytes:dec.table_bytes + block.end], block.positions,
+                             dec.sizes[block.c0:block.c0 + n], dec.chunk_bytes, self.itemsize, self.block_bytes)
+        self.pending = [(buf, e) for buf, e in self.pending if not e.query()]
+        m = dec.max_chunks
+        self.count = n if taken.any() else 0
+        table = block.buf[:dec.table_bytes].view(np.uint64)
+        table[0:n] = int(comp) + dec.table_bytes + block.positions
+        table[m:m + n] = np.where(taken, dec.sizes[block.c0:block.c0 + n], 0)  # 0: left to the host
+        table[2 * m:2 * m + n] = int(decoded) + np.arange(n, dtype=np.uint64) * dec.stride
+        self.host_rows = [self._host_decoded(dec, block, int(k)) for k in np.flatnonzero(~taken)]
+
+    def _host_decoded(self, dec, block, k):
+        """Chunk k of the block (its rows in the block) decoded by the reader threads into page-locked memory."""
+        import pycuda.driver as cuda
+
+        c = block.c0 + k
+        lo, hi = max(c * dec.per, block.lo), min((c + 1) * dec.per, block.lo + len(block), self.rows.shape[0])
+        out = cuda.pagelocked_empty((hi - lo) * dec.row_bytes, np.uint8)
+        self.rows.submit(dec.pool.native, lo, hi, out).result()
+        return lo - block.lo, out
+
+    def decode(self, dec, stream, block, comp, decoded):
+        if self.count:
+            m = dec.max_chunks
+            self.lz4(stream, self.count, int(comp), int(comp) + 8 * m, int(comp) + 16 * m, dec.chunk_bytes,
+                     self.block_bytes, self.itemsize, block.c0, dec.flags)
+
+    def place(self, dec, stream, block, decoded, dst):
+        import pycuda.driver as cuda
+
+        from .executor import event
+
+        values = dec.row_bytes // self.itemsize
+        first = block.lo - block.c0 * dec.per
+        self.unshuffle(stream, decoded, dst, len(block.positions), dec.per * values, self.block_values, self.exact_tail,
+                       first * values, len(block) * values)
+        for row, out in self.host_rows:  # over what the unshuffle made of the chunk's undecoded bytes
+            cuda.memcpy_htod_async(dst + row * dec.row_bytes, out, stream)
+        if self.host_rows:
+            self.pending.append(([out for _, out in self.host_rows], event(stream)))
+
+    def failure(self, dec, j, which):
+        return InputError(f"{self.rows.label}: chunk {j} cannot be decompressed ({self.rows.codec_name} lz4: "
+                          f"damaged data, or not {dec.chunk_bytes} bytes once decoded)")
+
+
+def blosc_chunks(data, at, sizes, chunk_bytes, itemsize, block_bytes):
+    """Which of the c-blosc chunks stored in `data` (bytes) at offsets `at`, `sizes` bytes each,
+    blosc_lz4_kernel1 decodes: c-blosc 1's format 2, bitshuffled (flag 4; neither byte-shuffled nor
+    copied whole: flags 1, 2), lz4, values of itemsize bytes, decoding to chunk_bytes in blocks of
+    block_bytes, and as long as the header says and room for each block's start."""
+    at = np.asarray(at, np.int64)
+    if len(data) < 16:
+        return np.zeros(len(at), bool)
+    hdr = data[np.minimum(at[:, None] + np.arange(16), len(data) - 1)]
+    words = hdr.view("<u4").astype(np.int64)
+    flags = hdr[:, 2]
+    return ((sizes >= 16 + 4 * -(-chunk_bytes // block_bytes)) & (hdr[:, 0] == 2) & (flags & 0x0f == 0x04)
+            & (flags >> 5 == BloscLz4.LZ4) & (hdr[:, 3] == itemsize) & (words[:, 1] == chunk_bytes)
+            & (words[:, 2] == block_bytes) & (words[:, 3] == sizes))
+
+
+CODECS = {reader.FILTER_DEFLATE: Deflate, reader.FILTER_BLOSC: BloscLz4}  # HDF5 filter -> how the GPU decodes it
 
 
 class Blocks:
@@ -122,44 +332,41 @@ class Block:
 
 class Decoder:
     """The device side of streamed files: per decode stream, the compressed block and its chunks
-    decoded (a stride apart); one pair of failure flags for the whole run. Built as the run is
-    prepared and kept for the next file whose chunks it fits (bind), so no timed stream allocates
-    its ~3 GB of device memory."""
+    decoded (a stride apart); one pair of failure flags for the whole run; the codec's kernels
+    (Deflate, BloscLz4). Built as the run is prepared and kept for the next file whose chunks it
+    fits (bind), so no timed stream allocates its ~3 GB of device memory."""
 
     def __init__(self, build, rows, block, streams, alloc, buffers):
         import pycuda.driver as cuda
 
         self.build, self.buffers = build, buffers  # buffers: what alloc took
         self.chunk_bytes = rows.chunk_bytes
-        self.stride = -(-self.chunk_bytes // 256) * 256
+        self.stride = CODECS[rows.codec].stride(self.chunk_bytes)
         self.max_chunks, self.table_bytes, self.capacity = layout(rows, block)
-        self.inflate, self.check = launch.Inflate(build), launch.DecodeCheck(build)
         self.flags = alloc(8)
         self.streams, self.scratch = [], []
         for _ in range(streams):
             self.scratch.append((alloc(self.capacity), alloc(self.max_chunks * self.stride)))
             self.streams.append(cuda.Stream())
-        self.used = 0
+        self.used, self.pool = 0, None
         self.bind(rows)
 
     def fits(self, rows, block):
         """Whether this decoder's buffers serve blocks of `block` images of `rows`."""
         chunks, table, capacity = layout(rows, block)
-        return (rows.chunk_bytes == self.chunk_bytes and (chunks, table) == (self.max_chunks, self.table_bytes)
-                and capacity <= self.capacity)
+        return (rows.chunk_bytes == self.chunk_bytes and CODECS[rows.codec].stride(rows.chunk_bytes) == self.stride
+                and (chunks, table) == (self.max_chunks, self.table_bytes) and capacity <= self.capacity)
 
     def bind(self, rows):
         """Decode the chunks of `rows` (a ChunkedRows that fits) from now on."""
         self.rows = rows
-        self.head, self.tail, self.adler = GPU_CODECS[rows.codec]
         index = np.array(rows.index, np.int64).reshape(-1, 3)
         self.offsets, self.sizes = index[:, 0], index[:, 1]
         self.per, self.row_bytes = rows.align, rows.row_bytes
-        self.shuffled = rows.shuffle and rows.dtype.itemsize > 1
-        self.unshuffle = launch.Unshuffle(self.build, rows.dtype.itemsize) if self.shuffled else None
+        self.codec = CODECS[rows.codec](self.build, rows)
 
     def describe(self):
-        return f"GPU: inflate_kernel1{' + unshuffle' if self.shuffled else ''}, {len(self.streams)} streams"
+        return f"GPU: {self.codec.describe()}, {len(self.streams)} streams"
 
     def start(self):
         import pycuda.driver as cuda
@@ -170,6 +377,7 @@ class Decoder:
     def read(self, pool, lo, hi, block):
         """Submit the reads of the chunks holding images [lo, hi) into block: one read per run of
         chunks stored back to back; futures."""
+        self.pool = pool  # where a codec has chunks decoded on the host
         c0, c1 = lo // self.per, -(-hi // self.per)
         sizes, offsets = self.sizes[c0:c1], self.offsets[c0:c1]
         positions = np.concatenate([[0], np.cumsum(sizes[:-1])])
@@ -189,18 +397,6 @@ class Decoder:
         pool.used_native = True
         return self.rows.submit_bytes(pool.native, address, nbytes, offset)
 
-    def _headers(self, block, sizes):
-        """Refuse, before anything is uploaded, a chunk whose stream does not even start right."""
-        data = block.buf[self.table_bytes:]
-        at = block.positions
-        # zlib: CM 8, window <= 32K, no preset dictionary, the header check
-        cmf, flg = data[at].astype(np.int64), data[at + 1].astype(np.int64)
-        good = (cmf & 15 == 8) & (cmf >> 4 <= 7) & ((cmf * 256 + flg) % 31 == 0) & (flg & 32 == 0)
-        good &= sizes > self.head + self.tail
-        if not good.all():
-            k = int(np.argmin(good))
-            raise InputError(f"{self.rows.label}: chunk {block.c0 + k} cannot be decompressed (not a zlib stream)")
-
     def enqueue(self, dst, block, waits=()):
         """Queue block's upload, decoding, check and placing at device address dst on the next
         decode stream, placing after the events `waits` (its slot free): (the event after the
@@ -212,37 +408,13 @@ class Decoder:
         stream = self.streams[self.used % len(self.streams)]
         comp, decoded = self.scratch[self.used % len(self.streams)]
         self.used += 1
-        n = len(block.positions)
-        sizes = self.sizes[block.c0:block.c0 + n]
-        self._headers(block, sizes)
-        table = block.buf[:self.table_bytes].view(np.uint64)
-        m = self.max_chunks
-        table[0:n] = int(comp) + self.table_bytes + block.positions + self.head
-        table[m:m + n] = sizes - self.head - self.tail
-        table[2 * m:2 * m + n] = self.chunk_bytes
-        table[3 * m:3 * m + n] = int(decoded) + np.arange(n, dtype=np.uint64) * self.stride
+        self.codec.prepare(self, block, comp, decoded)
         cuda.memcpy_htod_async(comp, block.buf[:self.table_bytes + block.end], stream)
         uploaded = event(stream)
-        at = [int(comp) + k * 8 * m for k in range(6)]
-        self.inflate(stream, n, at[0], at[1], at[2], at[4], at[3], at[5])
-        self.check(stream, n, at[0], at[1], at[4], at[5], decoded, self.chunk_bytes, self.stride, self.adler, block.c0,
-                   self.flags)
+        self.codec.decode(self, stream, block, comp, decoded)
         for e in waits:  # the slot's previous images computed
             stream.wait_for_event(e)
-        first = block.lo - block.c0 * self.per  # rows of the first chunk before the block
-        if self.shuffled:
-            values = self.row_bytes // self.rows.dtype.itemsize
-            self.unshuffle(stream, decoded, dst, first * values, len(block) * values, self.per * values, self.stride)
-        elif self.stride == self.chunk_bytes:
-            cuda.memcpy_dtod_async(dst, int(decoded) + first * self.row_bytes, len(block) * self.row_bytes, stream)
-        else:
-            done = 0
-            for k in range(n):
-                lo = first if k == 0 else k * self.per
-                rows = min(self.per * (k + 1), first + len(block)) - lo
-                cuda.memcpy_dtod_async(dst + done * self.row_bytes, int(decoded) + k * self.stride
-                                       + (lo - k * self.per) * self.row_bytes, rows * self.row_bytes, stream)
-                done += rows
+        self.codec.place(self, stream, block, decoded, dst)
         return uploaded, event(stream)
 
     def synchronize(self):
@@ -265,8 +437,4 @@ class Decoder:
         if flags.min() == launch.INT_MAX:
             return None
         j = int(flags.min())
-        what = f"{self.rows.label}: chunk {j}"
-        if flags[0] == j:
-            return InputError(f"{what} cannot be decompressed (damaged deflate data, or not {self.chunk_bytes} "
-                              "bytes once decoded)")
-        return InputError(f"{what} fails its adler32 checksum once decompressed: the file is damaged")
+        return self.codec.failure(self, j, 0 if flags[0] == j else 1)

@@ -367,6 +367,24 @@ class Inflate(Launcher):
         self.launch(stream, (count, 1), (32, 1, 1), src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses)
 
 
+class BloscLz4(Launcher):
+    """c-blosc chunks of lz4 streams decoded by blosc_lz4_kernel1, a warp per (chunk, block, value
+    byte), each chunk into its own output; bad[0] = min(bad[0], first + every chunk that fails)."""
+    source, kernel, arg_types = "lz4", "blosc_lz4_kernel1", "PPPiqqiiP"
+    WARPS = 4
+
+    def __init__(self, build):
+        super().__init__(build, WARPS=self.WARPS)
+
+    def __call__(self, stream, count, chunk_ptrs, chunk_sizes, out_ptrs, chunk_bytes, block_bytes, typesize, first, bad):
+        """chunk_ptrs, chunk_sizes, out_ptrs: device addresses of arrays of count uint64."""
+        warps = count * ceil_div(chunk_bytes, block_bytes) * typesize
+        if not 0 < count or warps > INT_MAX * self.WARPS:
+            raise ValueError(f"blosc_lz4_kernel1 takes 1 to {INT_MAX * self.WARPS} warps a launch, not {warps}")
+        self.launch(stream, (ceil_div(warps, self.WARPS), 1), (32 * self.WARPS, 1, 1), chunk_ptrs, chunk_sizes, out_ptrs,
+                    count, chunk_bytes, block_bytes, typesize, first, bad)
+
+
 class _PerValueSize(Launcher):
     """A decode.cu kernel built for values of value_bytes bytes (1, 2, 4 or 8)."""
     source = "decode"
@@ -399,6 +417,21 @@ class BitUnshuffle(_PerValueSize):
         groups = chunks * ceil_div(chunk_values, 8)
         self.launch(stream, (min(ceil_div(groups, 256), 8192), 1), (256, 1, 1), src, dst, chunks, chunk_values, block,
                     int(exact_tail))
+
+
+class BitUnshuffleRange(_PerValueSize):
+    """BitUnshuffle keeping `values` values from value first_value of the chunks on (numbered across
+    them), written from dst on."""
+    kernel, arg_types = "bitunshuffle_kernel2", "PPqqqiqq"
+
+    def __call__(self, stream, src, dst, chunks, chunk_values, block, exact_tail, first_value, values):
+        if block <= 0 or block % 8:
+            raise ValueError(f"bitshuffled blocks hold a positive multiple of 8 values, not {block}")
+        if not 0 <= first_value and first_value + values <= chunks * chunk_values:
+            raise ValueError(f"values {first_value} to {first_value + values} lie outside {chunks} chunks")
+        groups = ceil_div(values, 8) + 2  # those holding the values, a partial one at each end
+        self.launch(stream, (min(ceil_div(groups, 256), 8192), 1), (256, 1, 1), src, dst, chunks, chunk_values, block,
+                    int(exact_tail), first_value, values)
 
 
 class FusedLayout(NamedTuple):
