@@ -1,0 +1,93 @@
+"""blosc_lz4_kernel1 alone: c-blosc chunks written by hdf5plugin (lz4, bitshuffle) of MNIST images
+and of values repeating at distances of 1 to 15,000 values (periods under 32 bytes and longer ones)
+decode to their bitshuffled values, nothing written past a chunk's output, a chunk left out (stored
+size 0) untouched, and a damaged chunk's number in the flag. Needs a GPU."""
+import h5py
+import numpy as np
+import pytest
+
+from infer.gpu.launch import BloscLz4
+from tests.conftest import build
+from tests.test_reader import bit_shuffle
+
+pytestmark = pytest.mark.gpu
+hdf5plugin = pytest.importorskip("hdf5plugin")
+GUARD = 64
+
+
+def repeats(rng, n):
+    """n float32 values with repeats at distances of 1 to 60,000 bytes: every path of a match."""
+    out = np.zeros(n, np.float32)
+    at = 0
+    while at < n:
+        kind = rng.integers(0, 3)
+        if kind == 0 or at < 16:
+            k = int(rng.integers(1, 40))
+            out[at:at + k] = rng.random(min(k, n - at)) * 100
+        else:
+            dist = int(rng.choice([1, 2, 3, 7, 9, 31, 40, 100, 2000, 5000, 15000]))
+            dist = min(dist, at)
+            k = int(rng.integers(4, 3000))
+            for i in range(at, min(at + k, n)):
+                out[i] = out[i - dist]
+        at += k
+    return out
+
+
+def chunks(tmp_path, values, per):
+    """values (rows x columns, float32) written in chunks of `per` rows: (stored chunks, block values)."""
+    with h5py.File(tmp_path / "l.h5", "w") as f:
+        d = f.create_dataset("x", data=values, chunks=(per, values.shape[1]),
+                             **hdf5plugin.Blosc(cname="lz4", clevel=9, shuffle=hdf5plugin.Blosc.BITSHUFFLE))
+        stored = [np.frombuffer(d.id.read_direct_chunk(d.id.get_chunk_info(i).chunk_offset)[1], np.uint8)
+                  for i in range(d.id.get_num_chunks())]
+    return stored, int.from_bytes(stored[0][8:12].tobytes(), "little") // 4
+
+
+def decode(gpu, stored, chunk_bytes, block_bytes, left_out=()):
+    """Run the kernel on the stored chunks (those in left_out with size 0): (outputs, guards intact, flag)."""
+    import pycuda.driver as cuda
+
+    at = np.concatenate([[0], np.cumsum([len(s) + 3 for s in stored])[:-1]]) + 1  # odd starts
+    src = np.zeros(int(at[-1]) + len(stored[-1]) + 16, np.uint8)
+    for a, s in zip(at, stored):
+        src[a:a + len(s)] = s
+    stride = chunk_bytes + GUARD
+    d_src, d_out = cuda.to_device(src), cuda.to_device(np.full(stride * len(stored), 0xA5, np.uint8))
+    sizes = [0 if k in left_out else len(s) for k, s in enumerate(stored)]
+    table = cuda.to_device(np.array([int(d_src) + at, sizes, int(d_out) + stride * np.arange(len(stored))], np.uint64))
+    bad = cuda.to_device(np.array([2**31 - 1], np.int32))
+    n, t = len(stored), int(table)
+    BloscLz4(build(gpu))(cuda.Stream(), n, t, t + 8 * n, t + 16 * n, chunk_bytes, block_bytes, 4, 100, bad)
+    cuda.Context.synchronize()
+    out = cuda.from_device(d_out, (n, stride), np.uint8)
+    return out[:, :chunk_bytes], (out[:, chunk_bytes:] == 0xA5).all(axis=1), int(cuda.from_device(bad, 1, np.int32)[0])
+
+
+@pytest.mark.parametrize("data", ["mnist", "repeats"])
+def test_chunks_decode_to_their_bitshuffled_values(tmp_path, ece408, gpu, rng, data):
+    if data == "mnist":
+        with h5py.File(ece408 / "testfull.hdf5") as f:
+            values = f["x"][:503].reshape(503, -1)
+    else:
+        values = repeats(rng, 503 * 900).reshape(503, 900)
+    stored, block = chunks(tmp_path, values, 100)  # 78,400 or 90,000 values a chunk: blocks split, a shorter last one
+    out, guards, bad = decode(gpu, stored, 100 * values[0].nbytes, 4 * block)
+    assert bad == 2**31 - 1 and guards.all()
+    padded = np.zeros((600, values.shape[1]), np.float32)
+    padded[:503] = values
+    for k in range(len(stored)):
+        np.testing.assert_array_equal(out[k], bit_shuffle(block, True)(padded[100 * k:100 * k + 100].reshape(-1)))
+
+
+def test_a_chunk_left_out_is_untouched_and_a_damaged_one_flagged(tmp_path, ece408, gpu):
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        values = f["x"][:400].reshape(400, -1)
+    stored, block = chunks(tmp_path, values, 100)
+    stored = [s.copy() for s in stored]
+    first = int.from_bytes(stored[2][16:20].tobytes(), "little") + 4  # chunk 2's first stream
+    stored[2][first:first + 40] = [0xF0] + [0xFF] * 39  # more literals than the stream holds
+    out, guards, bad = decode(gpu, stored, 100 * values[0].nbytes, 4 * block, left_out=(1,))
+    assert bad == 100 + 2 and guards.all()
+    assert (out[1] == 0xA5).all()
+    np.testing.assert_array_equal(out[3], bit_shuffle(block, True)(values[300:400].reshape(-1)))
