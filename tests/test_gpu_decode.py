@@ -96,7 +96,7 @@ def test_mnist_float32_blosc_lz4_decoded_on_the_gpu_as_on_the_host(tmp_path, ece
 @pytest.mark.parametrize("dtype", ["u1", "i2"])
 def test_blosc_lz4_images_of_integer_types(tmp_path, rng, sessions, dtype):
     """13x13x1 images in chunks of 48 (8,112 values: whole groups of 8), mostly zeros as MNIST's (so
-    every chunk shrinks and is stored coded), a block starting inside a chunk."""
+    every chunk shrinks and is stored coded), the last chunk partly past the data set's end."""
     x = (rng.integers(1, 5, (613, 13, 13, 1)) * 40 * (rng.random((613, 13, 13, 1)) < 0.4)).astype(dtype)
     y = np.eye(10)[rng.integers(0, 10, len(x))]
     assert_same_as_host(sessions, write(tmp_path / "o.h5", x, y, 48, "blosc_lz4"), SMALL, "GPU: blosc_lz4_kernel1")

@@ -76,7 +76,7 @@ def unsupported(data, wire):
 
 def layout(rows, block):
     """How blocks of `block` images of `rows` (a ChunkedRows the GPU decodes) lie in page-locked
-    memory: (chunks a block holds at most, bytes of its table of streams, bytes of a block: the table,
+    memory: (chunks a block holds at most, bytes of the codec's table, bytes of a block: the table,
     then the most any block's chunks take, back to back)."""
     sizes = np.array(rows.index, np.int64).reshape(-1, 3)[:, 1]
     chunks = -(-block // rows.align) + 1  # a block may start inside a chunk
@@ -91,7 +91,7 @@ class Deflate:
     """HDF5's deflate filter: a zlib stream a chunk (its 2-byte header and adler32 trailer around the
     deflate data), decoded by inflate_kernel1 into chunks 256 bytes apart, checked by
     decode_check_kernel1 (status, size, adler32), and HDF5's shuffle undone as the images are placed."""
-    name, head, tail = "inflate_kernel1", 2, 4
+    head, tail = 2, 4  # bytes of the zlib stream around its deflate data
 
     def __init__(self, build, rows):
         self.inflate, self.check = launch.Inflate(build), launch.DecodeCheck(build)
@@ -105,7 +105,7 @@ class Deflate:
 
     @staticmethod
     def table(rows):
-        """(uint64 arrays of the table of streams, streams a chunk)"""
+        """(uint64 arrays of the table: stream, size, capacity, decoded size, output, status; entries a chunk)"""
         return 6, 1
 
     @staticmethod
@@ -188,7 +188,6 @@ class BloscLz4:
     are placed (bitunshuffle_kernel2). The host checks each chunk's header in the page-locked block;
     a chunk stored otherwise (copied whole, byte shuffled, another codec or block size) is decoded
     by the reader threads, as without a GPU, and goes into place after the others."""
-    name = "blosc_lz4_kernel1"
     LZ4 = 1  # c-blosc's codec number, in a header's flags >> 5
 
     def __init__(self, build, rows):
