@@ -237,14 +237,15 @@ class BloscLz4:
         output; the chunks it does not take decoded on the host now (a damaged one is refused here,
         as without a GPU)."""
         n = len(block.positions)
-        taken = blosc_chunks(block.buf[dec.table_bytes:dec.table_bytes + block.end], block.positions,
-                             dec.sizes[block.c0:block.c0 + n], dec.chunk_bytes, self.itemsize, self.block_bytes)
+        sizes = dec.sizes[block.c0:block.c0 + n]
+        taken = blosc_chunks(block.buf[dec.table_bytes:dec.table_bytes + block.end], block.positions, sizes,
+                             dec.chunk_bytes, self.itemsize, self.block_bytes)
         self.pending = [(buf, e) for buf, e in self.pending if not e.query()]
         m = dec.max_chunks
         self.count = n if taken.any() else 0
         table = block.buf[:dec.table_bytes].view(np.uint64)
         table[0:n] = int(comp) + dec.table_bytes + block.positions
-        table[m:m + n] = np.where(taken, dec.sizes[block.c0:block.c0 + n], 0)  # 0: left to the host
+        table[m:m + n] = np.where(taken, sizes, 0)  # 0: left to the host
         table[2 * m:2 * m + n] = int(decoded) + np.arange(n, dtype=np.uint64) * dec.stride
         self.host_rows = [self._host_decoded(dec, block, int(k)) for k in np.flatnonzero(~taken)]
 
