@@ -19,9 +19,12 @@ SMALL = small_model(np.random.default_rng(13))  # takes 13x13x1 images as well a
 
 @pytest.fixture(autouse=True)
 def small_blocks(monkeypatch):
-    """Every file streamed, in blocks of a few chunks, over a ring shallower than its blocks."""
+    """Every file streamed, in blocks of a few chunks, decoded in groups of 3 blocks (a shorter
+    group at the end), over a ring shallower than its blocks."""
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
     monkeypatch.setattr("infer.gpu.chunk_decode.BLOCK_BYTES", 150_000)
+    monkeypatch.setattr("infer.gpu.chunk_decode.Deflate.group", 3)
+    monkeypatch.setattr("infer.gpu.chunk_decode.BloscLz4.group", 3)
     monkeypatch.setattr("infer.gpu.chunk_decode.MAX_STREAMS", 2)
 
 

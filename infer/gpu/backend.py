@@ -41,9 +41,9 @@ class CudaBackend(HostSide):
     # Streamed blocks in flight (being read, uploaded, computed): 6 of ~25 MB pinned, whatever --streams
     # is (8 streams with 10 blocks held 100 MB more, peak RSS 485 against 385 MB, for no more speed)
     ring_depth = 6
-    # The compressed blocks the GPU decodes (--decode gpu): 3 measured as fast as 6 and 12 (1M shuffled
-    # gzip 1: 4.56-4.73M images/s against 4.66-4.73M and 4.59-4.61M) at 566 MB peak RSS against 638 and 780
-    decode_ring_depth = 3
+    # The compressed blocks the GPU decodes (--decode gpu) being read or uploaded: a decode launch
+    # takes a group of them from device memory, so the host holds only these few
+    decode_ring_depth = 4
 
     def __init__(self, chunk=None, streams=STREAMS, tile_width=None, conv_algo=pipelines.AUTO, device=0,
                  fast_math=False, profile=False, readers=None, gemm_algo="auto", notice=None, decode="host",
@@ -65,7 +65,7 @@ class CudaBackend(HostSide):
         self.precision = precision  # --precision: None, "exact" or "certified" (pipelines.choose)
         self.decode = decode  # --decode: where compressed chunks of a streamed file are decoded
         self.decoder = None  # the GPU decoder (chunk_decode.Decoder): made as a run is prepared, kept while it fits
-        self.decoder_streams = 0  # the decode streams it was made for
+        self.decoder_shape = None  # the decode streams and blocks a group it was made for
         self.placer, self.placing = None, []  # its GPU unshuffle (shuffled.Placer), and the placer's buffers
         self.unshuffling = None  # the placer the ring streaming now hands its blocks to, or None
         self.decoding = "host"  # where the last stream's chunks were decoded, for --json
@@ -172,7 +172,8 @@ class CudaBackend(HostSide):
         if wire != np.float32 and wire not in ex.converters:
             ex.converters[wire] = launch.Convert(self.build, wire)
         ex.keep_scores = scores
-        decoding = streamed and source is not None and self._gpu_decodes(source, wire)
+        # decoding: blocks a decode launch takes where the GPU decodes the chunks, else 0
+        decoding = chunk_decode.group(source.parts[0][1]) if streamed and source is not None and self._gpu_decodes(source, wire) else 0
         key = (x_shape[0], tuple(x_shape[1:]), wire.str, bool(streamed), align if streamed else 1, decoding)
         if ex.run is None or ex.run.key != key:
             self._allocate(key)
@@ -206,7 +207,7 @@ class CudaBackend(HostSide):
 
     def _allocate(self, key):
         """Device and page-locked buffers for a batch (n, image shape, wire type, streamed, align,
-        decoded on the GPU) as plan.memory plans them. If the device runs out of memory all the same, the images stop
+        blocks a launch where the GPU decodes them) as plan.memory plans them. If the device runs out of memory all the same, the images stop
         being resident, then chunks halve, down to one image."""
         ex = self.executor
         n, image_shape, wire, streamed, align, decoding = key
@@ -220,7 +221,7 @@ class CudaBackend(HostSide):
             best = plan.streamed_chunk(self.pipeline.STREAM_CHUNK, elems * wire.itemsize, self.STREAM_BYTES)
         # Blocks the GPU decodes are larger, and their ring deeper: chunks decoding at once make its speed
         free = cuda.mem_get_info()[0]
-        block_bytes, depth = ((chunk_decode.BLOCK_BYTES, chunk_decode.slots(free)) if decoding
+        block_bytes, depth = ((chunk_decode.BLOCK_BYTES, chunk_decode.slots(free, decoding)) if decoding
                               else (self.STREAM_BYTES, self.ring_depth))
         chunk, resident = plan.memory(n, free, len(ex.streams), self.chunk,
                                       plan.aligned_chunk(best, align) if streamed else best,
@@ -311,14 +312,15 @@ class CudaBackend(HostSide):
         """The GPU decoder of `rows` (a ChunkedRows) for the prepared run: the one kept where it
         fits, else a new one, on fewer streams where the device memory is short."""
         run = self.executor.run
-        streams = max(1, run.slots - chunk_decode.SPARE_SLOTS)
+        streams, group = chunk_decode.shape(run.slots, run.key[5])
         kept = self.decoder
-        if kept is not None and self.decoder_streams == streams and (kept.rows is rows or kept.fits(rows, run.block)):
+        if (kept is not None and self.decoder_shape == (streams, group)
+                and (kept.rows is rows or kept.fits(rows, run.block))):
             if kept.rows is not rows:  # prepare() bound it to this run's file: not again in the timed stream
                 kept.bind(rows)
             return kept
         self._free_decoder()
-        self.decoder_streams = streams  # asked for: a decoder on fewer, where memory was short, still fits
+        self.decoder_shape = (streams, group)  # asked for: a decoder on fewer streams, where memory was short, still fits
         taken = []
 
         def alloc(nbytes):
@@ -327,7 +329,7 @@ class CudaBackend(HostSide):
 
         while True:
             try:
-                self.decoder = chunk_decode.Decoder(self.build, rows, run.block, streams, alloc, taken)
+                self.decoder = chunk_decode.Decoder(self.build, rows, run.block, streams, alloc, taken, group)
                 return self.decoder
             except cuda.MemoryError:
                 for buf in taken:

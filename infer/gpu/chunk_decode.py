@@ -1,17 +1,20 @@
 """A compressed data set streamed to the GPU as its compressed bytes, decoded there.
 
 The reader threads only read each block's chunks (pread, no decoding) into page-locked memory; the
-block goes up as it is stored, and a codec (CODECS) decodes its chunks into a device buffer of whole
-chunks and places them as the images the network reads:
+block goes up as it is stored, its page-locked buffer free again once it is up, and a codec (CODECS)
+decodes the chunks of a group of blocks, in one launch, into a device buffer of whole chunks and
+places each block as the images the network reads:
 - deflate (Deflate): inflate_kernel1 (cuda/inflate.cu: a warp a chunk), a kernel checking them (the
   kernel's status, the decoded size, deflate's adler32), HDF5's shuffle undone as they are placed. A
   chunk of 1,000 MNIST images takes one warp 43-71 ms (H100), and an SM holds twelve;
 - Blosc lz4 + bitshuffle (BloscLz4): blosc_lz4_kernel1 (cuda/lz4.cu: a warp per stream of a block,
   ~21 a 1,000-image chunk, ~13 ms each), the bits unshuffled as they are placed.
-Speed comes from chunks in flight, so blocks decode on several streams at once (up to MAX_STREAMS)
-into a deep ring of device slots.
+Speed comes from chunks in flight: groups decode on several streams at once (up to MAX_STREAMS) into
+a deep ring of device slots. Host memory holds only the few small blocks being read or uploaded: a
+launch takes a group of them (GROUP_BYTES), so the chunks in flight cost device memory, not host memory.
 """
 import os
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,10 +22,10 @@ from .. import reader
 from ..errors import InputError
 from . import launch
 
-BLOCK_BYTES = 128 << 20  # decoded bytes per block: 40 MNIST chunks of 1,000 float32 images
-IN_FLIGHT_BYTES = 3 << 30  # decoded bytes decoding at once at most (~1,000 such chunks), an eighth of the free memory
-MAX_STREAMS = 24  # decode streams, a block each; with the network's and the copies', within 32 hardware queues
-SPARE_SLOTS = 3  # device slots beyond one per decode stream: blocks decoded, waiting for or in compute
+BLOCK_BYTES = 32 << 20  # decoded bytes per host block (one read, one upload): 8 MNIST chunks of 1,000 float32 images
+IN_FLIGHT_BYTES = 4 << 30  # decoded bytes decoding at once at most (~1,300 such chunks), an eighth of the free memory
+MAX_STREAMS = 12  # decode streams, a group each; with the network's and the copies', within DECODE_QUEUES
+SPARE_GROUPS = 1  # device slots beyond one group per decode stream: blocks decoded, waiting for or in compute
 
 
 def warm_up(build, rows):
@@ -44,9 +47,22 @@ def warm_up(build, rows):
             buf.free()
 
 
-def slots(free):
-    """Device slots of decoded blocks for a GPU with `free` bytes free: a decode stream each, and spares."""
-    return max(1, min(MAX_STREAMS, min(IN_FLIGHT_BYTES, free // 8) // BLOCK_BYTES)) + SPARE_SLOTS
+def group(rows):
+    """Blocks a decode launch takes for `rows` (a ChunkedRows the GPU decodes): its codec's."""
+    return CODECS[rows.codec].group
+
+
+def slots(free, group):
+    """Device slots of decoded blocks, in groups of `group`, for a GPU with `free` bytes free: a
+    group per decode stream, and spares."""
+    streams = max(1, min(MAX_STREAMS, min(IN_FLIGHT_BYTES, free // 8) // (group * BLOCK_BYTES)))
+    return (streams + SPARE_GROUPS) * group
+
+
+def shape(slots, group):
+    """(decode streams, blocks a group) for a ring of `slots` device slots in groups of `group` (see
+    slots; fewer where a run has fewer blocks)."""
+    return max(1, slots // group - SPARE_GROUPS), min(group, slots)
 
 
 def unsupported(data, wire):
@@ -75,16 +91,13 @@ def unsupported(data, wire):
 
 
 def layout(rows, block):
-    """How blocks of `block` images of `rows` (a ChunkedRows the GPU decodes) lie in page-locked
-    memory: (chunks a block holds at most, bytes of the codec's table, bytes of a block: the table,
-    then the most any block's chunks take, back to back)."""
+    """(chunks a block of `block` images of `rows`, a ChunkedRows the GPU decodes, holds at most;
+    the most bytes any block's chunks take, back to back, as they are read into page-locked memory)."""
     sizes = np.array(rows.index, np.int64).reshape(-1, 3)[:, 1]
     chunks = -(-block // rows.align) + 1  # a block may start inside a chunk
-    arrays, per_chunk = CODECS[rows.codec].table(rows)
-    table = -(-arrays * 8 * chunks * per_chunk // 256) * 256
     sums = np.concatenate([[0], np.cumsum(sizes)])
     k = min(chunks, len(sizes))
-    return chunks, table, table + int((sums[k:] - sums[:-k]).max())
+    return chunks, int((sums[k:] - sums[:-k]).max())
 
 
 class Deflate:
@@ -103,10 +116,8 @@ class Deflate:
     def unsupported(rows):
         return None
 
-    @staticmethod
-    def table(rows):
-        """(uint64 arrays of the table: stream, size, capacity, decoded size, output, status; entries a chunk)"""
-        return 6, 1
+    arrays = 6  # of the table, uint64 a chunk: stream, size, capacity, output, decoded size, status
+    group = 20  # blocks a launch: 160 MNIST chunks, a warp each, ~60 ms (a file's chunks all in flight, not 40 at a time)
 
     @staticmethod
     def stride(chunk_bytes):
@@ -127,51 +138,52 @@ class Deflate:
         t = int(table)
         self.inflate(cuda.Stream(), 1, t, t + 8, t + 16, t + 24, t + 32, t + 40)
 
-    def prepare(self, dec, block, comp, decoded):
+    def prepare(self, dec, block, table, o, data, decoded):
         """Refuse, before anything is uploaded, a chunk whose stream does not even start right; then
-        the block's table: per chunk its stream, size, capacity, decoded size (out), output, status (out)."""
+        the block's rows of the group's table (from row o): per chunk its stream (the block's bytes
+        go up to device address `data`), size, capacity, output (from `decoded` on), decoded size
+        (out), status (out). (Whether the GPU decodes any of its chunks, what place needs of it.)"""
         n = len(block.positions)
         sizes = dec.sizes[block.c0:block.c0 + n]
-        data = block.buf[dec.table_bytes:]
         at = block.positions
         # zlib: CM 8, window <= 32K, no preset dictionary, the header check
-        cmf, flg = data[at].astype(np.int64), data[at + 1].astype(np.int64)
+        cmf, flg = block.buf[at].astype(np.int64), block.buf[at + 1].astype(np.int64)
         good = (cmf & 15 == 8) & (cmf >> 4 <= 7) & ((cmf * 256 + flg) % 31 == 0) & (flg & 32 == 0)
         good &= sizes > self.head + self.tail
         if not good.all():
             k = int(np.argmin(good))
             raise InputError(f"{self.rows.label}: chunk {block.c0 + k} cannot be decompressed (not a zlib stream)")
-        table = block.buf[:dec.table_bytes].view(np.uint64)
-        m = dec.max_chunks
-        table[0:n] = int(comp) + dec.table_bytes + block.positions + self.head
-        table[m:m + n] = sizes - self.head - self.tail
-        table[2 * m:2 * m + n] = dec.chunk_bytes
-        table[3 * m:3 * m + n] = int(decoded) + np.arange(n, dtype=np.uint64) * dec.stride
+        rows = slice(o, o + n)
+        table[0, rows] = data + block.positions + self.head
+        table[1, rows] = sizes - self.head - self.tail
+        table[2, rows] = dec.chunk_bytes
+        table[3, rows] = decoded + np.arange(n, dtype=np.uint64) * dec.stride
+        return True, None
 
-    def decode(self, dec, stream, block, comp, decoded):
-        n, m = len(block.positions), dec.max_chunks
-        at = [int(comp) + k * 8 * m for k in range(6)]
-        self.inflate(stream, n, at[0], at[1], at[2], at[4], at[3], at[5])
-        self.check(stream, n, at[0], at[1], at[4], at[5], decoded, dec.chunk_bytes, dec.stride, True, block.c0,
-                   dec.flags)
+    def decode(self, dec, stream, count, table, decoded, c0):
+        """Decode a group's count chunks, file chunks c0 on, as its table (device address) says,
+        into decoded on."""
+        at = [table + k * 8 * dec.group_chunks for k in range(6)]
+        self.inflate(stream, count, at[0], at[1], at[2], at[4], at[3], at[5])
+        self.check(stream, count, at[0], at[1], at[4], at[5], decoded, dec.chunk_bytes, dec.stride, True, c0, dec.flags)
 
-    def place(self, dec, stream, block, decoded, dst):
+    def place(self, dec, stream, piece, decoded, dst):
         import pycuda.driver as cuda
 
-        n, per, row_bytes = len(block.positions), dec.per, dec.row_bytes
-        first = block.lo - block.c0 * per  # rows of the first chunk before the block
+        per, row_bytes = dec.per, dec.row_bytes
+        first = piece.lo - piece.c0 * per  # rows of the first chunk before the block
         if self.shuffled:
             values = row_bytes // self.rows.dtype.itemsize
-            self.unshuffle(stream, decoded, dst, first * values, len(block) * values, per * values, dec.stride)
+            self.unshuffle(stream, decoded, dst, first * values, piece.images * values, per * values, dec.stride)
         elif dec.stride == dec.chunk_bytes:
-            cuda.memcpy_dtod_async(dst, int(decoded) + first * row_bytes, len(block) * row_bytes, stream)
+            cuda.memcpy_dtod_async(dst, decoded + first * row_bytes, piece.images * row_bytes, stream)
         else:
             done = 0
-            for k in range(n):
+            for k in range(piece.chunks):
                 lo = first if k == 0 else k * per
-                rows = min(per * (k + 1), first + len(block)) - lo
-                cuda.memcpy_dtod_async(dst + done * row_bytes, int(decoded) + k * dec.stride
-                                       + (lo - k * per) * row_bytes, rows * row_bytes, stream)
+                rows = min(per * (k + 1), first + piece.images) - lo
+                cuda.memcpy_dtod_async(dst + done * row_bytes, decoded + k * dec.stride + (lo - k * per) * row_bytes,
+                                       rows * row_bytes, stream)
                 done += rows
 
     def failure(self, dec, j, which):
@@ -207,10 +219,8 @@ class BloscLz4:
             return "the GPU decodes Blosc's lz4, not its other codecs"
         return None
 
-    @staticmethod
-    def table(rows):
-        """(uint64 arrays of the table of chunks: start, stored size, output; entries a chunk)"""
-        return 3, 1
+    arrays = 3  # of the table, uint64 a chunk: start, stored size, output
+    group = 5  # blocks a launch: 40 MNIST chunks, ~840 warps, ~13 ms
 
     @staticmethod
     def stride(chunk_bytes):
@@ -232,22 +242,22 @@ class BloscLz4:
         self.lz4(stream, 1, t, t + 8, t + 16, 8 * size, 8 * size, size, 0, bad)
         self.unshuffle(stream, out, values, 1, 8, 8, 1, 0, 8)
 
-    def prepare(self, dec, block, comp, decoded):
-        """The block's table: per chunk its start, stored size (0 where the GPU does not take it) and
-        output; the chunks it does not take decoded on the host now (a damaged one is refused here,
-        as without a GPU)."""
+    def prepare(self, dec, block, table, o, data, decoded):
+        """The block's rows of the group's table (from row o): per chunk its start (the block's bytes
+        go up to device address `data`), stored size (0 where the GPU does not take it) and output
+        (from `decoded` on); the chunks it does not take decoded on the host now (a damaged one is
+        refused here, as without a GPU). (Whether the GPU decodes any of its chunks, the rows the
+        host decoded: (row in the block, page-locked rows).)"""
         n = len(block.positions)
         sizes = dec.sizes[block.c0:block.c0 + n]
-        taken = blosc_chunks(block.buf[dec.table_bytes:dec.table_bytes + block.end], block.positions, sizes,
-                             dec.chunk_bytes, self.itemsize, self.block_bytes)
+        taken = blosc_chunks(block.buf[:block.end], block.positions, sizes, dec.chunk_bytes, self.itemsize,
+                             self.block_bytes)
         self.pending = [(buf, e) for buf, e in self.pending if not e.query()]
-        m = dec.max_chunks
-        self.count = n if taken.any() else 0
-        table = block.buf[:dec.table_bytes].view(np.uint64)
-        table[0:n] = int(comp) + dec.table_bytes + block.positions
-        table[m:m + n] = np.where(taken, sizes, 0)  # 0: left to the host
-        table[2 * m:2 * m + n] = int(decoded) + np.arange(n, dtype=np.uint64) * dec.stride
-        self.host_rows = [self._host_decoded(dec, block, int(k)) for k in np.flatnonzero(~taken)]
+        rows = slice(o, o + n)
+        table[0, rows] = data + block.positions
+        table[1, rows] = np.where(taken, sizes, 0)  # 0: left to the host
+        table[2, rows] = decoded + np.arange(n, dtype=np.uint64) * dec.stride
+        return bool(taken.any()), [self._host_decoded(dec, block, int(k)) for k in np.flatnonzero(~taken)]
 
     def _host_decoded(self, dec, block, k):
         """Chunk k of the block (its rows in the block) decoded by the reader threads into page-locked memory."""
@@ -259,25 +269,24 @@ class BloscLz4:
         self.rows.submit(dec.pool.native, lo, hi, out).result()
         return lo - block.lo, out
 
-    def decode(self, dec, stream, block, comp, decoded):
-        if self.count:
-            m = dec.max_chunks
-            self.lz4(stream, self.count, int(comp), int(comp) + 8 * m, int(comp) + 16 * m, dec.chunk_bytes,
-                     self.block_bytes, self.itemsize, block.c0, dec.flags)
+    def decode(self, dec, stream, count, table, decoded, c0):
+        m = dec.group_chunks
+        self.lz4(stream, count, table, table + 8 * m, table + 16 * m, dec.chunk_bytes, self.block_bytes, self.itemsize,
+                 c0, dec.flags)
 
-    def place(self, dec, stream, block, decoded, dst):
+    def place(self, dec, stream, piece, decoded, dst):
         import pycuda.driver as cuda
 
         from .executor import event
 
         values = dec.row_bytes // self.itemsize
-        first = block.lo - block.c0 * dec.per
-        self.unshuffle(stream, decoded, dst, len(block.positions), dec.per * values, self.block_values, self.exact_tail,
-                       first * values, len(block) * values)
-        for row, out in self.host_rows:  # over what the unshuffle made of the chunk's undecoded bytes
+        first = piece.lo - piece.c0 * dec.per
+        self.unshuffle(stream, decoded, dst, piece.chunks, dec.per * values, self.block_values, self.exact_tail,
+                       first * values, piece.images * values)
+        for row, out in piece.extra:  # over what the unshuffle made of the chunk's undecoded bytes
             cuda.memcpy_htod_async(dst + row * dec.row_bytes, out, stream)
-        if self.host_rows:
-            self.pending.append(([out for _, out in self.host_rows], event(stream)))
+        if piece.extra:
+            self.pending.append(([out for _, out in piece.extra], event(stream)))
 
     def failure(self, dec, j, which):
         return InputError(f"{self.rows.label}: chunk {j} cannot be decompressed ({self.rows.codec_name} lz4: "
@@ -319,7 +328,7 @@ class Blocks:
 
 class Block:
     """Images [lo, hi) of the data set as chunks c0.. stored at `positions` in `buf` (page-locked
-    bytes: the chunk table, then the chunks' bytes); len() is its images."""
+    bytes, `end` of them read); len() is its images."""
 
     def __init__(self, buf, images):
         self.buf, self.images = buf, images
@@ -330,32 +339,63 @@ class Block:
         return self.images
 
 
-class Decoder:
-    """The device side of streamed files: per decode stream, the compressed block and its chunks
-    decoded (a stride apart); one pair of failure flags for the whole run; the codec's kernels
-    (Deflate, BloscLz4). Built as the run is prepared and kept for the next file whose chunks it
-    fits (bind), so no timed stream allocates its ~3 GB of device memory."""
+class Piece(NamedTuple):
+    """What placing a block needs once its page-locked buffer is read into again: its first image,
+    first chunk, chunks, images, and what the codec's prepare said of it."""
+    lo: int
+    c0: int
+    chunks: int
+    images: int
+    extra: object
 
-    def __init__(self, build, rows, block, streams, alloc, buffers):
+
+class Lane:
+    """A decode stream and its buffers: on the device the group's table (`table_bytes`, then its
+    blocks' bytes back to back) and its chunks decoded a stride apart; the table in page-locked memory."""
+
+    def __init__(self, alloc, table_bytes, capacity, decoded_bytes, arrays, rows):
+        import pycuda.driver as cuda
+
+        self.comp, self.decoded = alloc(table_bytes + capacity), alloc(decoded_bytes)
+        self.data = int(self.comp) + table_bytes
+        self.table = cuda.pagelocked_empty((arrays, rows), np.uint64)
+        self.stream = cuda.Stream()
+        self.table_sent = None  # the event after the table's last upload: the host may write it again
+        self.read = None  # the event after the last group's decoding: its compressed bytes are read
+
+
+class Decoder:
+    """The device side of streamed files: blocks uploaded on one copy stream, as they come, into
+    the buffers of a decode stream (Lane) until it holds a group of them (the codec's, or fewer at a
+    gap in the chunks or the end: flush), then decoded in one launch and placed block by block; one
+    pair of failure flags for the whole run; the codec's kernels (Deflate, BloscLz4). Built as the
+    run is prepared and kept for the next file whose chunks it fits (bind), so no timed stream
+    allocates its ~3 GB of device memory."""
+
+    def __init__(self, build, rows, block, streams, alloc, buffers, group):
         import pycuda.driver as cuda
 
         self.build, self.buffers = build, buffers  # buffers: what alloc took
         self.chunk_bytes = rows.chunk_bytes
         self.stride = CODECS[rows.codec].stride(self.chunk_bytes)
-        self.max_chunks, self.table_bytes, self.capacity = layout(rows, block)
+        self.max_chunks, self.capacity = layout(rows, block)
+        self.group, self.group_chunks = group, group * self.max_chunks
+        arrays = CODECS[rows.codec].arrays
+        table_bytes = -(-arrays * 8 * self.group_chunks // 256) * 256
         self.flags = alloc(8)
-        self.streams, self.scratch = [], []
-        for _ in range(streams):
-            self.scratch.append((alloc(self.capacity), alloc(self.max_chunks * self.stride)))
-            self.streams.append(cuda.Stream())
-        self.used, self.pool = 0, None
+        self.lanes = [Lane(alloc, table_bytes, group * self.capacity, self.group_chunks * self.stride, arrays,
+                           self.group_chunks) for _ in range(streams)]
+        self.copy = cuda.Stream()
+        self.used, self.pool, self.lane, self.pieces = 0, None, None, []
         self.bind(rows)
 
     def fits(self, rows, block):
         """Whether this decoder's buffers serve blocks of `block` images of `rows`."""
-        chunks, table, capacity = layout(rows, block)
-        return (rows.chunk_bytes == self.chunk_bytes and CODECS[rows.codec].stride(rows.chunk_bytes) == self.stride
-                and (chunks, table) == (self.max_chunks, self.table_bytes) and capacity <= self.capacity)
+        chunks, capacity = layout(rows, block)
+        codec = CODECS[rows.codec]
+        return (rows.chunk_bytes == self.chunk_bytes and codec.stride(rows.chunk_bytes) == self.stride
+                and self.lanes[0].table.shape[0] == codec.arrays and chunks == self.max_chunks
+                and capacity <= self.capacity)
 
     def bind(self, rows):
         """Decode the chunks of `rows` (a ChunkedRows that fits) from now on."""
@@ -366,13 +406,13 @@ class Decoder:
         self.codec = CODECS[rows.codec](self.build, rows)
 
     def describe(self):
-        return f"GPU: {self.codec.describe()}, {len(self.streams)} streams"
+        return f"GPU: {self.codec.describe()}, {len(self.lanes)} streams"
 
     def start(self):
         import pycuda.driver as cuda
 
         cuda.memset_d32(self.flags, launch.INT_MAX, 2)
-        self.used = 0
+        self.used, self.lane, self.pieces = 0, None, []
 
     def read(self, pool, lo, hi, block):
         """Submit the reads of the chunks holding images [lo, hi) into block: one read per run of
@@ -384,11 +424,11 @@ class Decoder:
         block.lo, block.c0, block.positions = lo, c0, positions
         block.end = int(positions[-1] + sizes[-1])
         runs = np.flatnonzero((offsets[1:] != offsets[:-1] + sizes[:-1]) | (positions[1:] != positions[:-1] + sizes[:-1])) + 1
-        futures, base = [], block.buf.ctypes.data + self.table_bytes
+        futures, base = [], block.buf.ctypes.data
         for a, b in zip(np.concatenate([[0], runs]), np.concatenate([runs, [len(sizes)]])):
             nbytes = int(positions[b - 1] + sizes[b - 1] - positions[a])
             futures.append(self._read(pool, base + int(positions[a]), nbytes, int(offsets[a]),
-                                      block.buf[self.table_bytes + int(positions[a]):][:nbytes]))
+                                      block.buf[int(positions[a]):][:nbytes]))
         return futures
 
     def _read(self, pool, address, nbytes, offset, view):
@@ -397,35 +437,79 @@ class Decoder:
         pool.used_native = True
         return self.rows.submit_bytes(pool.native, address, nbytes, offset)
 
-    def enqueue(self, dst, block, waits=()):
-        """Queue block's upload, decoding, check and placing at device address dst on the next
-        decode stream, placing after the events `waits` (its slot free): (the event after the
-        upload, which frees the host buffer; the event after the images are in place)."""
+    def enqueue(self, dst, block, waits=(), token=None):
+        """Queue block's upload into the open group (opening one on the next lane), to be decoded
+        with the group and placed at device address dst after the events `waits` (its slot free):
+        (the event after the upload, which frees the host buffer; [(token, the event after its images
+        are in place)] for each block the group decoded and placed if this call closed one)."""
         import pycuda.driver as cuda
 
         from .executor import event
 
-        stream = self.streams[self.used % len(self.streams)]
-        comp, decoded = self.scratch[self.used % len(self.streams)]
+        placed = []
+        if self.pieces and (block.c0 != self.next_chunk or len(self.pieces) == self.group):
+            placed = self.flush()
+        if not self.pieces:
+            self._open()
+        lane, n = self.lane, len(block.positions)
+        gpu, extra = self.codec.prepare(self, block, lane.table, self.count, lane.data + self.filled,
+                                        int(lane.decoded) + self.count * self.stride)
+        cuda.memcpy_htod_async(lane.data + self.filled, block.buf[:block.end], self.copy)
+        self.pieces.append((Piece(block.lo, block.c0, n, len(block), extra), self.count, dst, waits, token))
+        self.count, self.filled, self.next_chunk = self.count + n, self.filled + block.end, block.c0 + n
+        self.gpu |= gpu
+        uploaded = event(self.copy)
+        if len(self.pieces) == self.group:
+            placed += self.flush()
+        return uploaded, placed
+
+    def _open(self):
+        """The next lane takes the blocks from now on: its page-locked table written again once its last
+        upload is done, its compressed bytes once its last group is decoded."""
+        self.lane = self.lanes[self.used % len(self.lanes)]
         self.used += 1
-        self.codec.prepare(self, block, comp, decoded)
-        cuda.memcpy_htod_async(comp, block.buf[:self.table_bytes + block.end], stream)
-        uploaded = event(stream)
-        self.codec.decode(self, stream, block, comp, decoded)
-        for e in waits:  # the slot's previous images computed
-            stream.wait_for_event(e)
-        self.codec.place(self, stream, block, decoded, dst)
-        return uploaded, event(stream)
+        if self.lane.table_sent is not None:
+            self.lane.table_sent.synchronize()
+        if self.lane.read is not None:
+            self.copy.wait_for_event(self.lane.read)
+        self.count = self.filled = 0
+        self.gpu = False
+
+    def flush(self):
+        """Decode the open group and place its blocks: [(token, the event after its images are in
+        place)] per block; [] where no group is open."""
+        import pycuda.driver as cuda
+
+        from .executor import event
+
+        if not self.pieces:
+            return []
+        lane, pieces = self.lane, self.pieces
+        cuda.memcpy_htod_async(lane.comp, lane.table, self.copy)
+        lane.table_sent = event(self.copy)
+        lane.stream.wait_for_event(lane.table_sent)
+        if self.gpu:
+            self.codec.decode(self, lane.stream, self.count, int(lane.comp), lane.decoded, pieces[0][0].c0)
+        lane.read = event(lane.stream)
+        placed = []
+        for piece, o, dst, waits, token in pieces:
+            for e in waits:  # the slot's previous images computed
+                lane.stream.wait_for_event(e)
+            self.codec.place(self, lane.stream, piece, int(lane.decoded) + o * self.stride, dst)
+            placed.append((token, event(lane.stream)))
+        self.pieces = []
+        return placed
 
     def synchronize(self):
-        for s in self.streams:
-            s.synchronize()
+        self.copy.synchronize()
+        for lane in self.lanes:
+            lane.stream.synchronize()
 
     def free(self):
         self.synchronize()
         for buf in self.buffers:
             buf.free()
-        self.buffers, self.streams, self.scratch = [], [], []
+        self.buffers, self.lanes = [], []
 
     def failures(self):
         """The InputError for the lowest chunk that failed to decode or its checksum, or None."""

@@ -14,7 +14,8 @@ def forward_stream(ex, copies, ring, progress, out, aside, model_path, decoder=N
     host.outputs). Where the images are resident a block is one upload on the `copies` stream
     (never queued behind kernels; with a placer, shuffled.Placer, up and unshuffled into place),
     or with a decoder (chunk_decode.Decoder) its compressed chunks
-    uploaded and decoded on one of the decoder's streams, and its chunks' kernels wait for it; the
+    uploaded, then decoded with its group on one of the decoder's streams, and its chunks' kernels
+    queued once the group is (they wait for it); the
     labels come back once, at the end: little Python work per block. aside(fn, *args) runs fn on a
     reader thread."""
     run, streams = ex.run, ex.streams
@@ -24,7 +25,25 @@ def forward_stream(ex, copies, ring, progress, out, aside, model_path, decoder=N
     # the GPU done to the outputs in place fell from 3.4-3.8 ms to 1.4-1.7).
     faulted = aside(_fault_in, out[0], out[2])
     pending = collections.deque()
-    computed = collections.deque()  # per block: events after its kernels, on every stream used
+    computed = collections.deque()  # per block, in order: events after its kernels, on every stream used
+
+    def compute(at, count, ready, x=None):
+        """Queue the kernels of the block of count images from image `at`, after event `ready` (its
+        resident images in place), or uploading x chunk by chunk through the streams' staging
+        buffers; the uploads' events."""
+        first, uploads = at // run.chunk, []
+        for offset in range(0, count, run.chunk):
+            i, n = first + offset // run.chunk, min(run.chunk, count - offset)
+            stream = streams[i % len(streams)]
+            if ready is None:
+                uploads.append(ex.upload(stream, i, at + offset, x[offset:offset + n]))
+            else:
+                stream.wait_for_event(ready)
+            ex.compute(i, at + offset, n)
+        if ready is not None:
+            used = min(len(streams), -(-count // run.chunk))
+            computed.append([event(streams[(first + j) % len(streams)]) for j in range(used)])
+        return uploads
 
     def hand_back():
         uploads, buf, count = pending.popleft()
@@ -33,37 +52,34 @@ def forward_stream(ex, copies, ring, progress, out, aside, model_path, decoder=N
         ring.release(buf)
         progress.update(count)
 
-    for start, x, buf in ring:
+    for b, (start, x, buf) in enumerate(ring):
         at = start - ring.start
-        first = at // run.chunk
-        uploads, ready = [], None
-        if run.resident:
-            free = computed.popleft() if len(computed) == run.slots else ()  # the slot's previous block computed
+        if not run.resident:
+            uploads = compute(at, len(x), None, x)
+        else:
+            # The slot's previous block computed (a decoder holds back at most a group of blocks,
+            # fewer than the slots, so that block's kernels are queued)
+            free = computed.popleft() if b >= run.slots else ()
+            dst = run.images(at // run.chunk, at, len(streams))
             if decoder is not None:
-                uploaded, ready = decoder.enqueue(run.images(first, at, len(streams)), x, free)
-                uploads.append(uploaded)
+                uploaded, placed = decoder.enqueue(dst, x, free, (at, len(x)))
+                for (a, count), ready in placed:
+                    compute(a, count, ready)
             else:
                 for e in free:
                     copies.wait_for_event(e)
                 if placer is not None:
-                    uploaded, ready = placer.enqueue(copies, run.images(first, at, len(streams)), x, start)
+                    uploaded, ready = placer.enqueue(copies, dst, x, start)
                 else:
-                    uploaded = ready = ex.upload(copies, first, at, x)
-                uploads.append(uploaded)
-        for offset in range(0, len(x), run.chunk):
-            i, count = first + offset // run.chunk, min(run.chunk, len(x) - offset)
-            stream = streams[i % len(streams)]
-            if not run.resident:  # through the stream's staging buffer, chunk by chunk
-                uploads.append(ex.upload(stream, i, at + offset, x[offset:offset + count]))
-            else:
-                stream.wait_for_event(ready)
-            ex.compute(i, at + offset, count)
-        if run.resident:
-            used = min(len(streams), -(-len(x) // run.chunk))
-            computed.append([event(streams[(first + j) % len(streams)]) for j in range(used)])
+                    uploaded = ready = ex.upload(copies, at // run.chunk, at, x)
+                compute(at, len(x), ready)
+            uploads = [uploaded]
         pending.append((uploads, buf, len(x)))
         while pending and (len(pending) >= ring.depth - 1 or all(e.query() for e in pending[0][0])):
             hand_back()
+    if decoder is not None:
+        for (a, count), ready in decoder.flush():
+            compute(a, count, ready)
     while pending:
         hand_back()
     for s in streams:
