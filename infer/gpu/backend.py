@@ -329,7 +329,8 @@ class CudaBackend(HostSide):
 
         while True:
             try:
-                self.decoder = chunk_decode.Decoder(self.build, rows, run.block, streams, alloc, taken, group)
+                self.decoder = chunk_decode.Decoder(self.build, rows, run.block, streams, alloc, taken, group,
+                                                    self.copies)
                 return self.decoder
             except cuda.MemoryError:
                 for buf in taken:

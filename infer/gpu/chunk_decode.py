@@ -372,9 +372,7 @@ class Decoder:
     run is prepared and kept for the next file whose chunks it fits (bind), so no timed stream
     allocates its ~3 GB of device memory."""
 
-    def __init__(self, build, rows, block, streams, alloc, buffers, group):
-        import pycuda.driver as cuda
-
+    def __init__(self, build, rows, block, streams, alloc, buffers, group, copy):
         self.build, self.buffers = build, buffers  # buffers: what alloc took
         self.chunk_bytes = rows.chunk_bytes
         self.stride = CODECS[rows.codec].stride(self.chunk_bytes)
@@ -385,7 +383,7 @@ class Decoder:
         self.flags = alloc(8)
         self.lanes = [Lane(alloc, table_bytes, group * self.capacity, self.group_chunks * self.stride, arrays,
                            self.group_chunks) for _ in range(streams)]
-        self.copy = cuda.Stream()
+        self.copy = copy  # the stream of the uploads: the backend's, not sharing a hardware queue with a lane
         self.used, self.pool, self.lane, self.pieces = 0, None, None, []
         self.bind(rows)
 
