@@ -23,7 +23,7 @@ def create_cuda(devices=None, **options):
         from .gpu.multi import MultiGpuBackend
     except ImportError as e:
         raise BackendUnavailable(f"the CUDA backend needs PyCUDA ({e}); install it with: pip install 'cnninfer[cuda]'") from None
-    if options.get("decode") == "gpu":
+    if options.get("decode") in ("gpu", "auto"):
         ask_hardware_queues(DECODE_QUEUES)  # before the driver starts
     if devices == "all":
         devices = list(range(visible_devices()))

@@ -7,7 +7,7 @@ from .errors import InputError
 from .gpu.launch import GEMMS, TILE_WIDTHS
 from .gpu.pipelines import ALGORITHMS, AUTO, PRECISIONS, precision_conflict
 
-DECODE_MODES = ("host", "gpu")
+DECODE_MODES = ("auto", "host", "gpu")
 # CUDA streams by default: testfull's 10,000 images run as 8 chunks of 1,250 all at once (H100: 0.71 ms
 # GPU, 0.86-0.90 end to end; on 4 streams the fifth chunk of 2,048 was a tail: 0.75 / 0.89-0.93 ms).
 STREAMS = 8
@@ -25,7 +25,7 @@ class Options:
     devices: object = None  # a list of distinct GPU numbers, or "all" (overrides device)
     fast_math: bool = False
     profile: bool = False
-    decode: str = "host"  # where a streamed file's compressed chunks are decoded: host or gpu
+    decode: str = "auto"  # where a streamed file's compressed chunks are decoded: auto (see Session), host or gpu
     precision: str = None  # exact or certified (float16 where certified, the rest exact); None: by the run (pipelines.choose)
 
     @classmethod

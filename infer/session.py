@@ -99,7 +99,9 @@ class Session:
         self._home_ident = None
         # The backend (for CUDA: the context, kernels, weights) starts with the first call, after
         # that call's input has been checked: a bad file costs no GPU start-up.
-        self._create = lambda: backends.create(backend, notice, **self.options.backend_kwargs())
+        self.backend_name = backend
+        self._create = lambda decode: backends.create(backend, notice, **dict(self.options.backend_kwargs(),
+                                                                             decode=decode))
 
     def __enter__(self):
         return self
@@ -124,14 +126,30 @@ class Session:
     def classes(self):
         return self.model.fc2.shape[1]
 
-    def _backend(self):
+    def _backend(self, data=None):
+        """The backend, made by the first call, for its DataSet `data` where given (see _decode)."""
         if self.closed:
             raise InputError("this session is closed")
         if self.backend is None:
             t = time.perf_counter()
-            self.backend = self._at_home(self._create)
+            self.backend = self._at_home(self._create, self._decode(data))
             self.setup_ms += _ms(t)
         return self.backend
+
+    def _decode(self, data):
+        """--decode for the backend about to be made: with auto, "auto" (on the GPU where it can)
+        where the first call streams a file whose chunks the GPU decodes, else "host". The choice is
+        made once: GPU decoding needs more hardware queues, asked for as the driver starts, which
+        cost the process ~80 MB of host memory (H100)."""
+        if self.options.decode != "auto":
+            return self.options.decode
+        if self.backend_name == "cpu" or data is None:
+            return "host"
+        from .gpu import chunk_decode, plan
+
+        wire = plan.wire_dtype(data.dtype)
+        streamed = data.size * data.image_bytes(wire) > host_budget()
+        return "auto" if streamed and chunk_decode.unsupported(data, wire) is None else "host"
 
     def _at_home_thread(self):
         self._home_ident = threading.get_ident()
@@ -211,7 +229,7 @@ class Session:
         and forward (the CPU backend's in-memory path): there each call has its own image buffer
         and runs at once, on the backend's shared compute threads."""
         with self.lock:
-            backend = self._backend()
+            backend = self._backend(data)
         n = data.size
         x_shape = (n,) + tuple(data.image_shape)
         network.geometry(self.model, x_shape, data.parts[0][0])

@@ -5,7 +5,7 @@ import h5py
 import numpy as np
 import pytest
 
-from infer import loader, native
+from infer import Session, loader, native
 from infer.dataset import DataSet
 from infer.gpu import chunk_decode
 from infer.options import Options
@@ -69,9 +69,60 @@ def test_blosc_chunks_the_gpu_decodes_are_lz4_and_bitshuffled(tmp_path, model, r
 
 
 def test_the_decode_option_is_checked():
-    assert Options().decode == "host"
-    with pytest.raises(InputError, match="decode must be one of host, gpu, not 'cpu'"):
+    assert Options().decode == "auto"
+    with pytest.raises(InputError, match="decode must be one of auto, host, gpu, not 'cpu'"):
         Options.of(decode="cpu")
+
+
+class Made(Exception):
+    """Raised in place of making a backend: what it would have been made with."""
+
+
+@pytest.fixture
+def made(monkeypatch):
+    """The decode mode each Session's backend would be made with (nothing made, no GPU needed)."""
+    from infer import backends
+
+    def create(name, notice, **options):
+        raise Made(options["decode"])
+    monkeypatch.setattr(backends, "create", create)
+
+    def decode(path, backend="cuda", **options):
+        with Session(MODEL, backend, **options) as s:
+            with pytest.raises(Made) as e:
+                s.evaluate(path)
+        return e.value.args[0]
+    return decode
+
+
+@pytest.fixture
+def files(tmp_path, rng):
+    x = rng.random((120, 28, 28, 1)).astype("f4")
+    y = np.eye(10)[rng.integers(0, 10, 120)]
+    paths = {}
+    for name, options in (("gzip", GZIP), ("contiguous", {}), ("lzf", dict(compression="lzf", chunks=(16, 28, 28, 1)))):
+        paths[name] = tmp_path / f"{name}.h5"
+        with h5py.File(paths[name], "w") as f:
+            f.create_dataset("x", data=x, **options)
+            f["y"] = y
+    return paths
+
+
+MODEL = None  # the bundled model takes 28x28x1 images
+
+
+def test_auto_decodes_on_the_gpu_only_a_streamed_file_it_can_decode(made, files, monkeypatch):
+    """The hardware queues GPU decoding needs are asked for as the driver starts, so auto chooses as
+    the first call makes the backend: GPU decoding where that call streams a file the GPU decodes."""
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")  # every file streamed
+    assert made(files["gzip"]) == "auto"
+    assert made(files["contiguous"]) == "host"
+    assert made(files["lzf"]) == "host"
+    assert made(files["gzip"], decode="host") == "host"
+    assert made(files["gzip"], "cpu") == "host"
+    assert made(files["contiguous"], decode="gpu") == "gpu"
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "512")  # read whole: nothing streamed
+    assert made(files["gzip"]) == "host"
 
 
 def test_decode_gpu_on_the_cpu_backend_is_one_line(ece408):

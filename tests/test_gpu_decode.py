@@ -158,17 +158,19 @@ def test_float64_images_are_refused_for_the_gpu_with_the_reason(tmp_path, rng):
     assert_refused(r, "f.h5", "--decode gpu", "converted on the host")
 
 
-def test_the_host_decodes_unless_asked_and_gpu_refuses_what_it_cannot(tmp_path, ece408, sessions):
+def test_auto_decodes_on_the_gpu_where_it_can_and_gpu_refuses_what_it_cannot(tmp_path, ece408, sessions):
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][:700], f["y"][:700]
     gz = write(tmp_path / "g.h5", x, y, 50, "gzip1")
-    s = sessions(ece408 / "model.hdf5", "gpu")
-    assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel1")
-    with Session(ece408 / "model.hdf5", "cuda") as default:
-        assert default.evaluate(gz).reader["decode"] == "host"
     with h5py.File(tmp_path / "l.h5", "w") as f:
         f.create_dataset("x", data=x, chunks=(50, 28, 28, 1), compression="lzf")
         f["y"] = y
+    s = sessions(ece408 / "model.hdf5", "gpu")
+    assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel1")
+    assert sessions(ece408 / "model.hdf5", "host").evaluate(gz).reader["decode"] == "host"
+    with Session(ece408 / "model.hdf5", "cuda") as default:  # auto: the GPU where it decodes the file
+        assert default.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel1")
+        assert default.evaluate(tmp_path / "l.h5").reader["decode"] == "host"
     with pytest.raises(InputError, match="not lzf"):
         s.evaluate(tmp_path / "l.h5")
     assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel1")  # and the session goes on

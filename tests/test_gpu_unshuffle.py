@@ -75,7 +75,7 @@ def test_streamed_shuffled_chunks_unshuffled_on_the_gpu_predict_as_the_host(tmp_
         f["y"] = y
     with h5py.File(tmp_path / "plain.h5", "w") as f:
         f["x"], f["y"] = x, y
-    with Session(SMALL, "cuda") as s:
+    with Session(SMALL, "cuda", decode="host") as s:
         gpu, plain = s.evaluate(path), s.evaluate(tmp_path / "plain.h5")
     on_gpu = not (layout == "shuffle+gzip" and dtype == "u1")  # one-byte values: nothing to unshuffle
     assert gpu.streamed and gpu.reader["decode"] == ("host, unshuffled on the GPU" if on_gpu else "host"), gpu.reader
@@ -107,7 +107,7 @@ def test_the_placers_staging_block_is_taken_before_the_timed_run(tmp_path, rng, 
         taken.append(streaming[0])
         return alloc(nbytes)
     monkeypatch.setattr(cuda, "mem_alloc", allocating)
-    with Session(SMALL, "cuda") as s:
+    with Session(SMALL, "cuda", decode="host") as s:
         a = s.evaluate(first)
         count = len(taken)
         b = s.evaluate(other)  # another file whose blocks the same staging block fits
@@ -147,7 +147,7 @@ def test_a_damaged_chunk_left_shuffled_is_one_line_and_nothing_written(tmp_path,
         f.seek(offset)
         f.write(bytes(range(1, 17)))
     out = tmp_path / "p.npy"
-    r = invoke("run", path, ece408 / "model.hdf5", "--backend", "cuda", "--predictions", out)
+    r = invoke("run", path, ece408 / "model.hdf5", "--backend", "cuda", "--decode", "host", "--predictions", out)
     assert_refused(r, "d.h5", "'x'", "chunk 2")
     assert not out.exists()
 
@@ -165,7 +165,7 @@ def test_a_plain_file_after_a_shuffled_one_is_not_unshuffled(tmp_path, ece408, m
         with h5py.File(paths[name], "w") as f:
             f.create_dataset("x", data=x, chunks=(50, 28, 28, 1), compression="gzip", compression_opts=1, shuffle=shuffle)
             f["y"] = y
-    with Session(ece408 / "model.hdf5", "cuda") as s:
+    with Session(ece408 / "model.hdf5", "cuda", decode="host") as s:
         a, b = s.evaluate(paths["s"]), s.evaluate(paths["p"])
     assert a.reader["decode"] == "host, unshuffled on the GPU" and b.reader["decode"] == "host", (a.reader, b.reader)
     np.testing.assert_array_equal(b.predictions, a.predictions)

@@ -54,9 +54,10 @@ class CudaBackend(HostSide):
         conflict = pipelines.precision_conflict(conv_algo, precision)
         if conflict:
             raise InputError(conflict)
-        # Decoding on the GPU keeps ~30 streams busy at once: as many hardware queues, which cost
-        # the context ~230 MB more host memory (H100: peak RSS 600-690 MB against 390-450), so only then
-        self.gpu = Device(device, hardware_queues=DECODE_QUEUES if decode == "gpu" else None)
+        # Decoding on the GPU keeps ~20 streams busy at once (12 decoding, the network's, the uploads'):
+        # 16 hardware queues, which cost the context ~80 MB more host memory (H100, 1M Blosc lz4 file:
+        # peak RSS 392 MB against 311 with 8 queues, at 6.3-6.7M images/s against 3.8M), so only then
+        self.gpu = Device(device, hardware_queues=DECODE_QUEUES if decode in ("gpu", "auto") else None)
         self.profiler = Profiler() if profile else NullProfiler()
         self.build = Build(self.gpu.arch, fast_math, tile_width, self.profiler, gemm_algo, self.gpu.l2_bytes,
                            self.gpu.sms)
@@ -103,13 +104,7 @@ class CudaBackend(HostSide):
         counter = getattr(self.pipeline, "recomputed", None)
         return None if counter is None or not self.executor.certifies() else counter()
 
-    @staticmethod
-    def wire_dtype(stored):
-        """Integer images travel in their own type and are converted on the GPU; float32 as it is;
-        other floats are converted (and checked) by the reader threads."""
-        if stored is not None and stored.kind in "iu" and stored.isnative:
-            return np.dtype(stored)
-        return np.dtype(np.float32)
+    wire_dtype = staticmethod(plan.wire_dtype)
 
     @staticmethod
     def new_host_buffer(shape, dtype):
@@ -197,13 +192,14 @@ class CudaBackend(HostSide):
         self._host("buffers + warm-up", t)
 
     def _gpu_decodes(self, source, wire):
-        """Whether the GPU decodes `source`'s chunks (--decode gpu); one line where it cannot."""
-        if self.decode != "gpu":
+        """Whether the GPU decodes `source`'s chunks: with --decode gpu, or one line where it cannot;
+        with auto, where it can."""
+        if self.decode == "host":
             return False
         why = chunk_decode.unsupported(source, wire)
-        if why:
+        if why and self.decode == "gpu":
             raise InputError(f"{source.parts[0][0]}: --decode gpu: {why}")
-        return True
+        return not why
 
     def _allocate(self, key):
         """Device and page-locked buffers for a batch (n, image shape, wire type, streamed, align,

@@ -1,7 +1,17 @@
 """Planning with no GPU in sight (unit-tested on any machine): how images split over GPUs, how a
 batch is cut into chunks (one launch) and a streamed one into blocks (one read, one upload), and
 what fits in the device's memory."""
+import numpy as np
+
 from ..errors import InputError
+
+
+def wire_dtype(stored):
+    """The type images of NumPy type `stored` travel in: integers in their own, converted on the
+    GPU; float32 as it is; other floats converted (and checked) by the reader threads."""
+    if stored is not None and stored.kind in "iu" and stored.isnative:
+        return np.dtype(stored)
+    return np.dtype(np.float32)
 
 
 def split(n, parts, align=1):
