@@ -128,3 +128,15 @@ def test_auto_decodes_on_the_gpu_only_a_streamed_file_it_can_decode(made, files,
 def test_decode_gpu_on_the_cpu_backend_is_one_line(ece408):
     r = invoke("run", ece408 / "test100.hdf5", ece408 / "model.hdf5", "--backend", "cpu", "--decode", "gpu")
     assert_refused(r, "--decode gpu needs the CUDA backend")
+
+
+def test_decode_streams_take_every_group_at_once_where_the_run_fits_the_ring():
+    """A run whose blocks all fit the device slots decodes every group at once, a stream each (a
+    1M-image deflate file: 125 blocks, 7 groups); a longer one keeps a group of slots spare for the
+    blocks waiting for compute; never more than MAX_STREAMS."""
+    assert chunk_decode.shape(140, 20, 125) == (7, 20)
+    assert chunk_decode.shape(65, 5, 125) == (12, 5)
+    assert chunk_decode.shape(65, 5, 400) == (12, 5)
+    assert chunk_decode.shape(3, 5, 3) == (1, 3)
+    assert chunk_decode.shape(200, 5, 190) == (chunk_decode.MAX_STREAMS, 5)
+    assert chunk_decode.slots(80 << 30, 20) == (min(chunk_decode.MAX_STREAMS, chunk_decode.IN_FLIGHT_BYTES // (20 * chunk_decode.BLOCK_BYTES)) + 1) * 20

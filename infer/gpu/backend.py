@@ -308,7 +308,7 @@ class CudaBackend(HostSide):
         """The GPU decoder of `rows` (a ChunkedRows) for the prepared run: the one kept where it
         fits, else a new one, on fewer streams where the device memory is short."""
         run = self.executor.run
-        streams, group = chunk_decode.shape(run.slots, run.key[5])
+        streams, group = chunk_decode.shape(run.slots, run.key[5], -(-run.key[0] // run.block))
         kept = self.decoder
         if (kept is not None and self.decoder_shape == (streams, group)
                 and (kept.rows is rows or kept.fits(rows, run.block))):
