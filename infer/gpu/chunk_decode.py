@@ -24,7 +24,7 @@ from . import launch
 
 BLOCK_BYTES = 32 << 20  # decoded bytes per host block (one read, one upload): 8 MNIST chunks of 1,000 float32 images
 IN_FLIGHT_BYTES = 5 << 30  # decoded bytes decoding at once at most (~1,700 such chunks), an eighth of the free memory
-MAX_STREAMS = 12  # decode streams, a group each; with the network's and the copies', within DECODE_QUEUES
+MAX_STREAMS = 8  # decode streams, a group each; with the network's 8 and the uploads', about DECODE_QUEUES
 SPARE_GROUPS = 1  # device slots beyond one group per decode stream: blocks decoded, waiting for or in compute
 
 
@@ -224,7 +224,7 @@ class BloscLz4:
         return None
 
     arrays = 3  # of the table, uint64 a chunk: start, stored size, output
-    group = 5  # blocks a launch: 40 MNIST chunks, ~840 warps, ~13 ms
+    group = 10  # blocks a launch: 80 MNIST chunks, ~1,700 warps, ~13 ms each
 
     @staticmethod
     def stride(chunk_bytes):
