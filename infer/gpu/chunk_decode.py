@@ -11,7 +11,8 @@ places each block as the images the network reads:
   ~21 a 1,000-image chunk, ~13 ms each), the bits unshuffled as they are placed.
 Speed comes from chunks in flight: groups decode on several streams at once (up to MAX_STREAMS) into
 a deep ring of device slots. Host memory holds only the few small blocks being read or uploaded: a
-launch takes a group of them (GROUP_BYTES), so the chunks in flight cost device memory, not host memory.
+launch takes a group of them (the codec's `group`), so the chunks in flight cost device memory,
+not host memory.
 """
 import os
 from typing import NamedTuple
