@@ -125,7 +125,7 @@ def _size(data_path, model):
 
 def table(result):
     rates = result["rates"]
-    run = rates["cnninfer run (streamed)"]
+    run = rates.get("cnninfer run --decode gpu") or rates["cnninfer run (streamed)"]  # what the default runs
     lines = [f"{result['data']}: {result['n']} images ({result['layout']}, {result['readers']} reader threads), "
              f"{result['correct']} correct; {result['device']}",
              f"{'':40} {'images/s':>12} {'run / this':>11}"]
