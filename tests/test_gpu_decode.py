@@ -22,9 +22,9 @@ def small_blocks(monkeypatch):
     """Every file streamed, in blocks of a few chunks, decoded in groups of 3 blocks (a shorter
     group at the end), over a ring shallower than its blocks."""
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
-    monkeypatch.setattr("infer.gpu.chunk_decode.BLOCK_BYTES", 150_000)
-    monkeypatch.setattr("infer.gpu.chunk_decode.Deflate.group", 3)
-    monkeypatch.setattr("infer.gpu.chunk_decode.BloscLz4.group", 3)
+    for codec in ("Deflate", "BloscLz4"):
+        monkeypatch.setattr(f"infer.gpu.chunk_decode.{codec}.block_bytes", 150_000)
+        monkeypatch.setattr(f"infer.gpu.chunk_decode.{codec}.group", 3)
     monkeypatch.setattr("infer.gpu.chunk_decode.MAX_STREAMS", 2)
 
 

@@ -41,9 +41,6 @@ class CudaBackend(HostSide):
     # Streamed blocks in flight (being read, uploaded, computed): 6 of ~25 MB pinned, whatever --streams
     # is (8 streams with 10 blocks held 100 MB more, peak RSS 485 against 385 MB, for no more speed)
     ring_depth = 6
-    # The compressed blocks the GPU decodes (--decode gpu) being read or uploaded: a decode launch
-    # takes a group of them from device memory, so the host holds only these few
-    decode_ring_depth = 4
 
     def __init__(self, chunk=None, streams=STREAMS, tile_width=None, conv_algo=pipelines.AUTO, device=0,
                  fast_math=False, profile=False, readers=None, gemm_algo="auto", notice=None, decode="host",
@@ -167,8 +164,9 @@ class CudaBackend(HostSide):
         if wire != np.float32 and wire not in ex.converters:
             ex.converters[wire] = launch.Convert(self.build, wire)
         ex.keep_scores = scores
-        # decoding: blocks a decode launch takes where the GPU decodes the chunks, else 0
-        decoding = chunk_decode.group(source.parts[0][1]) if streamed and source is not None and self._gpu_decodes(source, wire) else 0
+        # decoding: how the chunks travel where the GPU decodes them (chunk_decode.Plan), else ()
+        decoding = (chunk_decode.plan(source.parts[0][1]) if streamed and source is not None
+                    and self._gpu_decodes(source, wire) else ())
         key = (x_shape[0], tuple(x_shape[1:]), wire.str, bool(streamed), align if streamed else 1, decoding)
         if ex.run is None or ex.run.key != key:
             self._allocate(key)
@@ -182,7 +180,7 @@ class CudaBackend(HostSide):
         # takes ~17 ms (--decode gpu pinned its ring in the run: a 1M shuffled gzip 1 file on an
         # H100 streamed at 2.5-3.1M images/s, 3.7-4.2M since)
         if decoding:
-            self.host_buffers((self._decoder_for(source.parts[0][1]).capacity,), np.uint8, self.decode_ring_depth)
+            self.host_buffers((self._decoder_for(source.parts[0][1]).capacity,), np.uint8, decoding.ring)
         elif streamed:
             self.host_buffers((self.stream_block,) + tuple(x_shape[1:]), wire, self.ring_depth)
         if streamed:
@@ -203,7 +201,7 @@ class CudaBackend(HostSide):
 
     def _allocate(self, key):
         """Device and page-locked buffers for a batch (n, image shape, wire type, streamed, align,
-        blocks a launch where the GPU decodes them) as plan.memory plans them. If the device runs out of memory all the same, the images stop
+        the chunk_decode.Plan where the GPU decodes them) as plan.memory plans them. If the device runs out of memory all the same, the images stop
         being resident, then chunks halve, down to one image."""
         ex = self.executor
         n, image_shape, wire, streamed, align, decoding = key
@@ -217,7 +215,7 @@ class CudaBackend(HostSide):
             best = plan.streamed_chunk(self.pipeline.STREAM_CHUNK, elems * wire.itemsize, self.STREAM_BYTES)
         # Blocks the GPU decodes are larger, and their ring deeper: chunks decoding at once make its speed
         free = cuda.mem_get_info()[0]
-        block_bytes, depth = ((chunk_decode.BLOCK_BYTES, chunk_decode.slots(free, decoding)) if decoding
+        block_bytes, depth = ((decoding.block_bytes, chunk_decode.slots(free, decoding)) if decoding
                               else (self.STREAM_BYTES, self.ring_depth))
         chunk, resident = plan.memory(n, free, len(ex.streams), self.chunk,
                                       plan.aligned_chunk(best, align) if streamed else best,
@@ -283,7 +281,7 @@ class CudaBackend(HostSide):
         self._decoder_for(data.parts[0][1])
         self.decoder.start()
         self.decoding = self.decoder.describe()
-        buffers = self.host_buffers((self.decoder.capacity,), np.uint8, self.decode_ring_depth)
+        buffers = self.host_buffers((self.decoder.capacity,), np.uint8, run.key[5].ring)
         return chunk_decode.Blocks(data, self.decoder), buffers, chunk_decode.Block
 
     def _placer_for(self, data):
@@ -308,7 +306,7 @@ class CudaBackend(HostSide):
         """The GPU decoder of `rows` (a ChunkedRows) for the prepared run: the one kept where it
         fits, else a new one, on fewer streams where the device memory is short."""
         run = self.executor.run
-        streams, group = chunk_decode.shape(run.slots, run.key[5], -(-run.key[0] // run.block))
+        streams, group = chunk_decode.shape(run.slots, run.key[5].group, -(-run.key[0] // run.block))
         kept = self.decoder
         if (kept is not None and self.decoder_shape == (streams, group)
                 and (kept.rows is rows or kept.fits(rows, run.block))):

@@ -23,7 +23,6 @@ from .. import reader
 from ..errors import InputError
 from . import launch
 
-BLOCK_BYTES = 32 << 20  # decoded bytes per host block (one read, one upload): 8 MNIST chunks of 1,000 float32 images
 IN_FLIGHT_BYTES = 5 << 30  # decoded bytes decoding at once at most (~1,700 such chunks), an eighth of the free memory
 MAX_STREAMS = 8  # decode streams, a group each; with the network's 8 and the uploads', about DECODE_QUEUES
 SPARE_GROUPS = 1  # device slots beyond one group per decode stream: blocks decoded, waiting for or in compute
@@ -48,16 +47,25 @@ def warm_up(build, rows):
             buf.free()
 
 
-def group(rows):
-    """Blocks a decode launch takes for `rows` (a ChunkedRows the GPU decodes): its codec's."""
-    return CODECS[rows.codec].group
+class Plan(NamedTuple):
+    """How a codec's blocks travel: blocks a decode launch takes, decoded bytes a host block (one
+    read, one upload), page-locked blocks being read or uploaded."""
+    group: int
+    block_bytes: int
+    ring: int
 
 
-def slots(free, group):
-    """Device slots of decoded blocks, in groups of `group`, for a GPU with `free` bytes free: a
+def plan(rows):
+    """The Plan of `rows` (a ChunkedRows the GPU decodes): its codec's."""
+    codec = CODECS[rows.codec]
+    return Plan(codec.group, codec.block_bytes, codec.ring)
+
+
+def slots(free, plan):
+    """Device slots of decoded blocks, in groups (a Plan's), for a GPU with `free` bytes free: a
     group per decode stream, and spares."""
-    streams = max(1, min(MAX_STREAMS, min(IN_FLIGHT_BYTES, free // 8) // (group * BLOCK_BYTES)))
-    return (streams + SPARE_GROUPS) * group
+    streams = max(1, min(MAX_STREAMS, min(IN_FLIGHT_BYTES, free // 8) // (plan.group * plan.block_bytes)))
+    return (streams + SPARE_GROUPS) * plan.group
 
 
 def shape(slots, group, blocks):
@@ -122,7 +130,10 @@ class Deflate:
         return None
 
     arrays = 6  # of the table, uint64 a chunk: stream, size, capacity, output, decoded size, status
-    group = 20  # blocks a launch: 160 MNIST chunks, a warp each, ~60 ms (a file's chunks all in flight, not 40 at a time)
+    # A launch takes 20 blocks of 64 MB (320 MNIST chunks, a warp each, ~60 ms), read 6 at a time: a
+    # 1M-image file's 1,000 chunks all in flight at once. (Blocks of 32 MB, 4 deep: gzip 1 4.6-5.7M
+    # images/s against 5.9-6.3M, shuffled 4.2-4.3M against 4.6-4.8M, H100, one host)
+    group, block_bytes, ring = 20, 64 << 20, 6
 
     @staticmethod
     def stride(chunk_bytes):
@@ -225,7 +236,9 @@ class BloscLz4:
         return None
 
     arrays = 3  # of the table, uint64 a chunk: start, stored size, output
-    group = 10  # blocks a launch: 80 MNIST chunks, ~1,700 warps, ~13 ms each
+    # A launch takes 10 blocks of 32 MB (80 MNIST chunks, ~1,700 warps of ~13 ms), read 4 at a time:
+    # the host's 4 compressed blocks keep the peak RSS under 400 MB (6 of 64 MB: 7.0M images/s, 484 MB)
+    group, block_bytes, ring = 10, 32 << 20, 4
 
     @staticmethod
     def stride(chunk_bytes):
