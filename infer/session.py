@@ -31,6 +31,12 @@ def host_budget():
     return env.host_budget_mb() * 2**20
 
 
+def streams(data, wire):
+    """Whether the images of DataSet `data`, in type `wire`, stream (past the host budget) rather
+    than being read whole."""
+    return data.size * data.image_bytes(wire) > host_budget()
+
+
 def _as_given(data, wire):
     """The one in-memory array behind `data` when the backend can read it as it is (the wire type,
     C order), else None."""
@@ -148,8 +154,7 @@ class Session:
         from .gpu import chunk_decode, plan
 
         wire = plan.wire_dtype(data.dtype)
-        streamed = data.size * data.image_bytes(wire) > host_budget()
-        return "auto" if streamed and chunk_decode.unsupported(data, wire) is None else "host"
+        return "auto" if streams(data, wire) and chunk_decode.unsupported(data, wire) is None else "host"
 
     def _at_home_thread(self):
         self._home_ident = threading.get_ident()
@@ -234,7 +239,7 @@ class Session:
         x_shape = (n,) + tuple(data.image_shape)
         network.geometry(self.model, x_shape, data.parts[0][0])
         wire = backend.wire_dtype(data.dtype)
-        streamed = n * data.image_bytes(wire) > host_budget()
+        streamed = streams(data, wire)
         if backend.concurrent and not streamed:
             with self._calls:
                 if self.closed:

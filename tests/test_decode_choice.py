@@ -140,4 +140,5 @@ def test_decode_streams_take_every_group_at_once_where_the_run_fits_the_ring():
     assert chunk_decode.shape(3, 5, 3) == (1, 3)
     assert chunk_decode.shape(200, 5, 190) == (chunk_decode.MAX_STREAMS, 5)
     plan = chunk_decode.Plan(20, 64 << 20, 6)
-    assert chunk_decode.slots(80 << 30, plan) == (min(chunk_decode.MAX_STREAMS, chunk_decode.IN_FLIGHT_BYTES // (20 * 64 << 20)) + 1) * 20
+    streams = min(chunk_decode.MAX_STREAMS, chunk_decode.IN_FLIGHT_BYTES // (20 * 64 << 20))
+    assert chunk_decode.slots(80 << 30, plan) == (streams + 1) * 20

@@ -271,7 +271,7 @@ def test_the_ring_is_pinned_before_the_timed_run(tmp_path, ece408, monkeypatch, 
 
 
 def test_the_decoders_device_memory_is_taken_before_the_timed_run(tmp_path, ece408, monkeypatch):
-    """--decode gpu's ~3 GB of device buffers are allocated as the Session prepares, never inside
+    """--decode gpu's device buffers (several GB) are allocated as the Session prepares, never inside
     the timed stream, and kept for the next file they fit."""
     import pycuda.driver as cuda
 

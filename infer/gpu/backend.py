@@ -213,7 +213,8 @@ class CudaBackend(HostSide):
         best = self.pipeline.CHUNK
         if streamed and hasattr(self.pipeline, "STREAM_CHUNK"):  # a host block per launch
             best = plan.streamed_chunk(self.pipeline.STREAM_CHUNK, elems * wire.itemsize, self.STREAM_BYTES)
-        # Blocks the GPU decodes are larger, and their ring deeper: chunks decoding at once make its speed
+        # Blocks the GPU decodes travel as their codec plans, into a deeper device ring: chunks
+        # decoding at once make its speed
         free = cuda.mem_get_info()[0]
         block_bytes, depth = ((decoding.block_bytes, chunk_decode.slots(free, decoding)) if decoding
                               else (self.STREAM_BYTES, self.ring_depth))
@@ -314,7 +315,7 @@ class CudaBackend(HostSide):
                 kept.bind(rows)
             return kept
         self._free_decoder()
-        self.decoder_shape = (streams, group)  # asked for: a decoder on fewer streams, where memory was short, still fits
+        self.decoder_shape = (streams, group)  # asked for: one on fewer streams, where memory was short, still fits
         taken = []
 
         def alloc(nbytes):

@@ -72,7 +72,7 @@ def shape(slots, group, blocks):
     """(decode streams, blocks a group) for a run of `blocks` blocks over a ring of `slots` device
     slots in groups of `group` (see slots). Where the run's blocks all fit the ring, no slot is used
     twice: a stream for each group, so every chunk decodes at once (a 1M-image deflate file's 1,000
-    chunks on 7 streams, not 800 of them on 5 and the rest after)."""
+    MNIST chunks in 4 groups on 4 streams, not some of them and the rest after)."""
     if blocks <= slots:
         return min(MAX_STREAMS, -(-blocks // group)), min(group, slots)
     return max(1, slots // group - SPARE_GROUPS), min(group, slots)
@@ -388,7 +388,7 @@ class Decoder:
     gap in the chunks or the end: flush), then decoded in one launch and placed block by block; one
     pair of failure flags for the whole run; the codec's kernels (Deflate, BloscLz4). Built as the
     run is prepared and kept for the next file whose chunks it fits (bind), so no timed stream
-    allocates its ~3 GB of device memory."""
+    allocates its device memory (several GB: the groups in flight)."""
 
     def __init__(self, build, rows, block, streams, alloc, buffers, group, copy):
         self.build, self.buffers = build, buffers  # buffers: what alloc took

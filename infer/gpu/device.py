@@ -4,7 +4,7 @@ import os
 from ..errors import BackendUnavailable, InputError
 
 
-DECODE_QUEUES = 16  # hardware queues --decode gpu asks for (the copy stream, the network's and MAX_STREAMS decode streams)
+DECODE_QUEUES = 16  # hardware queues GPU decoding asks for (the uploads', the network's, MAX_STREAMS decode streams)
 
 
 def ask_hardware_queues(count):
