@@ -77,6 +77,19 @@ def test_mnist_float32_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessi
     assert r.correct > 1700
 
 
+@pytest.mark.parametrize("name", ["gzip1_shuffle", "blosc_lz4"])
+def test_chunks_larger_than_a_block_are_decoded_by_each_block_they_hold(tmp_path, ece408, sessions, name):
+    """Chunks of 400 float32 images, more than a block holds here (250: 1,999 images over 8
+    streams): consecutive blocks share a chunk, so a group ends where the next block starts inside
+    its last chunk, and each group decodes that chunk."""
+    if name == "blosc_lz4":
+        pytest.importorskip("hdf5plugin")
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:1999], f["y"][:1999]
+    r = assert_same_as_host(sessions, write(tmp_path / "c.h5", x, y, 400, name), ece408 / "model.hdf5")
+    assert r.correct > 1700
+
+
 @pytest.mark.parametrize("name", ["gzip1", "gzip6_shuffle"])
 @pytest.mark.parametrize("dtype", ["u1", "i2"])
 def test_odd_sized_images_of_integer_types(tmp_path, rng, sessions, name, dtype):
