@@ -179,7 +179,7 @@ class Deflate:
     def decode(self, dec, stream, count, table, decoded, c0):
         """Decode a group's count chunks, file chunks c0 on, as its table (device address) says,
         into decoded on."""
-        at = [table + k * 8 * dec.group_chunks for k in range(6)]
+        at = dec.columns(table)
         self.inflate(stream, count, at[0], at[1], at[2], at[4], at[3], at[5])
         self.check(stream, count, at[0], at[1], at[4], at[5], decoded, dec.chunk_bytes, dec.stride, True, c0, dec.flags)
 
@@ -288,9 +288,8 @@ class BloscLz4:
         return lo - block.lo, out
 
     def decode(self, dec, stream, count, table, decoded, c0):
-        m = dec.group_chunks
-        self.lz4(stream, count, table, table + 8 * m, table + 16 * m, dec.chunk_bytes, self.block_bytes, self.itemsize,
-                 c0, dec.flags)
+        starts, sizes, outputs = dec.columns(table)
+        self.lz4(stream, count, starts, sizes, outputs, dec.chunk_bytes, self.block_bytes, self.itemsize, c0, dec.flags)
 
     def place(self, dec, stream, piece, decoded, dst):
         import pycuda.driver as cuda
@@ -423,6 +422,10 @@ class Decoder:
 
     def describe(self):
         return f"GPU: {self.codec.describe()}, {len(self.lanes)} streams"
+
+    def columns(self, table):
+        """The device addresses of the codec's table arrays, a group's rows each, from `table` on."""
+        return [table + k * 8 * self.group_chunks for k in range(self.codec.arrays)]
 
     def start(self):
         import pycuda.driver as cuda
