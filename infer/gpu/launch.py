@@ -341,30 +341,41 @@ class DecodeCheck(Launcher):
                     chunk_bytes, stride, int(adler), first, bad)
 
 
-class Inflate(Launcher):
-    """Deflate streams (zlib's without header and trailer) decoded by inflate_kernel1, a warp each,
-    every stream into its own output (4-byte aligned); statuses OK, BAD (damaged, or reading past
-    its size) or FULL (decoding to more than its output holds)."""
-    source, kernel, arg_types = "inflate", "inflate_kernel1", "PPPPPP"
+class FrameDecoder(Launcher):
+    """Compressed streams decoded a warp each, every stream into its own output; statuses OK, BAD
+    (damaged, or reading past its size) or FULL (decoding to more than its output holds)."""
     OK, BAD, FULL = 0, 1, 2
-    WINDOW = 8192  # recent output bytes a block keeps in shared memory (matches from further back read the output)
 
-    def __init__(self, build, window=None):
+    def __init__(self, build, **defines):
         import pycuda.driver as cuda
 
-        window = window or self.WINDOW
-        if window < 1024 or window & (window - 1):
-            raise ValueError(f"the window is a power of two of at least 1024 bytes, not {window}")
-        super().__init__(build, WINDOW=window)
-        # a block's shared memory (17 KB with 8 KB of window): as many an SM as fit
+        super().__init__(build, **defines)
+        # a block's shared memory (10-17 KB): as many an SM as fit
         self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
 
     def __call__(self, stream, count, src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses):
         """Every argument but count a device address of an array of count: source pointers, source
         sizes, output capacities, decoded sizes (out, uint64), output pointers, statuses (out, int32)."""
         if not 0 < count <= INT_MAX:
-            raise ValueError(f"inflate_kernel1 decodes 1 to {INT_MAX} streams a launch, not {count}")
+            raise ValueError(f"{self.kernel} decodes 1 to {INT_MAX} streams a launch, not {count}")
         self.launch(stream, (count, 1), (32, 1, 1), src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses)
+
+
+class Inflate(FrameDecoder):
+    """Deflate streams (zlib's without header and trailer) decoded by inflate_kernel1, outputs 4-byte aligned."""
+    source, kernel, arg_types = "inflate", "inflate_kernel1", "PPPPPP"
+    WINDOW = 8192  # recent output bytes a block keeps in shared memory (matches from further back read the output)
+
+    def __init__(self, build, window=None):
+        window = window or self.WINDOW
+        if window < 1024 or window & (window - 1):
+            raise ValueError(f"the window is a power of two of at least 1024 bytes, not {window}")
+        super().__init__(build, WINDOW=window)
+
+
+class Zstd(FrameDecoder):
+    """Zstandard frames (no dictionary; a content checksum skipped) decoded by zstd_kernel1."""
+    source, kernel, arg_types = "zstd", "zstd_kernel1", "PPPPPP"
 
 
 class BloscLz4(Launcher):

@@ -1,0 +1,626 @@
+// One Zstandard frame (RFC 8878, as hdf5plugin's Zstd filter stores a chunk) decoded into its
+// output, by a warp whose lanes step through the frame in lockstep (cuda/zstd.cu), or by one host
+// thread (built with -DZSTD_HOST: the CPU tests check this same code against libzstd).
+// Every lane holds the same decoding state; the lanes split the work that is parallel: a Huffman
+// table's fill, the 4 literal streams of a block (a lane each), and every copy (32 bytes a step).
+// Literals decoded from Huffman streams (or an RLE byte) are written at the end of the output,
+// behind where this block's output can reach, and copied down as the sequences take them, so no
+// scratch memory is needed. Damaged input never reads or writes out of bounds: the result is
+// ZSTD_BAD (damaged, or reading past the frame), or ZSTD_FULL (more output than the capacity).
+// Not supported (ZSTD_BAD): dictionaries, several frames in one chunk. A content checksum is skipped.
+
+#ifdef ZSTD_HOST
+#define ZDEV static
+#define ZCONST static const
+#define ZSYNC()
+#define ZALL(ok) (ok)
+#define ZBALLOT(x) ((unsigned)(x))
+#define ZSHFL(v, k) ((void)(k), (v))
+#define ZLANES 1
+#else
+#define ZDEV __device__ __forceinline__
+#define ZCONST __constant__
+#define ZSYNC() __syncwarp()
+#define ZALL(ok) __all_sync(0xffffffffu, (ok))
+#define ZBALLOT(x) __ballot_sync(0xffffffffu, (x))
+#define ZSHFL(v, k) __shfl_sync(0xffffffffu, (v), (k))
+#define ZLANES 32
+#endif
+
+#define ZSTD_OK 0
+#define ZSTD_BAD 1
+#define ZSTD_FULL 2
+
+typedef unsigned char zu8;
+typedef unsigned short zu16;
+typedef unsigned int zu32;
+typedef unsigned long long zu64;
+typedef long long zi64;
+
+// An FSE table entry: the next state's base and the bits to read for it; the symbol, or for the
+// sequence codes the code's value: its base (value) and its extra bits.
+typedef struct { zu32 value; zu16 base; zu8 bits, extra; } ZEntry;
+
+#define ZBLOCK_MAX 131072  // a block's most bytes, stored or decoded
+
+typedef struct {
+    zu16 huf[1 << 11];        // Huffman: symbol | bits << 8, indexed by the next huf_bits bits
+    ZEntry ll[1 << 9], ml[1 << 9], of[1 << 8], tmp[1 << 6];  // the sequences' tables; tmp: Huffman weights'
+    int norm[64];             // while a table is built: its normalized counts, then each symbol's next state
+    zu8 weights[256];
+    int huf_bits;             // 0: no Huffman table yet
+} ZTables;
+
+ZCONST zu32 ZLL_BASE[36] = {0,  1,  2,  3,  4,  5,  6,   7,   8,   9,   10,   11,   12,   13,   14,   15,    16,    18,
+                            20, 22, 24, 28, 32, 40, 48, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
+ZCONST zu8 ZLL_BITS[36] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1,
+                           1, 1, 2, 2, 3, 3, 4, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+ZCONST zu32 ZML_BASE[53] = {3,  4,  5,  6,  7,  8,  9,  10, 11, 12, 13, 14, 15,  16,  17,  18,   19,   20,
+                            21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31, 32, 33,  34,  35,  37,   39,   41,
+                            43, 47, 51, 59, 67, 83, 99, 131, 259, 515, 1027, 2051, 4099, 8195, 16387, 32771, 65539};
+ZCONST zu8 ZML_BITS[53] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+                           0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 3, 3, 4, 4, 5, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16};
+// The predefined distributions (Predefined_Mode): literal lengths and match lengths at accuracy 6, offsets at 5.
+ZCONST signed char ZLL_NORM[36] = {4, 3, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 2, 2,
+                                   2, 2, 2, 2, 2, 2, 2, 3, 2, 1, 1, 1, 1, 1, -1, -1, -1, -1};
+ZCONST signed char ZML_NORM[53] = {1, 4, 3, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                   1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1, -1, -1};
+ZCONST signed char ZOF_NORM[29] = {1, 1, 1, 1, 1, 1, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, -1, -1, -1, -1, -1};
+
+ZDEV int zhigh(zu64 v) {  // the highest set bit of v > 0
+    int h = 0;
+    while (v >>= 1) ++h;
+    return h;
+}
+
+ZDEV zu64 zmask(int n) { return n <= 0 ? 0ull : n >= 64 ? ~0ull : (~0ull >> (64 - n)); }
+
+// A bitstream read backwards (FSE and Huffman), libzstd's way: c holds the 8 bytes from src[at] on
+// (little-endian), the next bit the highest not yet used; bits past the stream's start read as zeros.
+typedef struct {
+    const zu8* src;
+    zu64 c;
+    int at, used, pad;  // pad: for streams under 8 bytes, the zero bits below the stream in c
+} ZBack;
+
+ZDEV zu64 zload8(const zu8* p) {
+    zu64 c = 0;
+    for (int i = 0; i < 8; ++i) c |= (zu64)p[i] << (8 * i);
+    return c;
+}
+
+ZDEV zi64 zback_left(const ZBack* b) { return 8 * (zi64)b->at + 64 - b->used - b->pad; }
+
+// Start at the stream's end, past its last byte's padding and marker bit; 0 for an empty stream or a
+// last byte of 0.
+ZDEV int zback_init(ZBack* b, const zu8* src, zi64 len) {
+    if (len <= 0 || len > 0x7fffffff || src[len - 1] == 0) return 0;
+    b->src = src;
+    if (len >= 8) {
+        b->at = (int)(len - 8);
+        b->pad = 0;
+        b->c = zload8(src + b->at);
+    } else {
+        b->at = 0;
+        b->pad = 8 * (8 - (int)len);
+        b->c = 0;
+        for (int i = 0; i < len; ++i) b->c |= (zu64)src[i] << (8 * i + b->pad);
+    }
+    b->used = 8 - zhigh(src[len - 1]);
+    return 1;
+}
+
+// Make at least `need` bits (<= 57) readable, where the stream has them: the container moves down
+// by the whole bytes used.
+ZDEV void zback_need(ZBack* b, int need) {
+    if (64 - b->used >= need || b->at == 0) return;
+    const int n = (b->used >> 3) < b->at ? b->used >> 3 : b->at;
+    b->at -= n;
+    b->used -= 8 * n;
+    b->c = zload8(b->src + b->at);
+}
+
+ZDEV zu32 zback_peek(const ZBack* b, int n) {  // the next n <= 32 bits (made readable before)
+    const zu64 top = b->used >= 64 ? 0ull : b->c << b->used;
+    return n ? (zu32)(top >> (64 - n)) : 0u;
+}
+
+ZDEV zu32 zback_read(ZBack* b, int n) {
+    const zu32 v = zback_peek(b, n);
+    b->used += n;
+    return v;
+}
+
+ZDEV zu32 zfwd(const zu8* src, zi64 bit, int n) {  // n bits from bit `bit` on, read forwards (little-endian)
+    zu32 v = 0;
+    for (int i = 0; i < n; ++i) v |= (zu32)((src[(bit + i) >> 3] >> ((bit + i) & 7)) & 1u) << i;
+    return v;
+}
+
+// An FSE table description (RFC 8878 4.1.1) at src[*at..end) into t->norm: the accuracy log, or -1
+// for damage (an accuracy over max_log, a symbol past max_symbol, counts that do not add up, or
+// running past end); *at moves past it, *symbols is the number of counts.
+ZDEV int zfse_counts(ZTables* t, const zu8* src, zi64* at, zi64 end, int max_log, int max_symbol, int* symbols) {
+    zi64 bit = 8 * *at;
+    const zi64 stop = 8 * end;
+    if (bit + 4 > stop) return -1;
+    const int log = (int)zfwd(src, bit, 4) + 5;
+    bit += 4;
+    if (log > max_log) return -1;
+    int remaining = 1 << log, s = 0;
+    while (remaining > 0) {
+        if (s > max_symbol) return -1;
+        const int n = zhigh((zu64)remaining + 1) + 1;  // small values take n - 1 bits
+        const zu32 low = (1u << (n - 1)) - 1u, threshold = (1u << n) - 1u - (zu32)(remaining + 1);
+        if (bit + n - 1 > stop) return -1;
+        zu32 val = zfwd(src, bit, n - 1);
+        if (val < threshold) {
+            bit += n - 1;
+        } else {
+            if (bit + n > stop) return -1;
+            val |= zfwd(src, bit + n - 1, 1) << (n - 1);
+            if (val > low) val -= threshold;
+            bit += n;
+        }
+        const int p = (int)val - 1;  // -1: "less than 1", a cell of its own
+        remaining -= p < 0 ? -p : p;
+        t->norm[s++] = p;
+        if (p == 0) {  // then 2-bit counts of more zeros, 3 meaning 3 and another count
+            for (;;) {
+                if (bit + 2 > stop) return -1;
+                const int repeat = (int)zfwd(src, bit, 2);
+                bit += 2;
+                for (int i = 0; i < repeat; ++i) {
+                    if (s > max_symbol) return -1;
+                    t->norm[s++] = 0;
+                }
+                if (repeat != 3) break;
+            }
+        }
+    }
+    if (remaining != 0) return -1;
+    *at = (bit + 7) >> 3;
+    *symbols = s;
+    return log;
+}
+
+// The decoding table of t->norm's `symbols` counts at accuracy `log` (the format's spread of each
+// symbol's cells, "less than 1" symbols at the top), built by lane 0 while the others wait. 0 where
+// the counts do not fill the table.
+ZDEV int zfse_build(ZTables* t, ZEntry* table, int log, int symbols, int lane) {
+    int ok = 1;
+    if (lane == 0) {
+        const int size = 1 << log, step = (size >> 1) + (size >> 3) + 3, mask = size - 1;
+        int high = size, pos = 0;
+        for (int s = 0; s < symbols; ++s)
+            if (t->norm[s] == -1) table[--high].value = (zu8)s;
+        for (int s = 0; s < symbols; ++s)
+            for (int i = 0; i < t->norm[s]; ++i) {
+                table[pos].value = (zu8)s;
+                do pos = (pos + step) & mask;
+                while (pos >= high);
+            }
+        ok = pos == 0;
+        for (int s = 0; s < symbols; ++s)
+            if (t->norm[s] == -1) t->norm[s] = 1;
+        for (int u = 0; u < size && ok; ++u) {  // each cell: its symbol's next state, then bits and base
+            const int next = t->norm[table[u].value]++;  // the value holds the symbol while the table is built
+            const int bits = log - zhigh((zu64)next);
+            table[u].bits = (zu8)bits;
+            table[u].base = (zu16)((next << bits) - size);
+        }
+    }
+    ZSYNC();
+    return ZALL(ok);
+}
+
+// A table of a sequence code, kind 0 literal lengths, 1 offsets, 2 match lengths (mode: 0
+// predefined, 1 RLE, 2 described at src[*at..end), 3 repeated from the block before), each entry
+// holding its code's base value and extra bits. Returns its accuracy log, or -1.
+ZDEV int zseq_table(ZTables* t, ZEntry* table, int kind, int mode, int log_before, const zu8* src, zi64* at,
+                    zi64 end, int lane) {
+    if (mode == 3) return log_before;
+    const int max_symbol = kind == 0 ? 35 : kind == 1 ? 31 : 52;
+    int log = 0;
+    if (mode == 1) {
+        if (*at >= end || src[*at] > max_symbol) return -1;
+        if (lane == 0) {
+            table[0].value = src[*at];
+            table[0].bits = 0;
+            table[0].base = 0;
+        }
+        ZSYNC();
+        *at += 1;
+    } else {
+        int symbols;
+        if (mode == 0) {
+            const signed char* norm = kind == 0 ? ZLL_NORM : kind == 1 ? ZOF_NORM : ZML_NORM;
+            symbols = kind == 0 ? 36 : kind == 1 ? 29 : 53;
+            log = kind == 1 ? 5 : 6;
+            for (int s = lane; s < symbols; s += ZLANES) t->norm[s] = norm[s];
+            ZSYNC();
+        } else {
+            log = zfse_counts(t, src, at, end, kind == 1 ? 8 : 9, max_symbol, &symbols);
+            if (log < 0) return -1;
+        }
+        if (!zfse_build(t, table, log, symbols, lane)) return -1;
+    }
+    for (int u = lane; u < 1 << log; u += ZLANES) {
+        const int s = (int)table[u].value;
+        table[u].extra = (zu8)(kind == 0 ? ZLL_BITS[s] : kind == 1 ? s : ZML_BITS[s]);
+        table[u].value = kind == 0 ? ZLL_BASE[s] : kind == 1 ? 1u << s : ZML_BASE[s];
+    }
+    ZSYNC();
+    return log;
+}
+
+// The Huffman table of t->weights' n weights (the last symbol's weight is implied): 1 or 0.
+ZDEV int zhuf_table(ZTables* t, int n, int lane) {
+    zu32 sum = 0;
+    for (int s = 0; s < n; ++s) {
+        if (t->weights[s] > 11) return 0;
+        if (t->weights[s]) sum += 1u << (t->weights[s] - 1);
+    }
+    if (sum == 0 || n > 255) return 0;
+    const int bits = zhigh(sum) + 1;
+    const zu32 left = (1u << bits) - sum;
+    if (bits > 11 || (left & (left - 1))) return 0;
+    const int last = zhigh(left) + 1;
+    int start[13];  // the first cell of each weight's symbols: the longest codes (weight 1) first
+    int count[13];
+    for (int w = 0; w < 13; ++w) count[w] = 0;
+    for (int s = 0; s < n; ++s) count[t->weights[s]]++;
+    count[last]++;
+    start[1] = 0;
+    for (int w = 1; w < 12; ++w) start[w + 1] = start[w] + (count[w] << (w - 1));
+    for (int s = 0; s <= n; ++s) {
+        const int w = s < n ? t->weights[s] : last;
+        if (!w) continue;
+        const int len = 1 << (w - 1), at = start[w];
+        start[w] += len;
+        const zu16 e = (zu16)(s | (bits + 1 - w) << 8);
+        for (int j = lane; j < len; j += ZLANES) t->huf[at + j] = e;
+    }
+    t->huf_bits = bits;
+    ZSYNC();
+    return 1;
+}
+
+// A Huffman tree description at src[0..size): the table built; its bytes, or -1.
+ZDEV int zhuf_description(ZTables* t, const zu8* src, zi64 size, int lane) {
+    if (size < 1) return -1;
+    const int head = src[0];
+    int n = 0;
+    zi64 used;
+    if (head >= 128) {  // weights of 4 bits, two a byte
+        n = head - 127;
+        used = 1 + (n + 1) / 2;
+        if (used > size) return -1;
+        for (int s = lane; s < n; s += ZLANES) t->weights[s] = (zu8)((s & 1) ? src[1 + s / 2] & 15 : src[1 + s / 2] >> 4);
+        ZSYNC();
+    } else {  // weights coded with FSE, two interleaved states
+        used = 1 + head;
+        if (used > size) return -1;
+        zi64 at = 1;
+        int symbols;
+        const int log = zfse_counts(t, src, &at, used, 6, 12, &symbols);
+        if (log < 0 || !zfse_build(t, t->tmp, log, symbols, lane)) return -1;
+        ZBack b;
+        if (!zback_init(&b, src + at, used - at)) return -1;
+        zback_need(&b, 2 * log);
+        zu32 s1 = zback_read(&b, log), s2 = zback_read(&b, log);
+        for (;;) {
+            if (n > 253) return -1;
+            t->weights[n++] = t->tmp[s1].value;
+            zback_need(&b, t->tmp[s1].bits);
+            s1 = t->tmp[s1].base + zback_read(&b, t->tmp[s1].bits);
+            if (zback_left(&b) < 0) {
+                t->weights[n++] = t->tmp[s2].value;
+                break;
+            }
+            t->weights[n++] = t->tmp[s2].value;
+            zback_need(&b, t->tmp[s2].bits);
+            s2 = t->tmp[s2].base + zback_read(&b, t->tmp[s2].bits);
+            if (zback_left(&b) < 0) {
+                t->weights[n++] = t->tmp[s1].value;
+                break;
+            }
+        }
+        ZSYNC();
+    }
+    return zhuf_table(t, n, lane) ? (int)used : -1;
+}
+
+// One Huffman stream: n literals into out; 1 where it decodes to exactly its bits.
+ZDEV int zhuf_stream(const ZTables* t, const zu8* src, zi64 size, zu8* out, zi64 n) {
+    ZBack b;
+    if (n <= 0) return n == 0 && size == 0;
+    if (!zback_init(&b, src, size)) return 0;
+    const int bits = t->huf_bits;
+    for (zi64 i = 0; i < n; ++i) {
+        zback_need(&b, bits);
+        const zu32 e = t->huf[zback_peek(&b, bits)];
+        out[i] = (zu8)e;
+        b.used += e >> 8;
+    }
+    return zback_left(&b) == 0;
+}
+
+// n bytes from src down to dst <= src (they may overlap): each step's loads before its stores.
+ZDEV void zcopy_down(zu8* dst, const zu8* src, zi64 n, int lane) {
+    for (zi64 i = 0; i < n; i += ZLANES) {
+        const int in = i + lane < n;
+        const zu8 v = in ? src[i + lane] : 0;
+        ZSYNC();
+        if (in) dst[i + lane] = v;
+    }
+    ZSYNC();
+}
+
+// n bytes copied by one lane, its loads ahead of its stores (src and dst do not overlap).
+ZDEV void zcopy_lane(zu8* __restrict__ dst, const zu8* __restrict__ src, zi64 n) {
+    for (zi64 i = 0; i < n; i += 8) {
+        zu8 v[8];
+        for (int j = 0; j < 8; ++j) v[j] = i + j < n ? src[i + j] : 0;
+        for (int j = 0; j < 8; ++j)
+            if (i + j < n) dst[i + j] = v[j];
+    }
+}
+
+ZDEV int zlowest(unsigned x) {  // the lowest set bit of x > 0
+#ifdef ZSTD_HOST
+    int k = 0;
+    while (!(x & 1u)) x >>= 1, ++k;
+    return k;
+#else
+    return __ffs(x) - 1;
+#endif
+}
+
+// A match: n bytes at out[o] from off bytes back (1 <= off <= o).
+ZDEV void zmatch(zu8* out, zi64 o, zi64 off, zi64 n, int lane) {
+    if (off >= ZLANES) {  // a step's loads lie before its stores
+        for (zi64 i = 0; i < n; i += ZLANES) {
+            if (i + lane < n) out[o + i + lane] = out[o + i + lane - off];
+            ZSYNC();
+        }
+    } else {  // a period under a step: steps of whole periods, each lane storing the same byte every step
+        const int step = (int)((ZLANES / off) * off);
+        if (lane < step) {
+            const zu8 v = out[o - off + lane % off];
+            for (zi64 i = lane; i < n; i += step) out[o + i] = v;
+        }
+        ZSYNC();
+    }
+}
+
+typedef struct {
+    zu32 rep[3];  // the repeated offsets
+    int ll_log, of_log, ml_log;  // -1: no table yet
+} ZFrame;
+
+// A compressed block, src[0..size), its output from out[*o] on (out holds cap bytes).
+ZDEV int zblock(ZTables* t, ZFrame* f, const zu8* src, zi64 size, zu8* out, zi64* o, zi64 cap, int lane) {
+    // literals: stored (read in place), one byte repeated, or Huffman coded (1 or 4 streams)
+    if (size < 1) return ZSTD_BAD;
+    const int type = src[0] & 3, format = (src[0] >> 2) & 3;
+    zi64 at, nlits;
+    const zu8* lits;
+    int in_out = 1;  // the literals lie at the end of the output
+    if (type <= 1) {
+        const int head = format == 1 ? 2 : format == 3 ? 3 : 1;
+        if (head > size) return ZSTD_BAD;
+        nlits = format == 1 ? (src[0] >> 4) | (src[1] << 4)
+              : format == 3 ? (src[0] >> 4) | (src[1] << 4) | ((zi64)src[2] << 12) : src[0] >> 3;
+        at = head + (type == 0 ? nlits : 1);
+        if (nlits > ZBLOCK_MAX || at > size) return ZSTD_BAD;
+        if (type == 0) {
+            lits = src + head;
+            in_out = 0;
+        } else {
+            if (nlits > cap - *o) return ZSTD_FULL;
+            zu8* dst = out + cap - nlits;
+            for (zi64 i = lane; i < nlits; i += ZLANES) dst[i] = src[head];
+            ZSYNC();
+            lits = dst;
+        }
+    } else {
+        const int head = format <= 1 ? 3 : format + 2;
+        if (head > size) return ZSTD_BAD;
+        zu64 h = 0;
+        for (int i = 0; i < head; ++i) h |= (zu64)src[i] << (8 * i);
+        const int width = format <= 1 ? 10 : format == 2 ? 14 : 18;
+        nlits = (zi64)((h >> 4) & zmask(width));
+        const zi64 stored = (zi64)((h >> (4 + width)) & zmask(width));
+        at = head + stored;
+        if (nlits > ZBLOCK_MAX || at > size) return ZSTD_BAD;
+        if (nlits > cap - *o) return ZSTD_FULL;
+        const zu8* p = src + head;
+        zi64 left = stored;
+        if (type == 2) {
+            const int used = zhuf_description(t, p, left, lane);
+            if (used < 0) return ZSTD_BAD;
+            p += used;
+            left -= used;
+        } else if (!t->huf_bits) {
+            return ZSTD_BAD;
+        }
+        zu8* dst = out + cap - nlits;
+        int ok;
+        if (format == 0) {
+            ok = lane == 0 ? zhuf_stream(t, p, left, dst, nlits) : 1;
+        } else {  // a jump table of 3 sizes, then 4 streams of (nlits + 3) / 4 literals, the last the rest: a lane each
+            if (left < 6) return ZSTD_BAD;
+            const zi64 s1 = p[0] | p[1] << 8, s2 = p[2] | p[3] << 8, s3 = p[4] | p[5] << 8;
+            const zi64 s4 = left - 6 - s1 - s2 - s3, part = (nlits + 3) / 4;
+            if (s4 < 0 || nlits - 3 * part < 0) return ZSTD_BAD;
+            ok = 1;
+            for (int s = lane; s < 4; s += ZLANES) {
+                const zi64 from = 6 + (s > 0 ? s1 : 0) + (s > 1 ? s2 : 0) + (s > 2 ? s3 : 0);
+                const zi64 bytes = s == 0 ? s1 : s == 1 ? s2 : s == 2 ? s3 : s4;
+                ok &= zhuf_stream(t, p + from, bytes, dst + s * part, s == 3 ? nlits - 3 * part : part);
+            }
+        }
+        ZSYNC();
+        if (!ZALL(ok)) return ZSTD_BAD;
+        lits = dst;
+    }
+
+    // sequences: their count, the three codes' tables, then the bitstream to the block's end
+    if (at >= size) return ZSTD_BAD;
+    zi64 nseq = src[at];
+    if (nseq < 128) {
+        at += 1;
+    } else if (nseq < 255) {
+        if (at + 2 > size) return ZSTD_BAD;
+        nseq = ((nseq - 128) << 8) + src[at + 1];
+        at += 2;
+    } else {
+        if (at + 3 > size) return ZSTD_BAD;
+        nseq = src[at + 1] + (src[at + 2] << 8) + 0x7F00;
+        at += 3;
+    }
+    zi64 used = 0;  // literals taken
+    if (nseq > 0) {
+        if (at >= size) return ZSTD_BAD;
+        const int modes = src[at++];
+        if (modes & 3) return ZSTD_BAD;
+        f->ll_log = zseq_table(t, t->ll, 0, modes >> 6, f->ll_log, src, &at, size, lane);
+        if (f->ll_log < 0) return ZSTD_BAD;
+        f->of_log = zseq_table(t, t->of, 1, (modes >> 4) & 3, f->of_log, src, &at, size, lane);
+        if (f->of_log < 0) return ZSTD_BAD;
+        f->ml_log = zseq_table(t, t->ml, 2, (modes >> 2) & 3, f->ml_log, src, &at, size, lane);
+        if (f->ml_log < 0) return ZSTD_BAD;
+        ZBack b;
+        if (!zback_init(&b, src + at, size - at)) return ZSTD_BAD;
+        zback_need(&b, f->ll_log + f->of_log + f->ml_log);
+        zu32 ls = zback_read(&b, f->ll_log), os = zback_read(&b, f->of_log), ms = zback_read(&b, f->ml_log);
+        // ZLANES sequences at a time: decoded in lockstep, lane k keeping the k-th; then each lane
+        // copies its literals and, where it reaches back before the batch, its match; the other
+        // matches after, in order, by the whole warp
+        for (zi64 first = 0; first < nseq; first += ZLANES) {
+            const zi64 start = *o;
+            zi64 my_at = 0, my_ll = 0, my_ml = 0, my_off = 0, my_lit = 0;
+            for (int k = 0; k < ZLANES && first + k < nseq; ++k) {
+                const ZEntry L = t->ll[ls], O = t->of[os], M = t->ml[ms];
+                zback_need(&b, O.extra + M.extra);  // at most 31 + 16 bits, then 16 + 9 + 9 + 8
+                const zu32 offset_value = O.value + zback_read(&b, O.extra);
+                const zi64 ml = M.value + zback_read(&b, M.extra);
+                zback_need(&b, L.extra + L.bits + M.bits + O.bits);
+                const zi64 ll = L.value + zback_read(&b, L.extra);
+                if (first + k + 1 < nseq) {
+                    ls = L.base + zback_read(&b, L.bits);
+                    ms = M.base + zback_read(&b, M.bits);
+                    os = O.base + zback_read(&b, O.bits);
+                }
+                zu32 off;
+                if (offset_value > 3) {
+                    off = offset_value - 3;
+                    f->rep[2] = f->rep[1];
+                    f->rep[1] = f->rep[0];
+                    f->rep[0] = off;
+                } else {
+                    const int r = (int)offset_value - 1 + (ll == 0);
+                    if (r == 0) {
+                        off = f->rep[0];
+                    } else {
+                        off = r == 3 ? f->rep[0] - 1 : f->rep[r];
+                        if (r > 1) f->rep[2] = f->rep[1];
+                        f->rep[1] = f->rep[0];
+                        f->rep[0] = off;
+                    }
+                }
+                if (ll > nlits - used) return ZSTD_BAD;
+                // the output never passes the literals not yet taken (where they lie in it)
+                if (*o + ll + ml > (in_out ? cap - nlits + used + ll : cap)) return ZSTD_FULL;
+                if (off == 0 || off > *o + ll) return ZSTD_BAD;
+                if (lane == k) {
+                    my_at = *o;
+                    my_ll = ll;
+                    my_ml = ml;
+                    my_off = off;
+                    my_lit = used;
+                }
+                *o += ll + ml;
+                used += ll;
+            }
+            zcopy_lane(out + my_at, lits + my_lit, my_ll);
+            const zi64 to = my_at + my_ll, from = to - my_off;
+            const int before = from + my_ml <= start;
+            if (before) zcopy_lane(out + to, out + from, my_ml);
+            ZSYNC();
+            for (unsigned rest = ZBALLOT(!before); rest; rest &= rest - 1) {
+                const int k = zlowest(rest);
+                zmatch(out, ZSHFL(to, k), ZSHFL(my_off, k), ZSHFL(my_ml, k), lane);
+            }
+        }
+        if (zback_left(&b) != 0) return ZSTD_BAD;
+    } else if (at != size) {
+        return ZSTD_BAD;
+    }
+    if (nlits - used > cap - *o) return ZSTD_FULL;
+    zcopy_down(out + *o, lits + used, nlits - used, lane);
+    *o += nlits - used;
+    return ZSTD_OK;
+}
+
+// One frame, src[0..size), into out (cap bytes): ZSTD_OK with *decoded its size, or ZSTD_BAD / _FULL.
+ZDEV int zstd_frame(ZTables* t, const zu8* src, zi64 size, zu8* out, zi64 cap, zi64* decoded, int lane) {
+    *decoded = 0;
+    if (size < 8 || (src[0] | src[1] << 8 | src[2] << 16 | (zu32)src[3] << 24) != 0xFD2FB528u) return ZSTD_BAD;
+    const int fhd = src[4], single = (fhd >> 5) & 1, fcs_flag = fhd >> 6;
+    if (fhd & 8) return ZSTD_BAD;  // reserved
+    zi64 at = 5 + !single;
+    const int dict_bytes = (fhd & 3) == 3 ? 4 : fhd & 3;
+    for (int i = 0; i < dict_bytes; ++i)
+        if (at + i >= size || src[at + i]) return ZSTD_BAD;  // a dictionary
+    at += dict_bytes;
+    const int fcs_bytes = fcs_flag == 0 ? single : 1 << fcs_flag;
+    if (at + fcs_bytes > size) return ZSTD_BAD;
+    zu64 content = 0;
+    for (int i = 0; i < fcs_bytes; ++i) content |= (zu64)src[at + i] << (8 * i);
+    if (fcs_bytes == 2) content += 256;
+    at += fcs_bytes;
+    if (fcs_bytes && content > (zu64)cap) return ZSTD_FULL;
+    t->huf_bits = 0;
+    ZFrame f;
+    f.rep[0] = 1;
+    f.rep[1] = 4;
+    f.rep[2] = 8;
+    f.ll_log = f.of_log = f.ml_log = -1;
+    zi64 o = 0;
+    for (int last = 0; !last;) {
+        if (at + 3 > size) return ZSTD_BAD;
+        const zu32 h = src[at] | src[at + 1] << 8 | src[at + 2] << 16;
+        last = h & 1;
+        const int type = (h >> 1) & 3;
+        const zi64 n = h >> 3;
+        at += 3;
+        if (type == 3 || n > ZBLOCK_MAX) return ZSTD_BAD;
+        if (type == 2) {
+            if (at + n > size) return ZSTD_BAD;
+            const int status = zblock(t, &f, src + at, n, out, &o, cap, lane);
+            if (status != ZSTD_OK) return status;
+            at += n;
+            continue;
+        }
+        if (at + (type == 0 ? n : 1) > size) return ZSTD_BAD;
+        if (n > cap - o) return ZSTD_FULL;
+        for (zi64 i = lane; i < n; i += ZLANES) out[o + i] = src[type == 0 ? at + i : at];
+        ZSYNC();
+        o += n;
+        at += type == 0 ? n : 1;
+    }
+    at += 4 * ((fhd >> 2) & 1);  // the content checksum, not checked
+    if (at != size || (fcs_bytes && (zu64)o != content)) return ZSTD_BAD;
+    *decoded = o;
+    return ZSTD_OK;
+}
+
+#ifdef ZSTD_HOST
+// The same decoder on one host thread, for the tests: a status, *decoded the bytes written.
+int zstd_host_decode(const unsigned char* src, long long size, unsigned char* out, long long cap, long long* decoded) {
+    ZTables t;
+    return zstd_frame(&t, src, size, out, cap, decoded, 0);
+}
+#endif
