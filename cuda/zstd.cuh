@@ -497,9 +497,10 @@ ZDEV int zblock(ZTables* t, ZFrame* f, const zu8* src, zi64 size, zu8* out, zi64
         zu32 ls = zback_read(&b, f->ll_log), os = zback_read(&b, f->of_log), ms = zback_read(&b, f->ml_log);
         // ZLANES sequences at a time: decoded in lockstep, lane k keeping the k-th; then each lane
         // copies its literals and, where it reaches back before the batch, its match; the other
-        // matches after, in order, by the whole warp
+        // matches after, in order, by the whole warp. (A batch whose output reaches the literals
+        // still to be read, at the end of the output, runs in order, the whole warp a sequence.)
         for (zi64 first = 0; first < nseq; first += ZLANES) {
-            const zi64 start = *o;
+            const zi64 start = *o, unread = cap - nlits + used;  // the batch's literals lie from unread on
             zi64 my_at = 0, my_ll = 0, my_ml = 0, my_off = 0, my_lit = 0;
             for (int k = 0; k < ZLANES && first + k < nseq; ++k) {
                 const ZEntry L = t->ll[ls], O = t->of[os], M = t->ml[ms];
@@ -544,8 +545,15 @@ ZDEV int zblock(ZTables* t, ZFrame* f, const zu8* src, zi64 size, zu8* out, zi64
                 *o += ll + ml;
                 used += ll;
             }
-            zcopy_lane(out + my_at, lits + my_lit, my_ll);
             const zi64 to = my_at + my_ll, from = to - my_off;
+            if (in_out && *o > unread) {  // the batch's output reaches its literals: in order
+                for (int k = 0; k < ZLANES && first + k < nseq; ++k) {
+                    zcopy_down(out + ZSHFL(my_at, k), lits + ZSHFL(my_lit, k), ZSHFL(my_ll, k), lane);
+                    zmatch(out, ZSHFL(to, k), ZSHFL(my_off, k), ZSHFL(my_ml, k), lane);
+                }
+                continue;
+            }
+            zcopy_lane(out + my_at, lits + my_lit, my_ll);
             const int before = from + my_ml <= start;
             if (before) zcopy_lane(out + to, out + from, my_ml);
             ZSYNC();

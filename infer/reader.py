@@ -405,7 +405,7 @@ def _inflate(src, dst, label):
 
 
 FILTER_SHUFFLE, FILTER_DEFLATE, FILTER_FLETCHER32, FILTER_LZF = 2, 1, 3, 32000  # HDF5's numbers (lzf: h5py's)
-FILTER_BLOSC, FILTER_BITSHUFFLE = 32001, 32008  # hdf5plugin's
+FILTER_BLOSC, FILTER_BITSHUFFLE, FILTER_ZSTD = 32001, 32008, 32015  # hdf5plugin's
 
 
 def _chunk_index(ds):

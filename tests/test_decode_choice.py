@@ -1,4 +1,4 @@
-"""Which files --decode gpu takes, and why not (no GPU needed): deflate chunks, and Blosc's lz4 with
+"""Which files --decode gpu takes, and why not (no GPU needed): deflate and Zstd chunks, and Blosc's lz4 with
 its bitshuffle, of whole images in the type the GPU reads, in one file; everything else one line
 saying why."""
 import h5py
@@ -53,6 +53,14 @@ def test_what_the_gpu_does_not_decode_says_why(tmp_path, model, rng, options, wi
 def test_deflate_chunks_of_whole_images_need_nothing_more(tmp_path, model, rng):
     assert why(tmp_path, model, rng, **GZIP) is None
     assert why(tmp_path, model, rng, shuffle=True, **GZIP) is None
+
+
+def test_zstd_chunks_of_whole_images_need_nothing_more(tmp_path, model, rng):
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    if native.library() is None:
+        pytest.skip("no native read pool here")
+    for shuffle in (False, True):
+        assert why(tmp_path, model, rng, chunks=(16, 28, 28, 1), shuffle=shuffle, compression=hdf5plugin.Zstd()) is None
 
 
 @pytest.mark.parametrize("blosc,reason", [

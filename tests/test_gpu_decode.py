@@ -1,5 +1,5 @@
-"""Deflate chunks decoded on the GPU by inflate_kernel1 (--decode gpu), and Blosc lz4 + bitshuffle
-chunks by blosc_lz4_kernel1: the predictions of the host's decoding for every level, shuffle, value type
+"""Deflate chunks decoded on the GPU by inflate_kernel1 (--decode gpu), Zstd chunks by zstd_kernel1,
+and Blosc lz4 + bitshuffle chunks by blosc_lz4_kernel1: the predictions of the host's decoding for every level, shuffle, value type
 and chunk size (blocks starting and ending inside chunks, chunks a stride apart or back to back, odd
 byte counts), and a damaged chunk refused in one line naming it. Needs a GPU."""
 import os
@@ -22,15 +22,15 @@ def small_blocks(monkeypatch):
     """Every file streamed, in blocks of a few chunks, decoded in groups of 3 blocks (a shorter
     group at the end), over a ring shallower than its blocks."""
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
-    for codec in ("Deflate", "BloscLz4"):
+    for codec in ("Deflate", "Zstd", "BloscLz4"):
         monkeypatch.setattr(f"infer.gpu.chunk_decode.{codec}.block_bytes", 150_000)
         monkeypatch.setattr(f"infer.gpu.chunk_decode.{codec}.group", 3)
     monkeypatch.setattr("infer.gpu.chunk_decode.MAX_STREAMS", 2)
 
 
 def codec(name):
-    if name == "zstd":
-        return dict(pytest.importorskip("hdf5plugin").Zstd(clevel=3))
+    if name.startswith("zstd"):
+        return dict(pytest.importorskip("hdf5plugin").Zstd(clevel=3), shuffle=name.endswith("shuffle"))
     if name == "blosc_lz4":
         hdf5plugin = pytest.importorskip("hdf5plugin")
         return dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.BITSHUFFLE))
@@ -77,12 +77,22 @@ def test_mnist_float32_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessi
     assert r.correct > 1700
 
 
-@pytest.mark.parametrize("name", ["gzip1_shuffle", "blosc_lz4"])
+@pytest.mark.parametrize("chunk", [16, 37])
+@pytest.mark.parametrize("name", ["zstd", "zstd_shuffle"])
+def test_mnist_float32_zstd_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, name, chunk):
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:1999], f["y"][:1999]
+    r = assert_same_as_host(sessions, write(tmp_path / "z.h5", x, y, chunk, name), ece408 / "model.hdf5",
+                            "GPU: zstd_kernel1")
+    assert r.correct > 1700
+
+
+@pytest.mark.parametrize("name", ["gzip1_shuffle", "zstd_shuffle", "blosc_lz4"])
 def test_chunks_larger_than_a_block_are_decoded_by_each_block_they_hold(tmp_path, ece408, sessions, name):
     """Chunks of 400 float32 images, more than a block holds here (250: 1,999 images over 8
     streams): consecutive blocks share a chunk, so a group ends where the next block starts inside
     its last chunk, and each group decodes that chunk."""
-    if name == "blosc_lz4":
+    if name != "gzip1_shuffle":
         pytest.importorskip("hdf5plugin")
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][:1999], f["y"][:1999]
@@ -90,7 +100,7 @@ def test_chunks_larger_than_a_block_are_decoded_by_each_block_they_hold(tmp_path
     assert r.correct > 1700
 
 
-@pytest.mark.parametrize("name", ["gzip1", "gzip6_shuffle"])
+@pytest.mark.parametrize("name", ["gzip1", "gzip6_shuffle", "zstd_shuffle"])
 @pytest.mark.parametrize("dtype", ["u1", "i2"])
 def test_odd_sized_images_of_integer_types(tmp_path, rng, sessions, name, dtype):
     """13x13x1 images (169 values: chunks of odd byte counts, adler32 byte by byte), 2-byte values
@@ -188,19 +198,21 @@ def test_auto_decodes_on_the_gpu_where_it_can_and_gpu_refuses_what_it_cannot(tmp
         s.evaluate(tmp_path / "l.h5")
     assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel1")  # and the session goes on
     r = invoke("run", tmp_path / "l.h5", ece408 / "model.hdf5", "--decode", "gpu")
-    assert_refused(r, "l.h5", "--decode gpu", "the GPU decodes deflate (gzip) and Blosc lz4 chunks, not lzf")
-    if zstd_ok():
-        write(tmp_path / "z.h5", x, y, 50, "zstd")
-        r = invoke("run", tmp_path / "z.h5", ece408 / "model.hdf5", "--decode", "gpu")
-        assert_refused(r, "z.h5", "--decode gpu", "not zstd")
+    assert_refused(r, "l.h5", "--decode gpu", "the GPU decodes deflate (gzip), Zstd and Blosc lz4 chunks, not lzf")
 
 
-def zstd_ok():
-    try:
-        import hdf5plugin  # noqa: F401
-    except ImportError:
-        return False
-    return True
+@pytest.mark.parametrize("where,words", [
+    (lambda size: [size // 3], ["chunk 3", "damaged Zstandard data"]),  # inside a block: its tables or streams
+    (lambda size: range(size - 40, size), ["chunk 3", "cannot be decompressed"]),  # the last block's sequences
+    (lambda size: [0], ["chunk 3", "not a Zstandard frame"]),
+])
+def test_a_damaged_zstd_chunk_is_refused_in_one_line(tmp_path, ece408, where, words):
+    pytest.importorskip("hdf5plugin")
+    path = damaged(tmp_path, ece408, "zstd", where)
+    out = tmp_path / "p.npy"
+    r = invoke("run", path, ece408 / "model.hdf5", "--decode", "gpu", "--predictions", out)
+    assert_refused(r, "bad.h5", "'x'", *words)
+    assert not out.exists()
 
 
 def damaged(tmp_path, ece408, name, where):

@@ -1,0 +1,165 @@
+"""cuda/zstd.cuh, the Zstandard decoder of zstd_kernel1, against libzstd: built for the host (no GPU
+needed), every level's frames of literal-heavy, match-heavy, periodic, incompressible and constant
+data (Huffman literals in 1 or 4 streams, stored and RLE literals and blocks, FSE tables predefined,
+RLE, described and repeated), checksums, frames without a content size, small windows (many blocks),
+outputs exactly full and a byte short; damaged frames: where it decodes one, libzstd gives the same
+bytes, where libzstd refuses one, so does it, and it never writes past its output. On a GPU,
+zstd_kernel1 gives the host build's statuses and bytes for all of them."""
+import numpy as np
+import pytest
+
+from tests.conftest import build
+from tests.zstd_frames import BAD, CHECKSUM, CONTENT_SIZE, FULL, OK, WINDOW_LOG, compress, host_decoder, lib_decompress, libzstd
+
+__all__ = ["host_decoder"]  # a fixture
+LEVELS = [-5, 1, 3, 9, 19]
+# a frame made by hand: one compressed block of RLE literals (b"x" 20 times) and no sequences
+RLE_LITERALS = bytes([0x28, 0xB5, 0x2F, 0xFD, 0x20, 20]) + (1 | 2 << 1 | 3 << 3).to_bytes(3, "little") \
+    + bytes([1 | 20 << 3, ord("x"), 0])
+
+
+def samples(rng):
+    """name -> bytes: what the frames hold (seeded, odd sizes)."""
+    mnist = (rng.random(30_011) < 0.2) * rng.integers(1, 256, 30_011) / 255.0
+    words = [bytes(rng.integers(97, 123, rng.integers(2, 9)).astype(np.uint8)) for _ in range(300)]
+    text = b" ".join(words[i] for i in rng.integers(0, 300, 40_000))
+    periodic = b"".join(bytes(rng.integers(0, 256, p).astype(np.uint8)) * (700 // p) for p in range(1, 40))
+    units = [rng.integers(0, 256, 1000).astype(np.uint8).tobytes() for _ in range(8)]
+    return {"mnist-like float32": mnist.astype(np.float32).tobytes(), "text": text,
+            # blocks whose literals are all b"Q" and whose sequences share their codes: RLE literals and tables
+            "segments": b"".join(units[k] + b"Q" for k in rng.integers(0, 8, 400)),
+            "short literals": bytes(rng.choice(np.frombuffer(b"acgt", np.uint8), 251).astype(np.uint8)),
+            "periodic 1-39": periodic * 9, "incompressible": rng.integers(0, 256, 70_001).astype(np.uint8).tobytes(),
+            "constant": bytes(200_003), "small": text[:777], "tiny": b"abcabcabcab",
+            "literals": bytes(rng.choice(np.arange(40, 60), 90_001).astype(np.uint8))}
+
+
+@pytest.fixture(scope="module")
+def lib():
+    return libzstd()
+
+
+@pytest.fixture(scope="module")
+def data():
+    return samples(np.random.default_rng(2027))
+
+
+def frames(lib, data):
+    """(name, frame, decoded) for every sample at every level, and the frame options."""
+    out = [(f"{name} L{level}", compress(lib, raw, level), raw) for name, raw in data.items() for level in LEVELS]
+    raw = data["text"] + data["mnist-like float32"]
+    out += [("checksum", compress(lib, raw, 3, {CHECKSUM: 1}), raw),
+            ("no content size", compress(lib, raw, 3, {CONTENT_SIZE: 0}), raw),
+            ("window of 1 KB: 1 KB blocks", compress(lib, raw, 19, {WINDOW_LOG: 10}), raw)]
+    return out
+
+
+def test_frames_decode_to_their_bytes(lib, data, host_decoder):
+    for name, frame, raw in frames(lib, data):
+        status, got = host_decoder(frame, len(raw))
+        assert status == OK and got == raw, name
+        assert lib_decompress(lib, frame, len(raw)) == raw
+
+
+def test_an_output_a_byte_short_is_full(lib, data, host_decoder):
+    for name in ("text", "constant", "incompressible", "small"):
+        raw = data[name]
+        status, _ = host_decoder(compress(lib, raw, 3), len(raw) - 1)
+        assert status == FULL, name
+        status, _ = host_decoder(compress(lib, raw, 3, {CONTENT_SIZE: 0}), len(raw) - 1)
+        assert status == FULL, name
+
+
+def mended(frame, at, value):
+    b = bytearray(frame)
+    b[at] = value
+    return bytes(b)
+
+
+def test_frames_it_does_not_take_are_bad(lib, data, host_decoder):
+    raw = data["text"]
+    frame = compress(lib, raw, 3)
+    for name, bad in [("magic", mended(frame, 0, 0x29)), ("reserved bit", mended(frame, 4, frame[4] | 8)),
+                      ("bytes after the frame", frame + b"\0"), ("truncated", frame[:-1]), ("empty", b""),
+                      ("a second frame", frame + frame)]:
+        assert host_decoder(bad, len(raw))[0] == BAD, name
+
+
+def damaged(lib, data, rng, count):
+    """count frames of the samples, each with 1-3 bits flipped (half of them in the first 64 bytes,
+    where the headers and tables are) or cut short."""
+    sources = [compress(lib, data[k], level) for k in ("text", "mnist-like float32", "periodic 1-39", "literals")
+               for level in (1, 19)]
+    caps = [len(data[k]) for k in ("text", "mnist-like float32", "periodic 1-39", "literals") for _ in (1, 19)]
+    out = []
+    for _ in range(count):
+        k = int(rng.integers(0, len(sources)))
+        b = bytearray(sources[k])
+        for _ in range(int(rng.integers(1, 4))):
+            at = int(rng.integers(0, min(64, len(b)) if rng.random() < 0.5 else len(b)))
+            b[at] ^= 1 << int(rng.integers(0, 8))
+        if rng.random() < 0.15:
+            b = b[:int(rng.integers(1, len(b)))]
+        out.append((bytes(b), caps[k]))
+    return out
+
+
+def test_damaged_frames_are_refused_or_decoded_as_libzstd_decodes_them(lib, data, host_decoder):
+    """libzstd's fast Huffman path does not check that each literal stream is used exactly (RFC 8878
+    says it must be), so some frames libzstd decodes are refused here; never the other way round."""
+    statuses = []
+    for frame, cap in damaged(lib, data, np.random.default_rng(5), 400):
+        status, got = host_decoder(frame, cap)
+        want = lib_decompress(lib, frame, cap)
+        statuses.append(status)
+        if status == OK:
+            assert got == want
+        if want is None:
+            assert status != OK
+    assert statuses.count(BAD) > 100 and statuses.count(OK) > 10
+
+
+@pytest.mark.gpu
+def test_zstd_kernel1_gives_the_host_builds_statuses_and_bytes(gpu, lib, data, host_decoder):
+    """Every frame above and 300 damaged ones in one launch, each at a different misalignment."""
+    import pycuda.driver as cuda
+
+    from infer.gpu.launch import Zstd
+
+    cases = [(frame, len(raw)) for _, frame, raw in frames(lib, data)]
+    cases += [(frame, len(raw) - 1) for _, frame, raw in frames(lib, data)[:8]]
+    cases += damaged(lib, data, np.random.default_rng(9), 300) + [(RLE_LITERALS, 20), (RLE_LITERALS, 19)]
+    n, guard = len(cases), 64
+    src, at = bytearray(), []
+    for k, (frame, _) in enumerate(cases):
+        src += bytes(-len(src) % 16 + k % 16)
+        at.append(len(src))
+        src += frame
+    src += bytes(16)
+    size = [-(-(cap + guard) // 256) * 256 for _, cap in cases]
+    outs = np.concatenate([[0], np.cumsum(size)])
+    d_src = cuda.to_device(np.frombuffer(bytes(src), np.uint8))
+    d_out = cuda.to_device(np.full(int(outs[-1]), 0xA5, np.uint8))
+    table = np.array([[int(d_src) + a for a in at], [len(f) for f, _ in cases], [c for _, c in cases], [0] * n,
+                      [int(d_out) + int(o) for o in outs[:-1]]], np.uint64)
+    d_table, d_status = cuda.to_device(table), cuda.to_device(np.full(n, -1, np.int32))
+    row = [int(d_table) + 8 * n * k for k in range(5)]
+    Zstd(build(gpu))(cuda.Stream(), n, row[0], row[1], row[2], row[3], row[4], d_status)
+    cuda.Context.synchronize()
+    status = cuda.from_device_like(d_status, np.zeros(n, np.int32))
+    sizes = cuda.from_device_like(d_table, table)[3].astype(np.int64)
+    out = cuda.from_device_like(d_out, np.zeros(int(outs[-1]), np.uint8))
+    for k, (frame, cap) in enumerate(cases):
+        want_status, want = host_decoder(frame, cap)
+        assert status[k] == want_status, k
+        assert (out[outs[k] + cap:outs[k] + cap + guard] == 0xA5).all(), k
+        if want_status == OK:
+            assert sizes[k] == len(want) and out[outs[k]:outs[k] + len(want)].tobytes() == want, k
+
+
+def test_a_block_of_rle_literals_alone(lib, host_decoder):
+    """libzstd's compressor gives RLE literals rarely: RLE_LITERALS, made by hand."""
+    frame = RLE_LITERALS
+    assert lib_decompress(lib, frame, 20) == b"x" * 20
+    assert host_decoder(frame, 20) == (OK, b"x" * 20)
+    assert host_decoder(frame, 19)[0] == FULL

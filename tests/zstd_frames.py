@@ -1,0 +1,80 @@
+"""Zstandard frames for the tests: made and decoded by libzstd (hdf5plugin's Zstd plugin exports its
+functions), and decoded by cuda/zstd.cuh built for the host (the decoder zstd_kernel1 runs, one
+thread instead of a warp's lanes)."""
+import ctypes
+import subprocess
+
+import numpy as np
+import pytest
+
+from infer import native
+from tests.conftest import REPO
+
+# ZSTD_cParameter values (zstd.h): level, window log, content size and checksum flags, block size cap
+LEVEL, WINDOW_LOG, CONTENT_SIZE, CHECKSUM, TARGET_BLOCK = 100, 101, 200, 201, 130
+OK, BAD, FULL = 0, 1, 2
+
+
+def libzstd():
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    lib = ctypes.CDLL(f"{hdf5plugin.PLUGIN_PATH}/libh5zstd.so")
+    size, p = ctypes.c_size_t, ctypes.c_void_p
+    lib.ZSTD_compressBound.restype = size
+    lib.ZSTD_compressBound.argtypes = [size]
+    lib.ZSTD_createCCtx.restype = p
+    lib.ZSTD_freeCCtx.argtypes = [p]
+    lib.ZSTD_CCtx_setParameter.restype = size
+    lib.ZSTD_CCtx_setParameter.argtypes = [p, ctypes.c_int, ctypes.c_int]
+    lib.ZSTD_compress2.restype = size
+    lib.ZSTD_compress2.argtypes = [p, p, size, p, size]
+    lib.ZSTD_decompress.restype = size
+    lib.ZSTD_decompress.argtypes = [p, size, p, size]
+    lib.ZSTD_isError.restype = ctypes.c_uint
+    lib.ZSTD_isError.argtypes = [size]
+    return lib
+
+
+def compress(lib, data, level=3, params=None):
+    """data (bytes-like) as one frame; params: zstd.h parameter numbers -> values."""
+    src = np.frombuffer(bytes(data), np.uint8)
+    out = np.empty(lib.ZSTD_compressBound(src.size), np.uint8)
+    cctx = lib.ZSTD_createCCtx()
+    try:
+        for key, value in {LEVEL: level, **(params or {})}.items():
+            assert not lib.ZSTD_isError(lib.ZSTD_CCtx_setParameter(cctx, key, value))
+        n = lib.ZSTD_compress2(cctx, out.ctypes.data, out.size, src.ctypes.data, src.size)
+    finally:
+        lib.ZSTD_freeCCtx(cctx)
+    assert not lib.ZSTD_isError(n)
+    return out[:n].tobytes()
+
+
+def lib_decompress(lib, frame, cap):
+    """libzstd's bytes, or None where it refuses the frame."""
+    src = np.frombuffer(frame, np.uint8)
+    out = np.zeros(max(cap, 1), np.uint8)
+    n = lib.ZSTD_decompress(out.ctypes.data, cap, src.ctypes.data, src.size)
+    return None if lib.ZSTD_isError(n) else out[:n].tobytes()
+
+
+@pytest.fixture(scope="session")
+def host_decoder(tmp_path_factory):
+    """decode(frame, cap) -> (status, bytes written): cuda/zstd.cuh compiled by the C compiler."""
+    cc = native.compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    path = tmp_path_factory.mktemp("zstd") / "zstd_host.so"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-x", "c", "-DZSTD_HOST",
+                    str(REPO / "cuda" / "zstd.cuh"), "-o", str(path)], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(path))
+    lib.zstd_host_decode.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_longlong,
+                                     ctypes.POINTER(ctypes.c_longlong)]
+
+    def decode(frame, cap, guard=64):
+        src = np.frombuffer(frame, np.uint8).copy()
+        out = np.full(cap + guard, 0xA5, np.uint8)
+        got = ctypes.c_longlong(-1)
+        status = lib.zstd_host_decode(src.ctypes.data, src.size, out.ctypes.data, cap, ctypes.byref(got))
+        assert (out[cap:] == 0xA5).all(), "written past the output"
+        return status, out[:got.value].tobytes()
+    return decode
