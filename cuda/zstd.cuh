@@ -499,8 +499,10 @@ ZDEV int zblock(ZTables* t, ZFrame* f, const zu8* src, zi64 size, zu8* out, zi64
         // copies its literals and, where it reaches back before the batch, its match; the other
         // matches after, in order, by the whole warp. (A batch whose output reaches the literals
         // still to be read, at the end of the output, runs in order, the whole warp a sequence.)
+        zu32 rep0 = f->rep[0], rep1 = f->rep[1], rep2 = f->rep[2];
+        zi64 at_out = *o;  // the output position, in a register
         for (zi64 first = 0; first < nseq; first += ZLANES) {
-            const zi64 start = *o, unread = cap - nlits + used;  // the batch's literals lie from unread on
+            const zi64 start = at_out, unread = cap - nlits + used;  // the batch's literals lie from unread on
             zi64 my_at = 0, my_ll = 0, my_ml = 0, my_off = 0, my_lit = 0;
             for (int k = 0; k < ZLANES && first + k < nseq; ++k) {
                 const ZEntry L = t->ll[ls], O = t->of[os], M = t->ml[ms];
@@ -514,39 +516,39 @@ ZDEV int zblock(ZTables* t, ZFrame* f, const zu8* src, zi64 size, zu8* out, zi64
                     ms = M.base + zback_read(&b, M.bits);
                     os = O.base + zback_read(&b, O.bits);
                 }
-                zu32 off;
+                zu32 off;  // the repeated offsets in registers (scalars, not an array: no local memory)
                 if (offset_value > 3) {
                     off = offset_value - 3;
-                    f->rep[2] = f->rep[1];
-                    f->rep[1] = f->rep[0];
-                    f->rep[0] = off;
+                    rep2 = rep1;
+                    rep1 = rep0;
+                    rep0 = off;
                 } else {
                     const int r = (int)offset_value - 1 + (ll == 0);
                     if (r == 0) {
-                        off = f->rep[0];
+                        off = rep0;
                     } else {
-                        off = r == 3 ? f->rep[0] - 1 : f->rep[r];
-                        if (r > 1) f->rep[2] = f->rep[1];
-                        f->rep[1] = f->rep[0];
-                        f->rep[0] = off;
+                        off = r == 1 ? rep1 : r == 2 ? rep2 : rep0 - 1;
+                        if (r > 1) rep2 = rep1;
+                        rep1 = rep0;
+                        rep0 = off;
                     }
                 }
                 if (ll > nlits - used) return ZSTD_BAD;
                 // the output never passes the literals not yet taken (where they lie in it)
-                if (*o + ll + ml > (in_out ? cap - nlits + used + ll : cap)) return ZSTD_FULL;
-                if (off == 0 || off > *o + ll) return ZSTD_BAD;
+                if (at_out + ll + ml > (in_out ? cap - nlits + used + ll : cap)) return ZSTD_FULL;
+                if (off == 0 || off > at_out + ll) return ZSTD_BAD;
                 if (lane == k) {
-                    my_at = *o;
+                    my_at = at_out;
                     my_ll = ll;
                     my_ml = ml;
                     my_off = off;
                     my_lit = used;
                 }
-                *o += ll + ml;
+                at_out += ll + ml;
                 used += ll;
             }
             const zi64 to = my_at + my_ll, from = to - my_off;
-            if (in_out && *o > unread) {  // the batch's output reaches its literals: in order
+            if (in_out && at_out > unread) {  // the batch's output reaches its literals: in order
                 for (int k = 0; k < ZLANES && first + k < nseq; ++k) {
                     zcopy_down(out + ZSHFL(my_at, k), lits + ZSHFL(my_lit, k), ZSHFL(my_ll, k), lane);
                     zmatch(out, ZSHFL(to, k), ZSHFL(my_off, k), ZSHFL(my_ml, k), lane);
@@ -562,6 +564,10 @@ ZDEV int zblock(ZTables* t, ZFrame* f, const zu8* src, zi64 size, zu8* out, zi64
                 zmatch(out, ZSHFL(to, k), ZSHFL(my_off, k), ZSHFL(my_ml, k), lane);
             }
         }
+        f->rep[0] = rep0;
+        f->rep[1] = rep1;
+        f->rep[2] = rep2;
+        *o = at_out;
         if (zback_left(&b) != 0) return ZSTD_BAD;
     } else if (at != size) {
         return ZSTD_BAD;
