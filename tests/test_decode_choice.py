@@ -63,6 +63,29 @@ def test_zstd_chunks_of_whole_images_need_nothing_more(tmp_path, model, rng):
         assert why(tmp_path, model, rng, chunks=(16, 28, 28, 1), shuffle=shuffle, compression=hdf5plugin.Zstd()) is None
 
 
+def test_zstd_frames_with_checksums_are_the_hosts(tmp_path, model, rng):
+    """libzstd on the host checks a frame's content checksum; zstd_kernel1 does not."""
+    from tests.zstd_frames import CHECKSUM, compress, libzstd
+
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    if native.library() is None:
+        pytest.skip("no native read pool here")
+    x = rng.random((32, 28, 28, 1)).astype("f4")
+    with h5py.File(tmp_path / "z.h5", "w") as f:
+        d = f.create_dataset("x", data=x, chunks=(16, 28, 28, 1), compression=hdf5plugin.Zstd())
+        for k in range(2):
+            d.id.write_direct_chunk((16 * k, 0, 0, 0), compress(libzstd(), x[16 * k:16 * (k + 1)].tobytes(), 3,
+                                                                 {CHECKSUM: 1}))
+        f["y"] = np.eye(10)[rng.integers(0, 10, 32)]
+    with h5py.File(tmp_path / "z.h5") as f:
+        np.testing.assert_array_equal(f["x"][:], x)
+    data = DataSet.open([tmp_path / "z.h5"], model)
+    try:
+        assert "checksum" in chunk_decode.unsupported(data, np.dtype("f4"))
+    finally:
+        data.close()
+
+
 @pytest.mark.parametrize("blosc,reason", [
     (dict(cname="lz4", shuffle=2), None),
     (dict(cname="zstd", shuffle=2), "not its other codecs"),

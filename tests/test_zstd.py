@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import build
-from tests.zstd_frames import BAD, CHECKSUM, CONTENT_SIZE, FULL, OK, WINDOW_LOG, compress, host_decoder, lib_decompress, libzstd
+from tests.zstd_frames import (BAD, CHECKSUM, CONTENT_SIZE, FULL, OK, WINDOW_LOG, compress, host_decoder,
+                               lib_decompress, libzstd)
 
 __all__ = ["host_decoder"]  # a fixture
 LEVELS = [-5, 1, 3, 9, 19]

@@ -121,7 +121,7 @@ class Deflate:
     deflate data), decoded by inflate_kernel1 into chunks 256 bytes apart, checked by
     decode_check_kernel1 (status, size, adler32), and HDF5's shuffle undone as the images are placed."""
     head, tail = 2, 4  # bytes of the zlib stream around its deflate data
-    kernel, adler, what = launch.Inflate, True, "deflate"
+    kernel, adler, what, frame = launch.Inflate, True, "deflate", "not a zlib stream"
 
     def __init__(self, build, rows):
         self.decoder, self.check = self.kernel(build), launch.DecodeCheck(build)
@@ -173,15 +173,13 @@ class Deflate:
         good = self.starts_right(block.buf, block.positions, sizes)
         if not good.all():
             k = int(np.argmin(good))
-            raise InputError(f"{self.rows.label}: chunk {block.c0 + k} cannot be decompressed (not a {self.frame})")
+            raise InputError(f"{self.rows.label}: chunk {block.c0 + k} cannot be decompressed ({self.frame})")
         rows = slice(o, o + n)
         table[0, rows] = data + block.positions + self.head
         table[1, rows] = sizes - self.head - self.tail
         table[2, rows] = dec.chunk_bytes
         table[3, rows] = decoded + np.arange(n, dtype=np.uint64) * dec.stride
         return True, None
-
-    frame = "zlib stream"
 
     def starts_right(self, buf, at, sizes):
         """Per chunk stored in buf at offsets at, sizes bytes each: whether its zlib header is one the
@@ -226,19 +224,23 @@ class Deflate:
 
 
 class Zstd(Deflate):
-    """hdf5plugin's Zstd filter: a Zstandard frame a chunk (no dictionary; a content checksum is not
-    checked), decoded by zstd_kernel1 into chunks 256 bytes apart, checked by decode_check_kernel1
-    (status and size: the frame's own structure catches damage), HDF5's shuffle undone as the images
-    are placed. The group, block and ring of deflate's plan."""
+    """hdf5plugin's Zstd filter: a Zstandard frame a chunk (as hdf5plugin writes them: no dictionary,
+    no content checksum), decoded by zstd_kernel1 into chunks 256 bytes apart, checked by
+    decode_check_kernel1 (status and size: the frame's own structure catches damage), HDF5's shuffle
+    undone as the images are placed. The group, block and ring of deflate's plan. Frames with a
+    checksum (which the host's libzstd checks and the GPU does not) or a dictionary are the host's."""
     head = tail = 0
-    kernel, adler, what, frame = launch.Zstd, False, "Zstandard", "Zstandard frame"
+    kernel, adler, what = launch.Zstd, False, "Zstandard"
+    frame = ("not a Zstandard frame the GPU decodes: damaged, or with a checksum or dictionary, which --decode "
+             "host reads")
     MAGIC = bytes([0x28, 0xB5, 0x2F, 0xFD])
+    OTHERS = 0x07  # frame header flags: content checksum, dictionary id
 
     @classmethod
     def unsupported(cls, rows):
-        head = os.pread(rows.fd, 6, int(rows.index[0][0]))
-        if len(head) == 6 and head[:4] == cls.MAGIC and head[4] & 3:
-            return "its Zstandard frames name a dictionary"
+        head = os.pread(rows.fd, 5, int(rows.index[0][0]))
+        if len(head) == 5 and head[:4] == cls.MAGIC and head[4] & cls.OTHERS:
+            return "its Zstandard frames carry a checksum or name a dictionary (the host's libzstd reads them)"
         return None
 
     @staticmethod
@@ -247,9 +249,10 @@ class Zstd(Deflate):
         return Zstd.MAGIC + bytes([0x60, 0x00, 0x0F]) + (1 | 4096 << 3).to_bytes(3, "little") + bytes(4096)
 
     def starts_right(self, buf, at, sizes):
-        """Per chunk: its magic number, and a frame header without a dictionary."""
+        """Per chunk: its magic number, and a frame header without a checksum or dictionary."""
         head = buf[np.minimum(at[:, None] + np.arange(5), len(buf) - 1)]
-        return (sizes >= 8) & (head[:, :4] == np.frombuffer(self.MAGIC, np.uint8)).all(axis=1) & (head[:, 4] & 3 == 0)
+        return ((sizes >= 8) & (head[:, :4] == np.frombuffer(self.MAGIC, np.uint8)).all(axis=1)
+                & (head[:, 4] & self.OTHERS == 0))
 
 
 class BloscLz4:
@@ -368,7 +371,8 @@ def blosc_chunks(data, at, sizes, chunk_bytes, itemsize, block_bytes):
             & (words[:, 2] == block_bytes) & (words[:, 3] == sizes))
 
 
-CODECS = {reader.FILTER_DEFLATE: Deflate, reader.FILTER_ZSTD: Zstd, reader.FILTER_BLOSC: BloscLz4}  # HDF5 filter -> how the GPU decodes it
+# HDF5 filter -> how the GPU decodes it
+CODECS = {reader.FILTER_DEFLATE: Deflate, reader.FILTER_ZSTD: Zstd, reader.FILTER_BLOSC: BloscLz4}
 
 
 class Blocks:
