@@ -308,21 +308,17 @@ ZDEV int zhuf_description(ZTables* t, const zu8* src, zi64 size, int lane) {
         ZBack b;
         if (!zback_init(&b, src + at, used - at)) return -1;
         zback_need(&b, 2 * log);
-        zu32 s1 = zback_read(&b, log), s2 = zback_read(&b, log);
-        for (;;) {
-            if (n > 253) return -1;
-            t->weights[n++] = t->tmp[s1].value;
-            zback_need(&b, t->tmp[s1].bits);
-            s1 = t->tmp[s1].base + zback_read(&b, t->tmp[s1].bits);
+        zu32 state[2];
+        state[0] = zback_read(&b, log);
+        state[1] = zback_read(&b, log);
+        for (int k = 0;; k ^= 1) {  // the states take turns; where the bits run out, the other's symbol ends the list
+            if (n > 254) return -1;
+            const ZEntry e = t->tmp[state[k]];
+            t->weights[n++] = e.value;
+            zback_need(&b, e.bits);
+            state[k] = e.base + zback_read(&b, e.bits);
             if (zback_left(&b) < 0) {
-                t->weights[n++] = t->tmp[s2].value;
-                break;
-            }
-            t->weights[n++] = t->tmp[s2].value;
-            zback_need(&b, t->tmp[s2].bits);
-            s2 = t->tmp[s2].base + zback_read(&b, t->tmp[s2].bits);
-            if (zback_left(&b) < 0) {
-                t->weights[n++] = t->tmp[s1].value;
+                t->weights[n++] = t->tmp[state[k ^ 1]].value;
                 break;
             }
         }

@@ -10,8 +10,8 @@ import pytest
 from infer import native
 from tests.conftest import REPO
 
-# ZSTD_cParameter values (zstd.h): level, window log, content size and checksum flags, block size cap
-LEVEL, WINDOW_LOG, CONTENT_SIZE, CHECKSUM, TARGET_BLOCK = 100, 101, 200, 201, 130
+# ZSTD_cParameter values (zstd.h): level, window log, content size and checksum flags
+LEVEL, WINDOW_LOG, CONTENT_SIZE, CHECKSUM = 100, 101, 200, 201
 OK, BAD, FULL = 0, 1, 2
 
 
