@@ -39,9 +39,10 @@ typedef long long zi64;
 
 // An FSE table entry: the next state's base and the bits to read for it; the symbol, or for the
 // sequence codes the code's value: its base (value) and its extra bits.
-typedef struct { zu32 value; zu16 base; zu8 bits, extra; } ZEntry;
+typedef struct __attribute__((aligned(8))) { zu32 value; zu16 base; zu8 bits, extra; } ZEntry;  // one 8-byte load
 
 #define ZBLOCK_MAX 131072  // a block's most bytes, stored or decoded
+#define ZOUT_MAX ((1 << 30) - 1)  // a frame's most output (positions are 32-bit); more is ZSTD_FULL
 
 typedef struct {
     zu16 huf[1 << 11];        // Huffman: symbol | bits << 8, indexed by the next huf_bits bits
@@ -83,10 +84,17 @@ typedef struct {
     int at, used, pad;  // pad: for streams under 8 bytes, the zero bits below the stream in c
 } ZBack;
 
-ZDEV zu64 zload8(const zu8* p) {
+ZDEV zu64 zload8(const zu8* p) {  // p[0..8), little-endian
+#ifdef ZSTD_HOST
     zu64 c = 0;
     for (int i = 0; i < 8; ++i) c |= (zu64)p[i] << (8 * i);
     return c;
+#else  // the aligned words holding them: two loads, not eight (never past the word of the last byte)
+    const unsigned long long a = (unsigned long long)p;
+    const zu64* w = (const zu64*)(a & ~7ull);
+    const int shift = (int)(a & 7) * 8;
+    return shift ? (w[0] >> shift) | (w[1] << (64 - shift)) : w[0];
+#endif
 }
 
 ZDEV zi64 zback_left(const ZBack* b) { return 8 * (zi64)b->at + 64 - b->used - b->pad; }
@@ -120,9 +128,14 @@ ZDEV void zback_need(ZBack* b, int need) {
     b->c = zload8(b->src + b->at);
 }
 
+ZDEV zu64 zback_top(const ZBack* b) { return b->used >= 64 ? 0ull : b->c << b->used; }  // the next bit highest
+
+ZDEV zu32 zfield(zu64 top, int at, int n) {  // n <= 32 bits of top from bit `at` down (at + n <= 64)
+    return n ? (zu32)((top << at) >> (64 - n)) : 0u;
+}
+
 ZDEV zu32 zback_peek(const ZBack* b, int n) {  // the next n <= 32 bits (made readable before)
-    const zu64 top = b->used >= 64 ? 0ull : b->c << b->used;
-    return n ? (zu32)(top >> (64 - n)) : 0u;
+    return n ? (zu32)(zback_top(b) >> (64 - n)) : 0u;
 }
 
 ZDEV zu32 zback_read(ZBack* b, int n) {
@@ -332,8 +345,17 @@ ZDEV int zhuf_stream(const ZTables* t, const zu8* src, zi64 size, zu8* out, zi64
     ZBack b;
     if (n <= 0) return n == 0 && size == 0;
     if (!zback_init(&b, src, size)) return 0;
-    const int bits = t->huf_bits;
-    for (zi64 i = 0; i < n; ++i) {
+    const int bits = t->huf_bits;  // at most 11: four codes a refill
+    zi64 i = 0;
+    for (; i + 4 <= n; i += 4) {
+        zback_need(&b, 4 * bits);
+        for (int j = 0; j < 4; ++j) {
+            const zu32 e = t->huf[zback_peek(&b, bits)];
+            out[i + j] = (zu8)e;
+            b.used += e >> 8;
+        }
+    }
+    for (; i < n; ++i) {
         zback_need(&b, bits);
         const zu32 e = t->huf[zback_peek(&b, bits)];
         out[i] = (zu8)e;
@@ -342,23 +364,34 @@ ZDEV int zhuf_stream(const ZTables* t, const zu8* src, zi64 size, zu8* out, zi64
     return zback_left(&b) == 0;
 }
 
-// n bytes from src down to dst <= src (they may overlap): each step's loads before its stores.
-ZDEV void zcopy_down(zu8* dst, const zu8* src, zi64 n, int lane) {
-    for (zi64 i = 0; i < n; i += ZLANES) {
-        const int in = i + lane < n;
-        const zu8 v = in ? src[i + lane] : 0;
+#define ZSTEP 8    // bytes a lane moves a step of the warp's copies (a step: up to ZLANES x ZSTEP bytes)
+#define ZLONG 64   // a batch's copies longer than this are the warp's, one after another; shorter ones a lane's
+
+// n bytes from src to dst by the warp, at most `step` (<= ZLANES x ZSTEP) a step, each step's loads
+// before its stores: for buffers apart, dst <= src (copying down; they may overlap), or src + step <=
+// dst (a match at least step bytes back: a step loads only bytes stored before it).
+ZDEV void zcopy_warp(zu8* dst, const zu8* src, zi64 n, int step, int lane) {
+    for (zi64 i = 0; i < n; i += step) {
+        zu8 v[ZSTEP];
+        for (int j = 0; j < ZSTEP; ++j) {
+            const int at = j * ZLANES + lane;
+            v[j] = at < step && i + at < n ? src[i + at] : 0;
+        }
         ZSYNC();
-        if (in) dst[i + lane] = v;
+        for (int j = 0; j < ZSTEP; ++j) {
+            const int at = j * ZLANES + lane;
+            if (at < step && i + at < n) dst[i + at] = v[j];
+        }
+        ZSYNC();
     }
-    ZSYNC();
 }
 
-// n bytes copied by one lane, its loads ahead of its stores (src and dst do not overlap).
+// n bytes copied by one lane, 16 loads ahead of their stores (src and dst do not overlap).
 ZDEV void zcopy_lane(zu8* __restrict__ dst, const zu8* __restrict__ src, zi64 n) {
-    for (zi64 i = 0; i < n; i += 8) {
-        zu8 v[8];
-        for (int j = 0; j < 8; ++j) v[j] = i + j < n ? src[i + j] : 0;
-        for (int j = 0; j < 8; ++j)
+    for (zi64 i = 0; i < n; i += 16) {
+        zu8 v[16];
+        for (int j = 0; j < 16; ++j) v[j] = i + j < n ? src[i + j] : 0;
+        for (int j = 0; j < 16; ++j)
             if (i + j < n) dst[i + j] = v[j];
     }
 }
@@ -375,11 +408,8 @@ ZDEV int zlowest(unsigned x) {  // the lowest set bit of x > 0
 
 // A match: n bytes at out[o] from off bytes back (1 <= off <= o).
 ZDEV void zmatch(zu8* out, zi64 o, zi64 off, zi64 n, int lane) {
-    if (off >= ZLANES) {  // a step's loads lie before its stores
-        for (zi64 i = 0; i < n; i += ZLANES) {
-            if (i + lane < n) out[o + i + lane] = out[o + i + lane - off];
-            ZSYNC();
-        }
+    if (off >= ZLANES) {  // steps of at most off bytes: a step loads only bytes stored before it
+        zcopy_warp(out + o, out + o - off, n, (int)(off < ZLANES * ZSTEP ? off : ZLANES * ZSTEP), lane);
     } else {  // a period under a step: steps of whole periods, each lane storing the same byte every step
         const int step = (int)((ZLANES / off) * off);
         if (lane < step) {
@@ -464,7 +494,7 @@ ZDEV int zblock(ZTables* t, ZFrame* f, const zu8* src, zi64 size, zu8* out, zi64
 
     // sequences: their count, the three codes' tables, then the bitstream to the block's end
     if (at >= size) return ZSTD_BAD;
-    zi64 nseq = src[at];
+    int nseq = src[at];
     if (nseq < 128) {
         at += 1;
     } else if (nseq < 255) {
@@ -476,7 +506,7 @@ ZDEV int zblock(ZTables* t, ZFrame* f, const zu8* src, zi64 size, zu8* out, zi64
         nseq = src[at + 1] + (src[at + 2] << 8) + 0x7F00;
         at += 3;
     }
-    zi64 used = 0;  // literals taken
+    int used = 0;  // literals taken
     if (nseq > 0) {
         if (at >= size) return ZSTD_BAD;
         const int modes = src[at++];
@@ -491,70 +521,89 @@ ZDEV int zblock(ZTables* t, ZFrame* f, const zu8* src, zi64 size, zu8* out, zi64
         if (!zback_init(&b, src + at, size - at)) return ZSTD_BAD;
         zback_need(&b, f->ll_log + f->of_log + f->ml_log);
         zu32 ls = zback_read(&b, f->ll_log), os = zback_read(&b, f->of_log), ms = zback_read(&b, f->ml_log);
+        zback_need(&b, 57);
         // ZLANES sequences at a time: decoded in lockstep, lane k keeping the k-th; then each lane
         // copies its literals and, where it reaches back before the batch, its match; the other
         // matches after, in order, by the whole warp. (A batch whose output reaches the literals
         // still to be read, at the end of the output, runs in order, the whole warp a sequence.)
+        // Positions are 32-bit (the output is under ZOUT_MAX), and a batch's checks are gathered
+        // and acted on before its copies, to keep the serial chain short.
         zu32 rep0 = f->rep[0], rep1 = f->rep[1], rep2 = f->rep[2];
-        zi64 at_out = *o;  // the output position, in a register
-        for (zi64 first = 0; first < nseq; first += ZLANES) {
-            const zi64 start = at_out, unread = cap - nlits + used;  // the batch's literals lie from unread on
-            zi64 my_at = 0, my_ll = 0, my_ml = 0, my_off = 0, my_lit = 0;
+        const int n_lits = (int)nlits, room = (int)cap;
+        int at_out = (int)*o;  // the output position, in a register
+        for (int first = 0; first < nseq; first += ZLANES) {
+            const int start = at_out, unread = room - n_lits + used;  // the batch's literals lie from unread on
+            int my_at = 0, my_ll = 0, my_ml = 0, my_off = 0, my_lit = 0, bad = 0, full = 0;
             for (int k = 0; k < ZLANES && first + k < nseq; ++k) {
                 const ZEntry L = t->ll[ls], O = t->of[os], M = t->ml[ms];
-                zback_need(&b, O.extra + M.extra);  // at most 31 + 16 bits, then 16 + 9 + 9 + 8
-                const zu32 offset_value = O.value + zback_read(&b, O.extra);
-                const zi64 ml = M.value + zback_read(&b, M.extra);
-                zback_need(&b, L.extra + L.bits + M.bits + O.bits);
-                const zi64 ll = L.value + zback_read(&b, L.extra);
-                if (first + k + 1 < nseq) {
-                    ls = L.base + zback_read(&b, L.bits);
-                    ms = M.base + zback_read(&b, M.bits);
-                    os = O.base + zback_read(&b, O.bits);
+                const int more = first + k + 1 < nseq;  // the last sequence reads no states
+                // the fields' places: offset, match and literal extra bits, then the three states
+                const int e1 = O.extra, e2 = e1 + M.extra, e3 = e2 + L.extra;
+                const int s1 = e3 + (more ? L.bits : 0), s2 = s1 + (more ? M.bits : 0), s3 = s2 + (more ? O.bits : 0);
+                zu32 offset_value;
+                int ml, ll;  // each under 2^18
+                if (s3 <= 64 - b.used) {  // all in the container (the common case): read side by side
+                    const zu64 top = zback_top(&b);
+                    offset_value = O.value + zfield(top, 0, e1);
+                    ml = (int)(M.value + zfield(top, e1, M.extra));
+                    ll = (int)(L.value + zfield(top, e2, L.extra));
+                    ls = L.base + zfield(top, e3, s1 - e3);
+                    ms = M.base + zfield(top, s1, s2 - s1);
+                    os = O.base + zfield(top, s2, s3 - s2);
+                    b.used += s3;
+                } else {  // up to 31 + 16 bits, then 16 + 9 + 9 + 8: in two goes
+                    zback_need(&b, e2);
+                    offset_value = O.value + zback_read(&b, O.extra);
+                    ml = (int)(M.value + zback_read(&b, M.extra));
+                    zback_need(&b, s3 - e2);
+                    ll = (int)(L.value + zback_read(&b, L.extra));
+                    ls = L.base + zback_read(&b, s1 - e3);
+                    ms = M.base + zback_read(&b, s2 - s1);
+                    os = O.base + zback_read(&b, s3 - s2);
                 }
-                zu32 off;  // the repeated offsets in registers (scalars, not an array: no local memory)
-                if (offset_value > 3) {
-                    off = offset_value - 3;
-                    rep2 = rep1;
-                    rep1 = rep0;
-                    rep0 = off;
-                } else {
-                    const int r = (int)offset_value - 1 + (ll == 0);
-                    if (r == 0) {
-                        off = rep0;
-                    } else {
-                        off = r == 1 ? rep1 : r == 2 ? rep2 : rep0 - 1;
-                        if (r > 1) rep2 = rep1;
-                        rep1 = rep0;
-                        rep0 = off;
-                    }
-                }
-                if (ll > nlits - used) return ZSTD_BAD;
+                zback_need(&b, 57);  // the next sequence's bits, loaded while its entries are
+                // the repeated offsets, in registers and without branches: r < 0 a new offset, else
+                // which repeated one (3: the first less one)
+                const int r = offset_value > 3 ? -1 : (int)offset_value - 1 + (ll == 0);
+                const zu32 off = r < 0 ? offset_value - 3 : r == 0 ? rep0 : r == 1 ? rep1 : r == 2 ? rep2 : rep0 - 1;
+                const zu32 next2 = r == 0 || r == 1 ? rep2 : rep1, next1 = r == 0 ? rep1 : rep0;
+                rep0 = off;
+                rep1 = next1;
+                rep2 = next2;
+                bad |= (ll > n_lits - used) | (off == 0) | (off > (zu32)(at_out + ll));
                 // the output never passes the literals not yet taken (where they lie in it)
-                if (at_out + ll + ml > (in_out ? cap - nlits + used + ll : cap)) return ZSTD_FULL;
-                if (off == 0 || off > at_out + ll) return ZSTD_BAD;
+                full |= at_out + ll + ml > (in_out ? room - n_lits + used + ll : room);
                 if (lane == k) {
                     my_at = at_out;
                     my_ll = ll;
                     my_ml = ml;
-                    my_off = off;
+                    my_off = (int)off;
                     my_lit = used;
                 }
                 at_out += ll + ml;
                 used += ll;
             }
-            const zi64 to = my_at + my_ll, from = to - my_off;
+            if (bad) return ZSTD_BAD;
+            if (full) return ZSTD_FULL;
+            const int to = my_at + my_ll, from = to - my_off;
             if (in_out && at_out > unread) {  // the batch's output reaches its literals: in order
                 for (int k = 0; k < ZLANES && first + k < nseq; ++k) {
-                    zcopy_down(out + ZSHFL(my_at, k), lits + ZSHFL(my_lit, k), ZSHFL(my_ll, k), lane);
+                    zcopy_warp(out + ZSHFL(my_at, k), lits + ZSHFL(my_lit, k), ZSHFL(my_ll, k), ZLANES * ZSTEP, lane);
                     zmatch(out, ZSHFL(to, k), ZSHFL(my_off, k), ZSHFL(my_ml, k), lane);
                 }
                 continue;
             }
-            zcopy_lane(out + my_at, lits + my_lit, my_ll);
-            const int before = from + my_ml <= start;
-            if (before) zcopy_lane(out + to, out + from, my_ml);
+            const int before = from + my_ml <= start, long_lits = my_ll > ZLONG, long_far = before && my_ml > ZLONG;
+            if (!long_lits) zcopy_lane(out + my_at, lits + my_lit, my_ll);
+            if (before && !long_far) zcopy_lane(out + to, out + from, my_ml);
             ZSYNC();
+            for (unsigned rest = ZBALLOT(long_lits || long_far); rest; rest &= rest - 1) {
+                const int k = zlowest(rest);  // its literals lie past the batch's output, its match before it
+                if (ZSHFL(long_lits, k))
+                    zcopy_warp(out + ZSHFL(my_at, k), lits + ZSHFL(my_lit, k), ZSHFL(my_ll, k), ZLANES * ZSTEP, lane);
+                if (ZSHFL(long_far, k))
+                    zcopy_warp(out + ZSHFL(to, k), out + ZSHFL(from, k), ZSHFL(my_ml, k), ZLANES * ZSTEP, lane);
+            }
             for (unsigned rest = ZBALLOT(!before); rest; rest &= rest - 1) {
                 const int k = zlowest(rest);
                 zmatch(out, ZSHFL(to, k), ZSHFL(my_off, k), ZSHFL(my_ml, k), lane);
@@ -569,7 +618,7 @@ ZDEV int zblock(ZTables* t, ZFrame* f, const zu8* src, zi64 size, zu8* out, zi64
         return ZSTD_BAD;
     }
     if (nlits - used > cap - *o) return ZSTD_FULL;
-    zcopy_down(out + *o, lits + used, nlits - used, lane);
+    zcopy_warp(out + *o, lits + used, nlits - used, ZLANES * ZSTEP, lane);
     *o += nlits - used;
     return ZSTD_OK;
 }
@@ -577,6 +626,7 @@ ZDEV int zblock(ZTables* t, ZFrame* f, const zu8* src, zi64 size, zu8* out, zi64
 // One frame, src[0..size), into out (cap bytes): ZSTD_OK with *decoded its size, or ZSTD_BAD / _FULL.
 ZDEV int zstd_frame(ZTables* t, const zu8* src, zi64 size, zu8* out, zi64 cap, zi64* decoded, int lane) {
     *decoded = 0;
+    if (cap > ZOUT_MAX) cap = ZOUT_MAX;
     if (size < 8 || (src[0] | src[1] << 8 | src[2] << 16 | (zu32)src[3] << 24) != 0xFD2FB528u) return ZSTD_BAD;
     const int fhd = src[4], single = (fhd >> 5) & 1, fcs_flag = fhd >> 6;
     if (fhd & 8) return ZSTD_BAD;  // reserved
@@ -616,8 +666,12 @@ ZDEV int zstd_frame(ZTables* t, const zu8* src, zi64 size, zu8* out, zi64 cap, z
         }
         if (at + (type == 0 ? n : 1) > size) return ZSTD_BAD;
         if (n > cap - o) return ZSTD_FULL;
-        for (zi64 i = lane; i < n; i += ZLANES) out[o + i] = src[type == 0 ? at + i : at];
-        ZSYNC();
+        if (type == 0) {
+            zcopy_warp(out + o, src + at, n, ZLANES * ZSTEP, lane);
+        } else {
+            for (zi64 i = lane; i < n; i += ZLANES) out[o + i] = src[at];
+            ZSYNC();
+        }
         o += n;
         at += type == 0 ? n : 1;
     }

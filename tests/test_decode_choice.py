@@ -86,6 +86,18 @@ def test_zstd_frames_with_checksums_are_the_hosts(tmp_path, model, rng):
         data.close()
 
 
+def test_zstd_chunks_over_the_kernels_output_limit_are_the_hosts(tmp_path, model, rng, monkeypatch):
+    """zstd_kernel1 keeps 32-bit positions (ZOUT_MAX); larger chunks are decoded on the host."""
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    if native.library() is None:
+        pytest.skip("no native read pool here")
+    monkeypatch.setattr(chunk_decode.Zstd, "OUT_MAX", 16 * 28 * 28 * 4 - 1)
+    assert "more than the GPU's Zstandard decoder takes (50,175 bytes)" in why(
+        tmp_path, model, rng, chunks=(16, 28, 28, 1), compression=hdf5plugin.Zstd())
+    monkeypatch.setattr(chunk_decode.Zstd, "OUT_MAX", 16 * 28 * 28 * 4)
+    assert why(tmp_path, model, rng, chunks=(16, 28, 28, 1), compression=hdf5plugin.Zstd()) is None
+
+
 @pytest.mark.parametrize("blosc,reason", [
     (dict(cname="lz4", shuffle=2), None),
     (dict(cname="zstd", shuffle=2), "not its other codecs"),

@@ -236,8 +236,12 @@ class Zstd(Deflate):
     MAGIC = bytes([0x28, 0xB5, 0x2F, 0xFD])
     OTHERS = 0x07  # frame header flags: content checksum, dictionary id
 
+    OUT_MAX = (1 << 30) - 1  # zstd.cuh's ZOUT_MAX: a frame's most output (32-bit positions)
+
     @classmethod
     def unsupported(cls, rows):
+        if rows.chunk_bytes > cls.OUT_MAX:
+            return f"its chunks decode to more than the GPU's Zstandard decoder takes ({cls.OUT_MAX:,} bytes)"
         head = os.pread(rows.fd, 5, int(rows.index[0][0]))
         if len(head) == 5 and head[:4] == cls.MAGIC and head[4] & cls.OTHERS:
             return "its Zstandard frames carry a checksum or name a dictionary (the host's libzstd reads them)"
@@ -419,7 +423,8 @@ class Lane:
     def __init__(self, alloc, table_bytes, capacity, decoded_bytes, arrays, rows):
         import pycuda.driver as cuda
 
-        self.comp, self.decoded = alloc(table_bytes + capacity), alloc(decoded_bytes)
+        # whole 256-byte words past the last chunk's bytes: zstd_kernel1 loads the aligned words holding them
+        self.comp, self.decoded = alloc(table_bytes + -(-capacity // 256) * 256), alloc(decoded_bytes)
         self.data = int(self.comp) + table_bytes
         self.table = cuda.pagelocked_empty((arrays, rows), np.uint64)
         self.stream = cuda.Stream()
