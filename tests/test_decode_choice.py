@@ -64,7 +64,7 @@ def test_zstd_chunks_of_whole_images_need_nothing_more(tmp_path, model, rng):
 
 
 def test_zstd_frames_with_checksums_are_the_hosts(tmp_path, model, rng):
-    """libzstd on the host checks a frame's content checksum; zstd_kernel1 does not."""
+    """libzstd on the host checks a frame's content checksum; zstd_kernel2 does not."""
     from tests.zstd_frames import CHECKSUM, compress, libzstd
 
     hdf5plugin = pytest.importorskip("hdf5plugin")
@@ -87,7 +87,7 @@ def test_zstd_frames_with_checksums_are_the_hosts(tmp_path, model, rng):
 
 
 def test_zstd_chunks_over_the_kernels_output_limit_are_the_hosts(tmp_path, model, rng, monkeypatch):
-    """zstd_kernel1 keeps 32-bit positions (ZOUT_MAX); larger chunks are decoded on the host."""
+    """The GPU's Zstandard decoders keep 32-bit positions (ZOUT_MAX); larger chunks are decoded on the host."""
     hdf5plugin = pytest.importorskip("hdf5plugin")
     if native.library() is None:
         pytest.skip("no native read pool here")
@@ -185,3 +185,7 @@ def test_decode_streams_take_every_group_at_once_where_the_run_fits_the_ring():
     plan = chunk_decode.Plan(20, 64 << 20, 6)
     streams = min(chunk_decode.MAX_STREAMS, chunk_decode.IN_FLIGHT_BYTES // (20 * 64 << 20))
     assert chunk_decode.slots(80 << 30, plan) == (streams + 1) * 20
+    # a kernel's scratch memory (zstd_kernel2: a byte a decoded byte) shares the eighth of the memory
+    assert chunk_decode.slots(80 << 30, plan._replace(scratch=1.0)) == (streams + 1) * 20
+    assert chunk_decode.slots(32 << 30, plan) == 4 * 20
+    assert chunk_decode.slots(32 << 30, plan._replace(scratch=1.0)) == 2 * 20

@@ -1,4 +1,4 @@
-"""Deflate chunks decoded on the GPU by inflate_kernel1 (--decode gpu), Zstd chunks by zstd_kernel1,
+"""Deflate chunks decoded on the GPU by inflate_kernel1 (--decode gpu), Zstd chunks by zstd_kernel2,
 and Blosc lz4 + bitshuffle chunks by blosc_lz4_kernel1: the predictions of the host's decoding for
 every level, shuffle, value type and chunk size (blocks starting and ending inside chunks, chunks a
 stride apart or back to back, odd byte counts), and a damaged chunk refused in one line naming it. Needs a GPU."""
@@ -83,7 +83,7 @@ def test_mnist_float32_zstd_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, 
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][:1999], f["y"][:1999]
     r = assert_same_as_host(sessions, write(tmp_path / "z.h5", x, y, chunk, name), ece408 / "model.hdf5",
-                            "GPU: zstd_kernel1")
+                            "GPU: zstd_kernel2")
     assert r.correct > 1700
 
 

@@ -1,18 +1,20 @@
-"""cuda/zstd.cuh, the Zstandard decoder of zstd_kernel1, against libzstd: built for the host (no GPU
+"""cuda/zstd.cuh, the Zstandard decoders of zstd_kernel1 and 2, against libzstd: built for the host (no GPU
 needed), every level's frames of literal-heavy, match-heavy, periodic, incompressible and constant
 data (Huffman literals in 1 or 4 streams, stored and RLE literals and blocks, FSE tables predefined,
 RLE, described and repeated), checksums, frames without a content size, small windows (many blocks),
 outputs exactly full and a byte short; damaged frames: where it decodes one, libzstd gives the same
-bytes, where libzstd refuses one, so does it, and it never writes past its output. On a GPU,
-zstd_kernel1 gives the host build's statuses and bytes for all of them."""
+bytes, where libzstd refuses one, so does it, and it never writes past its output. zstd_kernel2's
+way (a frame's blocks decoded apart, last to first, then carried out in order) on frames of many
+blocks with treeless literals and repeated tables, without scratch room, and damaged. On a GPU,
+zstd_kernel1 and zstd_kernel2 give the host build's statuses and bytes for all of them."""
 import numpy as np
 import pytest
 
 from tests.conftest import build
-from tests.zstd_frames import (BAD, CHECKSUM, CONTENT_SIZE, FULL, OK, WINDOW_LOG, compress, host_decoder,
-                               lib_decompress, libzstd)
+from tests.zstd_frames import (BAD, CHECKSUM, CONTENT_SIZE, FULL, OK, WINDOW_LOG, compress, host_build,
+                               host_decoder, host_decoder2, lib_decompress, libzstd)
 
-__all__ = ["host_decoder"]  # a fixture
+__all__ = ["host_build", "host_decoder", "host_decoder2"]  # fixtures
 LEVELS = [-5, 1, 3, 9, 19]
 # a frame made by hand: one compressed block of RLE literals (b"x" 20 times) and no sequences
 RLE_LITERALS = bytes([0x28, 0xB5, 0x2F, 0xFD, 0x20, 20]) + (1 | 2 << 1 | 3 << 3).to_bytes(3, "little") \
@@ -120,17 +122,74 @@ def test_damaged_frames_are_refused_or_decoded_as_libzstd_decodes_them(lib, data
     assert statuses.count(BAD) > 100 and statuses.count(OK) > 10
 
 
-@pytest.mark.gpu
-def test_zstd_kernel1_gives_the_host_builds_statuses_and_bytes(gpu, lib, data, host_decoder):
-    """Every frame above and 300 damaged ones in one launch, each at a different misalignment."""
-    import pycuda.driver as cuda
+def blocky(lib, data):
+    """(name, frame, decoded): frames of 8-64 blocks (16 KB and 128 KB windows) whose blocks lean on
+    the ones before: treeless literals (every level) and repeated tables (levels 9 and 19), raw literals."""
+    raw = data["text"] + data["mnist-like float32"] + data["literals"] + data["segments"]
+    return [(f"L{level} window 2^{log}", compress(lib, raw, level, {WINDOW_LOG: log}), raw)
+            for level in (1, 3, 9, 19) for log in (14, 17)]
 
-    from infer.gpu.launch import Zstd
 
+def test_blocks_decoded_apart_give_the_frames_bytes(lib, data, host_decoder2):
+    for name, frame, raw in blocky(lib, data):
+        assert host_decoder2(frame, len(raw)) == (OK, raw, True), name
+        assert host_decoder2(frame, len(raw) - 1)[0] == FULL, name
+    for name, frame, raw in frames(lib, data):  # the 1 KB window's ~1,000 blocks exceed a plan: decoded whole
+        status, got, apart = host_decoder2(frame, len(raw))
+        assert status == OK and got == raw and apart == (name != "window of 1 KB: 1 KB blocks"), name
+
+
+def test_without_scratch_room_a_frame_is_decoded_whole(lib, data, host_decoder2):
+    name, frame, raw = blocky(lib, data)[5]
+    assert host_decoder2(frame, len(raw), scratch_bytes=len(raw) // 10) == (OK, raw, False), name
+
+
+def test_damaged_frames_decoded_apart_are_refused_or_decoded_as_libzstd_decodes_them(lib, data, host_decoder,
+                                                                                      host_decoder2):
+    """And refused or decoded exactly where zstd_kernel1's decoder refuses or decodes them."""
+    sources = {name: (frame, len(raw)) for name, frame, raw in blocky(lib, data)}
+    apart = 0
+    for frame, cap in damaged(lib, data, np.random.default_rng(6), 300) + damaged_from(sources, 300):
+        status, got, planned = host_decoder2(frame, cap)
+        want = lib_decompress(lib, frame, cap)
+        apart += planned
+        if status == OK:
+            assert got == want
+        if want is None:
+            assert status != OK
+        whole, got_whole = host_decoder(frame, cap)
+        assert (status == OK) == (whole == OK) and (status != OK or got == got_whole)
+    assert apart > 300
+
+
+def damaged_from(sources, count, seed=8):
+    """count frames of sources (name -> (frame, cap)), each with 1-3 bits flipped, or cut short."""
+    rng, frames_ = np.random.default_rng(seed), list(sources.values())
+    out = []
+    for _ in range(count):
+        frame, cap = frames_[int(rng.integers(0, len(frames_)))]
+        b = bytearray(frame)
+        for _ in range(int(rng.integers(1, 4))):
+            b[int(rng.integers(0, len(b)))] ^= 1 << int(rng.integers(0, 8))
+        if rng.random() < 0.1:
+            b = b[:int(rng.integers(1, len(b)))]
+        out.append((bytes(b), cap))
+    return out
+
+
+def gpu_cases(lib, data):
     cases = [(frame, len(raw)) for _, frame, raw in frames(lib, data)]
     cases += [(frame, len(raw) - 1) for _, frame, raw in frames(lib, data)[:8]]
-    cases += damaged(lib, data, np.random.default_rng(9), 300) + [(RLE_LITERALS, 20), (RLE_LITERALS, 19)]
-    n, guard = len(cases), 64
+    return cases + damaged(lib, data, np.random.default_rng(9), 300) + [(RLE_LITERALS, 20), (RLE_LITERALS, 19)]
+
+
+def on_gpu(cases, kernel, guard=64, *scratch):
+    """Every (frame, cap) in one launch of kernel (a launch.Zstd or ZstdApart), each frame at another
+    misalignment, its output `guard` bytes short of the next: (statuses, decoded sizes, outputs, where
+    each output starts)."""
+    import pycuda.driver as cuda
+
+    n = len(cases)
     src, at = bytearray(), []
     for k, (frame, _) in enumerate(cases):
         src += bytes(-len(src) % 16 + k % 16)
@@ -145,17 +204,49 @@ def test_zstd_kernel1_gives_the_host_builds_statuses_and_bytes(gpu, lib, data, h
                       [int(d_out) + int(o) for o in outs[:-1]]], np.uint64)
     d_table, d_status = cuda.to_device(table), cuda.to_device(np.full(n, -1, np.int32))
     row = [int(d_table) + 8 * n * k for k in range(5)]
-    Zstd(build(gpu))(cuda.Stream(), n, row[0], row[1], row[2], row[3], row[4], d_status)
+    kernel(cuda.Stream(), n, row[0], row[1], row[2], row[3], row[4], d_status, *scratch)
     cuda.Context.synchronize()
-    status = cuda.from_device_like(d_status, np.zeros(n, np.int32))
-    sizes = cuda.from_device_like(d_table, table)[3].astype(np.int64)
-    out = cuda.from_device_like(d_out, np.zeros(int(outs[-1]), np.uint8))
+    return (cuda.from_device_like(d_status, np.zeros(n, np.int32)), cuda.from_device_like(d_table, table)[3].astype(
+        np.int64), cuda.from_device_like(d_out, np.zeros(int(outs[-1]), np.uint8)), outs)
+
+
+def assert_as_on_the_host(cases, got, decode, guard=64, same_status=True):
+    status, sizes, out, outs = got
     for k, (frame, cap) in enumerate(cases):
-        want_status, want = host_decoder(frame, cap)
-        assert status[k] == want_status, k
+        want_status, want = decode(frame, cap)[:2]
+        assert status[k] == want_status if same_status else (status[k] == OK) == (want_status == OK), k
         assert (out[outs[k] + cap:outs[k] + cap + guard] == 0xA5).all(), k
         if want_status == OK:
             assert sizes[k] == len(want) and out[outs[k]:outs[k] + len(want)].tobytes() == want, k
+
+
+@pytest.mark.gpu
+def test_zstd_kernel1_gives_the_host_builds_statuses_and_bytes(gpu, lib, data, host_decoder):
+    """Every frame above and 300 damaged ones in one launch, each at a different misalignment."""
+    from infer.gpu.launch import Zstd
+
+    cases = gpu_cases(lib, data)
+    assert_as_on_the_host(cases, on_gpu(cases, Zstd(build(gpu))), host_decoder)
+
+
+@pytest.mark.gpu
+def test_zstd_kernel2_gives_the_host_builds_statuses_and_bytes(gpu, lib, data, host_decoder2):
+    """The frames above, those of many blocks and 300 of them damaged, in one launch: with scratch
+    room for all, statuses and bytes as on the host; with room for a few, the others decoded whole
+    (the same bytes; a damaged frame refused, if not always with the same status)."""
+    import pycuda.driver as cuda
+
+    from infer.gpu.launch import ZstdApart
+
+    sources = {name: (frame, len(raw)) for name, frame, raw in blocky(lib, data)}
+    cases = gpu_cases(lib, data) + list(sources.values()) + damaged_from(sources, 300, seed=10)
+    kernel = ZstdApart(build(gpu))
+    room = sum(4 * cap + 4096 for _, cap in cases)
+    scratch = cuda.mem_alloc(256 + room)
+    assert_as_on_the_host(cases, on_gpu(cases, kernel, 64, scratch, room), host_decoder2)
+    used = cuda.from_device_like(scratch, np.zeros(1, np.uint64))[0]
+    assert 0 < used <= room
+    assert_as_on_the_host(cases, on_gpu(cases, kernel, 64, scratch, used // 4), host_decoder2, same_status=False)
 
 
 def test_a_block_of_rle_literals_alone(lib, host_decoder):

@@ -1,5 +1,5 @@
 """Zstandard frames for the tests: made and decoded by libzstd (hdf5plugin's Zstd plugin exports its
-functions), and decoded by cuda/zstd.cuh built for the host (the decoder zstd_kernel1 runs, one
+functions), and decoded by cuda/zstd.cuh built for the host (the decoders zstd_kernel1 and 2 run, one
 thread instead of a warp's lanes)."""
 import ctypes
 import subprocess
@@ -58,8 +58,8 @@ def lib_decompress(lib, frame, cap):
 
 
 @pytest.fixture(scope="session")
-def host_decoder(tmp_path_factory):
-    """decode(frame, cap) -> (status, bytes written): cuda/zstd.cuh compiled by the C compiler."""
+def host_build(tmp_path_factory):
+    """cuda/zstd.cuh compiled by the C compiler (-DZSTD_HOST): its decoders on one host thread."""
     cc = native.compiler()
     if cc is None:
         pytest.skip("no C compiler")
@@ -67,14 +67,38 @@ def host_decoder(tmp_path_factory):
     subprocess.run([cc, "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-x", "c", "-DZSTD_HOST",
                     str(REPO / "cuda" / "zstd.cuh"), "-o", str(path)], check=True, capture_output=True)
     lib = ctypes.CDLL(str(path))
-    lib.zstd_host_decode.argtypes = [ctypes.c_void_p, ctypes.c_longlong, ctypes.c_void_p, ctypes.c_longlong,
-                                     ctypes.POINTER(ctypes.c_longlong)]
+    p, n = ctypes.c_void_p, ctypes.c_longlong
+    lib.zstd_host_decode.argtypes = [p, n, p, n, ctypes.POINTER(n)]
+    lib.zstd_host_decode2.argtypes = [p, n, p, n, ctypes.POINTER(n), p, n, ctypes.POINTER(ctypes.c_int)]
+    return lib
 
-    def decode(frame, cap, guard=64):
-        src = np.frombuffer(frame, np.uint8).copy()
-        out = np.full(cap + guard, 0xA5, np.uint8)
-        got = ctypes.c_longlong(-1)
-        status = lib.zstd_host_decode(src.ctypes.data, src.size, out.ctypes.data, cap, ctypes.byref(got))
-        assert (out[cap:] == 0xA5).all(), "written past the output"
-        return status, out[:got.value].tobytes()
+
+def _decode(call, frame, cap, guard):
+    src = np.frombuffer(frame, np.uint8).copy()
+    out = np.full(cap + guard, 0xA5, np.uint8)
+    got = ctypes.c_longlong(-1)
+    status = call(src.ctypes.data, src.size, out.ctypes.data, cap, ctypes.byref(got))
+    assert (out[cap:] == 0xA5).all(), "written past the output"
+    return status, out[:got.value].tobytes()
+
+
+@pytest.fixture(scope="session")
+def host_decoder(host_build):
+    """decode(frame, cap) -> (status, bytes written): zstd_kernel1's decoder (zstd_frame)."""
+    return lambda frame, cap, guard=64: _decode(host_build.zstd_host_decode, frame, cap, guard)
+
+
+@pytest.fixture(scope="session")
+def host_decoder2(host_build):
+    """decode(frame, cap, scratch_bytes) -> (status, bytes written, whether its blocks were decoded
+    apart): zstd_kernel2's way, the blocks decoded apart last to first, each with tables of junk."""
+    def decode(frame, cap, scratch_bytes=None, guard=64):
+        scratch_bytes = 4 * cap + 4096 if scratch_bytes is None else scratch_bytes
+        scratch = np.zeros(max(scratch_bytes, 1), np.uint8)
+        planned = ctypes.c_int(-1)
+
+        def call(*args):
+            return host_build.zstd_host_decode2(*args, scratch.ctypes.data, scratch_bytes, ctypes.byref(planned))
+        status, got = _decode(call, frame, cap, guard)
+        return status, got, planned.value == 1
     return decode

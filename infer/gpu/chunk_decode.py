@@ -7,9 +7,9 @@ places each block as the images the network reads:
 - deflate (Deflate): inflate_kernel1 (cuda/inflate.cu: a warp a chunk), a kernel checking them (the
   kernel's status, the decoded size, deflate's adler32), HDF5's shuffle undone as they are placed. A
   chunk of 1,000 MNIST images takes one warp 43-71 ms (H100), and an SM holds twelve;
-- Zstd (Zstd): zstd_kernel1 (cuda/zstd.cu: a warp a frame, 32 sequences decoded at a time, then
-  copied a lane each), checked and unshuffled as deflate's. A 1,000-image MNIST chunk takes one warp
-  ~45 ms (H100);
+- Zstd (Zstd): zstd_kernel2 (cuda/zstd.cu: 3 warps a frame, two decoding its blocks apart into
+  scratch memory, one carrying their sequences out in order), checked and unshuffled as deflate's. A
+  1,000-image MNIST chunk takes 15 ms alone (H100), shuffled 23;
 - Blosc lz4 + bitshuffle (BloscLz4): blosc_lz4_kernel1 (cuda/lz4.cu: a warp per stream of a block,
   ~21 a 1,000-image chunk, ~13 ms each), the bits unshuffled as they are placed.
 Speed comes from chunks in flight: groups decode on several streams at once (up to MAX_STREAMS) into
@@ -52,22 +52,25 @@ def warm_up(build, rows):
 
 class Plan(NamedTuple):
     """How a codec's blocks travel: blocks a decode launch takes, decoded bytes a host block (one
-    read, one upload), page-locked blocks being read or uploaded."""
+    read, one upload), page-locked blocks being read or uploaded; the kernel's scratch memory,
+    bytes a decoded byte."""
     group: int
     block_bytes: int
     ring: int
+    scratch: float = 0.0
 
 
 def plan(rows):
     """The Plan of `rows` (a ChunkedRows the GPU decodes): its codec's."""
     codec = CODECS[rows.codec]
-    return Plan(codec.group, codec.block_bytes, codec.ring)
+    return Plan(codec.group, codec.block_bytes, codec.ring, codec.scratch)
 
 
 def slots(free, plan):
     """Device slots of decoded blocks, in groups (a Plan's), for a GPU with `free` bytes free: a
     group per decode stream, and spares."""
-    streams = max(1, min(MAX_STREAMS, min(IN_FLIGHT_BYTES, free // 8) // (plan.group * plan.block_bytes)))
+    decoding = min(IN_FLIGHT_BYTES, int(free // 8 / (1 + plan.scratch)))  # an eighth: decoded and scratch bytes
+    streams = max(1, min(MAX_STREAMS, decoding // (plan.group * plan.block_bytes)))
     return (streams + SPARE_GROUPS) * plan.group
 
 
@@ -122,6 +125,7 @@ class Deflate:
     decode_check_kernel1 (status, size, adler32), and HDF5's shuffle undone as the images are placed."""
     head, tail = 2, 4  # bytes of the zlib stream around its deflate data
     kernel, adler, what, frame = launch.Inflate, True, "deflate", "not a zlib stream"
+    scratch = 0.0  # the kernel's scratch memory, bytes a decoded byte
 
     def __init__(self, build, rows):
         self.decoder, self.check = self.kernel(build), launch.DecodeCheck(build)
@@ -161,7 +165,12 @@ class Deflate:
         cuda.memcpy_htod(src, stream)
         cuda.memcpy_htod(table, np.array([int(src), len(stream), 4096, 0, int(out), 0], np.uint64))
         t = int(table)
-        self.decoder(cuda.Stream(), 1, t, t + 8, t + 16, t + 24, t + 32, t + 40)
+        scratch = alloc(256 + int(4096 * self.scratch)) if self.scratch else None
+        self.run(cuda.Stream(), 1, [t, t + 8, t + 16, t + 32, t + 24, t + 40], scratch, int(4096 * self.scratch))
+
+    def run(self, stream, count, at, scratch, scratch_bytes):
+        """The kernel on a group's table columns `at` (see Decoder.columns)."""
+        self.decoder(stream, count, at[0], at[1], at[2], at[4], at[3], at[5])
 
     def prepare(self, dec, block, table, o, data, decoded):
         """Refuse, before anything is uploaded, a chunk whose stream does not even start right; then
@@ -188,11 +197,11 @@ class Deflate:
         good = (cmf & 15 == 8) & (cmf >> 4 <= 7) & ((cmf * 256 + flg) % 31 == 0) & (flg & 32 == 0)
         return good & (sizes > self.head + self.tail)
 
-    def decode(self, dec, stream, count, table, decoded, c0):
+    def decode(self, dec, stream, count, table, decoded, c0, scratch):
         """Decode a group's count chunks, file chunks c0 on, as its table (device address) says,
-        into decoded on."""
+        into decoded on (scratch: the lane's scratch memory, where the codec takes some)."""
         at = dec.columns(table)
-        self.decoder(stream, count, at[0], at[1], at[2], at[4], at[3], at[5])
+        self.run(stream, count, at, scratch, dec.scratch_bytes)
         self.check(stream, count, at[0], at[1], at[4], at[5], decoded, dec.chunk_bytes, dec.stride, self.adler, c0,
                    dec.flags)
 
@@ -225,12 +234,13 @@ class Deflate:
 
 class Zstd(Deflate):
     """hdf5plugin's Zstd filter: a Zstandard frame a chunk (as hdf5plugin writes them: no dictionary,
-    no content checksum), decoded by zstd_kernel1 into chunks 256 bytes apart, checked by
+    no content checksum), decoded by zstd_kernel2 into chunks 256 bytes apart, checked by
     decode_check_kernel1 (status and size: the frame's own structure catches damage), HDF5's shuffle
     undone as the images are placed. The group, block and ring of deflate's plan. Frames with a
     checksum (which the host's libzstd checks and the GPU does not) or a dictionary are the host's."""
     head = tail = 0
-    kernel, adler, what = launch.Zstd, False, "Zstandard"
+    kernel, adler, what = launch.ZstdApart, False, "Zstandard"
+    scratch = launch.ZstdApart.SCRATCH
     frame = ("not a Zstandard frame the GPU decodes: damaged, or with a checksum or dictionary, which --decode "
              "host reads")
     MAGIC = bytes([0x28, 0xB5, 0x2F, 0xFD])
@@ -251,6 +261,9 @@ class Zstd(Deflate):
     def sample():
         # one stored block of 4096 zero bytes; a single segment, its size in 2 bytes (4096 - 256)
         return Zstd.MAGIC + bytes([0x60, 0x00, 0x0F]) + (1 | 4096 << 3).to_bytes(3, "little") + bytes(4096)
+
+    def run(self, stream, count, at, scratch, scratch_bytes):
+        self.decoder(stream, count, at[0], at[1], at[2], at[4], at[3], at[5], scratch, scratch_bytes)
 
     def starts_right(self, buf, at, sizes):
         """Per chunk: its magic number, and a frame header without a checksum or dictionary."""
@@ -336,7 +349,9 @@ class BloscLz4:
         self.rows.submit(dec.pool.native, lo, hi, out).result()
         return lo - block.lo, out
 
-    def decode(self, dec, stream, count, table, decoded, c0):
+    scratch = 0.0
+
+    def decode(self, dec, stream, count, table, decoded, c0, scratch):
         starts, sizes, outputs = dec.columns(table)
         self.lz4(stream, count, starts, sizes, outputs, dec.chunk_bytes, self.block_bytes, self.itemsize, c0, dec.flags)
 
@@ -420,11 +435,12 @@ class Lane:
     """A decode stream and its buffers: on the device the group's table (`table_bytes`, then its
     blocks' bytes back to back) and its chunks decoded a stride apart; the table in page-locked memory."""
 
-    def __init__(self, alloc, table_bytes, capacity, decoded_bytes, arrays, rows):
+    def __init__(self, alloc, table_bytes, capacity, decoded_bytes, arrays, rows, scratch_bytes):
         import pycuda.driver as cuda
 
-        # whole 256-byte words past the last chunk's bytes: zstd_kernel1 loads the aligned words holding them
+        # whole 256-byte words past the last chunk's bytes: the Zstandard kernels load the aligned words holding them
         self.comp, self.decoded = alloc(table_bytes + -(-capacity // 256) * 256), alloc(decoded_bytes)
+        self.scratch = alloc(256 + scratch_bytes) if scratch_bytes else None  # its first 8 bytes count what is taken
         self.data = int(self.comp) + table_bytes
         self.table = cuda.pagelocked_empty((arrays, rows), np.uint64)
         self.stream = cuda.Stream()
@@ -449,8 +465,9 @@ class Decoder:
         arrays = CODECS[rows.codec].arrays
         table_bytes = -(-arrays * 8 * self.group_chunks // 256) * 256
         self.flags = alloc(8)
+        self.scratch_bytes = -(-int(self.group_chunks * self.stride * CODECS[rows.codec].scratch) // 256) * 256
         self.lanes = [Lane(alloc, table_bytes, group * self.capacity, self.group_chunks * self.stride, arrays,
-                           self.group_chunks) for _ in range(streams)]
+                           self.group_chunks, self.scratch_bytes) for _ in range(streams)]
         self.copy = copy  # the stream of the uploads: the backend's, not sharing a hardware queue with a lane
         self.used, self.pool, self.lane, self.pieces = 0, None, None, []
         self.bind(rows)
@@ -461,7 +478,7 @@ class Decoder:
         codec = CODECS[rows.codec]
         return (rows.chunk_bytes == self.chunk_bytes and codec.stride(rows.chunk_bytes) == self.stride
                 and self.lanes[0].table.shape[0] == codec.arrays and chunks == self.max_chunks
-                and capacity <= self.capacity)
+                and capacity <= self.capacity and codec.scratch == CODECS[self.rows.codec].scratch)
 
     def bind(self, rows):
         """Decode the chunks of `rows` (a ChunkedRows that fits) from now on."""
@@ -559,7 +576,7 @@ class Decoder:
         lane.table_sent = event(self.copy)
         lane.stream.wait_for_event(lane.table_sent)
         if self.gpu:
-            self.codec.decode(self, lane.stream, self.count, int(lane.comp), lane.decoded, pieces[0][0].c0)
+            self.codec.decode(self, lane.stream, self.count, int(lane.comp), lane.decoded, pieces[0][0].c0, lane.scratch)
         lane.read = event(lane.stream)
         placed = []
         for piece, o, dst, waits, token in pieces:
