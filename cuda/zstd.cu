@@ -37,7 +37,7 @@ extern "C" __global__ void __launch_bounds__(32) zstd_kernel1(const unsigned cha
 //   of its own (block j by warp 1 + j % (ZWARPS - 1)), while warp 0 carries their sequences out in
 //   order as each is ready. A frame of more than ZMAX_BLOCKS blocks, or with no room left in the
 //   pool, is decoded whole by warp 0 (zstd_frame, zstd_kernel1's way). (ZWARPS - 1) x 15 KB of
-//   shared memory for the tables and 4 KB for the plan; the scratch memory takes a frame's
+//   dynamic shared memory for the tables and 4 KB for the plan; the scratch memory takes a frame's
 //   Huffman-coded literals and 12 bytes a sequence.
 extern "C" __global__ void __launch_bounds__(32 * ZWARPS) zstd_kernel2(const unsigned char* const* __restrict__ src_ptrs,
                                                                        const unsigned long long* __restrict__ src_bytes,
@@ -48,7 +48,8 @@ extern "C" __global__ void __launch_bounds__(32 * ZWARPS) zstd_kernel2(const uns
                                                                        unsigned char* __restrict__ scratch,
                                                                        unsigned long long scratch_bytes,
                                                                        unsigned long long* __restrict__ scratch_used) {
-    __shared__ ZTables tables[ZWARPS - 1];
+    extern __shared__ __align__(16) unsigned char tables_bytes[];  // (ZWARPS - 1) x ZTABLES_BYTES
+    ZTables* tables = reinterpret_cast<ZTables*>(tables_bytes);
     __shared__ ZPlan plan;
     __shared__ unsigned long long base;
     const int c = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -54,6 +54,14 @@ typedef struct {
     zu8 weights[256];
     int huf_bits;             // 0: no Huffman table yet
 } ZTables;
+#ifndef ZTABLES_BYTES
+#define ZTABLES_BYTES 15368  // sizeof(ZTables): zstd_kernel2 takes (ZWARPS - 1) of them as dynamic shared memory
+#endif
+#ifdef ZSTD_HOST
+_Static_assert(sizeof(ZTables) == ZTABLES_BYTES, "ZTABLES_BYTES");
+#else
+static_assert(sizeof(ZTables) == ZTABLES_BYTES, "ZTABLES_BYTES");
+#endif
 
 ZCONST zu32 ZLL_BASE[36] = {0,  1,  2,  3,  4,  5,  6,   7,   8,   9,   10,   11,   12,   13,   14,   15,    16,    18,
                             20, 22, 24, 28, 32, 40, 48, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536};
@@ -368,7 +376,7 @@ ZDEV int zhuf_stream(const ZTables* t, const zu8* src, zi64 size, zu8* out, zi64
 }
 
 #define ZSTEP 8    // bytes a lane moves a step of the warp's copies (a step: up to ZLANES x ZSTEP bytes)
-#define ZLONG 64   // a batch's copies longer than this are the warp's, one after another; shorter ones a lane's
+#define ZLONG 128  // a batch's copies longer than this are the warp's, one after another; shorter ones a lane's
 
 // n bytes from src to dst by the warp, at most `step` (<= ZLANES x ZSTEP) a step, each step's loads
 // before its stores: for buffers apart, dst <= src (copying down; they may overlap), or src + step <=

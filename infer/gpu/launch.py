@@ -385,9 +385,18 @@ class ZstdApart(FrameDecoder):
     source, kernel, arg_types = "zstd", "zstd_kernel2", "PPPPPPPQP"
     WARPS = 3
     SCRATCH = 1.0  # scratch bytes a frame's decoded byte (MNIST: Zstd 3 takes 0.35, shuffled 0.61)
+    TABLE_BYTES = 15368  # a decoding warp's tables (zstd.cuh's ZTables; the build asserts the size)
 
     def __init__(self, build):
-        super().__init__(build, ZWARPS=self.WARPS)
+        import pycuda.driver as cuda
+
+        super().__init__(build, **self.defines())
+        self.shared = (self.WARPS - 1) * self.TABLE_BYTES
+        self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)
+
+    @classmethod
+    def defines(cls):
+        return dict(ZWARPS=cls.WARPS, ZTABLES_BYTES=cls.TABLE_BYTES)
 
     def __call__(self, stream, count, src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses, scratch,
                  scratch_bytes):
@@ -400,7 +409,7 @@ class ZstdApart(FrameDecoder):
         scratch = int(scratch)
         cuda.memset_d32_async(scratch, 0, 2, stream)
         self.launch(stream, (count, 1), (32 * self.WARPS, 1, 1), src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs,
-                    statuses, scratch + 256, scratch_bytes, scratch)
+                    statuses, scratch + 256, scratch_bytes, scratch, shared=self.shared)
 
 
 class BloscLz4(Launcher):
