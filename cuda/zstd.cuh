@@ -1,13 +1,16 @@
-// One Zstandard frame (RFC 8878, as hdf5plugin's Zstd filter stores a chunk) decoded into its
-// output, by a warp whose lanes step through the frame in lockstep (cuda/zstd.cu), or by one host
-// thread (built with -DZSTD_HOST: the CPU tests check this same code against libzstd).
-// Every lane holds the same decoding state; the lanes split the work that is parallel: a Huffman
-// table's fill, the 4 literal streams of a block (a lane each), and every copy (32 bytes a step).
-// Literals decoded from Huffman streams (or an RLE byte) are written at the end of the output,
-// behind where this block's output can reach, and copied down as the sequences take them, so no
-// scratch memory is needed. Damaged input never reads or writes out of bounds: the result is
-// ZSTD_BAD (damaged, or reading past the frame), or ZSTD_FULL (more output than the capacity).
-// Not supported (ZSTD_BAD): dictionaries, several frames in one chunk. A content checksum is skipped.
+// Zstandard frames (RFC 8878, as hdf5plugin's Zstd filter stores a chunk), decoded on the GPU
+// (cuda/zstd.cu) or by one host thread (built with -DZSTD_HOST: the CPU tests check this same code
+// against libzstd). Two ways:
+// - zstd_frame: a frame by one warp whose lanes step through it in lockstep. Every lane holds the
+//   same decoding state; the lanes split the work that is parallel: a Huffman table's fill, the 4
+//   literal streams of a block (a lane each), and the copies. Literals decoded from Huffman streams
+//   (or an RLE byte) are written at the end of the output, behind where this block's output can
+//   reach, and copied down as the sequences take them, so no scratch memory is needed.
+// - zstd_plan, zstd_block_apart, zstd_run: a frame's blocks decoded apart, each by a warp of its own
+//   into scratch memory, then carried out in order by another (zstd_kernel2).
+// Damaged input never reads or writes out of bounds: the result is ZSTD_BAD (damaged, or reading
+// past the frame), or ZSTD_FULL (more output than the capacity). Not supported (ZSTD_BAD):
+// dictionaries, several frames in one chunk. A content checksum is skipped.
 
 #ifdef ZSTD_HOST
 #define ZDEV static
@@ -768,7 +771,7 @@ ZDEV int zstd_frame(ZTables* t, const zu8* src, zi64 size, zu8* out, zi64 cap, z
 // literals and sequences decoded by a warp of its own into scratch memory (zstd_block_apart), the
 // sequences carried out in order by another warp (zstd_block_run).
 
-#define ZMAX_BLOCKS 64  // blocks a plan holds: a frame of more is decoded whole, by zstd_frame
+#define ZMAX_BLOCKS 128  // blocks a plan holds: a frame of more is decoded whole, by zstd_frame
 #define ZREL (1u << 30)  // a block's offsets from zstd_block_apart: v < ZREL an offset; (r + 1) << 30 | d the
                          // block's r-th repeated offset as it starts, less d
 #define ZREL_LESS(v) ((v) < ZREL ? (v) - 1 : (v) + 1)

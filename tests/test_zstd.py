@@ -123,7 +123,7 @@ def test_damaged_frames_are_refused_or_decoded_as_libzstd_decodes_them(lib, data
 
 
 def blocky(lib, data):
-    """(name, frame, decoded): frames of 8-64 blocks (16 KB and 128 KB windows) whose blocks lean on
+    """(name, frame, decoded): frames of 7-53 blocks (128 KB and 16 KB windows) whose blocks lean on
     the ones before: treeless literals (every level) and repeated tables (levels 9 and 19), raw literals."""
     raw = data["text"] + data["mnist-like float32"] + data["literals"] + data["segments"]
     return [(f"L{level} window 2^{log}", compress(lib, raw, level, {WINDOW_LOG: log}), raw)

@@ -298,6 +298,7 @@ class BloscLz4:
         return None
 
     arrays = 3  # of the table, uint64 a chunk: start, stored size, output
+    scratch = 0.0
     # A launch takes 10 blocks of 32 MB (80 MNIST chunks, ~1,700 warps of ~13 ms), read 4 at a time:
     # the host's 4 compressed blocks keep the peak RSS under 400 MB (6 of 64 MB: 7.0M images/s, 484 MB)
     group, block_bytes, ring = 10, 32 << 20, 4
@@ -348,8 +349,6 @@ class BloscLz4:
         out = cuda.pagelocked_empty((hi - lo) * dec.row_bytes, np.uint8)
         self.rows.submit(dec.pool.native, lo, hi, out).result()
         return lo - block.lo, out
-
-    scratch = 0.0
 
     def decode(self, dec, stream, count, table, decoded, c0, scratch):
         starts, sizes, outputs = dec.columns(table)
@@ -433,12 +432,13 @@ class Piece(NamedTuple):
 
 class Lane:
     """A decode stream and its buffers: on the device the group's table (`table_bytes`, then its
-    blocks' bytes back to back) and its chunks decoded a stride apart; the table in page-locked memory."""
+    blocks' bytes back to back), its chunks decoded a stride apart and, where the codec's kernel takes
+    some, its scratch memory; the table in page-locked memory."""
 
     def __init__(self, alloc, table_bytes, capacity, decoded_bytes, arrays, rows, scratch_bytes):
         import pycuda.driver as cuda
 
-        # whole 256-byte words past the last chunk's bytes: the Zstandard kernels load the aligned words holding them
+        # rounded up to 256 bytes: the Zstandard kernels load the aligned 8-byte words holding a frame's bytes
         self.comp, self.decoded = alloc(table_bytes + -(-capacity // 256) * 256), alloc(decoded_bytes)
         self.scratch = alloc(256 + scratch_bytes) if scratch_bytes else None  # its first 8 bytes count what is taken
         self.data = int(self.comp) + table_bytes

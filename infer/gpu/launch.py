@@ -380,7 +380,7 @@ class Zstd(FrameDecoder):
 
 class ZstdApart(FrameDecoder):
     """Zstandard frames decoded by zstd_kernel2: a frame's blocks decoded apart by WARPS - 1 warps
-    into scratch memory, their sequences carried out in order by another; a frame of more than 64
+    into scratch memory, their sequences carried out in order by another; a frame of more than 128
     blocks, or finding the scratch pool taken, decoded whole by one warp (zstd_kernel1's way)."""
     source, kernel, arg_types = "zstd", "zstd_kernel2", "PPPPPPPQP"
     WARPS = 3
