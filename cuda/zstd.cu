@@ -37,7 +37,7 @@ extern "C" __global__ void __launch_bounds__(32) zstd_kernel1(const unsigned cha
 //   of its own (block j by warp 1 + j % (ZWARPS - 1)), while warp 0 carries their sequences out in
 //   order as each is ready. A frame of more than ZMAX_BLOCKS blocks, or with no room left in the
 //   pool, is decoded whole by warp 0 (zstd_frame, zstd_kernel1's way). (ZWARPS - 1) x 15 KB of
-//   dynamic shared memory for the tables and 4 KB for the plan; the scratch memory takes a frame's
+//   dynamic shared memory for the tables and 7 KB for the plan; the scratch memory takes a frame's
 //   Huffman-coded literals and 12 bytes a sequence.
 extern "C" __global__ void __launch_bounds__(32 * ZWARPS) zstd_kernel2(const unsigned char* const* __restrict__ src_ptrs,
                                                                        const unsigned long long* __restrict__ src_bytes,
