@@ -91,19 +91,24 @@ def test_frames_it_does_not_take_are_bad(lib, data, host_decoder):
 def damaged(lib, data, rng, count):
     """count frames of the samples, each with 1-3 bits flipped (half of them in the first 64 bytes,
     where the headers and tables are) or cut short."""
-    sources = [compress(lib, data[k], level) for k in ("text", "mnist-like float32", "periodic 1-39", "literals")
-               for level in (1, 19)]
-    caps = [len(data[k]) for k in ("text", "mnist-like float32", "periodic 1-39", "literals") for _ in (1, 19)]
+    names = ("text", "mnist-like float32", "periodic 1-39", "literals")
+    return damaged_from([(compress(lib, data[k], level), len(data[k])) for k in names for level in (1, 19)], count, rng,
+                        head=0.5, cut=0.15)
+
+
+def damaged_from(frames_, count, rng, head=0.0, cut=0.1):
+    """count of frames_ ((frame, cap) pairs), each with 1-3 bits flipped (a `head` share of the flips
+    in the first 64 bytes), `cut` of them then cut short."""
     out = []
     for _ in range(count):
-        k = int(rng.integers(0, len(sources)))
-        b = bytearray(sources[k])
+        frame, cap = frames_[int(rng.integers(0, len(frames_)))]
+        b = bytearray(frame)
         for _ in range(int(rng.integers(1, 4))):
-            at = int(rng.integers(0, min(64, len(b)) if rng.random() < 0.5 else len(b)))
+            at = int(rng.integers(0, min(64, len(b)) if head and rng.random() < head else len(b)))
             b[at] ^= 1 << int(rng.integers(0, 8))
-        if rng.random() < 0.15:
+        if rng.random() < cut:
             b = b[:int(rng.integers(1, len(b)))]
-        out.append((bytes(b), caps[k]))
+        out.append((bytes(b), cap))
     return out
 
 
@@ -147,9 +152,10 @@ def test_without_scratch_room_a_frame_is_decoded_whole(lib, data, host_decoder2)
 def test_damaged_frames_decoded_apart_are_refused_or_decoded_as_libzstd_decodes_them(lib, data, host_decoder,
                                                                                       host_decoder2):
     """And refused or decoded exactly where zstd_kernel1's decoder refuses or decodes them."""
-    sources = {name: (frame, len(raw)) for name, frame, raw in blocky(lib, data)}
+    sources = [(frame, len(raw)) for _, frame, raw in blocky(lib, data)]
     apart = 0
-    for frame, cap in damaged(lib, data, np.random.default_rng(6), 300) + damaged_from(sources, 300):
+    for frame, cap in (damaged(lib, data, np.random.default_rng(6), 300)
+                       + damaged_from(sources, 300, np.random.default_rng(8))):
         status, got, planned = host_decoder2(frame, cap)
         want = lib_decompress(lib, frame, cap)
         apart += planned
@@ -160,21 +166,6 @@ def test_damaged_frames_decoded_apart_are_refused_or_decoded_as_libzstd_decodes_
         whole, got_whole = host_decoder(frame, cap)
         assert (status == OK) == (whole == OK) and (status != OK or got == got_whole)
     assert apart > 300
-
-
-def damaged_from(sources, count, seed=8):
-    """count frames of sources (name -> (frame, cap)), each with 1-3 bits flipped, or cut short."""
-    rng, frames_ = np.random.default_rng(seed), list(sources.values())
-    out = []
-    for _ in range(count):
-        frame, cap = frames_[int(rng.integers(0, len(frames_)))]
-        b = bytearray(frame)
-        for _ in range(int(rng.integers(1, 4))):
-            b[int(rng.integers(0, len(b)))] ^= 1 << int(rng.integers(0, 8))
-        if rng.random() < 0.1:
-            b = b[:int(rng.integers(1, len(b)))]
-        out.append((bytes(b), cap))
-    return out
 
 
 def gpu_cases(lib, data):
@@ -238,8 +229,8 @@ def test_zstd_kernel2_gives_the_host_builds_statuses_and_bytes(gpu, lib, data, h
 
     from infer.gpu.launch import ZstdApart
 
-    sources = {name: (frame, len(raw)) for name, frame, raw in blocky(lib, data)}
-    cases = gpu_cases(lib, data) + list(sources.values()) + damaged_from(sources, 300, seed=10)
+    sources = [(frame, len(raw)) for _, frame, raw in blocky(lib, data)]
+    cases = gpu_cases(lib, data) + sources + damaged_from(sources, 300, np.random.default_rng(10))
     kernel = ZstdApart(build(gpu))
     room = sum(4 * cap + 4096 for _, cap in cases)
     scratch = cuda.mem_alloc(256 + room)
