@@ -23,8 +23,11 @@ FLAGS = ("-O2", "-shared", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror")
 NET_COMMON = ("-O3", "-ffp-contract=fast", *FLAGS[1:])
 NET_FLAGS = (("-march=native", *NET_COMMON), NET_COMMON)
 # rp_wait's failures besides -errno: the file ended before the bytes asked for; a chunk that does
-# not decode, one that decodes to another size, one that fails its checksum
-EOF, DAMAGED, SIZE, CHECKSUM = 1, 2, 3, 4
+# not decode, one that decodes to another size, one that fails its checksum; a label row with a
+# value that is not finite
+EOF, DAMAGED, SIZE, CHECKSUM, NOT_FINITE = 1, 2, 3, 4, 5
+# rp_submit_labels' and rp_first_max's value types (in the machine's byte order)
+LABEL_KINDS = {t: k for k, t in enumerate(("f4", "f8", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8"), 1)}
 RAW, DEFLATE, LZF, PLUGIN, ZSTD, LZ4, BLOSC, BLOSC2 = 0, 1, 2, 3, 4, 5, 6, 7  # rp_chunks' codecs
 BITS_BSHUF, BITS_BLOSC = 1, 2  # rp_chunks_bits: whole chunks left bitshuffled, the Bitshuffle filter's or c-blosc's
 # hdf5plugin's filters whose codec the read pool calls itself (rp_chunks_direct): the function
@@ -98,7 +101,10 @@ def library():
                                ("rp_chunks_direct", [p, ctypes.c_int, p], ctypes.c_int),
                                ("rp_chunks_bits", [p, ctypes.c_int, size, p, p], ctypes.c_int),
                                ("rp_submit_chunks", [p, p, i64, i64, p, p, p, p, ctypes.c_int], p),
-                               ("rp_read_chunks", [p, i64, i64, p, p, p, p, ctypes.POINTER(i64)], ctypes.c_int)):
+                               ("rp_read_chunks", [p, i64, i64, p, p, p, p, ctypes.POINTER(i64)], ctypes.c_int),
+                               ("rp_submit_labels", [p, ctypes.c_int, i64, i64, size, ctypes.c_int, ctypes.c_int, p,
+                                                     i64, i64], p),
+                               ("rp_first_max", [p, i64, size, ctypes.c_int, p], i64)):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, result
     use_inflater(lib, "libdeflate")
@@ -260,6 +266,15 @@ class ReadPool:
         wholly in [lo, hi) placed as the shuffle filter left them (for the GPU to unshuffle)."""
         ticket = self.lib.rp_submit_chunks(self.pool, spec, lo, hi, offsets.ctypes.data, sizes.ctypes.data,
                                            masks.ctypes.data, address, int(keep_shuffled))
+        if not ticket:
+            raise MemoryError("no memory for a read's ticket")
+        return ticket
+
+    def submit_labels(self, fd, offset, rows, classes, kind, swapped, out, piece, first):
+        """The labels of `rows` one-hot rows (classes values of LABEL_KINDS type `kind` each, at
+        offset of fd, the first row `first` of its dataset) into out (int64), `piece` rows a job."""
+        ticket = self.lib.rp_submit_labels(self.pool, fd, offset, rows, classes, kind, int(swapped), out.ctypes.data,
+                                           piece, first)
         if not ticket:
             raise MemoryError("no memory for a read's ticket")
         return ticket

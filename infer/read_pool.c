@@ -12,9 +12,13 @@
  * destination when the chunk lies wholly in the read); rp_read_chunks decodes on the calling thread.
  * Values stored in the other byte order are swapped on the same threads, after the read or the
  * decoding (folded into the unshuffle where there is one).
+ * Labels are read here too (rp_submit_labels: one-hot rows, each row's first maximum, values that are
+ * not finite refused): on Python's threads the argmax and the check held the interpreter lock for
+ * ~100 ms of a 1M-image run, and the consumer waited for it (docs/performance.md).
  * Built by infer/native.py with the C compiler, cached on disk; without one, Python threads read. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,19 +82,26 @@ struct piece {                     /* n bytes at `offset` of fd into dst; or, wi
     unsigned mask;                 /* the chunk's filter mask */
     long long index;               /* the chunk's number, for errors */
     int keep_shuffled;             /* a chunk wholly in the read stays shuffled (the GPU unshuffles it) */
+    int kind;                      /* labels: the values' type (RP_F32...), n rows of `classes` into dst */
+    size_t classes;
+};
+
+struct jobs {                      /* a ring: count pieces from head, capacity cap */
+    struct piece *at;
+    size_t head, count, cap;
 };
 
 struct pool {
     pthread_mutex_t lock;
     pthread_cond_t work;
-    struct piece *queue;           /* a ring: count pieces from head, capacity cap */
-    size_t head, count, cap;
+    struct jobs queue[2];          /* 0: reads and chunks; 1: labels, taken only while 0 is empty */
     int stop, threads;
     pthread_t *ids;
     long long busy_ns;             /* the threads' time in pread, summed */
 };
 
-enum { RP_EOF = 1, RP_DAMAGED, RP_SIZE, RP_CHECKSUM };     /* rp_wait's failures besides -errno */
+enum { RP_EOF = 1, RP_DAMAGED, RP_SIZE, RP_CHECKSUM, RP_NOT_FINITE };  /* rp_wait's failures besides -errno */
+enum { RP_F32 = 1, RP_F64, RP_I8, RP_U8, RP_I16, RP_U16, RP_I32, RP_U32, RP_I64, RP_U64 };  /* label value types */
 enum { RP_RAW, RP_DEFLATE, RP_LZF, RP_PLUGIN, RP_ZSTD, RP_LZ4, RP_BLOSC, RP_BLOSC2 };
 enum { RP_BITS_BSHUF = 1, RP_BITS_BLOSC = 2 };  /* rp_chunks_bits: the Bitshuffle filter's chunks, c-blosc's */
 enum { RP_OTHER_LAYOUT = 100 };  /* direct_decode: a chunk the codec's function cannot place, for the plugin */
@@ -737,21 +748,94 @@ static int read_swapped(const struct piece *job)
     return 0;
 }
 
+#define ALWAYS_FINITE(v) 1
+/* Each of `rows` rows of `classes` values of type T at src: the index of its first maximum into out;
+ * the first row holding a value that is not finite (nothing written for it or after), or -1. */
+#define FIRST_MAX(name, T, FINITE)                                                                  \
+    static long long name(const void *src, long long rows, size_t classes, long long *out)         \
+    {                                                                                               \
+        const T *v = src;                                                                           \
+        for (long long r = 0; r < rows; r++, v += classes) {                                        \
+            size_t best = 0;                                                                        \
+            for (size_t k = 0; k < classes; k++) {                                                  \
+                if (!FINITE(v[k]))                                                                  \
+                    return r;                                                                       \
+                best = v[k] > v[best] ? k : best;                                                   \
+            }                                                                                       \
+            out[r] = (long long)best;                                                               \
+        }                                                                                           \
+        return -1;                                                                                  \
+    }
+FIRST_MAX(first_max_f32, float, isfinite)
+FIRST_MAX(first_max_f64, double, isfinite)
+FIRST_MAX(first_max_i8, signed char, ALWAYS_FINITE)
+FIRST_MAX(first_max_u8, unsigned char, ALWAYS_FINITE)
+FIRST_MAX(first_max_i16, short, ALWAYS_FINITE)
+FIRST_MAX(first_max_u16, unsigned short, ALWAYS_FINITE)
+FIRST_MAX(first_max_i32, int, ALWAYS_FINITE)
+FIRST_MAX(first_max_u32, unsigned int, ALWAYS_FINITE)
+FIRST_MAX(first_max_i64, long long, ALWAYS_FINITE)
+FIRST_MAX(first_max_u64, unsigned long long, ALWAYS_FINITE)
+
+static const struct {
+    size_t size;
+    long long (*first_max)(const void *, long long, size_t, long long *);
+} label_types[] = {{0, NULL}, {4, first_max_f32}, {8, first_max_f64}, {1, first_max_i8}, {1, first_max_u8},
+                   {2, first_max_i16}, {2, first_max_u16}, {4, first_max_i32}, {4, first_max_u32},
+                   {8, first_max_i64}, {8, first_max_u64}};
+
+/* rp_submit_labels' job: its rows read a cache-sized step at a time into the thread's buffer
+ * (swapped where stored in the other byte order), each row's first maximum into dst (int64). A row
+ * holding a value that is not finite: RP_NOT_FINITE, job->index that row. */
+static int label_rows(struct piece *job)
+{
+    struct local *l = thread_local_state();
+    size_t size = label_types[job->kind].size, row_bytes = job->classes * size;
+    long long step = (long long)(256 * 1024 / row_bytes) + 1;
+    unsigned char *buf = l ? grow(&l->plain, (size_t)step * row_bytes) : NULL;
+    if (!buf)
+        return -ENOMEM;
+    for (long long at = 0; at < (long long)job->n; at += step) {
+        long long rows = (long long)job->n - at < step ? (long long)job->n - at : step;
+        int status = read_fully(job->fd, (char *)buf, (size_t)rows * row_bytes, job->offset + at * (long long)row_bytes);
+        if (status)
+            return status;
+        if (job->swap > 1)
+            rp_byteswap(buf, (size_t)rows * row_bytes, size);
+        long long bad = label_types[job->kind].first_max(buf, rows, job->classes, (long long *)job->dst + at);
+        if (bad >= 0) {
+            job->index = job->lo + at + bad;
+            return RP_NOT_FINITE;
+        }
+    }
+    return 0;
+}
+
+/* The same on rows already in memory (Python's threads, for labels read otherwise): the first
+ * row not finite, or -1; -2 for a type rp_submit_labels does not take. */
+long long rp_first_max(const void *src, long long rows, size_t classes, int kind, long long *out)
+{
+    if (kind < RP_F32 || kind > RP_U64)
+        return -2;
+    return label_types[kind].first_max(src, rows, classes, out);
+}
+
 static void *worker(void *arg)
 {
     struct pool *p = arg;
     pthread_mutex_lock(&p->lock);
     for (;;) {
-        while (!p->count && !p->stop)
+        while (!p->queue[0].count && !p->queue[1].count && !p->stop)
             pthread_cond_wait(&p->work, &p->lock);
-        if (!p->count)
+        struct jobs *q = &p->queue[p->queue[0].count ? 0 : 1];
+        if (!q->count)
             break;
-        struct piece job = p->queue[p->head];
-        p->head = (p->head + 1) % p->cap;
-        p->count--;
+        struct piece job = q->at[q->head];
+        q->head = (q->head + 1) % q->cap;
+        q->count--;
         pthread_mutex_unlock(&p->lock);
         long long t = now_ns();
-        int status = job.spec ? decode_chunk(&job) : job.swap > 1 ? read_swapped(&job)
+        int status = job.spec ? decode_chunk(&job) : job.kind ? label_rows(&job) : job.swap > 1 ? read_swapped(&job)
                                                     : read_fully(job.fd, job.dst, job.n, job.offset);
         t = now_ns() - t;
         pthread_mutex_lock(&p->lock);
@@ -777,7 +861,8 @@ void rp_destroy(struct pool *p)
         pthread_join(p->ids[i], NULL);
     pthread_cond_destroy(&p->work);
     pthread_mutex_destroy(&p->lock);
-    free(p->queue);
+    free(p->queue[0].at);
+    free(p->queue[1].at);
     free(p->ids);
     free(p);
 }
@@ -788,12 +873,14 @@ struct pool *rp_create(int threads)
     struct pool *p = calloc(1, sizeof *p);
     if (!p)
         return NULL;
-    p->cap = 64;
-    p->queue = malloc(p->cap * sizeof *p->queue);
+    for (int k = 0; k < 2; k++) {
+        p->queue[k].cap = 64;
+        p->queue[k].at = malloc(p->queue[k].cap * sizeof *p->queue[k].at);
+    }
     p->ids = calloc((size_t)threads, sizeof *p->ids);
     pthread_mutex_init(&p->lock, NULL);
     pthread_cond_init(&p->work, NULL);
-    if (!p->queue || !p->ids) {
+    if (!p->queue[0].at || !p->queue[1].at || !p->ids) {
         rp_destroy(p);
         return NULL;
     }
@@ -807,18 +894,19 @@ struct pool *rp_create(int threads)
 
 static int push(struct pool *p, struct piece job)
 {
-    if (p->count == p->cap) {
-        struct piece *q = malloc(2 * p->cap * sizeof *q);
-        if (!q)
+    struct jobs *q = &p->queue[job.kind ? 1 : 0];  /* labels are needed only at a run's end */
+    if (q->count == q->cap) {
+        struct piece *at = malloc(2 * q->cap * sizeof *at);
+        if (!at)
             return -ENOMEM;
-        for (size_t i = 0; i < p->count; i++)
-            q[i] = p->queue[(p->head + i) % p->cap];
-        free(p->queue);
-        p->queue = q;
-        p->head = 0;
-        p->cap *= 2;
+        for (size_t i = 0; i < q->count; i++)
+            at[i] = q->at[(q->head + i) % q->cap];
+        free(q->at);
+        q->at = at;
+        q->head = 0;
+        q->cap *= 2;
     }
-    p->queue[(p->head + p->count++) % p->cap] = job;
+    q->at[(q->head + q->count++) % q->cap] = job;
     return 0;
 }
 
@@ -866,6 +954,28 @@ struct batch *rp_submit(struct pool *p, int fd, char *dst, size_t n, long long o
     for (size_t at = 0; at < n; at += piece)
         enqueue(p, b, (struct piece){.fd = fd, .dst = dst + at, .n = n - at < piece ? n - at : piece,
                                       .offset = offset + (long long)at, .swap = swap, .batch = b});
+    return queued(p, b);
+}
+
+/* Queue the labels of `rows` one-hot rows of `classes` values of type `kind` (RP_F32...; stored in
+ * the other byte order where swap) at `offset` of fd, the first of them row `first` of the dataset:
+ * each row's first maximum into out (int64), in pieces of `piece` rows. rp_wait's failure
+ * RP_NOT_FINITE names the first row holding a value that is not finite. NULL: no memory, or a kind
+ * it does not take. */
+struct batch *rp_submit_labels(struct pool *p, int fd, long long offset, long long rows, size_t classes, int kind,
+                               int swap, long long *out, long long piece, long long first)
+{
+    if (kind < RP_F32 || kind > RP_U64 || classes == 0 || piece < 1)
+        return NULL;
+    struct batch *b = new_batch(p);
+    if (!b)
+        return NULL;
+    size_t size = label_types[kind].size;
+    for (long long at = 0; at < rows; at += piece)
+        enqueue(p, b, (struct piece){.fd = fd, .dst = (char *)(out + at), .n = (size_t)(rows - at < piece ? rows - at : piece),
+                                      .offset = offset + at * (long long)(classes * size), .swap = swap ? size : 0,
+                                      .batch = b, .kind = kind, .classes = classes, .lo = first + at,
+                                      .index = first + at});
     return queued(p, b);
 }
 

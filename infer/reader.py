@@ -43,6 +43,7 @@ from .errors import InputError
 
 PIECE_BYTES = 4 << 20  # bytes per read call and thread: large enough to amortize the call
 NATIVE_PIECE_MIN = 1 << 20  # pieces of a native read: about one per thread, at least this
+LABEL_PIECE = 8192  # label rows a native job reads (in steps of 256 KB) and takes the first maxima of
 _H5PY = threading.Lock()  # h5py is thread-safe, but serial: one caller at a time, in order
 
 
@@ -184,6 +185,29 @@ class ContiguousRows(_FileRows):
         """Rows [lo, hi) into out (C-contiguous, the stored type) on the native pool: a Ticket."""
         return self.submit_bytes(pool, out.ctypes.data, (hi - lo) * self.row_bytes, self.offset + lo * self.row_bytes,
                                  self.dtype.itemsize if self.swapped else 0)
+
+    def submit_labels(self, pool, lo, hi, out):
+        """The first maximum of each of rows [lo, hi) into out (int64, contiguous) on the native pool,
+        a value that is not finite refused: a Ticket; None where the pool does not read this type."""
+        kind = native.LABEL_KINDS.get(self.dtype.str[1:])
+        if kind is None or pool.native is None or out.dtype != np.int64 or not out.flags.c_contiguous:
+            return None
+        ticket = pool.native.submit_labels(self.fd, self.offset + lo * self.row_bytes, hi - lo, self.row_bytes //
+                                           self.dtype.itemsize, kind, self.swapped, out, LABEL_PIECE, lo)
+        return Ticket(pool.native, ticket, lambda status, row: self._label_failure(status, row, hi), out)
+
+    def _label_failure(self, status, row, hi):
+        if status == native.NOT_FINITE:  # the row read again, for check_finite's message
+            one = np.empty((1,) + self.shape[1:], self.dtype)
+            self.read(row, row + 1, one)
+            try:
+                check_finite(one, one, self.label, row)
+            except InputError as e:
+                return e
+            return InputError(f"{self.label}: row {row} changed while it was read (a value was not finite)")
+        if status == native.EOF:
+            return self.truncated(self.offset + hi * self.row_bytes)
+        return InputError(f"{self.label}: cannot read: {os.strerror(-status)}")
 
 
 class ChunkedRows(_FileRows):
@@ -502,6 +526,16 @@ def pieces(lo, hi, row_bytes, align, threads):
     return list(zip([lo] + cuts, cuts + [hi]))
 
 
+def first_max(values, out):
+    """Each row's first maximum of values (2-D, C-contiguous, in the machine's byte order) into out
+    (int64, contiguous) in native code, without the interpreter lock: True, or False where it was not
+    done (no native library, another type, or a value that is not finite: check_finite names it)."""
+    lib, kind = native.library(), native.LABEL_KINDS.get(values.dtype.str[1:])
+    if lib is None or kind is None or out.dtype != np.int64 or not out.flags.c_contiguous:
+        return False
+    return lib.rp_first_max(values.ctypes.data, len(values), values.shape[1], kind, out.ctypes.data) == -1
+
+
 def check_finite(values, original, label, offset):
     """Refuse any value of `values` that is not a finite number, naming the first (row offset added)."""
     bad = ~np.isfinite(values)
@@ -532,13 +566,15 @@ class Ticket:
     """A read on the native pool, waited for as a future is (result, exception); a failure is
     failed(status, chunk)."""
 
-    def __init__(self, pool, ticket, failed):
+    def __init__(self, pool, ticket, failed, holds=None):
         self.pool, self.ticket, self.failed = pool, ticket, failed
+        self.holds = holds  # what the threads write into, alive until they are done
         self.status = None
 
     def result(self):
         if self.status is None:
             self.status = self.pool.finish(self.ticket)  # exactly once: it frees the ticket
+            self.holds = None
         if self.status[0]:
             raise self.failed(*self.status)
 

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from infer import native, reader
+from infer import dataset, native, reader
 from infer.errors import InputError
 
 NATIVE = "chunks" if native.library() else "h5py"  # lzf, fletcher32 and plugins need the native library
@@ -157,6 +157,67 @@ def test_the_first_bad_value_in_row_order_is_named(tmp_path, pool):
         with pytest.raises(InputError, match=r"index \(4321, 1, 2, 0\) is inf"):
             pool.read(rows, 0, 5000, np.empty((5000, 4, 4, 1), np.float32), check=True)
         rows.close()
+
+
+def labels_of(path, pool, ranges, label="y"):
+    """Each range's labels as the data set reads them from dataset y of path (x: a stand-in)."""
+    with h5py.File(path) as f:
+        y = reader.rows(path, f["y"], label)
+        try:
+            data = dataset.DataSet([(str(path), reader.ArrayRows(np.zeros((y.shape[0], 1)), "x"), y, y.shape[0])])
+            outs, native_jobs = [], set()
+            for lo, hi in ranges:
+                outs.append(np.full(hi - lo, -1, np.int64))
+                futures = data.submit_labels(pool, lo, hi, outs[-1])
+                native_jobs |= {isinstance(f, reader.Ticket) for f in futures}
+                reader.wait(futures)
+            return y.kind, native_jobs, outs
+        finally:
+            y.close()
+
+
+@pytest.mark.parametrize("dtype", ["f4", "f8", ">f8", "i1", "u2", ">i4", "u8", "f2", "?"])
+@pytest.mark.parametrize("options", [{}, dict(chunks=(999, 10), compression="gzip")])
+def test_labels_are_each_rows_first_maximum(tmp_path, rng, pool, dtype, options):
+    """Labels with ties everywhere (so which maximum counts shows) read contiguous (the native pool's
+    own jobs where it runs) or chunked (Python's threads, native code for the argmax) equal
+    np.argmax's first maximum, in ranges across the native jobs' pieces."""
+    y = rng.integers(0, 3, size=(20011, 10)).astype(dtype)
+    with h5py.File(tmp_path / "y.h5", "w") as f:
+        f.create_dataset("y", data=y, **options)
+    ranges = [(0, 20011), (13, 9000), (8191, 8193), (19999, 20011)]
+    kind, native_jobs, outs = labels_of(tmp_path / "y.h5", pool, ranges)
+    assert kind == ("chunks" if options else "pread")
+    assert native_jobs == {pool.native is not None and not options and dtype not in ("f2", "?")}
+    for (lo, hi), out in zip(ranges, outs):
+        np.testing.assert_array_equal(out, np.argmax(y[lo:hi], axis=1))
+
+
+@pytest.mark.parametrize("options", [{}, dict(chunks=(999, 10), compression="gzip")])
+@pytest.mark.parametrize("bad", [np.nan, -np.inf])
+def test_the_first_label_not_finite_is_named(tmp_path, pool, options, bad):
+    """A label row not finite is refused in check_finite's words, naming the first such value (row,
+    class) in the whole range, whichever piece or thread came to it first."""
+    y = np.eye(10)[np.arange(30000) % 10]
+    y[17777, 3], y[29000, 0] = bad, np.nan
+    with h5py.File(tmp_path / "y.h5", "w") as f:
+        f.create_dataset("y", data=y, **options)
+    with pytest.raises(InputError, match=rf"^y: value at index \(17777, 3\) is {bad!r}, not a finite float64 number$"):
+        labels_of(tmp_path / "y.h5", pool, [(5, 30000)])
+    labels_of(tmp_path / "y.h5", pool, [(0, 17777)])  # the rows before it are fine
+
+
+def test_labels_of_a_truncated_file_are_refused(tmp_path, pool):
+    with h5py.File(tmp_path / "y.h5", "w") as f:
+        f["y"] = np.eye(10)[np.arange(30000) % 10]
+    size = (tmp_path / "y.h5").stat().st_size
+    with h5py.File(tmp_path / "y.h5") as f:
+        y = reader.rows(tmp_path / "y.h5", f["y"], "y")
+        os.truncate(tmp_path / "y.h5", size - 8 * 10 * 1000)
+        data = dataset.DataSet([("y.h5", reader.ArrayRows(np.zeros((30000, 1)), "x"), y, 30000)])
+        with pytest.raises(InputError, match=r"^y: the file is truncated"):
+            reader.wait(data.submit_labels(pool, 0, 30000, np.empty(30000, np.int64)))
+        y.close()
 
 
 def test_a_file_truncated_under_us_is_refused(tmp_path, pool):
