@@ -1,8 +1,9 @@
-"""Deflate chunks decoded on the GPU by inflate_kernel1 (--decode gpu), Zstd chunks by zstd_kernel2,
-and Blosc lz4 + bitshuffle chunks by blosc_lz4_kernel1: the predictions of the host's decoding for
+"""Deflate chunks decoded on the GPU by inflate_kernel1 (--decode gpu), LZF chunks by lzf_kernel1, Zstd
+chunks by zstd_kernel2, and Blosc lz4 + bitshuffle chunks by blosc_lz4_kernel1: the predictions of the host's decoding for
 every level, shuffle, value type and chunk size (blocks starting and ending inside chunks, chunks a
 stride apart or back to back, odd byte counts), and a damaged chunk refused in one line naming it. Needs a GPU."""
 import os
+import re
 import shutil
 
 import h5py
@@ -34,6 +35,8 @@ def codec(name):
     if name == "blosc_lz4":
         hdf5plugin = pytest.importorskip("hdf5plugin")
         return dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.BITSHUFFLE))
+    if name.startswith("lzf"):
+        return dict(compression="lzf", shuffle=name.endswith("shuffle"))
     return dict(compression="gzip", compression_opts=int(name[4]), shuffle=name.endswith("shuffle"))
 
 
@@ -68,7 +71,7 @@ def assert_same_as_host(sessions, path, model, what="GPU"):
     return gpu
 
 
-@pytest.mark.parametrize("name", ["gzip1", "gzip6", "gzip1_shuffle", "gzip6_shuffle"])
+@pytest.mark.parametrize("name", ["gzip1", "gzip6", "gzip1_shuffle", "gzip6_shuffle", "lzf", "lzf_shuffle"])
 @pytest.mark.parametrize("chunk", [16, 37])  # 16 float32 images: 50,176 bytes, back to back; 37: a stride apart
 def test_mnist_float32_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, name, chunk):
     with h5py.File(ece408 / "testfull.hdf5") as f:
@@ -87,7 +90,7 @@ def test_mnist_float32_zstd_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, 
     assert r.correct > 1700
 
 
-@pytest.mark.parametrize("name", ["gzip1_shuffle", "zstd_shuffle", "blosc_lz4"])
+@pytest.mark.parametrize("name", ["gzip1_shuffle", "lzf", "zstd_shuffle", "blosc_lz4"])
 def test_chunks_larger_than_a_block_are_decoded_by_each_block_they_hold(tmp_path, ece408, sessions, name):
     """Chunks of 400 float32 images, more than a block holds here (250: 1,999 images over 8
     streams): consecutive blocks share a chunk, so a group ends where the next block starts inside
@@ -186,7 +189,7 @@ def test_auto_decodes_on_the_gpu_where_it_can_and_gpu_refuses_what_it_cannot(tmp
         x, y = f["x"][:700], f["y"][:700]
     gz = write(tmp_path / "g.h5", x, y, 50, "gzip1")
     with h5py.File(tmp_path / "l.h5", "w") as f:
-        f.create_dataset("x", data=x, chunks=(50, 28, 28, 1), compression="lzf")
+        f.create_dataset("x", data=x, chunks=(50, 28, 28, 1), compression="lzf", fletcher32=True)
         f["y"] = y
     s = sessions(ece408 / "model.hdf5", "gpu")
     assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel1")
@@ -194,11 +197,11 @@ def test_auto_decodes_on_the_gpu_where_it_can_and_gpu_refuses_what_it_cannot(tmp
     with Session(ece408 / "model.hdf5", "cuda") as default:  # auto: the GPU where it decodes the file
         assert default.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel1")
         assert default.evaluate(tmp_path / "l.h5").reader["decode"] == "host"
-    with pytest.raises(InputError, match="not lzf"):
+    with pytest.raises(InputError, match="fletcher32"):
         s.evaluate(tmp_path / "l.h5")
     assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel1")  # and the session goes on
     r = invoke("run", tmp_path / "l.h5", ece408 / "model.hdf5", "--decode", "gpu")
-    assert_refused(r, "l.h5", "--decode gpu", "the GPU decodes deflate (gzip), Zstd and Blosc lz4 chunks, not lzf")
+    assert_refused(r, "l.h5", "--decode gpu", "its chunks carry fletcher32 checksums")
 
 
 @pytest.mark.parametrize("where,words", [
@@ -213,6 +216,35 @@ def test_a_damaged_zstd_chunk_is_refused_in_one_line(tmp_path, ece408, where, wo
     r = invoke("run", path, ece408 / "model.hdf5", "--decode", "gpu", "--predictions", out)
     assert_refused(r, "bad.h5", "'x'", *words)
     assert not out.exists()
+
+
+def test_a_damaged_lzf_chunk_is_refused_in_one_line(tmp_path, ece408):
+    path = damaged(tmp_path, ece408, "lzf", lambda size: range(size - 3, size))
+    out = tmp_path / "p.npy"
+    r = invoke("run", path, ece408 / "model.hdf5", "--decode", "gpu", "--predictions", out)
+    assert_refused(r, "bad.h5", "'x'", "chunk 3", "cannot be decompressed")
+    assert not out.exists()
+
+
+def test_damaged_lzf_chunks_are_refused_or_read_as_the_host_reads_them(tmp_path, ece408, sessions, rng):
+    """LZF has no checksum: a changed literal decodes, to other values, on the host (liblzf) as on the
+    GPU. 16 damages of 1 to 8 bytes at random places of chunk 3: the GPU refuses the chunk exactly where
+    the host does, and otherwise reads the same images: the same predictions, or the same refusal of
+    what they hold (a value too large for float32's scores)."""
+    gpu, host = sessions(ece408 / "model.hdf5", "gpu"), sessions(ece408 / "model.hdf5", "host")
+    refused = 0
+    for _ in range(16):
+        count = int(rng.integers(1, 9))
+        path = damaged(tmp_path, ece408, "lzf", lambda size: rng.choice(size, count, replace=False))
+        try:
+            want = host.evaluate(path).predictions
+        except InputError as e:
+            with pytest.raises(InputError, match="chunk 3" if "chunk 3" in str(e) else re.escape(str(e))):
+                gpu.evaluate(path)
+            refused += "chunk 3" in str(e)
+            continue
+        np.testing.assert_array_equal(gpu.evaluate(path).predictions, want)
+    assert 0 < refused < 16
 
 
 def damaged(tmp_path, ece408, name, where):

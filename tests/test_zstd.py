@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import build
+from tests.stream_kernels import assert_as_on_the_host, on_gpu
 from tests.zstd_frames import (BAD, CHECKSUM, CONTENT_SIZE, FULL, OK, WINDOW_LOG, compress, host_build,
                                host_decoder, host_decoder2, lib_decompress, libzstd)
 
@@ -172,43 +173,6 @@ def gpu_cases(lib, data):
     cases = [(frame, len(raw)) for _, frame, raw in frames(lib, data)]
     cases += [(frame, len(raw) - 1) for _, frame, raw in frames(lib, data)[:8]]
     return cases + damaged(lib, data, np.random.default_rng(9), 300) + [(RLE_LITERALS, 20), (RLE_LITERALS, 19)]
-
-
-def on_gpu(cases, kernel, guard=64, *scratch):
-    """Every (frame, cap) in one launch of kernel (a launch.Zstd or ZstdApart), each frame at another
-    misalignment, its output `guard` bytes short of the next: (statuses, decoded sizes, outputs, where
-    each output starts)."""
-    import pycuda.driver as cuda
-
-    n = len(cases)
-    src, at = bytearray(), []
-    for k, (frame, _) in enumerate(cases):
-        src += bytes(-len(src) % 16 + k % 16)
-        at.append(len(src))
-        src += frame
-    src += bytes(16)
-    size = [-(-(cap + guard) // 256) * 256 for _, cap in cases]
-    outs = np.concatenate([[0], np.cumsum(size)])
-    d_src = cuda.to_device(np.frombuffer(bytes(src), np.uint8))
-    d_out = cuda.to_device(np.full(int(outs[-1]), 0xA5, np.uint8))
-    table = np.array([[int(d_src) + a for a in at], [len(f) for f, _ in cases], [c for _, c in cases], [0] * n,
-                      [int(d_out) + int(o) for o in outs[:-1]]], np.uint64)
-    d_table, d_status = cuda.to_device(table), cuda.to_device(np.full(n, -1, np.int32))
-    row = [int(d_table) + 8 * n * k for k in range(5)]
-    kernel(cuda.Stream(), n, row[0], row[1], row[2], row[3], row[4], d_status, *scratch)
-    cuda.Context.synchronize()
-    return (cuda.from_device_like(d_status, np.zeros(n, np.int32)), cuda.from_device_like(d_table, table)[3].astype(
-        np.int64), cuda.from_device_like(d_out, np.zeros(int(outs[-1]), np.uint8)), outs)
-
-
-def assert_as_on_the_host(cases, got, decode, guard=64, same_status=True):
-    status, sizes, out, outs = got
-    for k, (frame, cap) in enumerate(cases):
-        want_status, want = decode(frame, cap)[:2]
-        assert status[k] == want_status if same_status else (status[k] == OK) == (want_status == OK), k
-        assert (out[outs[k] + cap:outs[k] + cap + guard] == 0xA5).all(), k
-        if want_status == OK:
-            assert sizes[k] == len(want) and out[outs[k]:outs[k] + len(want)].tobytes() == want, k
 
 
 @pytest.mark.gpu

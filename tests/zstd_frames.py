@@ -2,13 +2,11 @@
 functions), and decoded by cuda/zstd.cuh built for the host (the decoders zstd_kernel1 and 2 run, one
 thread instead of a warp's lanes)."""
 import ctypes
-import subprocess
 
 import numpy as np
 import pytest
 
-from infer import native
-from tests.conftest import REPO
+from tests.stream_kernels import host_decode, host_library
 
 # ZSTD_cParameter values (zstd.h): level, window log, content size and checksum flags
 LEVEL, WINDOW_LOG, CONTENT_SIZE, CHECKSUM = 100, 101, 200, 201
@@ -60,32 +58,17 @@ def lib_decompress(lib, frame, cap):
 @pytest.fixture(scope="session")
 def host_build(tmp_path_factory):
     """cuda/zstd.cuh compiled by the C compiler (-DZSTD_HOST): its decoders on one host thread."""
-    cc = native.compiler()
-    if cc is None:
-        pytest.skip("no C compiler")
-    path = tmp_path_factory.mktemp("zstd") / "zstd_host.so"
-    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-x", "c", "-DZSTD_HOST",
-                    str(REPO / "cuda" / "zstd.cuh"), "-o", str(path)], check=True, capture_output=True)
-    lib = ctypes.CDLL(str(path))
+    lib = host_library(tmp_path_factory.mktemp("zstd"), "zstd.cuh")
     p, n = ctypes.c_void_p, ctypes.c_longlong
     lib.zstd_host_decode.argtypes = [p, n, p, n, ctypes.POINTER(n)]
     lib.zstd_host_decode2.argtypes = [p, n, p, n, ctypes.POINTER(n), p, n, ctypes.POINTER(ctypes.c_int)]
     return lib
 
 
-def _decode(call, frame, cap, guard):
-    src = np.frombuffer(frame, np.uint8).copy()
-    out = np.full(cap + guard, 0xA5, np.uint8)
-    got = ctypes.c_longlong(-1)
-    status = call(src.ctypes.data, src.size, out.ctypes.data, cap, ctypes.byref(got))
-    assert (out[cap:] == 0xA5).all(), "written past the output"
-    return status, out[:got.value].tobytes()
-
-
 @pytest.fixture(scope="session")
 def host_decoder(host_build):
     """decode(frame, cap) -> (status, bytes written): zstd_kernel1's decoder (zstd_frame)."""
-    return lambda frame, cap, guard=64: _decode(host_build.zstd_host_decode, frame, cap, guard)
+    return lambda frame, cap, guard=64: host_decode(host_build.zstd_host_decode, frame, cap, guard)
 
 
 @pytest.fixture(scope="session")
@@ -99,6 +82,6 @@ def host_decoder2(host_build):
 
         def call(*args):
             return host_build.zstd_host_decode2(*args, scratch.ctypes.data, scratch_bytes, ctypes.byref(planned))
-        status, got = _decode(call, frame, cap, guard)
+        status, got = host_decode(call, frame, cap, guard)
         return status, got, planned.value == 1
     return decode

@@ -10,6 +10,8 @@ places each block as the images the network reads:
 - Zstd (Zstd): zstd_kernel2 (cuda/zstd.cu: 3 warps a frame, two decoding its blocks apart into
   scratch memory, one carrying their sequences out in order), checked and unshuffled as deflate's. A
   1,000-image MNIST chunk takes 15 ms alone (H100), shuffled 23;
+- LZF (Lzf): lzf_kernel1 (cuda/lzf.cu: a warp a chunk, 32 tokens parsed a batch and carried out as
+  zstd_kernel1 carries out sequences), checked and unshuffled as deflate's;
 - Blosc lz4 + bitshuffle (BloscLz4): blosc_lz4_kernel1 (cuda/lz4.cu: a warp per stream of a block,
   ~21 a 1,000-image chunk, ~13 ms each), the bits unshuffled as they are placed.
 Speed comes from chunks in flight: groups decode on several streams at once (up to MAX_STREAMS) into
@@ -93,7 +95,7 @@ def unsupported(data, wire):
     if not isinstance(rows, reader.ChunkedRows):
         return f"its images are not stored in chunks ({rows.kind})"
     if rows.codec not in CODECS:
-        return f"the GPU decodes deflate (gzip), Zstd and Blosc lz4 chunks, not {rows.filters or 'raw chunks'}"
+        return f"the GPU decodes deflate (gzip), LZF, Zstd and Blosc lz4 chunks, not {rows.filters or 'raw chunks'}"
     if rows.cut:
         return "its chunks cut images (the GPU path takes chunks of whole images)"
     if rows.summed:
@@ -272,6 +274,28 @@ class Zstd(Deflate):
                 & (head[:, 4] & self.OTHERS == 0))
 
 
+class Lzf(Deflate):
+    """h5py's lzf filter: an LZF stream a chunk (liblzf's format, nothing around it), decoded by
+    lzf_kernel1 into chunks 256 bytes apart, checked by decode_check_kernel1 (status and size; LZF
+    has no checksum), HDF5's shuffle undone as the images are placed. The group, block and ring of
+    deflate's plan. A chunk that did not shrink is stored raw (its filter skipped): the file is the
+    host's (see unsupported)."""
+    head = tail = 0
+    kernel, adler, what, frame = launch.Lzf, False, "LZF", "an empty LZF stream"
+    # deflate's group and blocks, read 4 at a time: LZF keeps a quarter of MNIST's bytes shuffled
+    # (gzip 1 a fifth), and 6 such blocks took the peak RSS to 414 MB
+    group, block_bytes, ring = 20, 64 << 20, 4
+
+    @staticmethod
+    def sample():
+        """4,096 zero bytes: runs of 32 literals, each followed by a reference one byte back."""
+        unit = bytes([31]) + bytes(32) + bytes([0xE0, 255, 0])  # 32 literals, then 264 bytes
+        return unit * 13 + bytes([31]) + bytes(32) + bytes([0xE0, 207, 0])  # the last reference 216 bytes
+
+    def starts_right(self, buf, at, sizes):
+        return sizes > 0
+
+
 class BloscLz4:
     """hdf5plugin's Blosc filter (c-blosc 1's format 2) with lz4 and its bitshuffle: the chunks'
     streams decoded by blosc_lz4_kernel1 into chunks back to back, the bits unshuffled as the images
@@ -390,7 +414,8 @@ def blosc_chunks(data, at, sizes, chunk_bytes, itemsize, block_bytes):
 
 
 # HDF5 filter -> how the GPU decodes it
-CODECS = {reader.FILTER_DEFLATE: Deflate, reader.FILTER_ZSTD: Zstd, reader.FILTER_BLOSC: BloscLz4}
+CODECS = {reader.FILTER_DEFLATE: Deflate, reader.FILTER_LZF: Lzf, reader.FILTER_ZSTD: Zstd,
+          reader.FILTER_BLOSC: BloscLz4}
 
 
 class Blocks:

@@ -378,6 +378,11 @@ class Zstd(FrameDecoder):
     source, kernel, arg_types = "zstd", "zstd_kernel1", "PPPPPP"
 
 
+class Lzf(FrameDecoder):
+    """LZF streams (h5py's lzf filter: liblzf's format, no header) decoded by lzf_kernel1."""
+    source, kernel, arg_types = "lzf", "lzf_kernel1", "PPPPPP"
+
+
 class ZstdApart(FrameDecoder):
     """Zstandard frames decoded by zstd_kernel2: a frame's blocks decoded apart by WARPS - 1 warps
     into scratch memory, their sequences carried out in order by another; a frame of more than 128
