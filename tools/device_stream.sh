@@ -4,7 +4,7 @@
 # shuffle, lzf, fletcher32, chunks cutting images, and hdf5plugin's Blosc, Blosc2, Zstd, LZ4 and
 # Bitshuffle: hdf5plugin on the path): `cnninfer bench --stream` on four of them (the run beside
 # the raw parallel read, the GPU alone and --decode gpu where it applies), 3 fresh `cnninfer run`s
-# of each (images/s, reader, peak RSS; the deflate, Zstd and Blosc lz4 ones also with --decode gpu), and every run's 1M
+# of each (images/s, reader, peak RSS; the deflate, LZF, Zstd and Blosc lz4 ones also with --decode gpu), and every run's 1M
 # predictions against the contiguous file's.
 # Usage:  . .device/setup.sh && bash tools/device_stream.sh   (logs in $OUT, or ./device-out)
 set -uo pipefail
@@ -19,8 +19,8 @@ done
 python3 - "$data" $layouts <<'PY' 2>&1 | tee "$out/stream-runs.txt"
 import json, subprocess, sys, numpy as np
 data, layouts = sys.argv[1], sys.argv[2:]
-runs = [(name, "host") for name in layouts] + [(name, "gpu") for name in ("big_gz1", "big_gz6", "big_shuf_gz1", "big_shuf_gz6", "big_blosc_lz4", "big_zstd",
-                                                   "big_shuf_zstd")]
+runs = [(name, "host") for name in layouts] + [(name, "gpu") for name in ("big_gz1", "big_gz6", "big_shuf_gz1", "big_shuf_gz6", "big_lzf",
+                                                   "big_shuf_lzf", "big_blosc_lz4", "big_zstd", "big_shuf_zstd")]
 for name, decode in runs:
     for i in range(3):
         r = subprocess.run(["/usr/bin/time", "-f", "%M", "cnninfer", "run", f"/tmp/{name}.hdf5", f"{data}/model.hdf5",
