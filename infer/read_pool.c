@@ -13,8 +13,9 @@
  * Values stored in the other byte order are swapped on the same threads, after the read or the
  * decoding (folded into the unshuffle where there is one).
  * Labels are read here too (rp_submit_labels: one-hot rows, each row's first maximum, values that are
- * not finite refused): on Python's threads the argmax and the check held the interpreter lock for
- * ~100 ms of a 1M-image run, and the consumer waited for it (docs/performance.md).
+ * not finite refused), queued behind every read: on Python's threads the reads, checks and argmax
+ * took ~95 ms of CPU in a 1M-image run, much of it holding the interpreter lock the consumer waited
+ * for (docs/performance.md).
  * Built by infer/native.py with the C compiler, cached on disk; without one, Python threads read. */
 #define _GNU_SOURCE
 #include <errno.h>
