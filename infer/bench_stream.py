@@ -102,7 +102,7 @@ def stream_bench(data_path, model_path, readers=None, devices=None, conv_algo="a
 
 
 def gpu_decodes(data_path, model):
-    """Whether --decode gpu can stream this file (deflate chunks of whole images)."""
+    """Whether --decode gpu can stream this file (chunks of whole images a GPU codec decodes)."""
     from .gpu import chunk_decode
     try:
         from .gpu.backend import CudaBackend
