@@ -1,6 +1,7 @@
 // Compressed HDF5 chunks decoded on the GPU (by inflate_kernel1, into a block of whole chunks, `stride` bytes
 // apart) -> checked, then placed as the images the network reads, in the stored type.
-// decode_check_kernel1: one block per chunk: the inflater's status and decoded size, then where ADLER is
+// decode_check_kernel1: one block per chunk (but those of no stored size: copied into place, not
+//   decoded): the inflater's status and decoded size, then where ADLER is
 //   set (zlib streams) the adler32 of the decoded bytes (A = 1 + sum d_i, B = n + sum (n - i) d_i,
 //   mod 65521, summed 16 bytes a thread-step) against the 4 big-endian bytes after the deflate data;
 //   the lowest failing chunk (first + index) into bad[0] (did not decode) or bad[1] (checksum).
@@ -31,6 +32,7 @@ extern "C" __global__ void decode_check_kernel1(const unsigned char* const* __re
                                                 const unsigned char* __restrict__ decoded, long long chunk_bytes,
                                                 long long stride, int adler, int first, int* __restrict__ bad) {
     const int c = blockIdx.x;
+    if (src_bytes[c] == 0) return;  // stored without the codec: copied into place, not decoded
     if (statuses[c] != 0 || decoded_bytes[c] != (unsigned long long)chunk_bytes) {
         if (threadIdx.x == 0) atomicMin(bad, first + c);
         return;

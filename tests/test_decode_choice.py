@@ -1,5 +1,5 @@
-"""Which files --decode gpu takes, and why not (no GPU needed): deflate and Zstd chunks, and Blosc's lz4 with
-its bitshuffle, of whole images in the type the GPU reads, in one file; everything else one line
+"""Which files --decode gpu takes, and why not (no GPU needed): deflate, LZF and Zstd chunks, and Blosc's lz4
+with its bitshuffle, of whole images in the type the GPU reads, in one file; everything else one line
 saying why."""
 import h5py
 import numpy as np
@@ -48,6 +48,35 @@ GZIP = dict(compression="gzip", chunks=(16, 28, 28, 1))
 ])
 def test_what_the_gpu_does_not_decode_says_why(tmp_path, model, rng, options, wire, dtype, shards, reason):
     assert reason in why(tmp_path, model, rng, wire, shards, dtype, **options)
+
+
+def test_lzf_chunks_stored_as_they_are_stay_on_the_gpu_but_no_other_skipped_filter(tmp_path, model, rng):
+    """h5py's lzf leaves a chunk it cannot shrink unfiltered (the codec's bit in the chunk's mask):
+    the GPU copies it into place. A chunk with its shuffle skipped is the host's."""
+    x = (rng.random((120, 28, 28, 1)) * (rng.random((120, 28, 28, 1)) < 0.2)).astype("f4")
+    x[16:32] = rng.integers(0, 0x7F000000, (16, 28, 28, 1), np.uint32).view("f4")  # every bit noise: LZF cannot shrink it
+    y = np.eye(10)[rng.integers(0, 10, 120)]
+    path = tmp_path / "l.h5"
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("x", data=x, chunks=(16, 28, 28, 1), compression="lzf", shuffle=True)
+        assert [d.id.get_chunk_info(k).filter_mask for k in range(3)] == [0, 2, 0]
+        f["y"] = y
+
+    def why_of(p):
+        data = DataSet.open([p], model)
+        try:
+            return chunk_decode.unsupported(data, np.dtype("f4"))
+        finally:
+            data.close()
+    assert why_of(path) is None
+    with h5py.File(path) as f:
+        chunks = [f["x"].id.read_direct_chunk((16 * k, 0, 0, 0)) for k in range(8)]
+    with h5py.File(path, "w") as f:  # chunks written once each (HDF5 keeps a rewritten chunk's mask)
+        d = f.create_dataset("x", (120, 28, 28, 1), "f4", chunks=(16, 28, 28, 1), compression="lzf", shuffle=True)
+        for k, (mask, data) in enumerate(chunks):
+            d.id.write_direct_chunk((16 * k, 0, 0, 0), data, mask | (k == 2))  # chunk 2: its shuffle skipped
+        f["y"] = y
+    assert "stored with a filter skipped" in why_of(path)
 
 
 def test_deflate_chunks_of_whole_images_need_nothing_more(tmp_path, model, rng):

@@ -113,6 +113,36 @@ def test_odd_sized_images_of_integer_types(tmp_path, rng, sessions, name, dtype)
     assert_same_as_host(sessions, write(tmp_path / "o.h5", x, y, 37, name), SMALL)
 
 
+def noisy(rng, dtype, high):
+    """613 13x13x1 images in chunks of 37, mostly zeros, every third chunk noise in [0, high) that
+    LZF cannot shrink (h5py's filter then stores it as it is, its bit set in the chunk's mask)."""
+    x = (rng.integers(1, 5, (613, 13, 13, 1)) * 40 * (rng.random((613, 13, 13, 1)) < 0.4)).astype(dtype)
+    for k in range(0, 613, 37 * 3):
+        x[k:k + 37] = rng.integers(0, high, (len(x[k:k + 37]), 13, 13, 1))
+    return x, np.eye(10)[rng.integers(0, 10, len(x))]
+
+
+@pytest.mark.parametrize("name,dtype,high", [("lzf", "u1", 120), ("lzf_shuffle", "i2", 32767)])
+def test_lzf_chunks_stored_as_they_are_are_copied_into_place(tmp_path, rng, sessions, name, dtype, high):
+    path = write(tmp_path / "n.h5", *noisy(rng, dtype, high), 37, name)
+    with h5py.File(path) as f:
+        masks = [f["x"].id.get_chunk_info(k).filter_mask for k in range(f["x"].id.get_num_chunks())]
+    assert masks.count(0) and set(masks) == {0, 2 if name.endswith("shuffle") else 1}
+    assert_same_as_host(sessions, path, SMALL, "GPU: lzf_kernel1")
+
+
+def test_a_chunk_stored_as_it_is_at_another_size_is_refused(tmp_path, rng, sessions):
+    path = write(tmp_path / "n.h5", *noisy(rng, "u1", 120), 37, "lzf")
+    with h5py.File(path, "r+") as f:
+        at = f["x"].id.get_chunk_info(3).chunk_offset
+        mask, data = f["x"].id.read_direct_chunk(at)
+        assert mask == 1
+        f["x"].id.write_direct_chunk(at, data[:-5], mask)
+    with pytest.raises(InputError, match=r"n\.h5: dataset 'x': chunk 3 cannot be decompressed \(stored without its "
+                                         r"filter, 6248 bytes, not 6253\)$"):
+        sessions(SMALL, "gpu").evaluate(path)
+
+
 @pytest.mark.parametrize("chunk", [16, 37])  # blocks of 12,544 and 29,008 values (c-blosc: one block a chunk)
 def test_mnist_float32_blosc_lz4_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, chunk):
     with h5py.File(ece408 / "testfull.hdf5") as f:

@@ -101,7 +101,8 @@ def unsupported(data, wire):
         return "its chunks cut images (the GPU path takes chunks of whole images)"
     if rows.summed:
         return "its chunks carry fletcher32 checksums"
-    if any(mask for _, _, mask in rows.index):
+    skippable = rows.codec_bit if CODECS[rows.codec].copies_stored else 0
+    if any(mask & ~skippable for _, _, mask in rows.index):
         return "some chunks were stored with a filter skipped"
     if rows.dtype != wire:
         return f"its {rows.dtype} values are converted on the host"
@@ -140,6 +141,7 @@ class Deflate:
     def unsupported(rows):
         return None
 
+    copies_stored = True  # chunks stored without the codec (their filter skipped) are copied into place
     arrays = 6  # of the table, uint64 a chunk: stream, size, capacity, output, decoded size, status
     # A launch takes 20 blocks of 64 MB (320 MNIST chunks, a warp each, ~60 ms), read 6 at a time: a
     # 1M-image file's 1,000 chunks all in flight at once. (Blocks of 32 MB, 4 deep: gzip 1 4.6-5.7M
@@ -176,22 +178,30 @@ class Deflate:
         self.decoder(stream, count, at[0], at[1], at[2], at[4], at[3], at[5])
 
     def prepare(self, dec, block, table, o, data, decoded):
-        """Refuse, before anything is uploaded, a chunk whose stream does not even start right; then
-        the block's rows of the group's table (from row o): per chunk its stream (the block's bytes
-        go up to device address `data`), size, capacity, output (from `decoded` on), decoded size
-        (out), status (out). (Whether the GPU decodes any of its chunks, what place needs of it.)"""
+        """Refuse, before anything is uploaded, a chunk whose stream does not even start right, or
+        one stored without the codec (its filter skipped: h5py's lzf leaves a chunk that did not
+        shrink so) at another size than decoded; then the block's rows of the group's table (from
+        row o): per chunk its stream (the block's bytes go up to device address `data`), size,
+        capacity, output (from `decoded` on), decoded size (out), status (out). A chunk stored
+        without the codec has size and capacity 0 (the kernels decode nothing of it, the check
+        passes it over) and is copied into its slot after the group's decoding. (Whether the GPU
+        decodes any of its chunks; what decode needs of it: those copies, (slot, bytes, size).)"""
         n = len(block.positions)
         sizes = dec.sizes[block.c0:block.c0 + n]
-        good = self.starts_right(block.buf, block.positions, sizes)
-        if not good.all():
-            k = int(np.argmin(good))
-            raise InputError(f"{self.rows.label}: chunk {block.c0 + k} cannot be decompressed ({self.frame})")
+        stored = dec.masks[block.c0:block.c0 + n] != 0  # unsupported(): only the codec's bit
+        good = self.starts_right(block.buf, block.positions, sizes) | stored
+        wrong = stored & (sizes != dec.chunk_bytes)
+        if not good.all() or wrong.any():
+            k = int(np.argmax(~good | wrong))
+            why = f"stored without its filter, {sizes[k]} bytes, not {dec.chunk_bytes}" if wrong[k] else self.frame
+            raise InputError(f"{self.rows.label}: chunk {block.c0 + k} cannot be decompressed ({why})")
         rows = slice(o, o + n)
+        slots = decoded + np.arange(n, dtype=np.uint64) * dec.stride
         table[0, rows] = data + block.positions + self.head
-        table[1, rows] = sizes - self.head - self.tail
-        table[2, rows] = dec.chunk_bytes
-        table[3, rows] = decoded + np.arange(n, dtype=np.uint64) * dec.stride
-        return True, None
+        table[1, rows] = np.where(stored, 0, sizes - self.head - self.tail)
+        table[2, rows] = np.where(stored, 0, dec.chunk_bytes)
+        table[3, rows] = slots
+        return True, [(int(slots[k]), data + int(block.positions[k]), dec.chunk_bytes) for k in np.flatnonzero(stored)]
 
     def starts_right(self, buf, at, sizes):
         """Per chunk stored in buf at offsets at, sizes bytes each: whether its zlib header is one the
@@ -200,13 +210,18 @@ class Deflate:
         good = (cmf & 15 == 8) & (cmf >> 4 <= 7) & ((cmf * 256 + flg) % 31 == 0) & (flg & 32 == 0)
         return good & (sizes > self.head + self.tail)
 
-    def decode(self, dec, stream, count, table, decoded, c0, scratch):
+    def decode(self, dec, stream, count, table, decoded, c0, scratch, extras):
         """Decode a group's count chunks, file chunks c0 on, as its table (device address) says,
-        into decoded on (scratch: the lane's scratch memory, where the codec takes some)."""
+        into decoded on (scratch: the lane's scratch memory, where the codec takes some); extras:
+        what prepare said of each of its blocks."""
+        import pycuda.driver as cuda
+
         at = dec.columns(table)
         self.run(stream, count, at, scratch, dec.scratch_bytes)
         self.check(stream, count, at[0], at[1], at[4], at[5], decoded, dec.chunk_bytes, dec.stride, self.adler, c0,
                    dec.flags)
+        for slot, src, nbytes in (copy for stored in extras for copy in stored):  # before the lane's bytes
+            cuda.memcpy_dtod_async(slot, src, nbytes, stream)                      # are uploaded over (flush)
 
     def place(self, dec, stream, piece, decoded, dst):
         import pycuda.driver as cuda
@@ -279,7 +294,7 @@ class Lzf(Deflate):
     """h5py's lzf filter: an LZF stream a chunk (liblzf's format, nothing around it), decoded by
     lzf_kernel1 into chunks 256 bytes apart, checked by decode_check_kernel1 (status and size; LZF
     has no checksum), HDF5's shuffle undone as the images are placed. A chunk that did not shrink is
-    stored raw (its filter skipped): the file is the host's (see unsupported)."""
+    stored as it is (its filter skipped) and copied into place (Deflate.prepare)."""
     head = tail = 0
     kernel, adler, what, frame = launch.Lzf, False, "LZF", "an empty LZF stream"
     # deflate's group and blocks, read 4 at a time: LZF keeps a quarter of MNIST's bytes shuffled
@@ -323,6 +338,7 @@ class BloscLz4:
 
     arrays = 3  # of the table, uint64 a chunk: start, stored size, output
     scratch = 0.0
+    copies_stored = False  # a file with chunks stored without the codec is the host's
     # A launch takes 10 blocks of 32 MB (80 MNIST chunks, ~1,700 warps of ~13 ms), read 4 at a time:
     # the host's 4 compressed blocks keep the peak RSS under 400 MB (6 of 64 MB: 7.0M images/s, 484 MB)
     group, block_bytes, ring = 10, 32 << 20, 4
@@ -374,7 +390,7 @@ class BloscLz4:
         self.rows.submit(dec.pool.native, lo, hi, out).result()
         return lo - block.lo, out
 
-    def decode(self, dec, stream, count, table, decoded, c0, scratch):
+    def decode(self, dec, stream, count, table, decoded, c0, scratch, extras):
         starts, sizes, outputs = dec.columns(table)
         self.lz4(stream, count, starts, sizes, outputs, dec.chunk_bytes, self.block_bytes, self.itemsize, c0, dec.flags)
 
@@ -509,7 +525,7 @@ class Decoder:
         """Decode the chunks of `rows` (a ChunkedRows that fits) from now on."""
         self.rows = rows
         index = np.array(rows.index, np.int64).reshape(-1, 3)
-        self.offsets, self.sizes = index[:, 0], index[:, 1]
+        self.offsets, self.sizes, self.masks = index[:, 0], index[:, 1], index[:, 2]
         self.per, self.row_bytes = rows.align, rows.row_bytes
         self.codec = CODECS[rows.codec](self.build, rows)
 
@@ -601,7 +617,8 @@ class Decoder:
         lane.table_sent = event(self.copy)
         lane.stream.wait_for_event(lane.table_sent)
         if self.gpu:
-            self.codec.decode(self, lane.stream, self.count, int(lane.comp), lane.decoded, pieces[0][0].c0, lane.scratch)
+            self.codec.decode(self, lane.stream, self.count, int(lane.comp), lane.decoded, pieces[0][0].c0, lane.scratch,
+                              [piece.extra for piece, *_ in pieces])
         lane.read = event(lane.stream)
         placed = []
         for piece, o, dst, waits, token in pieces:
