@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
-# Several GPUs on a streamed file (nvidia-h200-x2): the 1,000,000-image float32, uint8 and gzip 1 files
-# through `cnninfer run` on GPU 0 and on all GPUs, 5 runs each (images/s, peak RSS), the speed-up
-# of the medians, and the predictions of both compared; then the same in one warm process. Usage:  . .device/setup.sh && bash tools/device_multi_stream.sh
+# Several GPUs on a streamed file (nvidia-h200-x2): the 1,000,000-image float32, uint8 and compressed
+# (gzip 1, shuffle + gzip 1, Zstd, shuffle + Zstd, lzf: decoded on the GPUs) files through `cnninfer
+# run` on GPU 0 and on all GPUs, 5 runs each (images/s, peak RSS), the speed-up of the medians, and
+# the predictions of both compared; then float32 and uint8 in one warm process (a process keeps the
+# hardware queues of its first run: compressed files there would decode with float32's 8). Usage:  . .device/setup.sh && bash tools/device_multi_stream.sh
 set -uo pipefail
 out="${OUT:-device-out}"; mkdir -p "$out"
 export CNNINFER_CACHE=/tmp/cnninfer-cache
 nvidia-smi --query-gpu=index,name --format=csv,noheader | tee "$out/gpus.txt"
-python3 tools/make_big.py "$CNNINFER_DATA" /tmp big big_u8 big_gz1
+python3 tools/make_big.py "$CNNINFER_DATA" /tmp big big_u8 big_gz1 big_shuf_gz1 big_zstd big_shuf_zstd big_lzf
 python3 - "$CNNINFER_DATA" <<'PY' 2>&1 | tee "$out/multi-stream.txt"
 import json, resource, statistics, subprocess, sys
 import numpy as np
 model = f"{sys.argv[1]}/model.hdf5"
-for name in ("big", "big_u8", "big_gz1"):
+for name in ("big", "big_u8", "big_gz1", "big_shuf_gz1", "big_zstd", "big_shuf_zstd", "big_lzf"):
     medians = {}
     for devices in ("0", "all"):
         rates = []
@@ -34,7 +36,7 @@ for name in ("big", "big_u8", "big_gz1"):
 import os, threading, time
 os.environ["CNNINFER_HOST_BUDGET_MB"] = "0"
 import infer
-from infer import stream as S
+from infer import host as S
 from infer.gpu import backend as B
 marks, local = [], threading.local()
 orig_stream, orig_iter = B.CudaBackend.stream, S.Ring.__iter__
@@ -48,7 +50,7 @@ def first_block(self):
         local.first = local.first or time.perf_counter()
         yield item
 B.CudaBackend.stream, S.Ring.__iter__ = timed_stream, first_block
-for name in ("big", "big_u8", "big_gz1"):
+for name in ("big", "big_u8"):
     medians = {}
     for devices in ([0], "all"):
         with infer.Session(model, devices=devices) as s:
