@@ -121,7 +121,7 @@ class DataSet:
         pool's Python threads."""
         futures = []
         for (_, _, y, _), row, count, at in self._segments(lo, hi):
-            ticket = getattr(y, "submit_labels", lambda *a: None)(pool, row, row + count, out[at:at + count])
+            ticket = y.submit_labels(pool, row, row + count, out[at:at + count])
             futures += [ticket] if ticket else [pool.call(_labels, y, a, b, out[at + a - row:at + b - row])
                                                 for a, b in _steps(row, row + count, LABEL_ROWS)]
         return futures

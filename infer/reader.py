@@ -70,6 +70,11 @@ class Rows:
         self.label, self.shape, self.dtype = label, tuple(shape), np.dtype(dtype)
         self.row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
 
+    def submit_labels(self, pool, lo, hi, out):
+        """The labels of rows [lo, hi) read on the native pool (a Ticket), or None: Python's threads
+        read them (dataset._labels)."""
+        return None
+
     def close(self):
         pass
 

@@ -346,6 +346,10 @@ class FrameDecoder(Launcher):
     (damaged, or reading past its size) or FULL (decoding to more than its output holds)."""
     OK, BAD, FULL = 0, 1, 2
 
+    def check_count(self, count):
+        if not 0 < count <= INT_MAX:
+            raise ValueError(f"{self.kernel} decodes 1 to {INT_MAX} streams a launch, not {count}")
+
     def __init__(self, build, **defines):
         import pycuda.driver as cuda
 
@@ -356,8 +360,7 @@ class FrameDecoder(Launcher):
     def __call__(self, stream, count, src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses):
         """Every argument but count a device address of an array of count: source pointers, source
         sizes, output capacities, decoded sizes (out, uint64), output pointers, statuses (out, int32)."""
-        if not 0 < count <= INT_MAX:
-            raise ValueError(f"{self.kernel} decodes 1 to {INT_MAX} streams a launch, not {count}")
+        self.check_count(count)
         self.launch(stream, (count, 1), (32, 1, 1), src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses)
 
 
@@ -409,8 +412,7 @@ class ZstdApart(FrameDecoder):
         8 counting what the frames take (zeroed here, on the stream)."""
         import pycuda.driver as cuda
 
-        if not 0 < count <= INT_MAX:
-            raise ValueError(f"{self.kernel} decodes 1 to {INT_MAX} streams a launch, not {count}")
+        self.check_count(count)
         scratch = int(scratch)
         cuda.memset_d32_async(scratch, 0, 2, stream)
         self.launch(stream, (count, 1), (32 * self.WARPS, 1, 1), src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs,
