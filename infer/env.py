@@ -1,7 +1,8 @@
 """The CNNINFER_* environment variables, each read and checked in one place: a bad value is an
 InputError (one line, exit 2 on the command line), never a traceback or a silent default.
 
-    CNNINFER_HOST_BUDGET_MB  whole MiB of images read into host memory at once (0 or more; 512)
+    CNNINFER_HOST_BUDGET_MB  whole MiB of images read into host memory at once (0 or more; 512);
+                             larger inputs stream (on the GPU, any over two blocks: plan.STREAM_FROM)
     CNNINFER_NATIVE          0 or 1: native code (1: the read pool, the CPU network) or Python
                              reader threads and the NumPy layers (0)
     CNNINFER_GRAPHS          0 or 1: replay each batch's enqueue as a CUDA graph (1) or not (0)

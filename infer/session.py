@@ -31,10 +31,13 @@ def host_budget():
     return env.host_budget_mb() * 2**20
 
 
-def streams(data, wire):
-    """Whether the images of DataSet `data`, in type `wire`, stream (past the host budget) rather
-    than being read whole."""
-    return data.size * data.image_bytes(wire) > host_budget()
+def streams(data, wire, stream_from=None):
+    """Whether the images of DataSet `data`, in type `wire`, stream rather than being read whole:
+    past the host budget, or past `stream_from` bytes where the backend has one (the GPU's: from
+    two blocks on, reading, uploads and compute overlap, where a whole read pins and fills one
+    buffer before anything computes)."""
+    size = data.size * data.image_bytes(wire)
+    return size > host_budget() or (stream_from is not None and size > stream_from)
 
 
 def _as_given(data, wire):
@@ -144,9 +147,10 @@ class Session:
 
     def _decode(self, data):
         """--decode for the backend about to be made: with auto, "auto" (on the GPU where it can)
-        where the first call streams a file whose chunks the GPU decodes, else "host". The choice is
-        made once: GPU decoding needs more hardware queues, asked for as the driver starts, which
-        cost the process ~80 MB of host memory (H100)."""
+        where the first call's file, past the host budget, has chunks the GPU decodes, else "host". The
+        choice is made once: GPU decoding needs more hardware queues, asked for as the driver starts,
+        which cost the process ~80 MB of host memory (H100); its start-up (~0.2 s a process) outweighs
+        its speed on files within the budget, which stream decoded by the host."""
         if self.options.decode != "auto":
             return self.options.decode
         if self.backend_name == "cpu" or data is None:
@@ -239,7 +243,7 @@ class Session:
         x_shape = (n,) + tuple(data.image_shape)
         network.geometry(self.model, x_shape, data.parts[0][0])
         wire = backend.wire_dtype(data.dtype)
-        streamed = streams(data, wire)
+        streamed = streams(data, wire, backend.stream_from)
         if backend.concurrent and not streamed:
             with self._calls:
                 if self.closed:

@@ -5,8 +5,10 @@ import numpy as np
 import pytest
 
 import infer
-from infer import host, loader, progress
+from infer import host, loader, progress, session
+from infer.cpu import CpuBackend
 from infer.dataset import DataSet
+from infer.gpu import plan
 from tests.conftest import assert_refused, invoke
 
 
@@ -22,6 +24,31 @@ def test_streamed_equals_in_memory(ece408, tiny_budget, monkeypatch):
     assert streamed.streamed and not whole.streamed
     assert (streamed.predictions == whole.predictions).all() and (streamed.labels == whole.labels).all()
     assert set(streamed.timing) == {"load", "prepare", "forward", "read", "wait"}
+
+
+def test_a_backend_streams_past_its_own_size_within_the_budget(ece408, monkeypatch):
+    """stream_from (the GPU's: two blocks) streams a data set the budget would read whole; testfull's
+    10,000 float32 images stay under the GPU's, so `cnninfer run testfull.hdf5 ...` times resident images."""
+    model = loader.load_model(ece408 / "model.hdf5")
+    data = DataSet.open([ece408 / "testfull.hdf5"], model, 1000)
+    try:
+        size = 1000 * 28 * 28 * 4
+        assert not session.streams(data, np.float32) and not session.streams(data, np.float32, size)
+        assert session.streams(data, np.float32, size - 1) and not session.streams(data, np.uint8, size - 1)
+        monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
+        assert session.streams(data, np.float32) and session.streams(data, np.uint8, None)
+    finally:
+        data.close()
+    assert 10000 * 28 * 28 * 4 < plan.STREAM_FROM
+    by_budget = infer.run(ece408 / "testfull.hdf5", model, 1000, backend="cpu")
+    monkeypatch.delenv("CNNINFER_HOST_BUDGET_MB")
+    monkeypatch.setattr(CpuBackend, "stream_from", size - 1)
+    streamed = infer.run(ece408 / "testfull.hdf5", model, 1000, backend="cpu")
+    assert by_budget.streamed and streamed.streamed
+    monkeypatch.setattr(CpuBackend, "stream_from", size)
+    whole = infer.run(ece408 / "testfull.hdf5", model, 1000, backend="cpu")
+    assert not whole.streamed
+    assert (streamed.predictions == whole.predictions).all() and (by_budget.predictions == whole.predictions).all()
 
 
 def test_streams_compressed_chunked_files(tmp_path, ece408, tiny_budget):

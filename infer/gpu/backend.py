@@ -34,10 +34,8 @@ class Build:
 class CudaBackend(HostSide):
     name = "cuda"
     checks_values = True  # float32 images are checked on the GPU, by the pipeline (pipelines.py)
-    # About the bytes per streamed block (a whole number of chunks): 8192 float32 MNIST images or
-    # 32768 uint8 ones, so a block amortizes the reads and the Python work around it whatever the
-    # stored type (uint8 in 8192-image blocks left two GPUs waiting on the host: 1.24x one GPU)
-    STREAM_BYTES = 25 << 20
+    STREAM_BYTES = plan.STREAM_BYTES
+    stream_from = plan.STREAM_FROM
     # Streamed blocks in flight (being read, uploaded, computed): 6 of ~25 MB pinned, whatever --streams
     # is (8 streams with 10 blocks held 100 MB more, peak RSS 485 against 385 MB, for no more speed)
     ring_depth = 6

@@ -15,6 +15,7 @@ class MultiGpuBackend:
     profile = None  # per-kernel profiles are per GPU: profile one device at a time
     checks_values = True
     concurrent = False
+    stream_from = CudaBackend.stream_from
     wire_dtype = staticmethod(CudaBackend.wire_dtype)
 
     def __init__(self, devices, **options):

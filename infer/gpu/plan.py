@@ -6,6 +6,16 @@ import numpy as np
 from ..errors import InputError
 
 
+# About the bytes per streamed block (a whole number of chunks): 8192 float32 MNIST images or
+# 32768 uint8 ones, so a block amortizes the reads and the Python work around it whatever the
+# stored type (uint8 in 8192-image blocks left two GPUs waiting on the host: 1.24x one GPU)
+STREAM_BYTES = 25 << 20
+# Images over two blocks stream even within the host budget: read whole, 160,000 float32 MNIST
+# images took 314-378 ms to pin and fill before the GPU started (H100 host, fresh runs), streamed
+# they were read and classified in 54-69 ms (docs/performance.md, "Mid-size files")
+STREAM_FROM = 2 * STREAM_BYTES
+
+
 def wire_dtype(stored):
     """The type images of NumPy type `stored` travel in: integers in their own, converted on the
     GPU; float32 as it is; other floats converted (and checked) by the reader threads."""
