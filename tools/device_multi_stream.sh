@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Several GPUs on a streamed file (nvidia-h200-x2): the 1,000,000-image float32, uint8 and compressed
 # (gzip 1, shuffle + gzip 1, Zstd, shuffle + Zstd, lzf: decoded on the GPUs) files through `cnninfer
-# run` on GPU 0 and on all GPUs, 5 runs each (images/s, peak RSS), the speed-up of the medians, and
+# run` on GPU 0, on all GPUs, and on GPU 0 for half the file (what a perfect split would give each
+# GPU: 3 runs), 5 runs each (images/s, peak RSS), the speed-up of the medians, and
 # the predictions of both compared; then float32 and uint8 in one warm process (a process keeps the
 # hardware queues of its first run: compressed files there would decode with float32's 8). Usage:  . .device/setup.sh && bash tools/device_multi_stream.sh
 set -uo pipefail
@@ -15,12 +16,14 @@ import numpy as np
 model = f"{sys.argv[1]}/model.hdf5"
 for name in ("big", "big_u8", "big_gz1", "big_shuf_gz1", "big_zstd", "big_shuf_zstd", "big_lzf"):
     medians = {}
-    for devices in ("0", "all"):
+    for devices in ("0", "all", "half"):  # half: GPU 0 alone on the first 500,000 images, a perfect split's share
         rates = []
-        for i in range(5):
+        for i in range(3 if devices == "half" else 5):
             p = f"/tmp/p_{name}_{devices}.npy"
-            r = subprocess.run(["cnninfer", "run", f"/tmp/{name}.hdf5", model, "--devices", devices, "--json", "-q",
-                                "--predictions", p], capture_output=True, text=True)
+            count = ["500000"] if devices == "half" else []
+            r = subprocess.run(["cnninfer", "run", f"/tmp/{name}.hdf5", model, *count, "--devices",
+                                "0" if devices == "half" else devices, "--json", "-q", "--predictions", p],
+                               capture_output=True, text=True)
             if r.returncode:
                 print(name, devices, "failed:", r.stderr.strip()); break
             d = json.loads(r.stdout); t = d["timing_ms"]
@@ -30,7 +33,8 @@ for name in ("big", "big_u8", "big_gz1", "big_shuf_gz1", "big_zstd", "big_shuf_z
                   f"reader {d['reader']}, busy {t['read']:.0f} ms, waited {t['wait']:.0f} ms, peak RSS so far {rss:.0f} MB; {d['device'][:60]}")
         medians[devices] = statistics.median(rates) if rates else float("nan")
     same = (np.load(f"/tmp/p_{name}_0.npy") == np.load(f"/tmp/p_{name}_all.npy")).sum()
-    print(f"{name}: all GPUs / one GPU = {medians['all'] / medians['0']:.2f}x (medians of 5); predictions identical: {same} of 1000000")
+    print(f"{name}: all GPUs / one GPU = {medians['all'] / medians['0']:.2f}x (medians of 5; one GPU on half the file "
+          f"as fast as alone, 3 runs, would give {2 * medians['half'] / medians['0']:.2f}x); predictions identical: {same} of 1000000")
 # In one warm process: a first run, then 5 more (medians of those 5); per GPU, when its first block
 # came in and when it finished
 import os, threading, time
