@@ -441,8 +441,8 @@ def _chunk_index(ds):
     """[(file offset, stored size, filter mask)] of every chunk, rows of chunks in order and in C
     order within each, or None if any chunk was never written (its values are fill values: h5py
     knows them)."""
-    d = ds.id
-    grid = [-(-n // c) for n, c in zip(ds.shape, ds.chunks)]
+    d, chunks = ds.id, ds.chunks  # (ds.chunks asks the file each time: once, not once a chunk)
+    grid = [-(-n // c) for n, c in zip(ds.shape, chunks)]
     count = int(np.prod(grid, dtype=np.int64))
     if d.get_num_chunks() < count:
         return None
@@ -453,8 +453,10 @@ def _chunk_index(ds):
     else:
         infos = [d.get_chunk_info(i) for i in range(d.get_num_chunks())]
     for info in infos:
-        at = [o // c for o, c in zip(info.chunk_offset, ds.chunks)]
-        index[int(np.ravel_multi_index(at, grid))] = (info.byte_offset, info.size, info.filter_mask)
+        flat = 0
+        for o, c, g in zip(info.chunk_offset, chunks, grid):  # the chunk's place in C order
+            flat = flat * g + o // c
+        index[flat] = (info.byte_offset, info.size, info.filter_mask)
     return None if None in index else index
 
 
