@@ -197,6 +197,9 @@ def test_auto_decodes_on_the_gpu_only_a_streamed_file_it_can_decode(made, files,
     assert made(files["contiguous"], decode="gpu") == "gpu"
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "512")  # read whole: nothing streamed
     assert made(files["gzip"]) == "host"
+    # Streamed within the budget (past the GPU's stream_from): decoded by the host, whose start-up costs less
+    monkeypatch.setattr("infer.gpu.plan.STREAM_FROM", 1000)
+    assert made(files["gzip"]) == "host" and made(files["gzip"], decode="gpu") == "gpu"
 
 
 def test_decode_gpu_on_the_cpu_backend_is_one_line(ece408):
