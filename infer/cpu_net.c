@@ -164,16 +164,45 @@ static int live_windows(const struct conv *L, int *finite)
     const int hp = (L->h - L->k + 1) / 2, wp = (L->w - L->k + 1) / 2, side = L->k + 1;
     const float *p = L->in;
     int ok = 1;
-    for (int i = 0; i < L->h * L->w; i++) {
-        int any = 0;
-        for (int ci = 0; ci < L->c; ci++)
-            any |= p[ci] != 0.0f;
-        if (L->check)
+    if (!L->check && L->c % VW == 0) { /* a layer's padded channels: whole vectors a pixel */
+        for (int i = 0; i < L->h * L->w; i++, p += L->c) {
+            vi any = (vi){0};
+            for (int ci = 0; ci < L->c; ci += VW)
+                any |= load(p + ci) != (vf){0};
+            int lit = 0;
+            for (int e = 0; e < VW; e++)
+                lit |= any[e];
+            L->lit[i] = (unsigned char)(lit != 0);
+        }
+    } else if (L->c == 1) { /* one channel (MNIST's images): whole vectors of pixels */
+        const int n = L->h * L->w;
+        vi bad = (vi){0};
+        int i = 0;
+        for (; i + VW <= n; i += VW) {
+            const vf v = load(p + i);
+            const vi nz = v != (vf){0};
+            bad |= (v - v) != (vf){0}; /* NaN for NaN and infinities */
+            for (int e = 0; e < VW; e++)
+                L->lit[i + e] = (unsigned char)(nz[e] != 0);
+        }
+        for (int e = 0; e < VW; e++)
+            ok &= bad[e] == 0;
+        for (; i < n; i++) {
+            L->lit[i] = (unsigned char)(p[i] != 0.0f);
+            ok &= p[i] - p[i] == 0.0f;
+        }
+        ok |= !L->check;
+    } else
+        for (int i = 0; i < L->h * L->w; i++) {
+            int any = 0;
             for (int ci = 0; ci < L->c; ci++)
-                ok &= p[ci] - p[ci] == 0.0f; /* NaN for NaN and infinities */
-        L->lit[i] = (unsigned char)any;
-        p += L->c;
-    }
+                any |= p[ci] != 0.0f;
+            if (L->check)
+                for (int ci = 0; ci < L->c; ci++)
+                    ok &= p[ci] - p[ci] == 0.0f; /* NaN for NaN and infinities */
+            L->lit[i] = (unsigned char)any;
+            p += L->c;
+        }
     *finite = ok;
     int live = 0;
     for (int py = 0; py < hp; py++)

@@ -157,6 +157,22 @@ def test_a_value_that_is_not_finite_names_its_image_before_any_overflow(lib, rng
     backend.close()
 
 
+@pytest.mark.parametrize("at", [(0, 0), (29, 25), (29, 21), (15, 9)])
+@pytest.mark.parametrize("bad", [np.nan, -np.inf])
+def test_a_bad_value_in_any_pixel_of_a_one_channel_image_is_found(lib, rng, at, bad):
+    """One-channel images are checked a vector of pixels at a time: the first, the last (past the
+    whole vectors of 780 pixels), the last whole vector's and one inside."""
+    g = GEOMETRIES[4]
+    model, x = random_model(rng, g), images(rng, 5, g)
+    x[3, at[0], at[1], 0] = bad
+    backend = CpuBackend()
+    backend.use(model)
+    with pytest.raises(BadValue) as e:
+        backend.forward(x)
+    assert e.value.image == 3
+    backend.close()
+
+
 def test_the_session_reads_a_float32_array_in_place_and_names_a_bad_image(lib, rng):
     import cnninfer
 
