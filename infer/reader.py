@@ -154,8 +154,13 @@ class _FileRows(Rows):
         piece = min(PIECE_BYTES, max(NATIVE_PIECE_MIN, -(-nbytes // pool.threads)))
         end = offset + nbytes
         return Ticket(pool, pool.submit(self.fd, address, nbytes, offset, piece, swap),
-                      lambda status, _: self.truncated(end) if status == native.EOF
-                      else InputError(f"{self.label}: cannot read: {os.strerror(-status)}"))
+                      lambda status, _: self.read_failure(status, end))
+
+    def read_failure(self, status, end):
+        """The InputError for a native read's failure (EOF or -errno) of bytes up to `end`."""
+        if status == native.EOF:
+            return self.truncated(end)
+        return InputError(f"{self.label}: cannot read: {os.strerror(-status)}")
 
     def truncated(self, end):
         return InputError(f"{self.label}: the file is truncated: its values need bytes up to {end}, "
@@ -210,9 +215,7 @@ class ContiguousRows(_FileRows):
             except InputError as e:
                 return e
             return InputError(f"{self.label}: row {row} changed while it was read (a value was not finite)")
-        if status == native.EOF:
-            return self.truncated(self.offset + hi * self.row_bytes)
-        return InputError(f"{self.label}: cannot read: {os.strerror(-status)}")
+        return self.read_failure(status, self.offset + hi * self.row_bytes)
 
 
 class ChunkedRows(_FileRows):
