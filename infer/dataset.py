@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from . import loader, reader
+from . import codes, loader, reader
 from .errors import InputError, where
 
 # Labels per reader call: one call per streamed block (32768 uint8 images at most). A stream waits
@@ -51,6 +51,8 @@ class DataSet:
         self.filters = "+".join(sorted({p[1].filters for p in parts} - {""})) or "none"
         # Rows per chunk of a single chunked file: streamed blocks cut on these decode no chunk twice
         self.align = x.align if len(parts) == 1 else 1
+        self._codes = None  # whether the images read as 8-bit codes (fits_codes), once asked
+        self.wire = None  # the type the images travelled in, set by the run (numpy dtype)
 
     @classmethod
     def open(cls, paths, model, n=None):
@@ -107,6 +109,23 @@ class DataSet:
 
     def image_bytes(self, dtype):
         return int(np.prod(self.image_shape)) * np.dtype(dtype).itemsize
+
+    def fits_codes(self):
+        """Whether the images may travel as 8-bit codes (codes.py): float32 in this machine's byte
+        order, read straight from contiguous datasets (pread), whose first image in every file is
+        all codes; every value is checked again as it is read (a failure: codes.NotCodes)."""
+        if self._codes is None:
+            self._codes = self.dtype == np.float32 and all(
+                isinstance(x, reader.ContiguousRows) and not x.swapped for _, x, _, _ in self.parts)
+            for _, x, _, _ in self.parts if self._codes else ():
+                first = np.empty((1,) + self.image_shape, np.float32)
+                x.read(0, 1, first)
+                self._codes = self._codes and codes.pack(first) is not None
+        return self._codes
+
+    def no_codes(self):
+        """A read found a value that is no code: the images travel as float32 from now on."""
+        self._codes = False
 
     def submit_images(self, pool, lo, hi, out, check):
         """Futures filling out (hi - lo images, in out's type) from images [lo, hi)."""

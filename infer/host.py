@@ -136,7 +136,11 @@ class HostSide:
         """(what the ring reads, its buffers, how a buffer is cut to a block (None: its first rows)):
         here the data set's images, in blocks of stream_block images of the wire type."""
         shape = (min(self.stream_block, stop - start),) + tuple(data.image_shape)
-        return data, self.host_buffers(shape, self.wire_dtype(data.dtype), self.ring_depth), None
+        return data, self.host_buffers(shape, self.stream_wire(data), self.ring_depth), None
+
+    def stream_wire(self, data):
+        """The type `data`'s images are streamed in."""
+        return self.wire_dtype(data.dtype)
 
     def outputs(self, n):
         """A fresh set of outputs for n images of the prepared model (see outputs)."""

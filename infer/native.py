@@ -24,8 +24,8 @@ NET_COMMON = ("-O3", "-ffp-contract=fast", *FLAGS[1:])
 NET_FLAGS = (("-march=native", *NET_COMMON), NET_COMMON)
 # rp_wait's failures besides -errno: the file ended before the bytes asked for; a chunk that does
 # not decode, one that decodes to another size, one that fails its checksum; a label row with a
-# value that is not finite
-EOF, DAMAGED, SIZE, CHECKSUM, NOT_FINITE = 1, 2, 3, 4, 5
+# value that is not finite; a float32 value that is no 8-bit code times float32(1/255)
+EOF, DAMAGED, SIZE, CHECKSUM, NOT_FINITE, NOT_CODES = 1, 2, 3, 4, 5, 6
 # rp_submit_labels' and rp_first_max's value types (in the machine's byte order)
 LABEL_KINDS = {t: k for k, t in enumerate(("f4", "f8", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8"), 1)}
 RAW, DEFLATE, LZF, PLUGIN, ZSTD, LZ4, BLOSC, BLOSC2 = 0, 1, 2, 3, 4, 5, 6, 7  # rp_chunks' codecs
@@ -93,6 +93,8 @@ def library():
     p, size, i64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_longlong
     for name, args, result in (("rp_create", [ctypes.c_int], p), ("rp_destroy", [p], None),
                                ("rp_submit", [p, ctypes.c_int, p, size, i64, size, size], p),
+                               ("rp_submit_codes", [p, ctypes.c_int, p, size, i64, size], p),
+                               ("rp_pack_codes", [p, p, size, ctypes.c_int], ctypes.c_int),
                                ("rp_wait", [p, p, ctypes.POINTER(i64)], ctypes.c_int), ("rp_busy_ns", [p], i64),
                                ("rp_chunks", [ctypes.c_int, size, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint,
                                              ctypes.c_int, ctypes.c_int, p, p], p),
@@ -256,6 +258,14 @@ class ReadPool:
         """nbytes of fd from offset into address, in pieces of `piece` bytes; swap: the size of values
         stored in the other byte order, reversed once read (0: none)."""
         ticket = self.lib.rp_submit(self.pool, fd, address, nbytes, offset, piece, swap)
+        if not ticket:
+            raise MemoryError("no memory for a read's ticket")
+        return ticket
+
+    def submit_codes(self, fd, address, nbytes, offset, piece):
+        """nbytes of float32 values of fd from offset into address as their 8-bit codes (nbytes / 4
+        bytes), in pieces of about `piece` bytes of the file; fails with NOT_CODES where one is not."""
+        ticket = self.lib.rp_submit_codes(self.pool, fd, address, nbytes, offset, piece)
         if not ticket:
             raise MemoryError("no memory for a read's ticket")
         return ticket

@@ -34,9 +34,18 @@ class Progress:
             self.bar.__exit__(None, None, None)
             self.bar = None
 
+    def restart(self):
+        """The run starts over (its images read another way): back to none done."""
+        with self.lock:
+            self.close()
+            self.done = 0
+
 
 class NoProgress:
     def update(self, count):
+        pass
+
+    def restart(self):
         pass
 
     def close(self):

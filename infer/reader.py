@@ -38,7 +38,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from . import h5py_workers, native
+from . import codes, h5py_workers, native
 from .errors import InputError
 
 PIECE_BYTES = 4 << 20  # bytes per read call and thread: large enough to amortize the call
@@ -195,6 +195,14 @@ class ContiguousRows(_FileRows):
         """Rows [lo, hi) into out (C-contiguous, the stored type) on the native pool: a Ticket."""
         return self.submit_bytes(pool, out.ctypes.data, (hi - lo) * self.row_bytes, self.offset + lo * self.row_bytes,
                                  self.dtype.itemsize if self.swapped else 0)
+
+    def submit_codes(self, pool, lo, hi, out):
+        """Rows [lo, hi) of float32 values (this machine's byte order) into out (CODES, C-contiguous)
+        as their 8-bit codes on the native pool: a Ticket failing with codes.NotCodes where one is not."""
+        nbytes, end = (hi - lo) * self.row_bytes, self.offset + hi * self.row_bytes
+        piece = min(PIECE_BYTES, max(NATIVE_PIECE_MIN, -(-nbytes // pool.threads)))
+        return Ticket(pool, pool.submit_codes(self.fd, out.ctypes.data, nbytes, self.offset + lo * self.row_bytes, piece),
+                      lambda status, _: codes.NotCodes() if status == native.NOT_CODES else self.read_failure(status, end))
 
     def submit_labels(self, pool, lo, hi, out):
         """The first maximum of each of rows [lo, hi) into out (int64, contiguous) on the native pool,
@@ -558,7 +566,14 @@ def check_finite(values, original, label, offset):
 
 def fill(rows, lo, hi, out, check):
     """Rows [lo, hi) into out: in the stored type, or converted to out's type (float32) and checked
-    to be finite there; `check` also checks float32 rows stored as such."""
+    to be finite there; `check` also checks float32 rows stored as such. Into codes.CODES, float32
+    rows as their 8-bit codes (codes.NotCodes where one is not)."""
+    if out.dtype == codes.CODES:
+        raw = np.empty((hi - lo,) + rows.shape[1:], rows.dtype)
+        rows.read(lo, hi, raw)
+        if codes.pack(raw, out) is None:
+            raise codes.NotCodes()
+        return
     if out.dtype == rows.dtype:
         rows.read(lo, hi, out)
         if check and out.dtype.kind == "f":
@@ -648,6 +663,10 @@ class Reader:
                 and not check and out.flags.c_contiguous and hi > lo):
             self.used_native = True
             return [rows.submit(self.native, lo, hi, out)]
+        if (self.native is not None and out.dtype == codes.CODES and hasattr(rows, "submit_codes")
+                and rows.dtype == np.float32 and not rows.swapped and out.flags.c_contiguous and hi > lo):
+            self.used_native = True
+            return [rows.submit_codes(self.native, lo, hi, out)]
         return [self.pool.submit(self._timed, fill, rows, a, b, out[a - lo:b - lo], check)
                 for a, b in pieces(lo, hi, rows.row_bytes, rows.align, self.threads)]
 

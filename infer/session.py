@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import backends, defaults, env, loader, network
+from . import backends, codes, defaults, env, loader, network
 from .dataset import DataSet, expand
 from .errors import BadValue, InputError
 from .options import Options
@@ -38,6 +38,15 @@ def streams(data, wire, stream_from=None):
     buffer before anything computes)."""
     size = data.size * data.image_bytes(wire)
     return size > host_budget() or (stream_from is not None and size > stream_from)
+
+
+def wire_type(backend, data):
+    """The type `data`'s images travel to `backend` in: its wire type for the stored one, or 8-bit
+    codes (codes.py) for float32 files of them where the backend takes codes."""
+    wire = backend.wire_dtype(data.dtype)
+    if wire == np.float32 and getattr(backend, "takes_codes", False) and data.fits_codes():
+        return codes.CODES
+    return wire
 
 
 def _as_given(data, wire):
@@ -227,7 +236,8 @@ class Session:
                               shards=dataset.shards, backend=backend.name, device=backend.device,
                               profile=backend.profile, timing=timing, streamed="read" in timing, recomputed=recomputed,
                               reader=dict(layout=dataset.kind, filters=dataset.filters, threads=backend.reader_threads,
-                                          pool=backend.reader.kind, decode=getattr(backend, "decoding", "host")))
+                                          pool=backend.reader.kind, decode=getattr(backend, "decoding", "host"),
+                                          wire="8-bit codes" if dataset.wire == codes.CODES else str(dataset.wire)))
         finally:
             dataset.close()
 
@@ -239,10 +249,21 @@ class Session:
         and runs at once, on the backend's shared compute threads."""
         with self.lock:
             backend = self._backend(data)
+        network.geometry(self.model, (data.size,) + tuple(data.image_shape), data.parts[0][0])
+        try:
+            return self._forward_as(data, scores, progress, wire_type(backend, data))
+        except codes.NotCodes:  # a float32 value past the first image was no 8-bit code
+            data.no_codes()
+            progress.restart()
+            return self._forward_as(data, scores, progress, wire_type(backend, data))
+
+    def _forward_as(self, data, scores, progress, wire):
+        """_forward with the images travelling in type `wire`."""
+        with self.lock:
+            backend = self._backend()
         n = data.size
         x_shape = (n,) + tuple(data.image_shape)
-        network.geometry(self.model, x_shape, data.parts[0][0])
-        wire = backend.wire_dtype(data.dtype)
+        data.wire = wire
         streamed = streams(data, wire, backend.stream_from)
         if backend.concurrent and not streamed:
             with self._calls:

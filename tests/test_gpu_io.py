@@ -76,17 +76,18 @@ def test_uint8_images_on_the_gpu_equal_the_host_conversion(ece408, testfull_u8, 
 
 
 def test_a_file_over_two_blocks_streams_within_the_budget(ece408, tmp_path):
-    """The GPU streams 60,000 float32 images (188 MB, inside the 512 MiB budget) rather than pinning
-    and filling one buffer first; testfull's 31 MB are read whole. Both give the reference's labels."""
+    """The GPU streams 70,000 float32 images (219 MB, inside the 512 MiB budget; 55 MB as 8-bit codes)
+    rather than pinning and filling one buffer first; testfull's 31 MB are read whole. Both give the
+    reference's labels."""
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][()], f["y"][()]
     tiled = tmp_path / "tiled.h5"
     with h5py.File(tiled, "w") as f:
-        f["x"], f["y"] = np.concatenate([x] * 6), np.concatenate([y] * 6)
+        f["x"], f["y"] = np.concatenate([x] * 7), np.concatenate([y] * 7)
     with Session(ece408 / "model.hdf5", backend="cuda") as s:
         whole, streamed = s.evaluate(ece408 / "testfull.hdf5"), s.evaluate(tiled)
     assert not whole.streamed and streamed.streamed and set(streamed.timing) >= {"read", "wait"}
-    assert (streamed.predictions == np.tile(whole.predictions, 6)).all() and streamed.correct == 6 * whole.correct
+    assert (streamed.predictions == np.tile(whole.predictions, 7)).all() and streamed.correct == 7 * whole.correct
 
 
 @pytest.mark.parametrize("budget", ["512", "4"])

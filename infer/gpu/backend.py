@@ -100,6 +100,7 @@ class CudaBackend(HostSide):
         return None if counter is None or not self.executor.certifies() else counter()
 
     wire_dtype = staticmethod(plan.wire_dtype)
+    takes_codes = True  # float32 files of 8-bit pixels may travel as their codes (codes.py)
 
     @staticmethod
     def new_host_buffer(shape, dtype):
@@ -160,7 +161,7 @@ class CudaBackend(HostSide):
         t = time.perf_counter()
         wire = np.dtype(wire)
         if wire != np.float32 and wire not in ex.converters:
-            ex.converters[wire] = launch.Convert(self.build, wire)
+            ex.converters[wire] = launch.converter(self.build, wire)
         ex.keep_scores = scores
         # decoding: how the chunks travel where the GPU decodes them (chunk_decode.Plan), else ()
         decoding = (chunk_decode.plan(source.parts[0][1]) if streamed and source is not None
@@ -282,6 +283,10 @@ class CudaBackend(HostSide):
         self.decoding = self.decoder.describe()
         buffers = self.host_buffers((self.decoder.capacity,), np.uint8, run.key[5].ring)
         return chunk_decode.Blocks(data, self.decoder), buffers, chunk_decode.Block
+
+    def stream_wire(self, data):
+        """The type the prepared run's images travel in."""
+        return self.executor.run.wire
 
     def _placer_for(self, data):
         """The GPU unshuffle (shuffled.Placer) of DataSet `data` for the prepared run: the one kept

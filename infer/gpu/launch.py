@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import codes
 from . import compiler, operands
 
 INT_MAX = 2**31 - 1
@@ -319,6 +320,19 @@ class Convert(Launcher):
 
     def __call__(self, stream, src, dst, n):
         self.launch(stream, (min(ceil_div(n, 256), 4096), 1), (256, 1, 1), src, dst, n)
+
+
+class ConvertCodes(Launcher):
+    """8-bit codes of float32 images (infer/codes.py) to the float32 values they stand for."""
+    source, kernel, arg_types = "stage", "convert_kernel2", "PPqf"
+
+    def __call__(self, stream, src, dst, n):
+        self.launch(stream, (min(ceil_div(n, 256), 4096), 1), (256, 1, 1), src, dst, n, codes.SCALE)
+
+
+def converter(build, wire):
+    """The launcher turning images uploaded in type `wire` into float32."""
+    return ConvertCodes(build) if wire == codes.CODES else Convert(build, wire)
 
 
 class Check(Launcher):

@@ -17,6 +17,7 @@ class MultiGpuBackend:
     concurrent = False
     stream_from = CudaBackend.stream_from
     wire_dtype = staticmethod(CudaBackend.wire_dtype)
+    takes_codes = True
 
     def __init__(self, devices, **options):
         self._reader_threads = None

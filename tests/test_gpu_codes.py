@@ -1,0 +1,96 @@
+"""float32 files of 8-bit pixels travel to the GPU as their codes (infer/codes.py): the same scores,
+bit for bit, as float32 travel, read whole or streamed, on one GPU or two; a value that is no code
+past the first image sends the run back to float32. Needs a GPU."""
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+import infer
+from infer import codes, dataset
+from tests.conftest import Dev, build, invoke
+
+pytestmark = pytest.mark.gpu
+
+
+def test_convert_kernel2_rebuilds_every_codes_float32(gpu):
+    from infer.gpu.launch import ConvertCodes
+
+    k = np.tile(np.arange(256, dtype=np.uint8), 41)[:10_007]
+    d = Dev()
+    out = d.empty(len(k))
+    ConvertCodes(build(gpu))(None, d.put(k, np.uint8), out, len(k))
+    assert np.array_equal(d.get(out, len(k)).view(np.uint32), codes.unpack(k).view(np.uint32))
+
+
+@pytest.fixture
+def as_float32(monkeypatch):
+    """Runs made with this travel as float32, as before codes."""
+    def off():
+        monkeypatch.setattr(dataset.DataSet, "fits_codes", lambda self: False)
+    return off
+
+
+def runs(data, model, as_float32, **options):
+    """(the run as it travels by default, the run travelling float32), scores kept."""
+    with infer.Session(model, "cuda", **options) as s:
+        a = s.evaluate(data, scores=True)
+    as_float32()
+    with infer.Session(model, "cuda", **options) as s:
+        b = s.evaluate(data, scores=True)
+    return a, b
+
+
+def same(a, b):
+    assert np.array_equal(a.predictions, b.predictions)
+    assert np.array_equal(a.scores.view(np.uint32), b.scores.view(np.uint32))
+    assert np.array_equal(a.labels, b.labels)
+
+
+@pytest.mark.parametrize("budget", ["512", "4"])  # read whole; 4 MiB: testfull's 7.8 MB of codes stream
+def test_testfull_travels_as_codes_with_float32s_scores(ece408, monkeypatch, as_float32, budget):
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)
+    a, b = runs(ece408 / "testfull.hdf5", ece408 / "model.hdf5", as_float32)
+    assert a.reader["wire"] == "8-bit codes" and b.reader["wire"] == "float32"
+    assert a.streamed == b.streamed == (budget == "4")
+    same(a, b)
+    assert int((a.predictions == a.labels).sum()) == 8722
+
+
+@pytest.mark.parametrize("budget", ["512", "4"])
+def test_two_gpus_take_codes_too(ece408, monkeypatch, as_float32, budget):
+    """Two contexts on GPU 0 stand in for two GPUs where only one exists (as test_gpu's split test);
+    streamed, each reads its half as codes."""
+    from infer.gpu import device
+    from infer.gpu.multi import MultiGpuBackend
+
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)
+    pair = [0, 1] if device.visible_devices() > 1 else [0, 0]
+    if pair == [0, 0]:  # two contexts on one GPU share its legacy stream: no graph capture
+        monkeypatch.setenv("CNNINFER_GRAPHS", "0")
+    monkeypatch.setattr("infer.backends.create_cuda", lambda devices=None, **o: MultiGpuBackend(pair, **o))
+    a, b = runs(ece408 / "testfull.hdf5", ece408 / "model.hdf5", as_float32)
+    assert a.device.startswith("2 GPUs") and a.reader["wire"] == "8-bit codes" and a.streamed == (budget == "4")
+    same(a, b)
+
+
+@pytest.mark.parametrize("budget", ["512", "4"])
+def test_a_value_that_is_no_code_sends_the_run_back_to_float32(ece408, tmp_path, monkeypatch, as_float32, budget):
+    """The first image holds codes, the last one a value that is not: the read fails, the run
+    starts again as float32 and gives float32's answers."""
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][()], f["y"][()]
+    x[-1, 14, 14, 0] = np.float32(0.3)  # no code: 0.3 * 255 = 76.5
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f["x"], f["y"] = x, y
+    a, b = runs(tmp_path / "d.h5", ece408 / "model.hdf5", as_float32)
+    assert a.reader["wire"] == b.reader["wire"] == "float32"
+    same(a, b)
+
+
+def test_the_command_line_says_how_images_travelled(ece408):
+    out = invoke("run", ece408 / "testfull.hdf5", ece408 / "model.hdf5", "--json", "-q")
+    d = json.loads(out.stdout)
+    assert d["reader"]["wire"] == "8-bit codes" and d["correct"] == 8722
