@@ -30,6 +30,19 @@ def ece408():
     return d
 
 
+@pytest.fixture(params=["native", "python"])
+def pool(request):
+    """A reader.Reader on the native pool's threads, then on Python's (skipped without a C compiler)."""
+    from infer import reader
+
+    p = reader.Reader(3, use_native=request.param == "native")
+    if request.param == "native" and p.native is None:
+        p.close()
+        pytest.skip("no C compiler here: the native read pool cannot be built")
+    yield p
+    p.close()
+
+
 @pytest.fixture
 def rng(request):
     """A generator seeded by the test's name: reproducible, different for every test."""

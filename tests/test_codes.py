@@ -51,16 +51,6 @@ def test_every_native_packing_path_equals_numpys(rng, path):
                 np.testing.assert_array_equal(out, expected)
 
 
-@pytest.fixture(params=["native", "python"])
-def pool(request):
-    p = reader.Reader(3, use_native=request.param == "native")
-    if request.param == "native" and p.native is None:
-        p.close()
-        pytest.skip("no C compiler here: the native read pool cannot be built")
-    yield p
-    p.close()
-
-
 def images(rng, n, h=9, w=7):
     """n images of random codes, odd sizes (the native packer's vector steps and tails)."""
     return rng.integers(0, 256, (n, h, w, 1), dtype=np.uint8) * codes.SCALE

@@ -54,16 +54,6 @@ LAYOUTS = {  # dataset options -> the read path they must take
 }
 
 
-@pytest.fixture(params=["native", "python"])
-def pool(request):
-    p = reader.Reader(3, use_native=request.param == "native")
-    if request.param == "native" and p.native is None:
-        p.close()
-        pytest.skip("no C compiler here: the native read pool cannot be built")
-    yield p
-    p.close()
-
-
 def test_the_native_pool_builds_wherever_there_is_a_compiler():
     """Where a C compiler exists a failed build would silently fall back to Python threads."""
     if native.compiler() is None:
