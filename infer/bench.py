@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from . import loader, network, reference
+from . import codes, loader, network, reference
 from .dataset import DataSet
 from .reader import Reader, wait
 from .errors import InputError
@@ -118,7 +118,9 @@ def _median_host(fn, warmup, repeats):
     return statistics.median(times)
 
 
-def time_cnninfer(model, x_host_data, expected, algo, gemm, tile_width, streams, warmup, repeats):
+def time_cnninfer(model, x_host_data, expected, algo, gemm, tile_width, streams, warmup, repeats, packed=None):
+    """A row: GPU and end-to-end ms of float32 images; with `packed` (their 8-bit codes, where they
+    are codes: codes.py) also end to end as `cnninfer run` uploads a file of them."""
     from .gpu.backend import CudaBackend
 
     b = CudaBackend(streams=streams, tile_width=tile_width, gemm_algo=gemm or "auto", conv_algo=algo)
@@ -135,8 +137,16 @@ def time_cnninfer(model, x_host_data, expected, algo, gemm, tile_width, streams,
             raise InputError(f"bench: {len(x)} images do not fit on the GPU at once; use a smaller N")
         gpu_ms = _median_events(b.enqueue_resident, warmup, repeats)
         e2e_ms = _median_host(lambda: b.forward(x), warmup, repeats)
-        return dict(name=f"cnninfer {algo}" + (f" {gemm} tile {tile_width}" if gemm else ""),
-                    gpu_ms=gpu_ms, e2e_ms=e2e_ms, identical=identical, labels=labels)
+        row = dict(name=f"cnninfer {algo}" + (f" {gemm} tile {tile_width}" if gemm else ""),
+                   gpu_ms=gpu_ms, e2e_ms=e2e_ms, identical=identical, labels=labels)
+        if packed is not None:
+            xc = b.host_buffers(packed.shape, codes.CODES)[0]  # (x's buffer is freed)
+            xc.view(np.uint8)[...] = packed
+            b.prepare(model, xc.shape, wire=codes.CODES)
+            if not np.array_equal(b.forward(xc)[0], labels):
+                raise InputError(f"bench: {algo} labels images sent as 8-bit codes otherwise than as float32")
+            row["e2e_codes_ms"] = _median_host(lambda: b.forward(xc), warmup, repeats)
+        return row
     finally:
         b.close()
 
@@ -252,10 +262,13 @@ def bench_arrays(model, x, streams=STREAMS, warmup=5, repeats=20, torch_compile=
     finally:
         gpu.close()
     rows, default = [], default_path(g, arch, n)
+    packed = codes.pack(x)
     for algo, gemm, tile in variants(arch):
         if ALGORITHMS[algo].available(g, arch) is None:
-            rows.append(time_cnninfer(model, x, expected, algo, gemm, tile, streams, warmup, repeats))
-            if default is ALGORITHMS[algo] and gemm is None:  # (unroll has a row per GEMM and tile)
+            is_default = default is ALGORITHMS[algo] and gemm is None  # (unroll has a row per GEMM and tile)
+            rows.append(time_cnninfer(model, x, expected, algo, gemm, tile, streams, warmup, repeats,
+                                      packed if is_default else None))
+            if is_default:
                 rows[-1]["name"] += " (default)"
     torch_rows = time_torch(model, x, warmup, repeats, torch_compile)
     for r in torch_rows:
@@ -284,4 +297,8 @@ def table(result):
         ratios = "".join(f"{r[k]:{w}.2f}" if r[k] else f"{'-':>{w}}" for k, w in (("vs_eager", 9), ("vs_best", 10)))
         lines.append(f"{r['name']:46} {r['gpu_ms']:8.3f} {r['e2e_ms']:8.3f} {r['images_per_s']:11.0f} "
                      f"{r['gflops']:9.0f} {100 * r['peak_share']:6.1f}%{ratios} {r['identical']:6d}")
+    for r in result["rows"]:
+        if "e2e_codes_ms" in r:
+            lines.append(f"{r['name']}: e2e {r['e2e_codes_ms']:.3f} ms with the images uploaded as their 8-bit codes, "
+                         "as `cnninfer run` uploads a file of them (the table: as float32, as PyTorch's rows)")
     return lines
