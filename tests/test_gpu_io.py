@@ -173,3 +173,32 @@ def test_a_file_truncated_while_it_streams_is_refused(ece408, tmp_path, monkeypa
     r = invoke("run", data, ece408 / "model.hdf5", "--backend", "cuda", "--predictions", out, "-q")
     assert_refused(r, "cut.h5", "'x'", "truncated")
     assert not out.exists()
+
+
+def test_the_first_forward_replays_a_graph_recorded_in_prepare(ece408, monkeypatch):
+    """Recording a forward's graph takes ~1 ms: prepare records the one of the buffer forward reads,
+    so a fresh process's timed forward (`cnninfer run`'s elapsed) only launches it."""
+    from infer.gpu import backend, graph
+
+    if not graph.enabled():
+        pytest.skip("CUDA graphs are off here (CNNINFER_GRAPHS=0)")
+    made, during = [], []
+
+    class Counted(graph.Graph):
+        def __init__(self, *args):
+            made.append(1)
+            super().__init__(*args)
+
+    forward = backend.CudaBackend.forward
+
+    def counted_forward(self, x, progress=None):
+        before = len(made)
+        out = forward(self, x, progress)
+        during.append(len(made) - before)
+        return out
+
+    monkeypatch.setattr(graph, "Graph", Counted)
+    monkeypatch.setattr(backend.CudaBackend, "forward", counted_forward)
+    r = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda")
+    assert r.correct == 8722 and not r.streamed
+    assert made and during == [0]

@@ -101,6 +101,7 @@ class CudaBackend(HostSide):
 
     wire_dtype = staticmethod(plan.wire_dtype)
     takes_codes = True  # float32 files of 8-bit pixels may travel as their codes (codes.py)
+    records_forward_graph = True  # prepare records the graph of forward over host_buffers(x_shape, wire)[0]
 
     @staticmethod
     def new_host_buffer(shape, dtype):
@@ -182,6 +183,8 @@ class CudaBackend(HostSide):
             self.host_buffers((self._decoder_for(source.parts[0][1]).capacity,), np.uint8, decoding.ring)
         elif streamed:
             self.host_buffers((self.stream_block,) + tuple(x_shape[1:]), wire, self.ring_depth)
+        elif self.records_forward_graph:  # the buffer forward reads (Session's, bench's): its graph recorded now
+            ex.record(self.host_buffers(x_shape, wire)[0])
         if streamed:
             _ = self.reader
             if not decoding and source is not None:  # its staging block, here rather than in the timed run

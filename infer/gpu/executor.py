@@ -148,17 +148,33 @@ class Executor:
     def enqueue(self, x=None):
         """Chunk i goes to stream i mod S; x None means the images are already resident. Replayed
         from a CUDA graph recorded on the first call for these host buffers, where graphs work."""
-        if self.use_graphs:
-            key = (None if x is None else x.ctypes.data, self.keep_scores)
+        recorded = self.record(x)
+        if recorded is not None:
             try:
-                if key not in self.graphs:
-                    self.graphs[key] = graph.Graph(self.streams[0], self.streams[1:], lambda: self._enqueue_all(x))
-                self.graphs[key].launch(self.streams[0])
+                recorded.launch(self.streams[0])
                 return
             except (graph.GraphError, AttributeError, OSError):
-                self.use_graphs = False  # launch kernel by kernel from now on
-                cuda.Context.synchronize()
+                self.give_up_graphs()
         self._enqueue_all(x)
+
+    def record(self, x=None):
+        """The graph of enqueue(x), recorded now where it is not yet (prepare records the one of
+        the host buffer forward will read: recording takes ~1 ms, which the first timed forward of
+        a fresh process paid); None where graphs do not work."""
+        if not self.use_graphs:
+            return None
+        key = (None if x is None else x.ctypes.data, self.keep_scores)
+        try:
+            if key not in self.graphs:
+                self.graphs[key] = graph.Graph(self.streams[0], self.streams[1:], lambda: self._enqueue_all(x))
+            return self.graphs[key]
+        except (graph.GraphError, AttributeError, OSError):
+            self.give_up_graphs()
+            return None
+
+    def give_up_graphs(self):
+        self.use_graphs = False  # launch kernel by kernel from now on
+        cuda.Context.synchronize()
 
     def _enqueue_all(self, x):
         n, chunk = len(self.run.labels), self.run.chunk

@@ -26,6 +26,7 @@ class MultiGpuBackend:
         try:
             for d, w in zip(devices, self.workers):
                 self.gpus.append(w.submit(CudaBackend, device=d, **options).result())
+                self.gpus[-1].records_forward_graph = False  # each reads its slice of this backend's buffer
         except BaseException:
             self.close()
             raise
@@ -58,6 +59,9 @@ class MultiGpuBackend:
         self.ranges = split(x_shape[0], len(self.gpus), align if streamed else 1)
         self._each(lambda i, g: g.prepare(model, (self.ranges[i][1] - self.ranges[i][0],) + tuple(x_shape[1:]),
                                           scores, wire, streamed, align, source))
+        if not streamed:  # each GPU's graph of forward over its slice of the buffer forward reads
+            x = self.host_buffers(x_shape, wire)[0]
+            self._each(lambda i, g: g.executor.record(x[self.ranges[i][0]:self.ranges[i][1]]))
 
     def recomputed(self):
         counts = [c for c in self._each(lambda i, g: g.recomputed()) if c is not None]
