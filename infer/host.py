@@ -136,11 +136,15 @@ class HostSide:
         """(what the ring reads, its buffers, how a buffer is cut to a block (None: its first rows)):
         here the data set's images, in blocks of stream_block images of the wire type."""
         shape = (min(self.stream_block, stop - start),) + tuple(data.image_shape)
-        return data, self.host_buffers(shape, self.stream_wire(data), self.ring_depth), None
+        return data, self.host_buffers(shape, self.stream_wire(data), self.host_ring_depth(data)), None
 
     def stream_wire(self, data):
         """The type `data`'s images are streamed in."""
         return self.wire_dtype(data.dtype)
+
+    def host_ring_depth(self, data):
+        """Host buffers in the ring that streams `data`."""
+        return self.ring_depth
 
     def outputs(self, n):
         """A fresh set of outputs for n images of the prepared model (see outputs)."""

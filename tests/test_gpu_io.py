@@ -202,3 +202,46 @@ def test_the_first_forward_replays_a_graph_recorded_in_prepare(ece408, monkeypat
     r = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", backend="cuda")
     assert r.correct == 8722 and not r.streamed
     assert made and during == [0]
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_the_ring_is_pinned_at_prepare_and_five_deep_where_the_host_decodes(ece408, tmp_path, monkeypatch, chunked):
+    """Blocks the host decodes wait on their decoding, not on the ring: 5 pinned blocks there
+    (Blosc2's peak RSS under 400 MB), 6 for plain reads; none pinned inside the timed stream."""
+    from infer.gpu import backend
+
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "4")
+    data = ece408 / "testfull.hdf5"
+    if chunked:
+        with h5py.File(data) as f:
+            x, y = f["x"][()], f["y"][()]
+        data = tmp_path / "gzip.h5"
+        with h5py.File(data, "w") as f:
+            f.create_dataset("x", data=x, chunks=(1000, 28, 28, 1), compression="gzip")
+            f["y"] = y
+    rings, pinned_in_stream, streaming = [], [], []
+    source, pin, stream = backend.CudaBackend.stream_source, backend.CudaBackend.new_host_buffer, backend.CudaBackend.stream
+
+    def counted_source(self, *args):
+        out = source(self, *args)
+        rings.append(len(out[1]))
+        return out
+
+    def counted_pin(shape, dtype):
+        if streaming:
+            pinned_in_stream.append(shape)
+        return pin(shape, dtype)
+
+    def flagged_stream(self, *args, **kwargs):
+        streaming.append(1)
+        try:
+            return stream(self, *args, **kwargs)
+        finally:
+            streaming.clear()
+
+    monkeypatch.setattr(backend.CudaBackend, "stream_source", counted_source)
+    monkeypatch.setattr(backend.CudaBackend, "new_host_buffer", staticmethod(counted_pin))
+    monkeypatch.setattr(backend.CudaBackend, "stream", flagged_stream)
+    r = infer.run(data, ece408 / "model.hdf5", backend="cuda", decode="host")
+    assert r.streamed and r.correct == 8722 and r.reader["layout"] == ("chunks" if chunked else "pread")
+    assert rings == [5 if chunked else 6] and pinned_in_stream == []

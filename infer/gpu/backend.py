@@ -37,8 +37,14 @@ class CudaBackend(HostSide):
     STREAM_BYTES = plan.STREAM_BYTES
     stream_from = plan.STREAM_FROM
     # Streamed blocks in flight (being read, uploaded, computed): 6 of ~25 MB pinned, whatever --streams
-    # is (8 streams with 10 blocks held 100 MB more, peak RSS 485 against 385 MB, for no more speed)
+    # is (8 streams with 10 blocks held 100 MB more, peak RSS 485 against 385 MB, for no more speed);
+    # 5 where the host decodes the file's chunks (their decoding, not the ring, paces those runs: the
+    # same speed, 22 MB less, which brought Blosc2's 403-405 MB under 400)
     ring_depth = 6
+    decoded_ring_depth = 5
+
+    def host_ring_depth(self, data):
+        return self.decoded_ring_depth if data.kind == "chunks" else self.ring_depth
 
     def __init__(self, chunk=None, streams=STREAMS, tile_width=None, conv_algo=pipelines.AUTO, device=0,
                  fast_math=False, profile=False, readers=None, gemm_algo="auto", notice=None, decode="host",
@@ -182,7 +188,8 @@ class CudaBackend(HostSide):
         if decoding:
             self.host_buffers((self._decoder_for(source.parts[0][1]).capacity,), np.uint8, decoding.ring)
         elif streamed:
-            self.host_buffers((self.stream_block,) + tuple(x_shape[1:]), wire, self.ring_depth)
+            self.host_buffers((self.stream_block,) + tuple(x_shape[1:]), wire,
+                              self.ring_depth if source is None else self.host_ring_depth(source))
         elif self.records_forward_graph:  # the buffer forward reads (Session's, bench's): its graph recorded now
             ex.record(self.host_buffers(x_shape, wire)[0])
         if streamed:
