@@ -140,9 +140,10 @@ def time_cnninfer(model, x_host_data, expected, algo, gemm, tile_width, streams,
         row = dict(name=f"cnninfer {algo}" + (f" {gemm} tile {tile_width}" if gemm else ""),
                    gpu_ms=gpu_ms, e2e_ms=e2e_ms, identical=identical, labels=labels)
         if packed is not None:
-            xc = b.host_buffers(packed.shape, codes.CODES)[0]  # (x's buffer is freed)
+            wire = codes.wire_of(x_host_data)
+            xc = b.host_buffers(packed.shape, wire)[0]  # (x's buffer is freed)
             xc.view(np.uint8)[...] = packed
-            b.prepare(model, xc.shape, wire=codes.CODES)
+            b.prepare(model, xc.shape, wire=wire)
             if not np.array_equal(b.forward(xc)[0], labels):
                 raise InputError(f"bench: {algo} labels images sent as 8-bit codes otherwise than as float32")
             row["e2e_codes_ms"] = _median_host(lambda: b.forward(xc), warmup, repeats)
@@ -262,7 +263,8 @@ def bench_arrays(model, x, streams=STREAMS, warmup=5, repeats=20, torch_compile=
     finally:
         gpu.close()
     rows, default = [], default_path(g, arch, n)
-    packed = codes.pack(x)
+    wire = codes.wire_of(x)
+    packed = None if wire is None else codes.pack(x, wire)
     for algo, gemm, tile in variants(arch):
         if ALGORITHMS[algo].available(g, arch) is None:
             is_default = default is ALGORITHMS[algo] and gemm is None  # (unroll has a row per GEMM and tile)

@@ -1,26 +1,40 @@
-"""float32 images that are 8-bit pixels times float32(1/255), as MNIST's own conversion makes them
-(infer/mnist.py, and the ECE408 files), travel to a GPU as their 8-bit codes: a quarter of the
-bytes read into page-locked memory and uploaded, the same float32 values rebuilt on the GPU
-(code * float32(1/255), one rounding, as NumPy's uint8 * np.float32(1/255)), so the same bits
-downstream. A data set is taken to hold codes when its first image does (DataSet.fits_codes);
-every value is checked again as it is packed (read_pool.c's pack_codes, or `pack` here), and a
-value that is not a code fails the read with NotCodes, after which the run reads float32."""
+"""float32 images that are 8-bit pixels scaled to [0, 1] travel to a GPU as their 8-bit codes: a
+quarter of the bytes read into page-locked memory and uploaded, the same float32 values rebuilt on
+the GPU, so the same bits downstream. Two scalings are recognized, each one float32 rounding:
+- MUL, code * float32(1/255): NumPy's uint8 * np.float32(1/255), as MNIST's own conversion
+  (infer/mnist.py) and the ECE408 files make them;
+- DIV, code / 255 in float32 (or in float64, then rounded to float32: the same values): torchvision's
+  ToTensor, Keras's x.astype("float32") / 255.
+The two give different float32 values for 126 of the 256 codes. A data set is taken to hold codes
+of a scaling when its first images do (DataSet.codes_wire); every value is checked again as it is
+packed (read_pool.c's pack paths, or `pack` here), and a value that is not a code fails the read
+with NotCodes, after which the run reads float32."""
 import numpy as np
 
 SCALE = np.float32(1 / 255)
-# The wire type of codes: one byte an element, unlike any stored type (so no buffer, converter or
-# prepared run of uint8 images is taken for one of codes, or the other way round); np.dtype(CODES.str)
-# is CODES again, as prepared runs keep it
-CODES = np.dtype("V1")
+# The wire types of codes, one byte an element, unlike any stored image type (so no buffer,
+# converter or prepared run of uint8 images is taken for one of codes, or the other way round);
+# np.dtype(wire.str) is the same wire again, as prepared runs keep it
+MUL = np.dtype("V1")
+DIV = np.dtype("S1")
+WIRES = (MUL, DIV)
+NAMES = {MUL: "8-bit codes (x * float32(1/255))", DIV: "8-bit codes (x / 255)"}
 
 
 class NotCodes(Exception):
     """A float32 value read as an 8-bit code is not one: the run reads float32 instead."""
 
 
-def pack(values, out=None):
-    """The codes of float32 `values` (into out, of CODES or uint8, where given), or None where one
-    value is not exactly code * SCALE in float32 (-0.0, NaN and values past 255 * SCALE are not)."""
+def unpack(k, wire):
+    """The float32 values of codes k (uint8) in the scaling of `wire`, as the GPU rebuilds them."""
+    k = np.asarray(k).view(np.uint8)
+    return k * SCALE if wire == MUL else k.astype(np.float32) / np.float32(255)
+
+
+def pack(values, wire, out=None):
+    """The codes (uint8; into out, of a codes wire or uint8, where given) of float32 `values` in the
+    scaling of `wire`, or None where one value is not exactly a code's (-0.0, NaN and values past
+    255's are not)."""
     values = np.asarray(values)
     if values.dtype != np.float32:
         return None
@@ -28,8 +42,7 @@ def pack(values, out=None):
         k = np.rint(values * np.float32(255))
         fits = (k >= 0) & (k <= 255)
         k = np.where(fits, k, 0).astype(np.uint8)
-    back = k * SCALE
-    if not (fits.all() and np.array_equal(back.view(np.uint32), values.view(np.uint32))):
+    if not (fits.all() and np.array_equal(unpack(k, wire).view(np.uint32), values.view(np.uint32))):
         return None
     if out is None:
         return k
@@ -37,6 +50,6 @@ def pack(values, out=None):
     return out
 
 
-def unpack(codes):
-    """float32 images from their codes, as the GPU rebuilds them."""
-    return np.asarray(codes).view(np.uint8) * SCALE
+def wire_of(values):
+    """The codes wire whose scaling gives every one of float32 `values` (MUL where both do), or None."""
+    return next((wire for wire in WIRES if pack(values, wire) is not None), None)

@@ -16,6 +16,7 @@ from .errors import InputError, where
 # 8192-row calls 41.6 ms, medians of 10)
 LABEL_ROWS = 32768
 LABEL_STEP = 4096  # rows such a call reads at a time, so its buffer stays small on each of 16 threads
+CODES_SAMPLE = 64  # images read to tell whether, and in which scaling, a file holds 8-bit codes
 OUTPUT_BYTES_PER_IMAGE = 24  # label and prediction (int64 each), labels on the device and back (int32)
 
 
@@ -51,7 +52,7 @@ class DataSet:
         self.filters = "+".join(sorted({p[1].filters for p in parts} - {""})) or "none"
         # Rows per chunk of a single chunked file: streamed blocks cut on these decode no chunk twice
         self.align = x.align if len(parts) == 1 else 1
-        self._codes = None  # whether the images read as 8-bit codes (fits_codes), once asked
+        self._codes = None  # the codes wire of the images, or False (codes_wire), once asked
         self.wire = None  # the type the images travelled in, set by the run (numpy dtype)
 
     @classmethod
@@ -110,18 +111,22 @@ class DataSet:
     def image_bytes(self, dtype):
         return int(np.prod(self.image_shape)) * np.dtype(dtype).itemsize
 
-    def fits_codes(self):
-        """Whether the images may travel as 8-bit codes (codes.py): float32 in this machine's byte
-        order, read straight from contiguous datasets (pread), whose first image in every file is
-        all codes; every value is checked again as it is read (a failure: codes.NotCodes)."""
+    def codes_wire(self):
+        """The codes wire (codes.py) the images may travel in, or None: float32 in this machine's
+        byte order, read straight from contiguous datasets (pread), whose first CODES_SAMPLE images
+        in every file are codes of one scaling (MUL where they fit both); every value is checked
+        again as it is read (a failure: codes.NotCodes)."""
         if self._codes is None:
-            self._codes = self.dtype == np.float32 and all(
-                isinstance(x, reader.ContiguousRows) and not x.swapped for _, x, _, _ in self.parts)
-            for _, x, _, _ in self.parts if self._codes else ():
-                first = np.empty((1,) + self.image_shape, np.float32)
-                x.read(0, 1, first)
-                self._codes = self._codes and codes.pack(first) is not None
-        return self._codes
+            self._codes = False
+            if self.dtype == np.float32 and all(isinstance(x, reader.ContiguousRows) and not x.swapped
+                                                for _, x, _, _ in self.parts):
+                fits = set(codes.WIRES)
+                for _, x, _, count in self.parts:
+                    sample = np.empty((min(count, CODES_SAMPLE),) + self.image_shape, np.float32)
+                    x.read(0, len(sample), sample)
+                    fits = {w for w in fits if codes.pack(sample, w) is not None}
+                self._codes = next((w for w in codes.WIRES if w in fits), False)
+        return self._codes or None
 
     def no_codes(self):
         """A read found a value that is no code: the images travel as float32 from now on."""

@@ -93,8 +93,8 @@ def library():
     p, size, i64 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_longlong
     for name, args, result in (("rp_create", [ctypes.c_int], p), ("rp_destroy", [p], None),
                                ("rp_submit", [p, ctypes.c_int, p, size, i64, size, size], p),
-                               ("rp_submit_codes", [p, ctypes.c_int, p, size, i64, size], p),
-                               ("rp_pack_codes", [p, p, size, ctypes.c_int], ctypes.c_int),
+                               ("rp_submit_codes", [p, ctypes.c_int, p, size, i64, size, ctypes.c_int], p),
+                               ("rp_pack_codes", [p, p, size, ctypes.c_int, ctypes.c_int], ctypes.c_int),
                                ("rp_wait", [p, p, ctypes.POINTER(i64)], ctypes.c_int), ("rp_busy_ns", [p], i64),
                                ("rp_chunks", [ctypes.c_int, size, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint,
                                              ctypes.c_int, ctypes.c_int, p, p], p),
@@ -262,10 +262,11 @@ class ReadPool:
             raise MemoryError("no memory for a read's ticket")
         return ticket
 
-    def submit_codes(self, fd, address, nbytes, offset, piece):
+    def submit_codes(self, fd, address, nbytes, offset, piece, divide):
         """nbytes of float32 values of fd from offset into address as their 8-bit codes (nbytes / 4
-        bytes), in pieces of about `piece` bytes of the file; fails with NOT_CODES where one is not."""
-        ticket = self.lib.rp_submit_codes(self.pool, fd, address, nbytes, offset, piece)
+        bytes; divide: code / 255, else code * float32(1/255)), in pieces of about `piece` bytes of
+        the file; fails with NOT_CODES where one is not."""
+        ticket = self.lib.rp_submit_codes(self.pool, fd, address, nbytes, offset, piece, int(divide))
         if not ticket:
             raise MemoryError("no memory for a read's ticket")
         return ticket

@@ -197,11 +197,13 @@ class ContiguousRows(_FileRows):
                                  self.dtype.itemsize if self.swapped else 0)
 
     def submit_codes(self, pool, lo, hi, out):
-        """Rows [lo, hi) of float32 values (this machine's byte order) into out (CODES, C-contiguous)
-        as their 8-bit codes on the native pool: a Ticket failing with codes.NotCodes where one is not."""
+        """Rows [lo, hi) of float32 values (this machine's byte order) into out (a codes wire,
+        C-contiguous) as their 8-bit codes in its scaling, on the native pool: a Ticket failing with
+        codes.NotCodes where one is not."""
         nbytes, end = (hi - lo) * self.row_bytes, self.offset + hi * self.row_bytes
         piece = min(PIECE_BYTES, max(NATIVE_PIECE_MIN, -(-nbytes // pool.threads)))
-        return Ticket(pool, pool.submit_codes(self.fd, out.ctypes.data, nbytes, self.offset + lo * self.row_bytes, piece),
+        return Ticket(pool, pool.submit_codes(self.fd, out.ctypes.data, nbytes, self.offset + lo * self.row_bytes, piece,
+                                              out.dtype == codes.DIV),
                       lambda status, _: codes.NotCodes() if status == native.NOT_CODES else self.read_failure(status, end))
 
     def submit_labels(self, pool, lo, hi, out):
@@ -566,12 +568,12 @@ def check_finite(values, original, label, offset):
 
 def fill(rows, lo, hi, out, check):
     """Rows [lo, hi) into out: in the stored type, or converted to out's type (float32) and checked
-    to be finite there; `check` also checks float32 rows stored as such. Into codes.CODES, float32
+    to be finite there; `check` also checks float32 rows stored as such. Into a codes wire, float32
     rows as their 8-bit codes (codes.NotCodes where one is not)."""
-    if out.dtype == codes.CODES:
+    if out.dtype in codes.WIRES:
         raw = np.empty((hi - lo,) + rows.shape[1:], rows.dtype)
         rows.read(lo, hi, raw)
-        if codes.pack(raw, out) is None:
+        if codes.pack(raw, out.dtype, out) is None:
             raise codes.NotCodes()
         return
     if out.dtype == rows.dtype:
@@ -663,7 +665,7 @@ class Reader:
                 and not check and out.flags.c_contiguous and hi > lo):
             self.used_native = True
             return [rows.submit(self.native, lo, hi, out)]
-        if (self.native is not None and out.dtype == codes.CODES and hasattr(rows, "submit_codes")
+        if (self.native is not None and out.dtype in codes.WIRES and hasattr(rows, "submit_codes")
                 and rows.dtype == np.float32 and not rows.swapped and out.flags.c_contiguous and hi > lo):
             self.used_native = True
             return [rows.submit_codes(self.native, lo, hi, out)]

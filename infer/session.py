@@ -44,8 +44,8 @@ def wire_type(backend, data):
     """The type `data`'s images travel to `backend` in: its wire type for the stored one, or 8-bit
     codes (codes.py) for float32 files of them where the backend takes codes."""
     wire = backend.wire_dtype(data.dtype)
-    if wire == np.float32 and getattr(backend, "takes_codes", False) and data.fits_codes():
-        return codes.CODES
+    if wire == np.float32 and getattr(backend, "takes_codes", False):
+        return data.codes_wire() or wire
     return wire
 
 
@@ -237,7 +237,7 @@ class Session:
                               profile=backend.profile, timing=timing, streamed="read" in timing, recomputed=recomputed,
                               reader=dict(layout=dataset.kind, filters=dataset.filters, threads=backend.reader_threads,
                                           pool=backend.reader.kind, decode=getattr(backend, "decoding", "host"),
-                                          wire="8-bit codes" if dataset.wire == codes.CODES else str(dataset.wire)))
+                                          wire=codes.NAMES.get(dataset.wire, str(dataset.wire))))
         finally:
             dataset.close()
 

@@ -1,92 +1,114 @@
-"""float32 images of 8-bit pixels read as their codes (infer/codes.py): which values are codes, the
-native pool's packing against NumPy's, a value that is not failing the read, and which data sets
-are taken to hold codes."""
+"""float32 images of 8-bit pixels read as their codes (infer/codes.py), in both scalings: which
+values are codes, the native pool's packing paths against NumPy's, a value that is not failing the
+read, and which data sets are taken to hold codes of which scaling."""
 import h5py
 import numpy as np
 import pytest
 
 from infer import codes, dataset, native, reader
+from infer.loader import load_model
 
-ALL = np.arange(256, dtype=np.uint8) * codes.SCALE  # every code's float32 value
+WIRES = pytest.mark.parametrize("wire", codes.WIRES, ids=["mul", "div"])
+K = np.arange(256, dtype=np.uint8)
 
 
-def not_codes(values):
-    """Values that are no code: -0.0, NaN, infinities, past 255, below 0, and a code's neighbours."""
+def values(wire):
+    return codes.unpack(K, wire)
+
+
+def not_codes(wire):
+    """Values that are no code of the scaling: -0.0, NaN, infinities, past 255, below 0, a code's
+    neighbours, the other scaling's values where they differ."""
+    v = values(wire)
+    other = codes.unpack(K, codes.DIV if wire == codes.MUL else codes.MUL)
     return [np.float32(-0.0), np.float32(np.nan), np.float32(np.inf), np.float32(-np.inf),
-            np.float32(256) * codes.SCALE, np.float32(-1) * codes.SCALE, np.float32(1e30),
-            np.nextafter(ALL[7], np.float32(1)), np.nextafter(ALL[200], np.float32(0)), np.float32(0.5)]
+            np.float32(256) / np.float32(255), np.float32(-1) / np.float32(255), np.float32(1e30),
+            np.nextafter(v[7], np.float32(1)), np.nextafter(v[200], np.float32(0)), np.float32(0.5),
+            other[np.flatnonzero(other != v)[0]]]
 
 
-def test_every_code_packs_and_unpacks_to_the_same_bits():
-    k = codes.pack(ALL)
-    np.testing.assert_array_equal(k, np.arange(256))
-    assert np.array_equal(codes.unpack(k).view(np.uint32), ALL.view(np.uint32))
+def test_the_two_scalings_differ_on_126_codes_and_float64_division_is_float32s():
+    assert int((codes.unpack(K, codes.MUL) != codes.unpack(K, codes.DIV)).sum()) == 126
+    assert np.array_equal((K / 255.0).astype(np.float32), codes.unpack(K, codes.DIV))
+    assert np.array_equal(K * np.float32(1 / 255), codes.unpack(K, codes.MUL))
 
 
-@pytest.mark.parametrize("bad", not_codes(ALL), ids=repr)
-def test_one_value_that_is_no_code_refuses_the_whole_array(bad):
-    x = np.tile(ALL, 3)
-    x[517] = bad
-    assert codes.pack(x) is None
-    assert codes.pack(x.astype(np.float64)) is None  # only float32 values are codes
+@WIRES
+def test_every_code_packs_and_unpacks_to_the_same_bits(wire):
+    k = codes.pack(values(wire), wire)
+    np.testing.assert_array_equal(k, K)
+    assert codes.wire_of(values(wire)) == wire
+    assert codes.wire_of(values(wire)[:1]) == codes.MUL  # 0.0: both scalings' code 0; MUL first
 
 
+@WIRES
+def test_one_value_that_is_no_code_refuses_the_whole_array(wire):
+    for bad in not_codes(wire):
+        x = np.tile(values(wire), 3)
+        x[517] = bad
+        assert codes.pack(x, wire) is None, bad
+    assert codes.pack(values(wire).astype(np.float64), wire) is None  # only float32 values are codes
+
+
+@WIRES
 @pytest.mark.parametrize("path", [0, 1, 2])  # one at a time, SSE2, AVX2
-def test_every_native_packing_path_equals_numpys(rng, path):
+def test_every_native_packing_path_equals_numpys(rng, wire, path):
     lib = native.library()
     if lib is None:
         pytest.skip("no native read pool here")
     for n in (0, 1, 15, 16, 31, 32, 33, 4095, 4096):
-        x = rng.integers(0, 256, n, dtype=np.uint8) * codes.SCALE
+        x = codes.unpack(rng.integers(0, 256, n, dtype=np.uint8), wire)
         cases = [x] + [np.concatenate([x[:at], [bad], x[at + 1:]]).astype(np.float32)
-                       for bad in not_codes(ALL) for at in {0, n // 2, n - 1} if n]
-        for values in cases:
+                       for bad in not_codes(wire) for at in {0, n // 2, n - 1} if n]
+        for v in cases:
             out = np.zeros(n, np.uint8)
-            got = lib.rp_pack_codes(values.ctypes.data, out.ctypes.data, n, path)
+            got = lib.rp_pack_codes(v.ctypes.data, out.ctypes.data, n, path, int(wire == codes.DIV))
             if got == -1:
                 pytest.skip(f"path {path} is not on this CPU")
-            expected = codes.pack(values)
-            assert got == (expected is not None), (n, values[:3])
+            expected = codes.pack(v, wire)
+            assert got == (expected is not None), (n, v[:3])
             if expected is not None:
                 np.testing.assert_array_equal(out, expected)
 
 
-def images(rng, n, h=9, w=7):
+def images(rng, n, wire, h=9, w=7):
     """n images of random codes, odd sizes (the native packer's vector steps and tails)."""
-    return rng.integers(0, 256, (n, h, w, 1), dtype=np.uint8) * codes.SCALE
+    return codes.unpack(rng.integers(0, 256, (n, h, w, 1), dtype=np.uint8), wire)
 
 
-def read_codes(path, pool, lo, hi):
+def read_codes(path, pool, lo, hi, wire):
     with h5py.File(path) as f:
         rows = reader.rows(path, f["x"], "x")
     try:
-        out = np.zeros((hi - lo,) + rows.shape[1:], codes.CODES)
+        out = np.zeros((hi - lo,) + rows.shape[1:], wire)
         reader.wait(pool.submit(rows, lo, hi, out, check=False))
         return out
     finally:
         rows.close()
 
 
-def test_the_pool_reads_float32_images_as_their_codes(tmp_path, rng, pool):
-    x = images(rng, 1301)
+@WIRES
+def test_the_pool_reads_float32_images_as_their_codes(tmp_path, rng, pool, wire):
+    x = images(rng, 1301, wire)
     with h5py.File(tmp_path / "d.h5", "w") as f:
         f["x"] = x
     for lo, hi in ((0, 1301), (3, 1000), (1300, 1301)):
-        out = read_codes(tmp_path / "d.h5", pool, lo, hi)
-        np.testing.assert_array_equal(out.view(np.uint8), codes.pack(x[lo:hi]))
-        assert np.array_equal(codes.unpack(out).view(np.uint32), x[lo:hi].view(np.uint32))
+        out = read_codes(tmp_path / "d.h5", pool, lo, hi, wire)
+        np.testing.assert_array_equal(out.view(np.uint8), codes.pack(x[lo:hi], wire))
+        assert np.array_equal(codes.unpack(out, wire).view(np.uint32), x[lo:hi].view(np.uint32))
 
 
+@WIRES
 @pytest.mark.parametrize("at", [0, 4, 15, 16, 62, 4070, 4094])
-@pytest.mark.parametrize("bad", not_codes(ALL), ids=repr)
-def test_a_value_that_is_no_code_fails_the_read(tmp_path, rng, pool, at, bad):
+def test_a_value_that_is_no_code_fails_the_read(tmp_path, rng, pool, wire, at):
     """Anywhere in a vector step or in the tail past the last one (4,095 values: 127 steps of 32)."""
-    x = images(rng, 65, 7, 9)
-    x.reshape(-1)[at] = bad
-    with h5py.File(tmp_path / "d.h5", "w") as f:
-        f["x"] = x
-    with pytest.raises(codes.NotCodes):
-        read_codes(tmp_path / "d.h5", pool, 0, 65)
+    for i, bad in enumerate(not_codes(wire)):
+        x = images(rng, 65, wire, 7, 9)
+        x.reshape(-1)[at] = bad
+        with h5py.File(tmp_path / f"d{i}.h5", "w") as f:
+            f["x"] = x
+        with pytest.raises(codes.NotCodes):
+            read_codes(tmp_path / f"d{i}.h5", pool, 0, 65, wire)
 
 
 def open_data(path, tmp_path):
@@ -96,26 +118,28 @@ def open_data(path, tmp_path):
         f["conv2"] = np.zeros((2, 2, 2, 2), np.float32)
         f["fc1"] = np.zeros((4, 3), np.float32)
         f["fc2"] = np.zeros((3, 10), np.float32)
-    from infer.loader import load_model
     return dataset.DataSet.open([str(path)], load_model(str(model)))
 
 
 def test_data_sets_of_codes_in_contiguous_float32_files_are_taken_as_codes(tmp_path, rng):
-    x = images(rng, 40, 12, 11)
-    cases = {"codes.h5": (x, {}, True),
-             "first image not codes.h5": (np.concatenate([x[:1] + np.float32(1e-3), x[1:]]), {}, False),
-             "a later image not codes.h5": (np.concatenate([x[:39], x[39:] + np.float32(1e-3)]), {}, True),
-             "chunked.h5": (x, dict(chunks=(8, 9, 7, 1)), False),
-             "big-endian.h5": (x.astype(">f4"), {}, False),
-             "uint8.h5": (np.rint(x * 255).astype(np.uint8), {}, False)}
-    for name, (values, options, expected) in cases.items():
+    mul, div = images(rng, 80, codes.MUL, 12, 11), images(rng, 80, codes.DIV, 12, 11)
+    off = np.float32(1e-3)
+    cases = {"mul.h5": (mul, {}, codes.MUL), "div.h5": (div, {}, codes.DIV),
+             "an early image not codes.h5": (np.concatenate([mul[:5], mul[5:6] + off, mul[6:]]), {}, None),
+             # past the sample: taken as codes, and the read fails (the run then reads float32)
+             "a late image not codes.h5": (np.concatenate([mul[:79], mul[79:] + off]), {}, codes.MUL),
+             "chunked.h5": (mul, dict(chunks=(8, 12, 11, 1)), None),
+             "big-endian.h5": (mul.astype(">f4"), {}, None),
+             "uint8.h5": (np.rint(mul * 255).astype(np.uint8), {}, None)}
+    assert dataset.CODES_SAMPLE < 79
+    for name, (x, options, expected) in cases.items():
         with h5py.File(tmp_path / name, "w") as f:
-            f.create_dataset("x", data=values, **options)
-            f["y"] = np.eye(10, dtype=np.float32)[np.arange(len(values)) % 10]
+            f.create_dataset("x", data=x, **options)
+            f["y"] = np.eye(10, dtype=np.float32)[np.arange(len(x)) % 10]
         d = open_data(tmp_path / name, tmp_path)
         try:
-            assert d.fits_codes() is expected, name  # the first image decides; a later one fails the read
+            assert d.codes_wire() == expected, name
             d.no_codes()
-            assert d.fits_codes() is False
+            assert d.codes_wire() is None
         finally:
             d.close()

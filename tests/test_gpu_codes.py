@@ -14,21 +14,22 @@ from tests.conftest import Dev, build, invoke
 pytestmark = pytest.mark.gpu
 
 
-def test_convert_kernel2_rebuilds_every_codes_float32(gpu):
+@pytest.mark.parametrize("wire", codes.WIRES, ids=["mul", "div"])
+def test_convert_kernel2_rebuilds_every_codes_float32(gpu, wire):
     from infer.gpu.launch import ConvertCodes
 
     k = np.tile(np.arange(256, dtype=np.uint8), 41)[:10_007]
     d = Dev()
     out = d.empty(len(k))
-    ConvertCodes(build(gpu))(None, d.put(k, np.uint8), out, len(k))
-    assert np.array_equal(d.get(out, len(k)).view(np.uint32), codes.unpack(k).view(np.uint32))
+    ConvertCodes(build(gpu), wire)(None, d.put(k, np.uint8), out, len(k))
+    assert np.array_equal(d.get(out, len(k)).view(np.uint32), codes.unpack(k, wire).view(np.uint32))
 
 
 @pytest.fixture
 def as_float32(monkeypatch):
     """Runs made with this travel as float32, as before codes."""
     def off():
-        monkeypatch.setattr(dataset.DataSet, "fits_codes", lambda self: False)
+        monkeypatch.setattr(dataset.DataSet, "codes_wire", lambda self: None)
     return off
 
 
@@ -52,10 +53,23 @@ def same(a, b):
 def test_testfull_travels_as_codes_with_float32s_scores(ece408, monkeypatch, as_float32, budget):
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)
     a, b = runs(ece408 / "testfull.hdf5", ece408 / "model.hdf5", as_float32)
-    assert a.reader["wire"] == "8-bit codes" and b.reader["wire"] == "float32"
+    assert a.reader["wire"] == codes.NAMES[codes.MUL] and b.reader["wire"] == "float32"
     assert a.streamed == b.streamed == (budget == "4")
     same(a, b)
     assert int((a.predictions == a.labels).sum()) == 8722
+
+
+@pytest.mark.parametrize("budget", ["512", "4"])
+def test_images_divided_by_255_travel_as_codes_too(ece408, tmp_path, monkeypatch, as_float32, budget):
+    """testfull's pixels as torchvision and Keras scale them (code / 255, half the values other floats)."""
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][()], f["y"][()]
+    with h5py.File(tmp_path / "div.h5", "w") as f:
+        f["x"], f["y"] = np.rint(x * 255).astype(np.uint8).astype(np.float32) / np.float32(255), y
+    a, b = runs(tmp_path / "div.h5", ece408 / "model.hdf5", as_float32)
+    assert a.reader["wire"] == codes.NAMES[codes.DIV] and b.reader["wire"] == "float32"
+    same(a, b)
 
 
 @pytest.mark.parametrize("budget", ["512", "4"])
@@ -71,7 +85,7 @@ def test_two_gpus_take_codes_too(ece408, monkeypatch, as_float32, budget):
         monkeypatch.setenv("CNNINFER_GRAPHS", "0")
     monkeypatch.setattr("infer.backends.create_cuda", lambda devices=None, **o: MultiGpuBackend(pair, **o))
     a, b = runs(ece408 / "testfull.hdf5", ece408 / "model.hdf5", as_float32)
-    assert a.device.startswith("2 GPUs") and a.reader["wire"] == "8-bit codes" and a.streamed == (budget == "4")
+    assert a.device.startswith("2 GPUs") and a.reader["wire"] == codes.NAMES[codes.MUL] and a.streamed == (budget == "4")
     same(a, b)
 
 
@@ -93,4 +107,4 @@ def test_a_value_that_is_no_code_sends_the_run_back_to_float32(ece408, tmp_path,
 def test_the_command_line_says_how_images_travelled(ece408):
     out = invoke("run", ece408 / "testfull.hdf5", ece408 / "model.hdf5", "--json", "-q")
     d = json.loads(out.stdout)
-    assert d["reader"]["wire"] == "8-bit codes" and d["correct"] == 8722
+    assert d["reader"]["wire"] == codes.NAMES[codes.MUL] and d["correct"] == 8722

@@ -323,16 +323,21 @@ class Convert(Launcher):
 
 
 class ConvertCodes(Launcher):
-    """8-bit codes of float32 images (infer/codes.py) to the float32 values they stand for."""
-    source, kernel, arg_types = "stage", "convert_kernel2", "PPqf"
+    """8-bit codes of float32 images (infer/codes.py) to the float32 values they stand for, in the
+    scaling of the codes wire `wire`."""
+    source, kernel, arg_types = "stage", "convert_kernel2", "PPqfi"
+
+    def __init__(self, build, wire):
+        super().__init__(build)
+        self.divide = int(wire == codes.DIV)
 
     def __call__(self, stream, src, dst, n):
-        self.launch(stream, (min(ceil_div(n, 256), 4096), 1), (256, 1, 1), src, dst, n, codes.SCALE)
+        self.launch(stream, (min(ceil_div(n, 256), 4096), 1), (256, 1, 1), src, dst, n, codes.SCALE, self.divide)
 
 
 def converter(build, wire):
     """The launcher turning images uploaded in type `wire` into float32."""
-    return ConvertCodes(build) if wire == codes.CODES else Convert(build, wire)
+    return ConvertCodes(build, wire) if wire in codes.WIRES else Convert(build, wire)
 
 
 class Check(Launcher):
