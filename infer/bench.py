@@ -119,8 +119,9 @@ def _median_host(fn, warmup, repeats):
 
 
 def time_cnninfer(model, x_host_data, expected, algo, gemm, tile_width, streams, warmup, repeats, packed=None):
-    """A row: GPU and end-to-end ms of float32 images; with `packed` (their 8-bit codes, where they
-    are codes: codes.py) also end to end as `cnninfer run` uploads a file of them."""
+    """A row: GPU and end-to-end ms of float32 images; with `packed`, (the codes wire, the images'
+    8-bit codes) where they are codes (codes.py), also end to end as `cnninfer run` uploads a file
+    of them."""
     from .gpu.backend import CudaBackend
 
     b = CudaBackend(streams=streams, tile_width=tile_width, gemm_algo=gemm or "auto", conv_algo=algo)
@@ -140,9 +141,9 @@ def time_cnninfer(model, x_host_data, expected, algo, gemm, tile_width, streams,
         row = dict(name=f"cnninfer {algo}" + (f" {gemm} tile {tile_width}" if gemm else ""),
                    gpu_ms=gpu_ms, e2e_ms=e2e_ms, identical=identical, labels=labels)
         if packed is not None:
-            wire = codes.wire_of(x_host_data)
-            xc = b.host_buffers(packed.shape, wire)[0]  # (x's buffer is freed)
-            xc.view(np.uint8)[...] = packed
+            wire, k = packed
+            xc = b.host_buffers(k.shape, wire)[0]  # (x's buffer is freed)
+            xc.view(np.uint8)[...] = k
             b.prepare(model, xc.shape, wire=wire)
             if not np.array_equal(b.forward(xc)[0], labels):
                 raise InputError(f"bench: {algo} labels images sent as 8-bit codes otherwise than as float32")
@@ -264,7 +265,7 @@ def bench_arrays(model, x, streams=STREAMS, warmup=5, repeats=20, torch_compile=
         gpu.close()
     rows, default = [], default_path(g, arch, n)
     wire = codes.wire_of(x)
-    packed = None if wire is None else codes.pack(x, wire)
+    packed = None if wire is None else (wire, codes.pack(x, wire))
     for algo, gemm, tile in variants(arch):
         if ALGORITHMS[algo].available(g, arch) is None:
             is_default = default is ALGORITHMS[algo] and gemm is None  # (unroll has a row per GEMM and tile)

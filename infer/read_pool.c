@@ -83,7 +83,7 @@ struct piece {                     /* n bytes at `offset` of fd into dst; or, wi
     long long offset;
     size_t swap;                   /* a plain read of values stored in the other byte order: their size */
     int codes;                     /* a plain read of float32 values packed to 8-bit codes (n: the file's
-                                      bytes): 1 code * float32(1/255), 2 code / 255 (see pack_codes) */
+                                      bytes): 1 code * float32(1/255), 2 code / 255 (see rp_pack_codes) */
     struct batch *batch;
     const struct chunks *spec;
     size_t stored;                 /* the chunk's stored bytes */
