@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-from . import loader, session
+from . import codes, loader, session
 from .dataset import DataSet
 from .reader import Reader, wait
 
@@ -15,7 +15,8 @@ from .reader import Reader, wait
 def raw_read(data_path, model, readers, block):
     """Images/s reading every image of the file, in its stored type, into a ring of 4 page-locked
     blocks on `readers` threads (no compute, no checks), as the streamed run reads them (whole
-    chunks left shuffled where the GPU unshuffles them): the reader's ceiling; and its layout."""
+    chunks left shuffled where the GPU unshuffles them; float32 images of 8-bit pixels packed to
+    their codes): the reader's ceiling; and its layout."""
     import pycuda.driver as cuda
 
     from .gpu import shuffled
@@ -26,7 +27,8 @@ def raw_read(data_path, model, readers, block):
     data = DataSet.open([data_path], model)
     pool = Reader(readers)
     block = max(data.align, block // data.align * data.align)  # whole chunks, as the run's blocks
-    buffers = [cuda.pagelocked_empty((block,) + data.image_shape, data.dtype or np.float32) for _ in range(4)]
+    wire = data.codes_wire() or data.dtype or np.float32
+    buffers = [cuda.pagelocked_empty((block,) + data.image_shape, wire) for _ in range(4)]
     kept = shuffled.unsupported(data, CudaBackend.wire_dtype(data.dtype), pool.native) is None
     source = shuffled.Source(data) if kept else data
     try:
@@ -39,7 +41,8 @@ def raw_read(data_path, model, readers, block):
             inflight.append(source.submit_images(pool, lo, hi, buffers[i % len(buffers)][:hi - lo], check=False))
         for f in inflight:
             wait(f)
-        return data.size / (time.perf_counter() - t), data.kind + (", left shuffled" if kept else "")
+        return data.size / (time.perf_counter() - t), data.kind + (", left shuffled" if kept else "") + (
+            ", as 8-bit codes" if wire in codes.WIRES else "")
     finally:
         pool.close()
         data.close()
