@@ -108,3 +108,9 @@ def test_the_command_line_says_how_images_travelled(ece408):
     out = invoke("run", ece408 / "testfull.hdf5", ece408 / "model.hdf5", "--json", "-q")
     d = json.loads(out.stdout)
     assert d["reader"]["wire"] == codes.NAMES[codes.MUL] and d["correct"] == 8722
+
+
+def test_bench_stream_reads_codes_as_the_run_reads(ece408):
+    r = invoke("bench", "--stream", ece408 / "testfull.hdf5", ece408 / "model.hdf5")
+    assert r.exit_code == 0, r.output
+    assert "(pread, as 8-bit codes," in r.output, r.output
