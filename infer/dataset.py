@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from . import codes, loader, reader
+from . import codes, env, loader, reader
 from .errors import InputError, where
 
 # Labels per reader call: one call per streamed block (32768 uint8 images at most). A stream waits
@@ -114,11 +114,11 @@ class DataSet:
     def codes_wire(self):
         """The codes wire (codes.py) the images may travel in, or None: float32 in this machine's
         byte order, read straight from contiguous datasets (pread), whose first CODES_SAMPLE images
-        in every file are codes of one scaling (MUL where they fit both); every value is checked
-        again as it is read (a failure: codes.NotCodes)."""
+        in every file are codes of one scaling (MUL where they fit both), unless CNNINFER_CODES=0;
+        every value is checked again as it is read (a failure: codes.NotCodes)."""
         if self._codes is None:
             self._codes = False
-            if self.dtype == np.float32 and all(isinstance(x, reader.ContiguousRows) and not x.swapped
+            if env.codes() and self.dtype == np.float32 and all(isinstance(x, reader.ContiguousRows) and not x.swapped
                                                 for _, x, _, _ in self.parts):
                 fits = set(codes.WIRES)
                 for _, x, _, count in self.parts:

@@ -6,6 +6,8 @@ InputError (one line, exit 2 on the command line), never a traceback or a silent
     CNNINFER_NATIVE          0 or 1: native code (1: the read pool, the CPU network) or Python
                              reader threads and the NumPy layers (0)
     CNNINFER_GRAPHS          0 or 1: replay each batch's enqueue as a CUDA graph (1) or not (0)
+    CNNINFER_CODES           0 or 1: float32 files of 8-bit pixels travel to a GPU as their codes (1)
+                             or as float32 (0); see codes.py
     CNNINFER_CACHE           folder of the kernel and native-library caches (~/.cache/cnninfer)
 
 (CNNINFER_SERVE_TOKEN is `serve --token`'s, read by click: any string is a token.)
@@ -48,6 +50,10 @@ def native():
 
 def graphs():
     return flag("CNNINFER_GRAPHS")
+
+
+def codes():
+    return flag("CNNINFER_CODES")
 
 
 def cache_root():

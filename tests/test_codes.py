@@ -143,3 +143,16 @@ def test_data_sets_of_codes_in_contiguous_float32_files_are_taken_as_codes(tmp_p
             assert d.codes_wire() is None
         finally:
             d.close()
+
+
+def test_cnninfer_codes_0_sends_float32(tmp_path, rng, monkeypatch):
+    x = images(rng, 8, codes.MUL, 12, 11)
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f["x"], f["y"] = x, np.eye(10, dtype=np.float32)[np.arange(8)]
+    for value, expected in (("0", None), ("1", codes.MUL), ("", codes.MUL)):
+        monkeypatch.setenv("CNNINFER_CODES", value)
+        d = open_data(tmp_path / "d.h5", tmp_path)
+        try:
+            assert d.codes_wire() == expected, value
+        finally:
+            d.close()

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import infer
-from infer import codes, dataset
+from infer import codes
 from tests.conftest import Dev, build, invoke
 
 pytestmark = pytest.mark.gpu
@@ -29,7 +29,7 @@ def test_convert_kernel2_rebuilds_every_codes_float32(gpu, wire):
 def as_float32(monkeypatch):
     """Runs made with this travel as float32, as before codes."""
     def off():
-        monkeypatch.setattr(dataset.DataSet, "codes_wire", lambda self: None)
+        monkeypatch.setenv("CNNINFER_CODES", "0")
     return off
 
 
