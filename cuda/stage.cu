@@ -4,9 +4,9 @@
 // convert_kernel1: n values of SRC_T (an integer type, -D SRC_T=...) -> float32, rounded to nearest
 //   even as NumPy's astype (integers are always finite in float32); grid-stride, one value per
 //   thread per step; reads n * sizeof(SRC_T) bytes, writes 4n.
-// convert_kernel2: n 8-bit codes of float32 images (infer/codes.py) -> code * scale, or with divide
-//   code / 255, in float32 (one rounding each, as NumPy's uint8 * np.float32(1/255) and
-//   uint8.astype(float32) / 255: the values the file holds); reads n bytes, writes 4n.
+// convert_kernel2: n 8-bit codes of float32 images (infer/codes.py) -> by scaling 0 code * scale,
+//   1 code / 255, 2 code, in float32 (one rounding at most, as NumPy's uint8 * np.float32(1/255),
+//   uint8.astype(float32) / 255 and astype: the values the file holds); reads n bytes, writes 4n.
 // check_kernel2: n images of `per_image` float32 values: *bad = min(*bad, i) for every image i
 //   holding a value that is not finite (NaN, Inf); grid-stride over 16-byte loads (scalars before
 //   x's first 16-byte boundary and after its last), reads 4 * n * per_image bytes. (The fused
@@ -22,9 +22,11 @@ extern "C" __global__ void convert_kernel1(const SRC_T* __restrict__ src, float*
 }
 
 extern "C" __global__ void convert_kernel2(const unsigned char* __restrict__ src, float* __restrict__ dst, long long n,
-                                           float scale, int divide) {
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        dst[i] = divide ? __fdiv_rn((float)src[i], 255.0f) : __fmul_rn((float)src[i], scale);
+                                           float scale, int scaling) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const float k = (float)src[i];
+        dst[i] = scaling == 1 ? __fdiv_rn(k, 255.0f) : scaling == 2 ? k : __fmul_rn(k, scale);
+    }
 }
 
 __device__ __forceinline__ void check_value(float v, long long i, int per_image, int* bad) {

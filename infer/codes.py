@@ -1,11 +1,12 @@
-"""float32 images that are 8-bit pixels scaled to [0, 1] travel to a GPU as their 8-bit codes: a
-quarter of the bytes read into page-locked memory and uploaded, the same float32 values rebuilt on
-the GPU, so the same bits downstream. Two scalings are recognized, each one float32 rounding:
+"""float32 images that are 8-bit pixels travel to a GPU as their 8-bit codes: a quarter of the
+bytes read into page-locked memory and uploaded, the same float32 values rebuilt on the GPU, so the
+same bits downstream. Three scalings are recognized, each at most one float32 rounding:
 - MUL, code * float32(1/255): NumPy's uint8 * np.float32(1/255), as MNIST's own conversion
   (infer/mnist.py) and the ECE408 files make them;
 - DIV, code / 255 in float32 (or in float64, then rounded to float32: the same values): torchvision's
-  ToTensor, Keras's x.astype("float32") / 255.
-The two give different float32 values for 126 of the 256 codes. A data set is taken to hold codes
+  ToTensor, Keras's x.astype("float32") / 255;
+- ONE, the code itself (pixels stored as float32 unscaled).
+MUL and DIV give different float32 values for 126 of the 256 codes. A data set is taken to hold codes
 of a scaling when its first images do (DataSet.codes_wire); every value is checked again as it is
 packed (read_pool.c's pack paths, or `pack` here), and a value that is not a code fails the read
 with NotCodes, after which the run reads float32."""
@@ -17,8 +18,10 @@ SCALE = np.float32(1 / 255)
 # np.dtype(wire.str) is the same wire again, as prepared runs keep it
 MUL = np.dtype("V1")
 DIV = np.dtype("S1")
-WIRES = (MUL, DIV)
-NAMES = {MUL: "8-bit codes (x * float32(1/255))", DIV: "8-bit codes (x / 255)"}
+ONE = np.dtype("b1")
+WIRES = (MUL, DIV, ONE)  # in the order a data set that fits several takes them
+SCALINGS = {MUL: 0, DIV: 1, ONE: 2}  # read_pool.c's and convert_kernel2's numbers
+NAMES = {MUL: "8-bit codes (x * float32(1/255))", DIV: "8-bit codes (x / 255)", ONE: "8-bit codes (x unscaled)"}
 
 
 class NotCodes(Exception):
@@ -28,7 +31,9 @@ class NotCodes(Exception):
 def unpack(k, wire):
     """The float32 values of codes k (uint8) in the scaling of `wire`, as the GPU rebuilds them."""
     k = np.asarray(k).view(np.uint8)
-    return k * SCALE if wire == MUL else k.astype(np.float32) / np.float32(255)
+    if wire == MUL:
+        return k * SCALE
+    return k.astype(np.float32) / np.float32(255) if wire == DIV else k.astype(np.float32)
 
 
 def pack(values, wire, out=None):
@@ -39,7 +44,7 @@ def pack(values, wire, out=None):
     if values.dtype != np.float32:
         return None
     with np.errstate(invalid="ignore", over="ignore"):
-        k = np.rint(values * np.float32(255))
+        k = np.rint(values if wire == ONE else values * np.float32(255))
         fits = (k >= 0) & (k <= 255)
         k = np.where(fits, k, 0).astype(np.uint8)
     if not (fits.all() and np.array_equal(unpack(k, wire).view(np.uint32), values.view(np.uint32))):
@@ -51,5 +56,5 @@ def pack(values, wire, out=None):
 
 
 def wire_of(values):
-    """The codes wire whose scaling gives every one of float32 `values` (MUL where both do), or None."""
+    """The first codes wire whose scaling gives every one of float32 `values`, or None."""
     return next((wire for wire in WIRES if pack(values, wire) is not None), None)

@@ -114,7 +114,7 @@ class DataSet:
     def codes_wire(self):
         """The codes wire (codes.py) the images may travel in, or None: float32 in this machine's
         byte order, read straight from contiguous datasets (pread), whose first CODES_SAMPLE images
-        in every file are codes of one scaling (MUL where they fit both), unless CNNINFER_CODES=0;
+        in every file are codes of one scaling (the first of codes.WIRES they fit), unless CNNINFER_CODES=0;
         every value is checked again as it is read (a failure: codes.NotCodes)."""
         if self._codes is None:
             self._codes = False

@@ -262,11 +262,11 @@ class ReadPool:
             raise MemoryError("no memory for a read's ticket")
         return ticket
 
-    def submit_codes(self, fd, address, nbytes, offset, piece, divide):
+    def submit_codes(self, fd, address, nbytes, offset, piece, scaling):
         """nbytes of float32 values of fd from offset into address as their 8-bit codes (nbytes / 4
-        bytes; divide: code / 255, else code * float32(1/255)), in pieces of about `piece` bytes of
-        the file; fails with NOT_CODES where one is not."""
-        ticket = self.lib.rp_submit_codes(self.pool, fd, address, nbytes, offset, piece, int(divide))
+        bytes; scaling: codes.SCALINGS'), in pieces of about `piece` bytes of the file; fails with
+        NOT_CODES where one is not."""
+        ticket = self.lib.rp_submit_codes(self.pool, fd, address, nbytes, offset, piece, scaling)
         if not ticket:
             raise MemoryError("no memory for a read's ticket")
         return ticket

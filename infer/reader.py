@@ -203,7 +203,7 @@ class ContiguousRows(_FileRows):
         nbytes, end = (hi - lo) * self.row_bytes, self.offset + hi * self.row_bytes
         piece = min(PIECE_BYTES, max(NATIVE_PIECE_MIN, -(-nbytes // pool.threads)))
         return Ticket(pool, pool.submit_codes(self.fd, out.ctypes.data, nbytes, self.offset + lo * self.row_bytes, piece,
-                                              out.dtype == codes.DIV),
+                                              codes.SCALINGS[out.dtype]),
                       lambda status, _: codes.NotCodes() if status == native.NOT_CODES else self.read_failure(status, end))
 
     def submit_labels(self, pool, lo, hi, out):

@@ -1,4 +1,4 @@
-"""float32 images of 8-bit pixels read as their codes (infer/codes.py), in both scalings: which
+"""float32 images of 8-bit pixels read as their codes (infer/codes.py), in every scaling: which
 values are codes, the native pool's packing paths against NumPy's, a value that is not failing the
 read, and which data sets are taken to hold codes of which scaling."""
 import h5py
@@ -8,7 +8,7 @@ import pytest
 from infer import codes, dataset, native, reader
 from infer.loader import load_model
 
-WIRES = pytest.mark.parametrize("wire", codes.WIRES, ids=["mul", "div"])
+WIRES = pytest.mark.parametrize("wire", codes.WIRES, ids=["mul", "div", "one"])
 K = np.arange(256, dtype=np.uint8)
 
 
@@ -18,19 +18,20 @@ def values(wire):
 
 def not_codes(wire):
     """Values that are no code of the scaling: -0.0, NaN, infinities, past 255, below 0, a code's
-    neighbours, the other scaling's values where they differ."""
+    neighbours, a half, another scaling's values where they differ."""
     v = values(wire)
     other = codes.unpack(K, codes.DIV if wire == codes.MUL else codes.MUL)
     return [np.float32(-0.0), np.float32(np.nan), np.float32(np.inf), np.float32(-np.inf),
-            np.float32(256) / np.float32(255), np.float32(-1) / np.float32(255), np.float32(1e30),
-            np.nextafter(v[7], np.float32(1)), np.nextafter(v[200], np.float32(0)), np.float32(0.5),
+            np.nextafter(v[255], np.float32(1e9)), -v[1], np.float32(1e30),
+            np.nextafter(v[7], np.float32(1)), np.nextafter(v[200], np.float32(0)), (v[3] + v[4]) / 2,
             other[np.flatnonzero(other != v)[0]]]
 
 
-def test_the_two_scalings_differ_on_126_codes_and_float64_division_is_float32s():
+def test_the_scalings_are_numpys_and_mul_and_div_differ_on_126_codes():
     assert int((codes.unpack(K, codes.MUL) != codes.unpack(K, codes.DIV)).sum()) == 126
     assert np.array_equal((K / 255.0).astype(np.float32), codes.unpack(K, codes.DIV))
     assert np.array_equal(K * np.float32(1 / 255), codes.unpack(K, codes.MUL))
+    assert np.array_equal(K.astype(np.float32), codes.unpack(K, codes.ONE))
 
 
 @WIRES
@@ -62,7 +63,7 @@ def test_every_native_packing_path_equals_numpys(rng, wire, path):
                        for bad in not_codes(wire) for at in {0, n // 2, n - 1} if n]
         for v in cases:
             out = np.zeros(n, np.uint8)
-            got = lib.rp_pack_codes(v.ctypes.data, out.ctypes.data, n, path, int(wire == codes.DIV))
+            got = lib.rp_pack_codes(v.ctypes.data, out.ctypes.data, n, path, codes.SCALINGS[wire])
             if got == -1:
                 pytest.skip(f"path {path} is not on this CPU")
             expected = codes.pack(v, wire)
@@ -123,8 +124,8 @@ def open_data(path, tmp_path):
 
 def test_data_sets_of_codes_in_contiguous_float32_files_are_taken_as_codes(tmp_path, rng):
     mul, div = images(rng, 80, codes.MUL, 12, 11), images(rng, 80, codes.DIV, 12, 11)
-    off = np.float32(1e-3)
-    cases = {"mul.h5": (mul, {}, codes.MUL), "div.h5": (div, {}, codes.DIV),
+    one, off = images(rng, 80, codes.ONE, 12, 11), np.float32(1e-3)
+    cases = {"mul.h5": (mul, {}, codes.MUL), "div.h5": (div, {}, codes.DIV), "one.h5": (one, {}, codes.ONE),
              "an early image not codes.h5": (np.concatenate([mul[:5], mul[5:6] + off, mul[6:]]), {}, None),
              # past the sample: taken as codes, and the read fails (the run then reads float32)
              "a late image not codes.h5": (np.concatenate([mul[:79], mul[79:] + off]), {}, codes.MUL),

@@ -14,7 +14,7 @@ from tests.conftest import Dev, build, invoke
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("wire", codes.WIRES, ids=["mul", "div"])
+@pytest.mark.parametrize("wire", codes.WIRES, ids=["mul", "div", "one"])
 def test_convert_kernel2_rebuilds_every_codes_float32(gpu, wire):
     from infer.gpu.launch import ConvertCodes
 
@@ -60,15 +60,17 @@ def test_testfull_travels_as_codes_with_float32s_scores(ece408, monkeypatch, as_
 
 
 @pytest.mark.parametrize("budget", ["512", "4"])
-def test_images_divided_by_255_travel_as_codes_too(ece408, tmp_path, monkeypatch, as_float32, budget):
-    """testfull's pixels as torchvision and Keras scale them (code / 255, half the values other floats)."""
+@pytest.mark.parametrize("wire", [codes.DIV, codes.ONE], ids=["div", "one"])
+def test_images_in_the_other_scalings_travel_as_codes_too(ece408, tmp_path, monkeypatch, as_float32, budget, wire):
+    """testfull's pixels as torchvision and Keras scale them (code / 255: half the values other
+    floats), and unscaled (0-255)."""
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][()], f["y"][()]
-    with h5py.File(tmp_path / "div.h5", "w") as f:
-        f["x"], f["y"] = np.rint(x * 255).astype(np.uint8).astype(np.float32) / np.float32(255), y
-    a, b = runs(tmp_path / "div.h5", ece408 / "model.hdf5", as_float32)
-    assert a.reader["wire"] == codes.NAMES[codes.DIV] and b.reader["wire"] == "float32"
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f["x"], f["y"] = codes.unpack(np.rint(x * 255).astype(np.uint8), wire), y
+    a, b = runs(tmp_path / "d.h5", ece408 / "model.hdf5", as_float32)
+    assert a.reader["wire"] == codes.NAMES[wire] and b.reader["wire"] == "float32"
     same(a, b)
 
 

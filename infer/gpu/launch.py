@@ -329,10 +329,10 @@ class ConvertCodes(Launcher):
 
     def __init__(self, build, wire):
         super().__init__(build)
-        self.divide = int(wire == codes.DIV)
+        self.scaling = codes.SCALINGS[wire]
 
     def __call__(self, stream, src, dst, n):
-        self.launch(stream, (min(ceil_div(n, 256), 4096), 1), (256, 1, 1), src, dst, n, codes.SCALE, self.divide)
+        self.launch(stream, (min(ceil_div(n, 256), 4096), 1), (256, 1, 1), src, dst, n, codes.SCALE, self.scaling)
 
 
 def converter(build, wire):
