@@ -298,11 +298,6 @@ static int live_windows(const struct conv *L, int *finite, int *blank)
     *blank = 0;
     for (int i = 0; i < L->h * L->w; i++)
         *blank += !L->lit[i];
-    for (int y = 0; y + 1 < L->h; y++)
-        for (int x = 0; x + 1 < L->w; x++) {
-            const unsigned char *l = L->lit + y * L->w + x;
-            L->quad[y * L->w + x] = (unsigned char)(l[0] | l[1] << 1 | l[L->w] << 2 | l[L->w + 1] << 3);
-        }
     int live = 0;
     for (int py = 0; py < hp; py++)
         for (int px = 0; px < wp; px++) {
@@ -329,6 +324,11 @@ static int conv_relu_pool(const struct conv *L)
     /* tap by tap where an eighth of the input pixels or more are 0 (MNIST's conv2: 37%; random
      * images: none), as the split loop costs more than the dense tile's where few taps are skipped */
     const int taps = CONV_TAPS && L->c % VW == 0 && 8 * blank >= L->h * L->w;
+    for (int y = 0; taps && y + 1 < L->h; y++)
+        for (int x = 0; x + 1 < L->w; x++) {
+            const unsigned char *l = L->lit + y * L->w + x;
+            L->quad[y * L->w + x] = (unsigned char)(l[0] | l[1] << 1 | l[L->w] << 2 | l[L->w + 1] << 3);
+        }
 #else
     (void)blank;
 #endif
