@@ -158,7 +158,7 @@ def test_scores_are_the_float16_pass_within_its_error(gpu, ece408):
     np.testing.assert_allclose(certified, exact, rtol=0, atol=2e-2 * np.abs(exact).max())
 
 
-def test_precision_certified_through_the_session_and_the_command_line(gpu, ece408):
+def test_precision_certified_through_the_session_and_the_command_line(gpu, ece408, monkeypatch):
     """--precision certified runs fused-certified (the exact path's labels) and reports the images it
     recomputed: Result.recomputed, --json's "recomputed", a line of --profile; exact reports none."""
     import json
@@ -181,8 +181,14 @@ def test_precision_certified_through_the_session_and_the_command_line(gpu, ece40
     assert r.exit_code == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["correct"] == 8722 and d["recomputed"] == certified.recomputed and d["precision"] == "certified"
-    d = json.loads(invoke("run", data, model, "--backend", "cuda", "--json").stdout)  # the default: 10,000 run exactly
+    # the default: testfull's 10,000 images travel as 8-bit codes, so they are certified (from 8,192);
+    # as float32 (from 16,384) they run exactly
+    d = json.loads(invoke("run", data, model, "--backend", "cuda", "--json").stdout)
+    assert d["precision"] == "certified" and d["recomputed"] == certified.recomputed and d["correct"] == 8722
+    monkeypatch.setenv("CNNINFER_CODES", "0")
+    d = json.loads(invoke("run", data, model, "--backend", "cuda", "--json").stdout)
     assert d["precision"] == "exact" and "recomputed" not in d and "fused-certified" in d["device"]
+    monkeypatch.delenv("CNNINFER_CODES")
     r = invoke("run", data, model, "--backend", "cuda", "--precision", "certified", "--profile", "--streams", "1")
     assert r.exit_code == 0, r.stderr
     assert f"certified: {10000 - certified.recomputed} of 10000 images in float16, {certified.recomputed} recomputed exactly" in r.stdout
@@ -225,3 +231,30 @@ def test_the_default_certifies_large_runs_and_keeps_the_exact_scores(gpu, ece408
     labels, _, recomputed = default_run(x[:n - 1], False)
     assert recomputed is None
     np.testing.assert_array_equal(labels, exact[:n - 1])
+
+
+def test_images_uploaded_a_byte_a_pixel_are_certified_from_fewer(gpu, ece408):
+    """8-bit codes (and uint8) reach the GPU sooner: the default certifies from CERTIFY_FROM_NARROW
+    images there, with the exact path's labels; one fewer runs the exact path alone."""
+    from infer import codes
+    from infer.gpu.backend import CudaBackend
+    from infer.gpu.pipelines import FusedCertified
+
+    hopper(gpu)
+    model = loader.load_model(ece408 / "model.hdf5")
+    n = FusedCertified.CERTIFY_FROM_NARROW
+    x = read_all(ece408 / "testfull.hdf5", model, n)
+    exact, _, _ = labels_of(EXACT, model, x)
+    for count, certified in ((n, True), (n - 1, False)):
+        b = CudaBackend()
+        try:
+            host = b.host_buffers((count,) + x.shape[1:], codes.MUL)[0]
+            host.view(np.uint8)[...] = codes.pack(x[:count], codes.MUL)
+            b.prepare(model, host.shape, wire=codes.MUL)
+            b.recomputed()  # the warm-up's
+            labels, _ = b.forward(host)
+            recomputed = b.recomputed()
+        finally:
+            b.close()
+        np.testing.assert_array_equal(labels, exact[:count])
+        assert (recomputed is not None and 0 < recomputed < 0.12 * count) if certified else recomputed is None

@@ -528,7 +528,8 @@ def test_bench_validates_and_times_every_algorithm(ece408):
     assert [name for name in names if name.endswith(" (default)")] == [f"cnninfer {exact_default()} (default)"]
     for row in d["rows"]:
         assert row["gpu_ms"] > 0 and row["e2e_ms"] > 0 and row["identical"] >= 99
-        # test100 holds 8-bit codes: the default row also times them as `cnninfer run` uploads them
+        # test100 holds 8-bit codes: the row the default runs for them (100 images: the exact path, the
+        # float32 default's) also times them as `cnninfer run` uploads them
         assert ("e2e_codes_ms" in row) == row["name"].endswith(" (default)")
 
 

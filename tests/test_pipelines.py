@@ -39,6 +39,13 @@ def test_the_default_certifies_only_large_runs_without_scores():
     assert default_path(MNIST, "sm_90", most) is FusedCertified
     assert default_path(MNIST, "sm_90", most - 1) is default_path(MNIST, "sm_90", most, scores=True) is FusedWarpgroup
     assert default_path(MNIST, "sm_80", most) is FusedTensorCores
+    # images uploaded a byte a pixel (uint8, 8-bit codes): from CERTIFY_FROM_NARROW
+    narrow = FusedCertified.CERTIFY_FROM_NARROW
+    assert narrow < most and default.certifies(narrow, False, True) and not default.certifies(narrow - 1, False, True)
+    assert not default.certifies(narrow, False) and not default.certifies(narrow, True, True)
+    assert default_path(MNIST, "sm_90", narrow, narrow=True) is FusedCertified
+    assert default_path(MNIST, "sm_90", narrow - 1, narrow=True) is FusedWarpgroup
+    assert f"({narrow} uploaded a byte a pixel)" in default.describe
 
 
 def test_auto_falls_back_to_implicit_then_unroll_and_named_algorithms_say_why():

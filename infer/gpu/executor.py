@@ -218,7 +218,7 @@ class Executor:
 
     def certifies(self):
         """Whether the run takes the pipeline's certified low-precision pass (pipeline.certifies)."""
-        return self.pipeline.certifies(len(self.run.labels), self.keep_scores)
+        return self.pipeline.certifies(len(self.run.labels), self.keep_scores, self.run.wire.itemsize == 1)
 
     def _scores(self, start):
         return int(self.run.scores_dev) + 4 * start * self.pipeline.g.classes if self.keep_scores else 0

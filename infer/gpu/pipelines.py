@@ -45,9 +45,9 @@ class Algorithm:
     def available(cls, g, arch):
         return cls.runs_on(arch)
 
-    def certifies(self, n, scores):
-        """Whether a run of n images (scores asked for or not) takes a certified low-precision pass:
-        only fused-certified has one."""
+    def certifies(self, n, scores, narrow=False):
+        """Whether a run of n images (scores asked for or not; uploaded a byte a pixel or not) takes
+        a certified low-precision pass: only fused-certified has one."""
         return False
 
     def enqueue_exact(self, *args, **kwargs):
@@ -351,8 +351,11 @@ class FusedCertified(FusedWarpgroup):
     KERNELS = ("fused_kernel5", KERNEL)
     CERTIFY_VERSION = 3  # certify_kernel3 and pair_kernel1; 1 and 2 still run (tests/test_certified_gpu.py)
     # The default precision certifies runs of at least this many images that ask for no scores
-    # (docs/certified.md: below it the exact path's two kernels a chunk are faster than the eight).
+    # (docs/certified.md: below it the exact path's two kernels a chunk are faster than the eight);
+    # images uploaded a byte a pixel (uint8, 8-bit codes) reach the GPU sooner, so the certified
+    # chain's tail is paid from fewer on
     CERTIFY_FROM = 16384
+    CERTIFY_FROM_NARROW = 8192
     RECOMPUTE_IMGS = 2  # fused_kernel3's images a block when it recomputes a chunk's list
 
     @classmethod
@@ -381,18 +384,20 @@ class FusedCertified(FusedWarpgroup):
         return self
 
     @classmethod
-    def certified_by_default(cls, n, scores):
-        """Whether the default certifies a run of n images: from CERTIFY_FROM, unless it asks for
-        scores (those are then the exact path's bits)."""
-        return n >= cls.CERTIFY_FROM and not scores
+    def certified_by_default(cls, n, scores, narrow=False):
+        """Whether the default certifies a run of n images: from CERTIFY_FROM (CERTIFY_FROM_NARROW
+        where they are uploaded a byte a pixel), unless it asks for scores (those are then the exact
+        path's bits)."""
+        return n >= (cls.CERTIFY_FROM_NARROW if narrow else cls.CERTIFY_FROM) and not scores
 
-    def certifies(self, n, scores):
-        return not self.default or self.certified_by_default(n, scores)
+    def certifies(self, n, scores, narrow=False):
+        return not self.default or self.certified_by_default(n, scores, narrow)
 
     @property
     def describe(self):
         if self.default:
-            return f"float16 certified from {self.CERTIFY_FROM} images when no scores are asked for, else exact"
+            return (f"float16 certified from {self.CERTIFY_FROM} images ({self.CERTIFY_FROM_NARROW} uploaded a byte "
+                    "a pixel) when no scores are asked for, else exact")
         return "float16 certified"
 
     @staticmethod
@@ -532,10 +537,11 @@ def choose(name, g, arch, precision=None):
     return None, "no GPU algorithm can run this model"
 
 
-def default_path(g, arch, n, scores=False):
-    """The algorithm whose kernels the default (auto, no precision) runs on n images: fused-certified
-    where it runs and certifies such a run (by_default), else the exact one auto picks."""
+def default_path(g, arch, n, scores=False, narrow=False):
+    """The algorithm whose kernels the default (auto, no precision) runs on n images (uploaded a
+    byte a pixel or not): fused-certified where it runs and certifies such a run (by_default), else
+    the exact one auto picks."""
     algo, _ = choose(AUTO, g, arch)
-    if algo is FusedCertified and not algo.certified_by_default(n, scores):
+    if algo is FusedCertified and not algo.certified_by_default(n, scores, narrow):
         algo, _ = choose(AUTO, g, arch, "exact")
     return algo
