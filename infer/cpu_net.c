@@ -216,7 +216,7 @@ static inline __attribute__((always_inline)) void conv_tile_taps(const struct co
     }
 }
 
-/* Its specialisations, apart from conv_tiles' (sharing that function slowed the dense tiles 10%). */
+/* Its specialisations, in a function apart from conv_tiles', whose dense tiles stay as measured. */
 static __attribute__((noinline)) void conv_tiles_taps(const struct conv *L, int nv, int j, int m, int y0, int y1,
                                                       int first, int last)
 {
