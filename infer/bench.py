@@ -264,8 +264,7 @@ def bench_arrays(model, x, streams=STREAMS, warmup=5, repeats=20, torch_compile=
     finally:
         gpu.close()
     rows, default = [], default_path(g, arch, n)
-    wire = codes.wire_of(x)
-    packed = None if wire is None else (wire, codes.pack(x, wire))
+    packed = codes.packed(x)
     # the default where the images travel a byte a pixel, as `cnninfer run` sends a file of codes
     narrow_default = default_path(g, arch, n, narrow=True)
     for algo, gemm, tile in variants(arch):

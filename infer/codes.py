@@ -55,6 +55,16 @@ def pack(values, wire, out=None):
     return out
 
 
+def packed(values):
+    """(the first codes wire whose scaling gives every one of float32 `values`, their codes), or None."""
+    for wire in WIRES:
+        k = pack(values, wire)
+        if k is not None:
+            return wire, k
+    return None
+
+
 def wire_of(values):
     """The first codes wire whose scaling gives every one of float32 `values`, or None."""
-    return next((wire for wire in WIRES if pack(values, wire) is not None), None)
+    found = packed(values)
+    return found and found[0]

@@ -47,6 +47,11 @@ LABEL_PIECE = 8192  # label rows a native job reads (in steps of 256 KB) and tak
 _H5PY = threading.Lock()  # h5py is thread-safe, but serial: one caller at a time, in order
 
 
+def native_piece(nbytes, pool):
+    """Bytes a native read job takes of an nbytes read: about one piece per thread, within bounds."""
+    return min(PIECE_BYTES, max(NATIVE_PIECE_MIN, -(-nbytes // pool.threads)))
+
+
 def default_threads(native=False):
     """Reader threads: one per core, at most 16 (where parallel reads of cached files level off);
     native ones one core short of that, leaving one to the thread launching the kernels (H100
@@ -151,9 +156,8 @@ class _FileRows(Rows):
         """nbytes of the file from offset into address on the native pool, about a piece per
         thread (swap: values of that size reversed): a Ticket whose failure is an InputError (a
         short file: truncated)."""
-        piece = min(PIECE_BYTES, max(NATIVE_PIECE_MIN, -(-nbytes // pool.threads)))
         end = offset + nbytes
-        return Ticket(pool, pool.submit(self.fd, address, nbytes, offset, piece, swap),
+        return Ticket(pool, pool.submit(self.fd, address, nbytes, offset, native_piece(nbytes, pool), swap),
                       lambda status, _: self.read_failure(status, end))
 
     def read_failure(self, status, end):
@@ -201,9 +205,8 @@ class ContiguousRows(_FileRows):
         C-contiguous) as their 8-bit codes in its scaling, on the native pool: a Ticket failing with
         codes.NotCodes where one is not."""
         nbytes, end = (hi - lo) * self.row_bytes, self.offset + hi * self.row_bytes
-        piece = min(PIECE_BYTES, max(NATIVE_PIECE_MIN, -(-nbytes // pool.threads)))
-        return Ticket(pool, pool.submit_codes(self.fd, out.ctypes.data, nbytes, self.offset + lo * self.row_bytes, piece,
-                                              codes.SCALINGS[out.dtype]),
+        return Ticket(pool, pool.submit_codes(self.fd, out.ctypes.data, nbytes, self.offset + lo * self.row_bytes,
+                                              native_piece(nbytes, pool), codes.SCALINGS[out.dtype]),
                       lambda status, _: codes.NotCodes() if status == native.NOT_CODES else self.read_failure(status, end))
 
     def submit_labels(self, pool, lo, hi, out):

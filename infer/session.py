@@ -44,7 +44,7 @@ def wire_type(backend, data):
     """The type `data`'s images travel to `backend` in: its wire type for the stored one, or 8-bit
     codes (codes.py) for float32 files of them where the backend takes codes."""
     wire = backend.wire_dtype(data.dtype)
-    if wire == np.float32 and getattr(backend, "takes_codes", False):
+    if wire == np.float32 and backend.takes_codes:
         return data.codes_wire() or wire
     return wire
 
