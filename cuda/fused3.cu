@@ -12,14 +12,16 @@
 // ReLU + 2x2 pool + NHWC store in registers. FLOPs per image: 2*(H1*W1*C1*K1*K1*IN_C +
 // H2*W2*C2*K2*K2*C1); global bytes: the input once, the features once, w2 once per block (from L2).
 // fused_kernel3 (sm_90a only): both convs on Hopper's warpgroup MMA (wgmma), 3xTF32
-//   as in version 2. A tile is 64 rows = 16 pool windows x 4 positions; a thread holds rows (window,
-//   dx) for dy = 0, 1, and the pool adds its partner lane's dx = 1 through shuffles, in the
-//   reference's order. A fragments come from registers (gathered from shared memory and split per
+//   as in version 2. conv2's tile is 64 rows = 16 pool windows x 4 positions; a thread holds rows
+//   (window, dx) for dy = 0, 1, and the pool adds its partner lane's dx = 1 through shuffles, in the
+//   reference's order. conv1's tile is 64 pool windows at one position (dy, dx): four tiles, two a
+//   round, so a thread pools its own accumulators: no shuffles, every lane stores (rows = the block's
+//   windows, image after image). A fragments come from registers (gathered from shared memory and split per
 //   k8 step), B (weight parts, remainders) is read by the tensor cores from shared memory through
 //   matrix descriptors, as K-major core matrices without swizzle: per k8 step (parts, remainders) x
 //   (N/8, 2 halves of k, 8 rows, 4 k). conv1: m64n32k8 tiles, k = (kh, kw, ci) padded to a multiple
 //   of 8, except that a last 1 or 2 k past a whole k8 step go to FFMA; the split w1 in constant
-//   memory, copied beside the images; each warpgroup takes two tiles at a time. conv2: each of the 2
+//   memory, copied beside the images; each warpgroup takes every other 64-window tile. conv2: each of the 2
 //   warpgroups computes IMGS / 2 images, one m64n64k8 tile per image, host layout of w2 (K2*K2, C1/8,
 //   {hi, lo}, C2/8, 2, 8, 4). IMGS is 4, or 2 for the certified path's recomputation (a block's
 //   latency at a chunk's end, half the tensor work a block; each image's sums the same, so its bits). 3 x 2 x (H1*W1*C1*K1S + H2*W2*C2*K2*K2*C1) tensor FLOPs an image (K1S: the

@@ -18,8 +18,7 @@ static_assert(TAIL1 >= 0 && TAIL1 <= 2 && KS1 >= 1, "fused v3/v4: conv1's tail i
 #error "fused v3/v4 needs -DX_PAD: where conv1's weights follow the images in the stage area"
 #endif
 constexpr int W1F_FLOATS = KS1 * 2 * 8 * C1 + TAIL1 * C1;
-constexpr int TILES1 = (P1H * P1W + 15) / 16;  // conv1 m64 tiles (16 pool windows each) per image
-constexpr int JOBS1 = IMGS * TILES1;
+constexpr int WTILES1 = (IMGS * P1H * P1W + 63) / 64;  // conv1 m64 tiles of the block's pool windows
 
 static_assert((IMGS == 4 || IMGS == 2) && FUSED_THREADS == 256, "fused v3/v4: two warpgroups of IMGS / 2 images each");
 static_assert(C1 == 32, "fused v3/v4: N = C1 = 32 (wgmma.m64n32k8)");
@@ -49,10 +48,11 @@ __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restric
     asm volatile("fence.proxy.async.shared::cta;");  // w1 written here, read by the tensor cores
     __syncthreads();
 
-    // Phase 1: conv1 -> ReLU -> pool into p1, m64n32 tiles of 16 pool windows x 4 positions; job j is
-    // (image j / TILES1, tile j % TILES1), each warpgroup two jobs at a time. Rows g and g + 8 of warp
-    // w: window 16 tile + 4w + g/2, column dx = g % 2, row dy = 0, 1. Padded k read pixel 0 (finite,
-    // times a zero weight); windows past the last are computed on window 0 and not stored.
+    // Phase 1: conv1 -> ReLU -> pool into p1. Tiles of 64 pool windows (the block's, image after image):
+    // rows 16 w + g and + 8 of a warpgroup's tile are windows base[0], base[1]; each window position (dy,
+    // dx) is an m64n32 tile of its own, two (dx = 0, 1) a round, so a lane pools its own accumulators,
+    // in the reference's order ((a + b) + c) + d. Padded k read the window's pixel (finite, times a zero
+    // weight); windows past the last are computed on window 0 and not stored.
     {
         int koff[KS1][2];
 #pragma unroll
@@ -62,59 +62,62 @@ __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restric
                 const int k = 8 * ks + tig + 4 * j, kk = k / IN_C;
                 koff[ks][j] = k < K1K ? ((kk / K1) * IN_W + kk % K1) * IN_C + k % IN_C : 0;
             }
-        for (int pair = wg; pair < (JOBS1 + 1) / 2; pair += 2) {
-            const float* base[2];
-            int out[2];  // (img, py, px) as one index, -1 where not stored
+        for (int tile = wg; tile < WTILES1; tile += 2) {
+            int base[2];  // the windows' first pixels in stage
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const int job = min(2 * pair + i, JOBS1 - 1), img = job / TILES1;
-                const int win = (job % TILES1) * 16 + 4 * w + g / 2, wc = win < P1H * P1W ? win : 0;
-                const int py = wc / P1W, px = wc % P1W;
-                base[i] = stage + ((img * IN_H + 2 * py) * IN_W + 2 * px + g % 2) * IN_C;
-                out[i] = 2 * pair + i < JOBS1 && win < P1H * P1W && g % 2 == 0 ? (img * P1H + py) * P1W + px : -1;
+            for (int h = 0; h < 2; ++h) {
+                const int win = tile * 64 + 16 * w + g + 8 * h;
+                const int wc = win < IMGS * P1H * P1W ? win : 0, img = wc / (P1H * P1W), py = wc / P1W % P1H, px = wc % P1W;
+                base[h] = ((img * IN_H + 2 * py) * IN_W + 2 * px) * IN_C;
             }
-            float acc[2][16];
+            float sum[16];
 #pragma unroll
-            for (int ks = 0; ks < KS1; ++ks) {
-                float av[2][4];
+            for (int dy = 0; dy < 2; ++dy) {
+                float acc[2][16];
 #pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    av[i][0] = base[i][koff[ks][0]];
-                    av[i][1] = base[i][IN_W * IN_C + koff[ks][0]];
-                    av[i][2] = base[i][koff[ks][1]];
-                    av[i][3] = base[i][IN_W * IN_C + koff[ks][1]];
+                for (int ks = 0; ks < KS1; ++ks) {
+                    float av[2][4];
+#pragma unroll
+                    for (int dx = 0; dx < 2; ++dx)
+#pragma unroll
+                        for (int r = 0; r < 4; ++r) av[dx][r] = stage[base[r % 2] + (dy * IN_W + dx) * IN_C + koff[ks][r / 2]];
+                    mma3_step<2, 16, 0>(acc, av, stage + X_PAD + ks * 16 * C1, ks == 0);
                 }
-                mma3_step(acc, av, stage + X_PAD + ks * 16 * C1, ks == 0);
+                wgmma_drain();
+#pragma unroll
+                for (int k = 8 * KS1; k < K1K; ++k) {  // the tail: accumulator 4c + 2h + e is channel 8c + 2tig + e of window h
+                    const int kk = k / IN_C, off = ((kk / K1) * IN_W + kk % K1) * IN_C + k % IN_C;
+                    const float* wt = stage + X_PAD + KS1 * 16 * C1 + (k - 8 * KS1) * C1 + 2 * tig;
+#pragma unroll
+                    for (int dx = 0; dx < 2; ++dx)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const float a = stage[base[h] + (dy * IN_W + dx) * IN_C + off];
+#pragma unroll
+                            for (int c = 0; c < C1 / 8; ++c)
+#pragma unroll
+                                for (int e = 0; e < 2; ++e) acc[dx][4 * c + 2 * h + e] = fmaf(a, wt[8 * c + e], acc[dx][4 * c + 2 * h + e]);
+                        }
+                }
+#pragma unroll
+                for (int e = 0; e < 16; ++e)
+                    sum[e] = dy == 0 ? relu(acc[0][e]) + relu(acc[1][e]) : (sum[e] + relu(acc[0][e])) + relu(acc[1][e]);
             }
-            wgmma_drain();
 #pragma unroll
-            for (int k = 8 * KS1; k < K1K; ++k) {  // the tail: accumulator 4c + 2dy + e is channel 8c + 2tig + e
-                const int kk = k / IN_C, off = ((kk / K1) * IN_W + kk % K1) * IN_C + k % IN_C;
-                const float* wt = stage + X_PAD + KS1 * 16 * C1 + (k - 8 * KS1) * C1 + 2 * tig;
+            for (int h = 0; h < 2; ++h) {
+                const int win = tile * 64 + 16 * w + g + 8 * h;
+                if (win < IMGS * P1H * P1W) {
+                    const int img = win / (P1H * P1W);
 #pragma unroll
-                for (int i = 0; i < 2; ++i)
-#pragma unroll
-                    for (int dy = 0; dy < 2; ++dy) {
-                        const float a = base[i][dy * IN_W * IN_C + off];
-#pragma unroll
-                        for (int c = 0; c < C1 / 8; ++c)
-#pragma unroll
-                            for (int e = 0; e < 2; ++e) acc[i][4 * c + 2 * dy + e] = fmaf(a, wt[8 * c + e], acc[i][4 * c + 2 * dy + e]);
-                    }
-            }
-#pragma unroll
-            for (int i = 0; i < 2; ++i)
-#pragma unroll
-                for (int c = 0; c < C1 / 8; ++c) {
-                    const float2 o = pool_pair(acc[i], c);
-                    if (out[i] >= 0) {
-                        const int img = out[i] / (P1H * P1W);
-                        store(img, out[i] / P1W % P1H, out[i] % P1W, 8 * c + 2 * tig, o);
+                    for (int c = 0; c < C1 / 8; ++c) {
+                        const float2 o = make_float2(sum[4 * c + 2 * h] * 0.25f, sum[4 * c + 2 * h + 1] * 0.25f);
+                        store(img, win / P1W % P1H, win % P1W, 8 * c + 2 * tig, o);
                         const float hi = o.x != o.x || o.y != o.y ? INFINITY : fmaxf(o.x, o.y);  // NaN: no certificate
 #pragma unroll
                         for (int k = 0; k < IMGS; ++k) top[k] = k == img ? fmaxf(top[k], hi) : top[k];
                     }
                 }
+            }
         }
     }
     if (amax != nullptr)

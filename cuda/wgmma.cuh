@@ -61,8 +61,9 @@ __device__ __forceinline__ void wgmma(float (&d)[8], const unsigned (&a)[4], uns
 
 // One k8 step of MT tiles in 3xTF32: A values av[i] = rows (g, k), (g + 8, k), (g, k + 4), (g + 8, k
 // + 4) of tile i, split here; b: the step's parts, its remainders 8 * N floats on. The three products
-// smallest first; `first` starts the sums. Commits the step as one group and lets the previous one finish.
-template <int MT, int NACC>
+// smallest first; `first` starts the sums. Commits the step as one group and lets the previous one
+// finish (IN_FLIGHT 1), or this one too (0: no registers held across steps).
+template <int MT, int NACC, int IN_FLIGHT = 1>
 __device__ __forceinline__ void mma3_step(float (&acc)[MT][NACC], const float (&av)[MT][4], const float* b, bool first) {
     unsigned hi[MT][4], lo[MT][4];
 #pragma unroll
@@ -78,7 +79,7 @@ __device__ __forceinline__ void mma3_step(float (&acc)[MT][NACC], const float (&
         wgmma(acc[i], hi[i], bhi, 1);
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(IN_FLIGHT) : "memory");
 }
 
 // The warpgroup's m64 x (NACC / 2) accumulator tile into shared memory as float2 pairs: row r
