@@ -31,7 +31,9 @@
 // area after it, STAGE_FLOATS, as -D options; the kernels static_assert what they rely on.
 // Where `count` is not null, only the first *count images are computed (blocks past it return), and
 // where `idx` is not null, image i is x's image idx[i] (its features still go to row i): the certified
-// path's recomputation, whose list and count certify.cu sets on the GPU.
+// path's recomputation, whose list and count certify.cu sets on the GPU. Where `scaling` is not -1, x
+// holds 8-bit codes, a byte a value, staged as convert_kernel2 turns them into float32 (code_value:
+// the same bits), so images uploaded as codes need no conversion kernel (versions 4 and 5 likewise).
 
 #include "fused_conv1_wgmma.cuh"
 static_assert(STAGE_FLOATS >= 2 * SLAB2, "fused v2/v3: the stage area must hold two w2 slabs");
@@ -41,7 +43,7 @@ constexpr int WG_IMGS = IMGS / 2;  // conv2's images per warpgroup
 
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
 fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float* __restrict__ feat, int n, int* __restrict__ bad,
-              const int* __restrict__ count, const int* __restrict__ idx) {
+              const int* __restrict__ count, const int* __restrict__ idx, int scaling, float scale) {
     extern __shared__ float4 smem4[];
     float* p1 = reinterpret_cast<float*>(smem4);
     float* stage = p1 + P1_FLOATS;  // the images and w1 in phase 1, then two w2 slabs in phase 2
@@ -56,7 +58,7 @@ fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float
     conv1_wgmma(
         stage, x, img0, imgs, bad, nullptr,
         [&](int img, int py, int px, int ch, float2 o) { *reinterpret_cast<float2*>(p1 + img * ISTR + py * RSTR + px * PSTR + ch) = o; },
-        idx);
+        idx, scaling, scale);
     __syncthreads();  // p1 complete; the staged images and w1 are dead from here on
     fetch_slab(slabs, w2f, 0);
 

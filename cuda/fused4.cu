@@ -1,7 +1,7 @@
 // The certified low-precision pass's convolution stack (docs/certified.md): fused_kernel3's conv1
 // (the same bits), then conv2 with float16 operands and float32 sums, and beside each pooled feature
 // a bound on how far it can lie from the exact path's (3xTF32) feature.
-// in: x (n, IN_H, IN_W, IN_C) float32; conv1's split weights in constant memory c_w1 as version 3;
+// in: x (n, IN_H, IN_W, IN_C) float32, or 8-bit codes (scaling, scale: as version 3); conv1's split weights in constant memory c_w1 as version 3;
 // w2h: per (kh, kw) slab, per k16 step of C1, the B operand of wgmma.m64n128k16 as K-major core
 // matrices of halves: (K2*K2, C1/16, 16 column groups, 2 halves of k, 8, 8), columns 0-63 conv2's
 // weights rounded to nearest, 64-127 the bound columns (per weight, 2^9 times what its product adds to
@@ -43,7 +43,7 @@ __device__ __forceinline__ unsigned half2_bits(float2 v) {
 
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
 fused_kernel4(const float* __restrict__ x, const float4* __restrict__ w2h, float* __restrict__ feat, float* __restrict__ dp,
-              int n, int* __restrict__ bad) {
+              int n, int* __restrict__ bad, int scaling, float scale) {
     extern __shared__ float4 smem4[];
     float* p1 = reinterpret_cast<float*>(smem4);
     float* stage = p1 + P1_FLOATS;  // the images and w1 in phase 1, then two w2h slabs in phase 2
@@ -59,7 +59,7 @@ fused_kernel4(const float* __restrict__ x, const float4* __restrict__ w2h, float
     __syncthreads();
     conv1_wgmma(stage, x, img0, imgs, bad, amax, [&](int img, int py, int px, int ch, float2 o) {
         *reinterpret_cast<float2*>(p1 + img * ISTR + py * RSTR + px * PSTR + ch) = o;
-    });
+    }, nullptr, scaling, scale);
     __syncthreads();  // p1 and the maxima complete; the staged images and w1 are dead from here on
     fetch_slab<SLAB16>(slabs, w2h, 0);
 

@@ -43,7 +43,7 @@ __constant__ float c_conv2_bound[CHAN + C2];
 
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
 fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float* __restrict__ feat, float* __restrict__ dp,
-              int n, int* __restrict__ bad) {
+              int n, int* __restrict__ bad, int scaling, float scale) {
     extern __shared__ float4 smem4[];
     float* p1 = reinterpret_cast<float*>(smem4);
     __half* p1h = reinterpret_cast<__half*>(p1);
@@ -63,7 +63,7 @@ fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float
     conv1_wgmma(stage, x, img0, imgs, bad, nullptr, [&](int img, int py, int px, int ch, float2 o) {
         *reinterpret_cast<__half2*>(p1h + (img * (C1 / 8) + ch / 8) * CHUNK_HALVES + (py * P1W + px) * 8 + ch % 8) =
             __floats2half2_rn(o.x, o.y);
-    });
+    }, nullptr, scaling, scale);
     __syncthreads();  // p1 complete; the staged images and w1 are dead from here on
 
     // qb = the 2x2 means of p1 (float16 values, sums and quarter rounded up, then float16 rounded up):

@@ -34,16 +34,16 @@ __constant__ float c_w1[W1F_FLOATS];
 // store(img, py, px, ch, o) keeps the pooled outputs o of channels ch, ch + 1 at (py, px) of image img
 // (p1's layout is the kernel's). Where amax is not null, amax[i] ends as the largest pooled output of
 // image i, inf where one is NaN (as float bits: they are not negative), max'ed in by one atomic per
-// warp and image. idx: as stage_images takes it.
+// warp and image. idx, scaling, scale: as stage_images takes them.
 template <class Store>
 __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restrict__ x, int img0, int imgs,
                                             int* __restrict__ bad, unsigned* amax, Store store,
-                                            const int* __restrict__ idx = nullptr) {
+                                            const int* __restrict__ idx, int scaling, float scale) {
     const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
     const int wg = warp / 4, w = warp % 4;
     float top[IMGS] = {};
     // Phase 0: this block's images (zeros past the end of the batch), checked, then conv1's weights.
-    stage_images(stage, x, img0, imgs, bad, idx);
+    stage_images(stage, x, img0, imgs, bad, idx, scaling, scale);
     for (int i = t; i < W1F_FLOATS; i += FUSED_THREADS) stage[X_PAD + i] = c_w1[i];
     asm volatile("fence.proxy.async.shared::cta;");  // w1 written here, read by the tensor cores
     __syncthreads();

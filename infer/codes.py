@@ -24,6 +24,14 @@ SCALINGS = {MUL: 0, DIV: 1, ONE: 2}  # read_pool.c's and convert_kernel2's numbe
 NAMES = {MUL: "8-bit codes (x * float32(1/255))", DIV: "8-bit codes (x / 255)", ONE: "8-bit codes (x unscaled)"}
 
 
+def staged_scaling(wire):
+    """The scaling number under which a kernel staging images of byte wire type `wire` itself turns
+    them into float32 (cuda/common.cuh's code_value): a codes wire's SCALINGS, uint8's ONE (its
+    astype); None for any other wire."""
+    wire = np.dtype(wire)
+    return SCALINGS[wire] if wire in SCALINGS else SCALINGS[ONE] if wire == np.uint8 else None
+
+
 class NotCodes(Exception):
     """A float32 value read as an 8-bit code is not one: the run reads float32 instead."""
 

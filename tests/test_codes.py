@@ -34,6 +34,19 @@ def test_the_scalings_are_numpys_and_mul_and_div_differ_on_126_codes():
     assert np.array_equal(K.astype(np.float32), codes.unpack(K, codes.ONE))
 
 
+def test_which_wires_the_fused_kernels_stage_themselves():
+    """codes and uint8 images reach fused_kernel3-5 as uploaded, each in its scaling (uint8: its astype,
+    ONE); any other wire is converted first, and the pipelines without that staging convert every one."""
+    from infer.gpu.pipelines import ALGORITHMS
+
+    assert [codes.staged_scaling(w) for w in codes.WIRES] == [0, 1, 2] == [codes.SCALINGS[w] for w in codes.WIRES]
+    assert codes.staged_scaling(np.uint8) == codes.SCALINGS[codes.ONE]
+    for wire in (np.float32, np.int8, np.uint16, np.float16):
+        assert codes.staged_scaling(wire) is None
+    staging = {name for name, algo in ALGORITHMS.items() if algo.STAGES_CODES}
+    assert staging == {"fused-wgmma", "fused-certified"}
+
+
 @WIRES
 def test_every_code_packs_and_unpacks_to_the_same_bits(wire):
     k = codes.pack(values(wire), wire)

@@ -221,6 +221,56 @@ def test_fused_conv_kernel(gpu, rng, g, algo):
     assert d.get(bad, 1, np.int32)[0] == 5
 
 
+STAGED = [(g, v) for g in GEOMETRIES for v in (3, 4, 5) if launch.Fused.plan(g, v)[0] is not None]
+
+
+@pytest.mark.parametrize("g,version", STAGED, ids=[f"v{v}-{g.h}x{g.w}x{g.c}-k{g.k1}-{g.c1}-k{g.k2}-{g.c2}" for g, v in STAGED])
+def test_fused_kernels_staging_codes_give_the_bits_of_their_float32_images(gpu, rng, g, version):
+    """Images uploaded as 8-bit codes (every scaling; uint8's is ONE) are staged by fused_kernel3-5
+    themselves: every feature (and bound) the bits of the float32 images convert_kernel2 makes of them,
+    on a listed subset (version 3's recomputation) too; a float32 image and a byte of codes are not
+    confused (scaling -1 reads floats)."""
+    from infer import certify, codes
+    from infer.gpu.pipelines import FusedCertified, FusedWarpgroup
+
+    runs_here("fused-wgmma")
+    n = 9
+    k8 = rng.integers(0, 256, size=(n, g.h, g.w, g.c), dtype=np.uint8)
+    k8[2] = 255  # a whole image at the top code
+    w = Weights(rng, g)
+    d = Dev()
+    k = launch.Fused(build(gpu), g, f"fused_kernel{version}")
+    d.cuda.memcpy_htod(k.conv1_constant, FusedWarpgroup.conv1_weights(w.conv1))
+    if version == 3:
+        w2, extra = d.put(FusedWarpgroup.conv2_weights(w.conv2)), {}
+    else:
+        d.cuda.memcpy_htod(k.module.get_global("c_conv2_bound")[0], certify.conv2_constants(w.conv2))
+        w2 = d.put(FusedCertified.conv2_halves(w.conv2).view(np.float32))
+    listed, count = d.put([7, 2, 5], np.int32), d.put([3], np.int32)
+    for wire in codes.WIRES + (np.dtype(np.uint8),):
+        scaling = codes.staged_scaling(wire)
+        out = {}
+        for name, x, sc in (("floats", codes.unpack(k8, wire if wire != np.uint8 else codes.ONE), -1), ("codes", k8, scaling)):
+            xs = d.put(x, x.dtype)
+            feat = d.empty((n, g.flat))
+            got = []
+            if version == 3:
+                some = d.empty((n, g.flat))
+                k(None, xs, w2, feat, n, scaling=sc)
+                k(None, xs, w2, some, n, count=count, idx=listed, scaling=sc)
+                got = [d.get(feat, (n, g.flat)), d.get(some, (n, g.flat))[:3]]
+            else:
+                dp = d.empty((n, g.flat))
+                k(None, xs, w2, feat, n, dp=dp, scaling=sc)
+                got = [d.get(feat, (n, g.flat)), d.get(dp, (n, g.flat))]
+            out[name] = got
+        assert np.isfinite(out["floats"][0]).all() and out["floats"][0].any()
+        for a, b in zip(out["floats"], out["codes"]):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+        if version == 3:
+            np.testing.assert_array_equal(out["codes"][1].view(np.uint32), out["codes"][0].view(np.uint32)[[7, 2, 5]])
+
+
 @pytest.mark.parametrize("g", [g for g in GEOMETRIES if launch.Fused.plan(g, 3)[0] is not None],
                          ids=lambda g: f"{g.h}x{g.w}x{g.c}-k{g.k1}-{g.c1}-k{g.k2}-{g.c2}")
 def test_fused_kernel3_two_images_a_block_gives_the_same_bits(gpu, rng, g):

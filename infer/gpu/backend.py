@@ -167,7 +167,7 @@ class CudaBackend(HostSide):
             self._host("weights upload", t)
         t = time.perf_counter()
         wire = np.dtype(wire)
-        if wire != np.float32 and wire not in ex.converters:
+        if wire != np.float32 and ex.pipeline.staging(wire) is None and wire not in ex.converters:
             ex.converters[wire] = launch.converter(self.build, wire)
         ex.keep_scores = scores
         # decoding: how the chunks travel where the GPU decodes them (chunk_decode.Plan), else ()

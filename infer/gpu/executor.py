@@ -16,7 +16,8 @@ class Run:
     """The buffers of one batch: images as uploaded (resident, or per-stream staging) in the wire
     type; resident images of a streamed batch are a ring of `slots` blocks of `block` images, a
     block of images [b * block, (b + 1) * block) in slot b mod slots (one slot of all images
-    otherwise), per-stream float32 images where the wire type is an integer, scratch, labels, scores
+    otherwise), per-stream float32 images where the wire type is an integer the pipeline's kernels do
+    not read as uploaded (Algorithm.staging), scratch, labels, scores
     (40 bytes an image for 10 classes: always there, copied back only when asked for),
     and per chunk two flags: its first image with non-finite scores, its first image holding a
     non-finite value (INT_MAX if none)."""
@@ -84,7 +85,8 @@ class Executor:
             return Run(key=key, chunk=chunk, block=block, slots=slots, elems=elems, wire=wire,
                        x_dev=alloc(block * slots * elems * wire.itemsize) if resident else None,
                        staging=[None if resident else alloc(chunk * elems * wire.itemsize) for _ in self.streams],
-                       floats=[alloc(4 * chunk * elems) if wire != np.float32 else None for _ in self.streams],
+                       floats=[alloc(4 * chunk * elems) if wire != np.float32 and self.pipeline.staging(wire) is None
+                               else None for _ in self.streams],
                        scratch=[alloc(4 * self.pipeline.scratch_floats(chunk)) for _ in self.streams],
                        labels_dev=alloc(4 * n), labels=host(n, np.int32),
                        scores_dev=alloc(4 * n * classes), scores=host((n, classes), np.float32),
@@ -206,15 +208,17 @@ class Executor:
         stream = self.streams[s]
         src = run.images(i, start, len(self.streams))
         chunk_index = start // run.chunk
-        bad = 0  # integer images convert to finite floats: nothing to check
-        if run.floats[s] is None:
+        bad, staged = 0, {}  # integer images convert to finite floats: nothing to check
+        if run.wire == np.float32:
             images, bad = src, int(run.flags_dev) + 4 * (run.chunks + chunk_index)
+        elif run.floats[s] is None:  # read as uploaded by the kernels themselves
+            images, staged = src, {"scaling": self.pipeline.staging(run.wire)}
         else:
             images = int(run.floats[s])
             self.converters[run.wire](stream, src, images, count * run.elems)
         enqueue = self.pipeline.enqueue if self.certifies() else self.pipeline.enqueue_exact
         enqueue(stream, images, count, int(run.labels_dev) + 4 * start, int(run.scratch[s]),
-                int(run.flags_dev) + 4 * chunk_index, self._scores(start), bad)
+                int(run.flags_dev) + 4 * chunk_index, self._scores(start), bad, **staged)
 
     def certifies(self):
         """Whether the run takes the pipeline's certified low-precision pass (pipeline.certifies)."""

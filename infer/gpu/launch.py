@@ -529,7 +529,7 @@ class Fused(Launcher):
     feature (fused4.cu, fused5.cu: docs/certified.md). The host owns the shared-memory layout (plan)
     and passes it as -D options; the kernels static_assert what they rely on."""
     arg_types = "PPPiP"  # version 3 adds a count and an image list, versions 4 and 5 a bound output (ARG_TYPES)
-    ARG_TYPES = {3: "PPPiPPP", 4: "PPPPiP", 5: "PPPPiP"}
+    ARG_TYPES = {3: "PPPiPPPif", 4: "PPPPiPif", 5: "PPPPiPif"}
     THREADS = 256
     SMEM_LIMIT = 227 * 1024
     ARCH = {3: "sm_90a", 4: "sm_90a", 5: "sm_90a"}  # versions compiled for a target other than the GPU's own
@@ -635,16 +635,20 @@ class Fused(Launcher):
         self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
         self.conv1_constant = self.module.get_global("c_w1")[0]
 
-    def __call__(self, stream, x, w2, feat, n, bad=0, count=0, dp=0, idx=0):
+    def __call__(self, stream, x, w2, feat, n, bad=0, count=0, dp=0, idx=0, scaling=-1):
         """bad: where not 0, the images are checked: *bad = min(*bad, first image with a non-finite value).
         count (version 3): a device int, the images to run of the n (0: all); idx (version 3): a device
         list, image i being x's image idx[i] (0: x's images in order); dp (versions 4, 5): where the
-        features' bounds go."""
-        bounds = self.version in (4, 5)
-        if ((count or idx) and self.version != 3) or (dp != 0) != bounds:
+        features' bounds go; scaling (versions 3-5): -1 for float32 images, else x holds 8-bit codes
+        of that scaling (codes.SCALINGS), staged as convert_kernel2's floats."""
+        bounds, codes_in = self.version in (4, 5), self.version >= 3
+        if ((count or idx) and self.version != 3) or (dp != 0) != bounds or (scaling != -1 and not codes_in):
             raise ValueError(f"{self.kernel} takes {'a bound output' if bounds else 'no bound output'}"
-                             f"{', and a count and an image list' if self.version == 3 else ''}")
+                             f"{', and a count and an image list' if self.version == 3 else ''}"
+                             f"{'' if codes_in else ', float32 images only'}")
         args = (x, w2, feat, dp, n, bad) if bounds else (x, w2, feat, n, bad) + ((count, idx) if self.version == 3 else ())
+        if codes_in:
+            args += (np.int32(scaling), codes.SCALE)
         self.launch(stream, (ceil_div(n, self.imgs), 1), (self.THREADS, 1, 1), *args, shared=self.shared)
 
 

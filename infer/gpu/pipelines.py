@@ -9,7 +9,7 @@ check the images as they stage them, the other pipelines run check_kernel2 first
 """
 import numpy as np
 
-from .. import certify
+from .. import certify, codes
 from . import launch
 from .operands import tf32, wgmma_column_blocks, wgmma_halves, wgmma_operand
 
@@ -53,6 +53,13 @@ class Algorithm:
     def enqueue_exact(self, *args, **kwargs):
         """enqueue on the exact path alone: what every pipeline but fused-certified does anyway."""
         return self.enqueue(*args, **kwargs)
+
+    STAGES_CODES = False  # its conv kernel stages 8-bit codes itself (enqueue's scaling)
+
+    def staging(self, wire):
+        """The scaling enqueue passes its kernels for images uploaded in byte wire type `wire`, read as
+        uploaded (no conversion kernel, no float32 copy); None where they must be converted first."""
+        return codes.staged_scaling(wire) if self.STAGES_CODES else None
 
 
 def classify(stream, pipeline, s, n, labels, overflow, scores):
@@ -276,9 +283,9 @@ class Fused(Algorithm):
     def scratch_floats(self, chunk):
         return Scratch.floats(self._layout(chunk))
 
-    def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0):
+    def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0, scaling=-1):
         s = Scratch(scratch_base, self._layout(n)).ptr
-        self.convs(stream, x, self.w2, s["feat"], n, bad)
+        self.convs(stream, x, self.w2, s["feat"], n, bad, scaling=scaling)
         self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, overflow, scores, s["partial"])
 
 
@@ -318,6 +325,7 @@ class FusedWarpgroup(Hopper, FusedTensorCores):
     from shared memory; sm_90 only."""
     NAME = "fused-wgmma"
     KERNEL = "fused_kernel3"
+    STAGES_CODES = True
 
     @staticmethod
     def conv1_weights(conv1):
@@ -446,17 +454,17 @@ class FusedCertified(FusedWarpgroup):
                 ("fb_labels", chunk), ("fb_scores", chunk * g.classes),
                 ("partial", self.fcs.partial_floats(chunk))] + launch.Certify.pair_floats(g, chunk)
 
-    def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0):
+    def enqueue(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0, scaling=-1):
         import pycuda.driver as cuda
 
         s, c = Scratch(scratch_base, self._layout(n)).ptr, self.cert
-        self.convs(stream, x, self.w2h, s["feat"], n, bad, dp=s["dp"])
+        self.convs(stream, x, self.w2h, s["feat"], n, bad, dp=s["dp"], scaling=scaling)
         # The float16 pass's scores may overflow where the exact path's do not: its own flag, unread.
         self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, s["cert_overflow"], s["scores"], s["partial"], z=s["z"])
         c(stream, s["feat"], s["dp"], s["z"], s["scores"], labels, self.w1abs, self.w1h, self.fc2, s["ok"], n,
           pairs=(s["pairs"], s["columns"], s["npairs"]))
         c.compact_list(stream, s["ok"], n, s["idx"], s["count"], s["fb_overflow"], self.recomputed_dev)
-        self.recompute(stream, x, self.w2, s["feat"], n, 0, count=s["count"], idx=s["idx"])
+        self.recompute(stream, x, self.w2, s["feat"], n, 0, count=s["count"], idx=s["idx"], scaling=scaling)
         self.fcs(stream, s["feat"], self.fc1, self.fc2, s["fb_labels"], n, s["fb_overflow"], s["fb_scores"] if scores else 0,
                  s["partial"], count=s["count"])
         if scores:
@@ -464,10 +472,10 @@ class FusedCertified(FusedWarpgroup):
         c.scatter_labels(stream, n, s["idx"], s["count"], s["fb_labels"], labels, s["fb_scores"] if scores else 0, scores,
                          s["fb_overflow"], overflow)
 
-    def enqueue_exact(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0):
+    def enqueue_exact(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0, scaling=-1):
         """fused-wgmma's two kernels (fused_kernel3, its fc kernel): for a run not certified."""
         s = Scratch(scratch_base, self._layout(n)).ptr
-        self.exact(stream, x, self.w2, s["feat"], n, bad)
+        self.exact(stream, x, self.w2, s["feat"], n, bad, scaling=scaling)
         self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, overflow, scores, s["partial"])
 
 
