@@ -30,9 +30,8 @@ static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused: shared memor
 // where bad is not null; where idx is not null, image j of the block is x's image idx[img0 + j] (the
 // certified path's recomputed share, read where it lies); where scaling is not -1, x holds 8-bit codes
 // (a byte a value), staged as code_value(k, scaling, scale): convert_kernel2's floats. Each thread's
-// loads go out STAGE_LOADS at a
-// time before any is used: one at a time, a block waited on ~13 trips to memory in turn (ncu:
-// fused_kernel3's staging 11.6% of its stall samples, long scoreboard).
+// loads go out STAGE_LOADS at a time before any is used: one at a time, a block waited on ~13 trips
+// to memory in turn (ncu: fused_kernel3's staging 11.6% of its stall samples, long scoreboard).
 constexpr int STAGE_LOADS = 8;
 template <int LOADS = STAGE_LOADS>
 __device__ __forceinline__ void stage_images(float* stage, const float* __restrict__ x, int img0, int imgs,
