@@ -116,3 +116,38 @@ def test_bench_stream_reads_codes_as_the_run_reads(ece408):
     r = invoke("bench", "--stream", ece408 / "testfull.hdf5", ece408 / "model.hdf5")
     assert r.exit_code == 0, r.output
     assert "(pread, as 8-bit codes," in r.output, r.output
+
+
+@pytest.mark.parametrize("algo,staged", [("fused-wgmma", True), ("fused-certified", True), ("implicit-wgmma", False)])
+def test_the_fused_kernels_read_codes_as_uploaded(ece408, algo, staged):
+    """fused-wgmma and fused-certified take testfull's codes (and uint8 images) with no conversion kernel
+    and no float32 copy on the GPU, with the labels of float32 travel (certified: every run certified);
+    the other pipelines convert first."""
+    from infer.gpu.backend import CudaBackend
+    from infer.gpu.pipelines import ALGORITHMS
+    from infer.loader import load_model
+    from infer.network import geometry
+
+    model = load_model(ece408 / "model.hdf5")
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x = f["x"][:3000]
+    if ALGORITHMS[algo].available(geometry(model, x.shape), "sm_90"):
+        pytest.skip(f"{algo} does not run here")
+    u8 = np.rint(x * 255).astype(np.uint8)
+    labels = []
+    for wire, images in ((np.dtype(np.float32), x), (codes.MUL, codes.pack(x, codes.MUL)),
+                         (np.dtype(np.float32), u8.astype(np.float32)), (np.dtype(np.uint8), u8)):
+        b = CudaBackend(conv_algo=algo)
+        try:
+            if b.build.arch != "sm_90":
+                pytest.skip("the fused wgmma kernels need Hopper")
+            buf = b.host_buffers(x.shape, wire)[0]
+            buf.view(images.dtype)[...] = images
+            b.prepare(model, x.shape, wire=wire)
+            if wire != np.float32:
+                ex = b.executor
+                assert all(f is None for f in ex.run.floats) == staged and (wire in ex.converters) != staged
+            labels.append(b.forward(buf)[0].copy())
+        finally:
+            b.close()
+    assert np.array_equal(labels[0], labels[1]) and np.array_equal(labels[2], labels[3])
