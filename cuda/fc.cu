@@ -10,7 +10,8 @@
 //   images would each stream all of fc1: fc_kernel2, grid (ceil(n / FC_IMGS), splits), sums features
 //   [split * per_split, + per_split) into partial (splits, n, HIDDEN); fc_kernel3, grid
 //   ceil(n / FC3_IMGS), adds the splits in order (deterministic), then ReLU -> fc2 -> argmax as above
-//   (4 images a block: with 16, 1,000 images were 63 blocks and 66 us for 28,224 x 256, 9 splits).
+//   (4 images a block: with 16, 1,000 images were 63 blocks and 66 us for 28,224 x 256, 9 splits);
+//   fc1's sums before ReLU into z_out and only the first *count images, as fc_kernel5 and 6, where given.
 // fc_kernel4: the whole classifier, register-tiled: block HIDDEN threads x FC4_IMGS images (32, or 16
 //   where shared memory is short), thread (q, p) = (t % (HIDDEN/4), t / (HIDDEN/4)) sums hidden units
 //   4q..4q+3 of images p*FC4_IMGS/4..: per 4 features 4 float4s of fc1 and FC4_IMGS/4 float4s of
@@ -97,18 +98,27 @@ fc_kernel2(const float* __restrict__ feat, const float* __restrict__ fc1, float*
 
 extern "C" __global__ void __launch_bounds__(HIDDEN)
 fc_kernel3(const float* __restrict__ partial, const float* __restrict__ fc2, int* __restrict__ labels, int n,
-           int* __restrict__ overflow, float* __restrict__ scores_out, int splits) {
+           int* __restrict__ overflow, float* __restrict__ scores_out, int splits, float* __restrict__ z_out,
+           const int* __restrict__ count) {
     __shared__ float xh[FC3_IMGS * HID_STRIDE];
     __shared__ float scores[FC3_IMGS * CLASSES];
+    const int live = count != nullptr ? min(n, *count) : n;  // the recomputed share: a count the GPU set
     const int img0 = blockIdx.x * FC3_IMGS;
-    const int imgs = min(FC3_IMGS, n - img0);
-    float acc[FC3_IMGS] = {};
+    if (img0 >= live) return;
+    const int imgs = min(FC3_IMGS, live - img0);
+    float acc[FC3_IMGS];
     for (int s = 0; s < splits; ++s)  // each image's splits added in order; the images' loads in flight together
 #pragma unroll
         for (int i = 0; i < FC3_IMGS; ++i)
-            if (i < imgs) acc[i] += partial[((size_t)s * n + img0 + i) * HIDDEN + threadIdx.x];
+            if (i < imgs) {
+                const float v = partial[((size_t)s * n + img0 + i) * HIDDEN + threadIdx.x];
+                acc[i] = s == 0 ? v : acc[i] + v;  // the first split as it is: fc_kernel6's bits, -0 included
+            }
 #pragma unroll
-    for (int i = 0; i < FC3_IMGS; ++i) xh[i * HID_STRIDE + threadIdx.x] = relu(acc[i]);
+    for (int i = 0; i < FC3_IMGS; ++i) {
+        if (z_out != nullptr && i < imgs) z_out[(size_t)(img0 + i) * HIDDEN + threadIdx.x] = acc[i];
+        xh[i * HID_STRIDE + threadIdx.x] = relu(i < imgs ? acc[i] : 0.0f);
+    }
     __syncthreads();
     fc2_argmax<FC3_IMGS>(fc2, labels, img0, imgs, overflow, scores_out, xh, scores);
 }

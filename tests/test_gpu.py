@@ -371,7 +371,9 @@ def test_fused_fc_kernel(gpu, rng, g, kernel, n):
     labels, overflow = d.empty(n + 1, np.int32, -1), d.put([2**31 - 1], np.int32)
     scores = d.empty((n + 1, g.classes))
     fc = FullyConnected(build(gpu), g, tensor_cores, wgmma)
-    assert (fc.splits(n) > 1) == (g is LARGE_FC) and fc.tensor_cores == tensor_cores and bool(fc.warpgroup) == wgmma
+    # fc_kernel6 splits at its FP32 adds (the unsplit kernel's bits: test_fc_splits_keep_the_bits)
+    assert (fc.splits(n) > 1) == (g is LARGE_FC or wgmma and g.flat > FullyConnectedWarpgroup.CHUNK)
+    assert fc.tensor_cores == tensor_cores and bool(fc.warpgroup) == wgmma
     partial = d.empty(max(1, fc.partial_floats(n)))
     fc1 = d.put(fc.fc1_operand(w.fc1))
     fc(None, d.put(feat), fc1, d.put(w.fc2), labels, n, overflow, scores, partial)
@@ -382,7 +384,7 @@ def test_fused_fc_kernel(gpu, rng, g, kernel, n):
     np.testing.assert_allclose(got[:n], expected, rtol=1e-4, atol=1e-5 * np.abs(expected).max())
     assert (out[:n] == reference.argmax(expected)).mean() >= 0.97 and np.isnan(got[n]).all()
     assert out[n] == -1 and d.get(overflow, 1, np.int32)[0] == 2**31 - 1  # all finite: untouched
-    if not tensor_cores or fc.splits(n) > 1:
+    if not tensor_cores:
         return
     live = n - 17  # a device-set count: the images past it are not touched
     labels, z = d.empty(n, np.int32, -1), d.empty((n, g.hidden))
@@ -392,6 +394,38 @@ def test_fused_fc_kernel(gpu, rng, g, kernel, n):
     zs = d.get(z, (n, g.hidden))
     np.testing.assert_allclose(zs[:live], hidden[:live], rtol=1e-4, atol=1e-5 * np.abs(hidden).max())
     assert np.isnan(zs[live:]).all()
+
+
+@pytest.mark.parametrize("g", GEOMETRIES[:1] + [HIDDEN64_FC, WIDE_FC], ids=["mnist", "hidden64", "wide"])
+def test_fc_splits_keep_the_bits(gpu, rng, g, monkeypatch):
+    """fc_kernel6 split at its FP32 adds, then fc_kernel3: the scores, labels and fc1's sums are the
+    unsplit kernel's bits, with and without a device-set count."""
+    from infer.gpu.launch import FullyConnected
+
+    needs_arch(gpu, 90)
+    n, live = 131, 117
+    feat, w = rand(rng, n, g.flat), Weights(rng, g)
+    feat[5, : g.flat // 2] = 0  # sums of exact zeros: -0 and +0 alike
+    d = Dev()
+    fc = FullyConnected(build(gpu), g, True, True)
+    assert fc.splits(n) == -(-g.flat // 256) > 1
+    fc1, fc2, x = d.put(fc.fc1_operand(w.fc1)), d.put(w.fc2), d.put(feat)
+    partial = d.empty(fc.partial_floats(n))
+    runs = []
+    for split in (True, False):
+        if not split:
+            monkeypatch.setattr(FullyConnected, "splits", lambda self, n: 1)
+        for count in (None, live):
+            labels, z, scores = d.empty(n, np.int32, -1), d.empty((n, g.hidden)), d.empty((n, g.classes))
+            overflow = d.put([2**31 - 1], np.int32)
+            fc(None, x, fc1, fc2, labels, n, overflow, scores, partial, z=z,
+               count=0 if count is None else d.put([count], np.int32))
+            runs.append([d.get(labels, n, np.int32), d.get(scores, (n, g.classes)).view(np.int32),
+                         d.get(z, (n, g.hidden)).view(np.int32)])
+    for got, want in zip(runs[:2], runs[2:]):
+        for a, b in zip(got, want):
+            assert (a == b).all()
+    assert (runs[1][0][live:] == -1).all() and (runs[1][0][:live] == runs[0][0][:live]).all()
 
 
 # whole networks: ECE408, the issue's geometries, odd ones (hidden not a multiple of 4: the fc GEMMs)

@@ -660,6 +660,7 @@ class FullyConnectedWarpgroup(Launcher):
     features into partial sums where FullyConnected asks (its fc_kernel3 adds them)."""
     source, kernel, arg_types = "fc6", "fc_kernel6", "PPPPiPPPPPi"
     IMGS, THREADS, TK, STAGES, HIDDEN = 64, 256, 16, 4, (64, 128, 256)
+    CHUNK = 16 * TK  # features summed in the tensor cores before each FP32 add (fc6.cu's CHUNK6 k-tiles)
 
     @classmethod
     def fits(cls, g, arch):
@@ -757,7 +758,7 @@ class FullyConnected(Launcher):
             raise ValueError(why)
         self.warpgroup = FullyConnectedWarpgroup(build, g) if why is None and wgmma is not False else None
         self.add_splits = self.module.get_function("fc_kernel3")
-        self.add_splits.prepare("PPPiPPi")
+        self.add_splits.prepare("PPPiPPiPP")
         if self.tensor_cores:
             self.tc, self.tc_bytes, self.tc_threads = self.module.get_function("fc_kernel5"), self.tc_shared(g), 32 * ceil_div(g.hidden, 32)
             self.tc.prepare("PPPPiPPPiPP")
@@ -773,29 +774,42 @@ class FullyConnected(Launcher):
         return FullyConnectedWarpgroup.weights(fc1) if self.warpgroup else np.ascontiguousarray(fc1, np.float32)
 
     def splits(self, n):
-        """Feature splits for n images: enough blocks to fill the GPU, each at least 4 tiles long."""
+        """Feature splits for n images: enough blocks to fill the GPU, each at least 4 tiles long; on
+        fc_kernel6 below SPLIT_FEATURES, one split per CHUNK of features it sums in the tensor cores
+        before adding in FP32, so the bits are the unsplit kernel's and a block's k-loop is a quarter
+        as long on ECE408's 1,024 features (the last chunk of a run classified sooner)."""
         if self.flat < self.SPLIT_FEATURES:
-            return 1
+            return ceil_div(self.flat, FullyConnectedWarpgroup.CHUNK) if self.warpgroup else 1
         return max(1, min(self.flat // (4 * self.tile), ceil_div(self.TARGET_BLOCKS, ceil_div(n, self.block_imgs))))
 
+    def per_split(self, splits):
+        """The features each of `splits` splits sums (the last may sum fewer)."""
+        if self.warpgroup and self.flat < self.SPLIT_FEATURES:
+            return FullyConnectedWarpgroup.CHUNK
+        return ceil_div(ceil_div(self.flat, splits), self.tile) * self.tile
+
     def partial_floats(self, chunk):
-        """Scratch for the splits' partial sums of up to `chunk` images (splits * n <= imgs * TARGET + n)."""
-        return 0 if self.flat < self.SPLIT_FEATURES else (self.block_imgs * self.TARGET_BLOCKS + chunk) * self.hidden
+        """Scratch for the splits' partial sums of up to `chunk` images (large features: splits * n <=
+        imgs * TARGET + n)."""
+        if self.flat < self.SPLIT_FEATURES:
+            splits = self.splits(chunk)
+            return 0 if splits == 1 else splits * chunk * self.hidden
+        return (self.block_imgs * self.TARGET_BLOCKS + chunk) * self.hidden
 
     def __call__(self, stream, feat, fc1, fc2, labels, n, overflow, scores=0, partial=0, z=0, count=0):
         """scores: a device pointer for the (n, classes) scores, or 0 for none; partial: scratch of
         partial_floats(n) floats; z: where fc1's sums before ReLU go (n, hidden), or 0; count: a
-        device int, the images to classify of the n (0: all n). z and count need fc_kernel6 or fc_kernel5,
-        unsplit."""
+        device int, the images to classify of the n (0: all n). z and count need fc_kernel6 or fc_kernel5."""
         splits = self.splits(n)
         if self.warpgroup and splits == 1:
             return self.warpgroup(stream, feat, fc1, fc2, labels, n, overflow, scores, z, count)
-        if (z or count) and (not self.tensor_cores or splits > 1):
-            raise ValueError("fc1's sums and a device-set count need fc_kernel5 or fc_kernel6 with one split")
-        per_split = ceil_div(ceil_div(self.flat, splits), self.tile) * self.tile
+        if (z or count) and not self.tensor_cores:
+            raise ValueError("fc1's sums and a device-set count need fc_kernel5 or fc_kernel6")
+        per_split = self.per_split(splits)
         splits = ceil_div(self.flat, per_split)
         if self.warpgroup:
-            self.warpgroup(stream, feat, fc1, fc2, labels, n, overflow, partial=partial, per_split=per_split, splits=splits)
+            self.warpgroup(stream, feat, fc1, fc2, labels, n, overflow, count=count, partial=partial,
+                           per_split=per_split, splits=splits)
         elif self.tensor_cores:
             self.launch(stream, (ceil_div(n, self.TC_IMGS), splits), (self.tc_threads, 1, 1), feat, fc1, fc2, labels, n,
                         overflow, scores, partial, per_split, z, count, shared=self.tc_bytes, function=self.tc, name="fc_kernel5")
@@ -807,7 +821,7 @@ class FullyConnected(Launcher):
                         function=self.split_sum, name="fc_kernel2")
         if splits > 1:
             self.launch(stream, (ceil_div(n, self.SUM_IMGS), 1), (self.hidden, 1, 1), partial, fc2, labels, n, overflow,
-                        scores, splits, function=self.add_splits, name="fc_kernel3")
+                        scores, splits, z, count, function=self.add_splits, name="fc_kernel3")
 
 
 class Certify(Launcher):
