@@ -775,11 +775,13 @@ class FullyConnected(Launcher):
 
     def splits(self, n):
         """Feature splits for n images: enough blocks to fill the GPU, each at least 4 tiles long; on
-        fc_kernel6 below SPLIT_FEATURES, one split per CHUNK of features it sums in the tensor cores
-        before adding in FP32, so the bits are the unsplit kernel's and a block's k-loop is a quarter
-        as long on ECE408's 1,024 features (the last chunk of a run classified sooner)."""
+        fc_kernel6 below SPLIT_FEATURES, where its blocks of n images would not fill the GPU, one split
+        per CHUNK of features it sums in the tensor cores before adding in FP32: the unsplit kernel's
+        bits, a block's k-loop a quarter as long on ECE408's 1,024 features (a run's last chunks
+        classified sooner; a streamed launch of 32,768 images ran 2% slower split)."""
         if self.flat < self.SPLIT_FEATURES:
-            return ceil_div(self.flat, FullyConnectedWarpgroup.CHUNK) if self.warpgroup else 1
+            few = self.warpgroup and ceil_div(n, FullyConnectedWarpgroup.IMGS) < self.TARGET_BLOCKS
+            return ceil_div(self.flat, FullyConnectedWarpgroup.CHUNK) if few else 1
         return max(1, min(self.flat // (4 * self.tile), ceil_div(self.TARGET_BLOCKS, ceil_div(n, self.block_imgs))))
 
     def per_split(self, splits):
@@ -792,8 +794,8 @@ class FullyConnected(Launcher):
         """Scratch for the splits' partial sums of up to `chunk` images (large features: splits * n <=
         imgs * TARGET + n)."""
         if self.flat < self.SPLIT_FEATURES:
-            splits = self.splits(chunk)
-            return 0 if splits == 1 else splits * chunk * self.hidden
+            most = min(chunk, FullyConnectedWarpgroup.IMGS * (self.TARGET_BLOCKS - 1))  # the most images split
+            return self.splits(most) * most * self.hidden if self.splits(most) > 1 else 0
         return (self.block_imgs * self.TARGET_BLOCKS + chunk) * self.hidden
 
     def __call__(self, stream, feat, fc1, fc2, labels, n, overflow, scores=0, partial=0, z=0, count=0):
