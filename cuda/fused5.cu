@@ -35,8 +35,8 @@ constexpr int S_ROW = C2 + 4;  // the window sums S exchanged between the warpgr
 static_assert(IMGS * WINDOWS * S_ROW <= Q_FLOATS, "fused v5: S fits where qb was");
 static_assert(X_PAD + W1F_FLOATS <= Q_FLOATS, "fused v5: slab 0 lands past the images and w1 during conv1");
 static_assert(SLAB16 % (4 * FUSED_THREADS) == 0 && Q_FLOATS % 4 == 0, "fused v5: slabs are 16-byte copies, 16-byte aligned");
-static_assert(STAGE_FLOATS >= Q_FLOATS + 2 * SLAB16 + 4 && STAGE_FLOATS >= X_PAD + W1F_FLOATS + 4,
-              "fused v5: the stage area holds the images and w1, or qb and two slabs, then the images' qb maxima");
+static_assert(STAGE_FLOATS >= Q_FLOATS + 3 * SLAB16 + 4 && STAGE_FLOATS >= X_PAD + W1F_FLOATS + 4,
+              "fused v5: the stage area holds the images and w1, or qb and three slabs, then the images' qb maxima");
 
 enum { A1, BETA_N, G3Q, CHAN };
 __constant__ float c_conv2_bound[CHAN + C2];
@@ -100,32 +100,46 @@ fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float
     // of image w; this warpgroup's 32 of the 64 channels.
     float acc[2][32], sacc[16];
     const int qrow[2] = {(w * (P1H - 1) + 2 * (g / 4)) * QX + 2 * (g % 4), (w * (P1H - 1) + 2 * (g / 4 + 2)) * QX + 2 * (g % 4)};
-    for (int s = 0; s < K2 * K2; ++s) {
+    // Slab s in buffer s % 3, fetched during slab s - 1; one group of MMAs left in flight, so slab s's
+    // run while slab s + 1 is waited for and its A fragments loaded. The bound's A fragments are read
+    // from registers until a wait covers them: two sets in turn, the previous kept live (an empty asm
+    // reading it) until the wait after this slab's MMAs (certify_kernel3's scheme).
+    unsigned av[2][C1 / 16][4] = {};
+    auto step = [&](int s, unsigned (&a)[C1 / 16][4], const unsigned (&done)[C1 / 16][4]) {
         const int kh = s / K2, kw = s % K2;
         asm volatile("cp.async.wait_group 0;");
         asm volatile("fence.proxy.async.shared::cta;");
-        __syncthreads();  // slab s landed, qb written (s = 0); every MMA on the other buffer completed
-        if (s + 1 < K2 * K2) fetch_slab<SLAB16>(slabs + ((s + 1) % 2) * (SLAB16 / 4), w2h, s + 1);
-        const float* slab = stage + Q_FLOATS + (s % 2) * SLAB16;
-        unsigned av[C1 / 16][4];
+        __syncthreads();  // slab s landed, qb written (s = 0); slab s - 2's MMAs (the buffer refilled now) done
+        if (s + 1 < K2 * K2) fetch_slab<SLAB16>(slabs + ((s + 1) % 3) * (SLAB16 / 4), w2h, s + 1);
+        const float* slab = stage + Q_FLOATS + (s % 3) * SLAB16;
 #pragma unroll
         for (int ks = 0; ks < C1 / 16; ++ks)
 #pragma unroll
-            for (int r = 0; r < 4; ++r) av[ks][r] = qb[(qrow[r % 2] + kh * QX + kw) * QW + 8 * ks + tig + 4 * (r / 2)];
+            for (int r = 0; r < 4; ++r) a[ks][r] = qb[(qrow[r % 2] + kh * QX + kw) * QW + 8 * ks + tig + 4 * (r / 2)];
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int i = 0; i < 2; ++i)
 #pragma unroll
             for (int ks = 0; ks < C1 / 16; ++ks) {
-                const float* a = p1 + (2 * wg + i) * ISTR + 2 * ks * CHUNK_WORDS + (kh * P1W + kw) * 4;
-                wgmma16_ss(acc[i], wgmma_desc(a, 4 * CHUNK_WORDS, P1W * 16), wgmma_desc(slab + ks * (SLAB16 / (C1 / 16))), s != 0 || ks != 0);
+                const float* ap = p1 + (2 * wg + i) * ISTR + 2 * ks * CHUNK_WORDS + (kh * P1W + kw) * 4;
+                wgmma16_ss(acc[i], wgmma_desc(ap, 4 * CHUNK_WORDS, P1W * 16), wgmma_desc(slab + ks * (SLAB16 / (C1 / 16))), s != 0 || ks != 0);
             }
 #pragma unroll
         for (int ks = 0; ks < C1 / 16; ++ks)
-            wgmma16(sacc, av[ks], wgmma_desc(slab + ks * (SLAB16 / (C1 / 16)) + (C2 / 8 + 4 * wg) * 64), s != 0 || ks != 0);
+            wgmma16(sacc, a[ks], wgmma_desc(slab + ks * (SLAB16 / (C1 / 16)) + (C2 / 8 + 4 * wg) * 64), s != 0 || ks != 0);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        wgmma_drain();
+        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // slab s - 1's MMAs are done
+#pragma unroll
+        for (int ks = 0; ks < C1 / 16; ++ks)
+            asm volatile("" :: "r"(done[ks][0]), "r"(done[ks][1]), "r"(done[ks][2]), "r"(done[ks][3]));
+    };
+    constexpr int FIRST = K2 * K2 % 2;  // an odd count's first slab on its own, the rest in pairs
+    if (FIRST) step(0, av[1], av[0]);
+    for (int s = FIRST; s < K2 * K2; s += 2) {
+        step(s, av[0], av[1]);
+        step(s + 1, av[1], av[0]);
     }
+    wgmma_drain();
 
     __syncthreads();  // qb is dead: the window sums S take its place
     float* S = stage;

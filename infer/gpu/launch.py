@@ -581,7 +581,7 @@ class Fused(Launcher):
             pstr, chunk = g.c1 // 2, p1h * p1w * 4  # chunks of 8 channels, 8 words mod 32 apart
             chunk += (8 - chunk) % 32
             layout = FusedLayout(4, pstr, p1w * pstr, g.c1 // 8 * chunk,
-                                 max(w1_at + (16 * steps + tail) * g.c1, 4 * (p1h - 1) * 12 * 18 + 2 * g.c1 * g.c2) + 4, w1_at)
+                                 max(w1_at + (16 * steps + tail) * g.c1, 4 * (p1h - 1) * 12 * 18 + 3 * g.c1 * g.c2) + 4, w1_at)
         else:
             if (p2h * p2w) % 16 or g.c1 != 32 or g.c2 != 64:
                 return None, "it needs pooled conv2 outputs in groups of 16, 32 conv1 channels and 64 conv2 channels"
