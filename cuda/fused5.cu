@@ -6,7 +6,9 @@
 //   0-1 as fused_kernel3, p1 stored as float16 (rounded to nearest) in core-matrix order (image,
 //   8-channel chunk, y, x, 8): 8 adjacent outputs of a conv2 row read 8 adjacent 16-byte rows, so the
 //   tensor cores read conv2's A straight from shared memory (descriptors, LBO = a chunk, SBO = a p1
-//   row); then qb, the 2x2 means of p1 rounded up (the bound's A: one row per pooled window). Phase 2,
+//   row); then qb, the 2x2 means of p1 rounded up (the bound's A: one row per pooled window; a thread
+//   a column of an image's 8-channel chunk, each row's pair sum made once for the windows above and
+//   below it). Phase 2,
 //   per (kh, kw) slab of w2h (fused4's, cp.async double-buffered): each warpgroup m64n64k16 on its 2
 //   images (rows y*8 + x of the output, B the slab's nearest columns) and m64n32k16 on all 4 images'
 //   16 windows (A qb in registers, B 32 of the slab's bound columns b_up): S = sum b_up qb, a bound on
@@ -66,33 +68,48 @@ fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float
     }, nullptr, scaling, scale);
     __syncthreads();  // p1 complete; the staged images and w1 are dead from here on
 
-    // qb = the 2x2 means of p1 (float16 values, sums and quarter rounded up, then float16 rounded up):
-    // window (py, px) of slab (kh, kw) reads qb at (2py + kh, 2px + kw).
-    for (int e = t; e < IMGS * (P1H - 1) * (P1W - 1) * (C1 / 8); e += FUSED_THREADS) {
-        const int chunk = e % (C1 / 8), pos = e / (C1 / 8), X = pos % (P1W - 1), Y = pos / (P1W - 1) % (P1H - 1);
-        const int img = pos / ((P1W - 1) * (P1H - 1));
-        const uint4* at = reinterpret_cast<const uint4*>(p1h + (img * (C1 / 8) + chunk) * CHUNK_HALVES + (Y * P1W + X) * 8);
-        const uint4 v[4] = {at[0], at[1], at[P1W], at[P1W + 1]};
-        unsigned out[4];
-        float top = 0.0f;
+    // qb = the 2x2 means of p1 (float16 values; sums and quarter rounded up, then float16 rounded up):
+    // window (py, px) of slab (kh, kw) reads qb at (2py + kh, 2px + kw). A thread walks one column X of
+    // an image's 8-channel chunk down the rows: each row's pair p[Y][X] + p[Y][X + 1] is summed once and
+    // serves the windows above and below it (a third of the instructions of four loads a window).
+    constexpr int QCOLS = IMGS * (C1 / 8) * (P1W - 1);
+    static_assert(QCOLS <= FUSED_THREADS, "fused v5: a thread a column of qb");
+    if (t < QCOLS) {
+        const int X = t % (P1W - 1), chunk = t / (P1W - 1) % (C1 / 8), img = t / ((P1W - 1) * (C1 / 8));
+        const uint4* at = reinterpret_cast<const uint4*>(p1h + (img * (C1 / 8) + chunk) * CHUNK_HALVES + X * 8);
+        float prev[8], top = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            float2 m = make_float2(0.0f, 0.0f);
+        for (int Y = 0; Y < P1H; ++Y) {
+            const uint4 a = at[Y * P1W], b = at[Y * P1W + 1];
+            float row[8];
 #pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const unsigned word = j == 0 ? v[k].x : j == 1 ? v[k].y : j == 2 ? v[k].z : v[k].w;
-                const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&word));
-                m = make_float2(__fadd_ru(m.x, f.x), __fadd_ru(m.y, f.y));
+            for (int j = 0; j < 4; ++j) {
+                const unsigned wa = j == 0 ? a.x : j == 1 ? a.y : j == 2 ? a.z : a.w;
+                const unsigned wb = j == 0 ? b.x : j == 1 ? b.y : j == 2 ? b.z : b.w;
+                const float2 fa = __half22float2(*reinterpret_cast<const __half2*>(&wa));
+                const float2 fb = __half22float2(*reinterpret_cast<const __half2*>(&wb));
+                row[2 * j] = __fadd_ru(fa.x, fb.x);
+                row[2 * j + 1] = __fadd_ru(fa.y, fb.y);
             }
-            const __half2 h = __halves2half2(__float2half_ru(__fmul_ru(m.x, 0.25f)), __float2half_ru(__fmul_ru(m.y, 0.25f)));
-            out[j] = *reinterpret_cast<const unsigned*>(&h);
-            const float2 f = __half22float2(h);
-            top = f.x != f.x || f.y != f.y ? INFINITY : fmaxf(top, fmaxf(f.x, f.y));  // NaN: no certificate
+            if (Y > 0) {
+                unsigned out[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float mx = __fmul_ru(__fadd_ru(prev[2 * j], row[2 * j]), 0.25f);
+                    const float my = __fmul_ru(__fadd_ru(prev[2 * j + 1], row[2 * j + 1]), 0.25f);
+                    const __half2 h = __halves2half2(__float2half_ru(mx), __float2half_ru(my));
+                    out[j] = *reinterpret_cast<const unsigned*>(&h);
+                    const float2 f = __half22float2(h);
+                    top = f.x != f.x || f.y != f.y ? INFINITY : fmaxf(top, fmaxf(f.x, f.y));  // NaN: no certificate
+                }
+                uint2* q = reinterpret_cast<uint2*>(qb + ((img * (P1H - 1) + Y - 1) * QX + X) * QW + 4 * chunk);
+                q[0] = make_uint2(out[0], out[1]);
+                q[1] = make_uint2(out[2], out[3]);
+            }
+#pragma unroll
+            for (int k = 0; k < 8; ++k) prev[k] = row[k];
         }
         atomicMax(qmax + img, __float_as_uint(top + 0.0f));  // -0 -> +0
-        uint2* q = reinterpret_cast<uint2*>(qb + ((img * (P1H - 1) + Y) * QX + X) * QW + 4 * chunk);
-        q[0] = make_uint2(out[0], out[1]);
-        q[1] = make_uint2(out[2], out[3]);
     }
 
     // Phase 2. Real tiles: rows 16w + g, + 8 are output (2w, g), (2w + 1, g): pool window (w, g / 2),
