@@ -8,8 +8,8 @@
 //   tensor cores read conv2's A straight from shared memory (descriptors, LBO = a chunk, SBO = a p1
 //   row); then qb, the 2x2 means of p1 rounded up (the bound's A: one row per pooled window; a thread
 //   a column of an image's 8-channel chunk, each row's pair sum made once for the windows above and
-//   below it). Phase 2,
-//   per (kh, kw) slab of w2h (fused4's, cp.async double-buffered): each warpgroup m64n64k16 on its 2
+//   below it). Phase 2, per (kh, kw) slab of w2h (fused4's; cp.async into three buffers, one group of
+//   MMAs left in flight, the bound's A in two register sets in turn): each warpgroup m64n64k16 on its 2
 //   images (rows y*8 + x of the output, B the slab's nearest columns) and m64n32k16 on all 4 images'
 //   16 windows (A qb in registers, B 32 of the slab's bound columns b_up): S = sum b_up qb, a bound on
 //   the window's mean of sum b_up fl16(a). The pool epilogue stores the features and dp = D + G3Q
