@@ -122,12 +122,8 @@ fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float
     // from registers until a wait covers them: two sets in turn, the previous kept live (an empty asm
     // reading it) until the wait after this slab's MMAs (certify_kernel3's scheme).
     unsigned av[2][C1 / 16][4] = {};
-    // The descriptors' low words made once (address and LBO; the high word, SBO, is a constant): an
-    // offset within shared memory adds its 16-byte units to the address field (no carry: the block's
-    // shared memory ends below 2^18 bytes).
-    const unsigned a0 = (unsigned)wgmma_desc(p1 + 2 * wg * ISTR, 4 * CHUNK_WORDS, P1W * 16);
-    const unsigned b0 = (unsigned)wgmma_desc(stage + Q_FLOATS);
-    auto desc = [](unsigned lo, unsigned sbo) { return (unsigned long long)(sbo >> 4) << 32 | lo; };
+    // The descriptors' low words made once (wgmma.cuh's desc_lo): a slab or tap adds its offset.
+    const unsigned a0 = desc_lo(p1 + 2 * wg * ISTR, 4 * CHUNK_WORDS), b0 = desc_lo(stage + Q_FLOATS);
     auto step = [&](int s, unsigned (&a)[C1 / 16][4], const unsigned (&done)[C1 / 16][4]) {
         const int kh = s / K2, kw = s % K2;
         asm volatile("cp.async.wait_group 0;");
@@ -145,10 +141,10 @@ fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float
 #pragma unroll
             for (int ks = 0; ks < C1 / 16; ++ks)
                 wgmma16_ss(acc[i], desc(a0 + (i * ISTR + 2 * ks * CHUNK_WORDS) / 4 + kh * P1W + kw, P1W * 16),
-                           desc(slab + ks * (SLAB16 / (C1 / 16)) / 4, 256), s != 0 || ks != 0);
+                           desc(slab + ks * (SLAB16 / (C1 / 16)) / 4), s != 0 || ks != 0);
 #pragma unroll
         for (int ks = 0; ks < C1 / 16; ++ks)
-            wgmma16(sacc, a[ks], desc(slab + (ks * (SLAB16 / (C1 / 16)) + (C2 / 8 + 4 * wg) * 64) / 4, 256), s != 0 || ks != 0);
+            wgmma16(sacc, a[ks], desc(slab + (ks * (SLAB16 / (C1 / 16)) + (C2 / 8 + 4 * wg) * 64) / 4), s != 0 || ks != 0);
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // slab s - 1's MMAs are done
 #pragma unroll

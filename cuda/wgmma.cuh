@@ -13,6 +13,16 @@ __device__ __forceinline__ unsigned long long wgmma_desc(const float* p, unsigne
     return (unsigned long long)((smem_addr(p) & 0x3FFFF) >> 4) | (unsigned long long)(lbo >> 4) << 16 | (unsigned long long)(sbo >> 4) << 32;
 }
 
+// A descriptor's low word (address and LBO), to be made once outside a loop: an offset of f floats
+// (a multiple of 4) within shared memory is + f / 4 to it (no carry out of the address field, the
+// shared window ending below 2^18 bytes); desc(lo, sbo) is the whole descriptor. Rebuilt from
+// pointers at every MMA they cost fused_kernel5 ~8% of its time (fused_kernel3, 4 and certify_kernel3
+// measured the same either way).
+__device__ __forceinline__ unsigned desc_lo(const float* p, unsigned lbo = 128) { return (unsigned)wgmma_desc(p, lbo); }
+__device__ __forceinline__ unsigned long long desc(unsigned lo, unsigned sbo = 256) {
+    return (unsigned long long)(sbo >> 4) << 32 | lo;
+}
+
 // d = a . b (+ d where accumulate) for the warpgroup's 64 x N tile, k = 8: a (TF32) in registers, b
 // in shared memory. N = 64:
 __device__ __forceinline__ void wgmma(float (&d)[32], const unsigned (&a)[4], unsigned long long b, int accumulate) {
