@@ -363,7 +363,7 @@ class FusedCertified(FusedWarpgroup):
     # images uploaded a byte a pixel (uint8, 8-bit codes) reach the GPU sooner, so the certified
     # chain's tail is paid from fewer on
     CERTIFY_FROM = 16384
-    CERTIFY_FROM_NARROW = 6144
+    CERTIFY_FROM_NARROW = 4096
     RECOMPUTE_IMGS = 2  # fused_kernel3's images a block when it recomputes a chunk's list
 
     @classmethod
