@@ -715,6 +715,8 @@ class FullyConnected(Launcher):
     TC_IMGS, TC_BK, TC_STAGES, TC_MAX_HIDDEN = 32, 32, 3, 256  # fc_kernel5's images a block, k-tile, depth, widest layer
     SPLIT_FEATURES = 4096  # from here on fc1 (at least 4096 x hidden) is split when blocks are few
     TARGET_BLOCKS = 264  # two per SM on an H100
+    # fc_kernel6 splits at its FP32 adds for up to this many images: fewer blocks than TARGET_BLOCKS
+    SPLIT_FC6_MAX = FullyConnectedWarpgroup.IMGS * (TARGET_BLOCKS - 1)
 
     @classmethod
     def shared(cls, g, imgs, tile, row):
@@ -780,7 +782,7 @@ class FullyConnected(Launcher):
         bits, a block's k-loop a quarter as long on ECE408's 1,024 features (a run's last chunks
         classified sooner; a streamed launch of 32,768 images ran 2% slower split)."""
         if self.flat < self.SPLIT_FEATURES:
-            few = self.warpgroup and ceil_div(n, FullyConnectedWarpgroup.IMGS) < self.TARGET_BLOCKS
+            few = self.warpgroup and n <= self.SPLIT_FC6_MAX
             return ceil_div(self.flat, FullyConnectedWarpgroup.CHUNK) if few else 1
         return max(1, min(self.flat // (4 * self.tile), ceil_div(self.TARGET_BLOCKS, ceil_div(n, self.block_imgs))))
 
@@ -794,8 +796,9 @@ class FullyConnected(Launcher):
         """Scratch for the splits' partial sums of up to `chunk` images (large features: splits * n <=
         imgs * TARGET + n)."""
         if self.flat < self.SPLIT_FEATURES:
-            most = min(chunk, FullyConnectedWarpgroup.IMGS * (self.TARGET_BLOCKS - 1))  # the most images split
-            return self.splits(most) * most * self.hidden if self.splits(most) > 1 else 0
+            most = min(chunk, self.SPLIT_FC6_MAX)  # the most images split
+            splits = self.splits(most)
+            return splits * most * self.hidden if splits > 1 else 0
         return (self.block_imgs * self.TARGET_BLOCKS + chunk) * self.hidden
 
     def __call__(self, stream, feat, fc1, fc2, labels, n, overflow, scores=0, partial=0, z=0, count=0):
