@@ -32,8 +32,9 @@
 // Where `count` is not null, only the first *count images are computed (blocks past it return), and
 // where `idx` is not null, image i is x's image idx[i] (its features still go to row i): the certified
 // path's recomputation, whose list and count certify.cu sets on the GPU. Where `scaling` is not -1, x
-// holds 8-bit codes, a byte a value, staged as convert_kernel2 turns them into float32 (code_value:
-// the same bits), so images uploaded as codes need no conversion kernel (versions 4 and 5 likewise).
+// holds 8-bit codes, a byte a value, and conv1 is computed from the codes (fused_conv1_wgmma.cuh:
+// float16 m64n32k16 tiles, 2 MMAs a k16 step, the scaling applied to the pooled sums), so images
+// uploaded as codes need no conversion kernel (versions 4 and 5 likewise, the same bits).
 
 #include "fused_conv1_wgmma.cuh"
 static_assert(STAGE_FLOATS >= 2 * SLAB2, "fused v2/v3: the stage area must hold two w2 slabs");

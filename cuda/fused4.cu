@@ -1,7 +1,7 @@
 // The certified low-precision pass's convolution stack (docs/certified.md): fused_kernel3's conv1
 // (the same bits), then conv2 with float16 operands and float32 sums, and beside each pooled feature
 // a bound on how far it can lie from the exact path's (3xTF32) feature.
-// in: x (n, IN_H, IN_W, IN_C) float32, or 8-bit codes (scaling, scale: as version 3); conv1's split weights in constant memory c_w1 as version 3;
+// in: x (n, IN_H, IN_W, IN_C) float32, or 8-bit codes (scaling, scale: as version 3); conv1's weights in constant memory c_w1 as version 3;
 // w2h: per (kh, kw) slab, per k16 step of C1, the B operand of wgmma.m64n128k16 as K-major core
 // matrices of halves: (K2*K2, C1/16, 16 column groups, 2 halves of k, 8, 8), columns 0-63 conv2's
 // weights rounded to nearest, 64-127 the bound columns (per weight, 2^9 times what its product adds to
@@ -34,12 +34,6 @@ static_assert(PSTR % 2 == 0 && RSTR % 2 == 0 && ISTR % 2 == 0, "fused v4: A frag
 // tiny) sum |w| (certify.conv2_constants). The host computes them rounded up.
 enum { A1, BETA_N, G3Q, CHAN };
 __constant__ float c_conv2_bound[CHAN + C2];
-
-// Two float32 values rounded to nearest float16, packed (the first in the low half).
-__device__ __forceinline__ unsigned half2_bits(float2 v) {
-    const __half2 h = __floats2half2_rn(v.x, v.y);
-    return *reinterpret_cast<const unsigned*>(&h);
-}
 
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
 fused_kernel4(const float* __restrict__ x, const float4* __restrict__ w2h, float* __restrict__ feat, float* __restrict__ dp,

@@ -1,7 +1,14 @@
-// Phases 0 and 1 of fused_kernel3 and fused_kernel4 (the same bits on both: the certified pass and
-// the exact one differ from conv2 on): the block's images staged and checked, conv1 on wgmma in
-// 3xTF32 -> ReLU -> 2x2 pool into p1. fused3.cu's opening comment has the tiling.
+// Phases 0 and 1 of fused_kernel3, 4 and 5 (the same bits on all: the certified pass and the exact
+// one differ from conv2 on): the block's images staged and checked, conv1 on wgmma -> ReLU -> 2x2
+// pool into p1. fused3.cu's opening comment has the tiling. Float32 images: 3xTF32. 8-bit codes
+// (scaling not -1): the codes themselves, exact in float16, times each channel's weights scaled by
+// 2^S (max |w| 2^S in [2^14, 2^15)) as two float16 parts, hi + lo: every product exact in float32,
+// 2 MMAs a k16 step (3xTF32: 3 a k8 step, and its operands split), and the channel's c0 2^-S
+// (c0 = the scaling's 1/255, or 1) applied to the pooled sum: within float32's accuracy of the
+// float32 images' conv1, but not its bits.
 #pragma once
+#include <cuda_fp16.h>
+
 #include "fused_tc.cuh"
 
 // conv1's k = (kh, kw, ci): k8 steps on the tensor cores, padded, except a tail of CONV1_TAIL (1 or
@@ -18,6 +25,9 @@ static_assert(TAIL1 >= 0 && TAIL1 <= 2 && KS1 >= 1, "fused v3/v4: conv1's tail i
 #error "fused v3/v4 needs -DX_PAD: where conv1's weights follow the images in the stage area"
 #endif
 constexpr int W1F_FLOATS = KS1 * 2 * 8 * C1 + TAIL1 * C1;
+constexpr int KS16 = (K1K + 15) / 16;  // conv1's k16 steps from codes, zero-padded (no tail)
+constexpr int W1C_FLOATS = KS16 * 16 * C1;  // their float16 weights, {lo, hi} a step
+static_assert(W1C_FLOATS <= W1F_FLOATS, "fused v3-v5: conv1's codes weights fit where the split ones go");
 constexpr int WTILES1 = (IMGS * P1H * P1W + 63) / 64;  // conv1 m64 tiles of the block's pool windows
 
 static_assert((IMGS == 4 || IMGS == 2) && FUSED_THREADS == 256, "fused v3/v4: two warpgroups of IMGS / 2 images each");
@@ -26,15 +36,109 @@ static_assert(X_PAD >= X_FLOATS && X_PAD % 32 == 0, "fused v3/v4: conv1's weight
 static_assert(STAGE_FLOATS >= X_PAD + W1F_FLOATS, "fused v3/v4: the stage area must hold the images and conv1's weights");
 
 // conv1's weights: the steps' split like w2, zero past k = K1K: (KS1, {hi, lo}, C1/8, 2, 8, 4); then
-// the tail's as they are, (TAIL1, C1).
-__constant__ float c_w1[W1F_FLOATS];
+// the tail's as they are, (TAIL1, C1); then for codes, float16 pairs in words: each channel's weights
+// times 2^S, (KS16, {lo, hi}, C1/8, 2, 8, 8 halves), zero past K1K; then 2^-S per channel (C1).
+__constant__ float c_w1[W1F_FLOATS + W1C_FLOATS + C1];
+
+// Two float32 values rounded to nearest float16, packed (the first in the low half).
+__device__ __forceinline__ unsigned half2_bits(float2 v) {
+    const __half2 h = __floats2half2_rn(v.x, v.y);
+    return *reinterpret_cast<const unsigned*>(&h);
+}
 
 #include "wgmma.cuh"
+
+// conv1 in 3xTF32 for one tile's two rounds (dy) of windows base[0], base[1] (rows g, g + 8 of the
+// warp's 16): sum[e], the window's four ReLU'd outputs added in the reference's order. koff: the
+// pixel of k = 8 ks + tig + 4 j (padded k: the window's first, times a zero weight).
+__device__ __forceinline__ void conv1_split_tile(const float* stage, const int (&base)[2], const int (&koff)[KS1][2], float (&sum)[16]) {
+    const int tig = threadIdx.x % 4;
+#pragma unroll
+    for (int dy = 0; dy < 2; ++dy) {
+        float acc[2][16];
+#pragma unroll
+        for (int ks = 0; ks < KS1; ++ks) {
+            float av[2][4];
+#pragma unroll
+            for (int dx = 0; dx < 2; ++dx)
+#pragma unroll
+                for (int r = 0; r < 4; ++r) av[dx][r] = stage[base[r % 2] + (dy * IN_W + dx) * IN_C + koff[ks][r / 2]];
+            mma3_step<2, 16, 0>(acc, av, stage + X_PAD + ks * 16 * C1, ks == 0);
+        }
+        wgmma_drain();
+#pragma unroll
+        for (int k = 8 * KS1; k < K1K; ++k) {  // the tail: accumulator 4c + 2h + e is channel 8c + 2tig + e of window h
+            const int kk = k / IN_C, off = ((kk / K1) * IN_W + kk % K1) * IN_C + k % IN_C;
+            const float* wt = stage + X_PAD + KS1 * 16 * C1 + (k - 8 * KS1) * C1 + 2 * tig;
+#pragma unroll
+            for (int dx = 0; dx < 2; ++dx)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const float a = stage[base[h] + (dy * IN_W + dx) * IN_C + off];
+#pragma unroll
+                    for (int c = 0; c < C1 / 8; ++c)
+#pragma unroll
+                        for (int e = 0; e < 2; ++e) acc[dx][4 * c + 2 * h + e] = fmaf(a, wt[8 * c + e], acc[dx][4 * c + 2 * h + e]);
+                }
+        }
+#pragma unroll
+        for (int e = 0; e < 16; ++e)
+            sum[e] = dy == 0 ? relu(acc[0][e]) + relu(acc[1][e]) : (sum[e] + relu(acc[0][e])) + relu(acc[1][e]);
+    }
+}
+
+// conv1 from codes for one tile's two rounds (dy) of windows base[0], base[1] (rows g, g + 8 of the
+// warp's 16), staged as the codes' integer values: sum[e] as conv1_split_tile's, times the channel's
+// c0 2^-S (f[2c + e] for accumulator 4c + 2h + e). koff: the pixel of k = 16 ks + 8 j + 2 tig + e.
+__device__ __forceinline__ void conv1_codes_tile(const float* stage, unsigned wlo, const int (&base)[2],
+                                                 const int (&koff)[KS16][2][2], const float (&f)[8], float (&sum)[16]) {
+#pragma unroll
+    for (int dy = 0; dy < 2; ++dy) {
+        float acc[2][16];
+        // Two k16 steps at a time (four at once spilled for K1*K1*IN_C = 50): every A fragment written
+        // before the fence and kept until the drain
+#pragma unroll
+        for (int k0 = 0; k0 < KS16; k0 += 2) {
+            constexpr int G = KS16 < 2 ? KS16 : 2;
+            unsigned a[2][G][4];
+#pragma unroll
+            for (int dx = 0; dx < 2; ++dx)
+#pragma unroll
+                for (int i = 0; i < G; ++i)
+#pragma unroll
+                    for (int r = 0; r < 4; ++r) {
+                        const int ks = k0 + i < KS16 ? k0 + i : k0;
+                        const float* at = stage + base[r % 2] + (dy * IN_W + dx) * IN_C;
+                        a[dx][i][r] = half2_bits(make_float2(at[koff[ks][r / 2][0]], at[koff[ks][r / 2][1]]));
+                    }
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+            for (int i = 0; i < G; ++i)
+#pragma unroll
+                for (int dx = 0; dx < 2; ++dx) {
+                    const int ks = k0 + i;
+                    if (ks < KS16) {
+                        // a step's weights: 16 C1 floats, lo then hi (the smaller products first), in 16-byte units
+                        wgmma16(acc[dx], a[dx][i], desc(wlo + ks * 4 * C1), ks != 0);
+                        wgmma16(acc[dx], a[dx][i], desc(wlo + ks * 4 * C1 + 2 * C1), 1);
+                    }
+                }
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+            wgmma_drain();
+        }
+#pragma unroll
+        for (int e = 0; e < 16; ++e)
+            sum[e] = dy == 0 ? relu(acc[0][e]) + relu(acc[1][e]) : (sum[e] + relu(acc[0][e])) + relu(acc[1][e]);
+    }
+#pragma unroll
+    for (int e = 0; e < 16; ++e) sum[e] *= f[e / 4 * 2 + e % 2];
+}
 
 // store(img, py, px, ch, o) keeps the pooled outputs o of channels ch, ch + 1 at (py, px) of image img
 // (p1's layout is the kernel's). Where amax is not null, amax[i] ends as the largest pooled output of
 // image i, inf where one is NaN (as float bits: they are not negative), max'ed in by one atomic per
-// warp and image. idx, scaling, scale: as stage_images takes them.
+// warp and image. idx, scaling, scale: as stage_images takes them, except that codes are staged as
+// their integer values (conv1 from codes, above).
 template <class Store>
 __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restrict__ x, int img0, int imgs,
                                             int* __restrict__ bad, unsigned* amax, Store store,
@@ -42,9 +146,13 @@ __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restric
     const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
     const int wg = warp / 4, w = warp % 4;
     float top[IMGS] = {};
+    const bool codes = scaling >= 0;
     // Phase 0: this block's images (zeros past the end of the batch), checked, then conv1's weights.
-    stage_images(stage, x, img0, imgs, bad, idx, scaling, scale);
-    for (int i = t; i < W1F_FLOATS; i += FUSED_THREADS) stage[X_PAD + i] = c_w1[i];
+    stage_images(stage, x, img0, imgs, bad, idx, codes ? 2 : -1, scale);
+    if (codes)
+        for (int i = t; i < W1C_FLOATS; i += FUSED_THREADS) stage[X_PAD + i] = c_w1[W1F_FLOATS + i];
+    else
+        for (int i = t; i < W1F_FLOATS; i += FUSED_THREADS) stage[X_PAD + i] = c_w1[i];
     asm volatile("fence.proxy.async.shared::cta;");  // w1 written here, read by the tensor cores
     __syncthreads();
 
@@ -54,70 +162,58 @@ __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restric
     // in the reference's order ((a + b) + c) + d. Padded k read the window's pixel (finite, times a zero
     // weight); windows past the last are computed on window 0 and not stored.
     {
-        int koff[KS1][2];
+        const auto pixel = [](int k) { const int kk = k / IN_C; return k < K1K ? ((kk / K1) * IN_W + kk % K1) * IN_C + k % IN_C : 0; };
+        // conv(base, sum) for each of the warpgroup's tiles, then the pooled outputs stored
+        const auto tiles = [&](auto&& conv) {
+            for (int tile = wg; tile < WTILES1; tile += 2) {
+                int base[2];  // the windows' first pixels in stage
 #pragma unroll
-        for (int ks = 0; ks < KS1; ++ks)
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                const int k = 8 * ks + tig + 4 * j, kk = k / IN_C;
-                koff[ks][j] = k < K1K ? ((kk / K1) * IN_W + kk % K1) * IN_C + k % IN_C : 0;
-            }
-        for (int tile = wg; tile < WTILES1; tile += 2) {
-            int base[2];  // the windows' first pixels in stage
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int win = tile * 64 + 16 * w + g + 8 * h;
-                const int wc = win < IMGS * P1H * P1W ? win : 0, img = wc / (P1H * P1W), py = wc / P1W % P1H, px = wc % P1W;
-                base[h] = ((img * IN_H + 2 * py) * IN_W + 2 * px) * IN_C;
-            }
-            float sum[16];
-#pragma unroll
-            for (int dy = 0; dy < 2; ++dy) {
-                float acc[2][16];
-#pragma unroll
-                for (int ks = 0; ks < KS1; ++ks) {
-                    float av[2][4];
-#pragma unroll
-                    for (int dx = 0; dx < 2; ++dx)
-#pragma unroll
-                        for (int r = 0; r < 4; ++r) av[dx][r] = stage[base[r % 2] + (dy * IN_W + dx) * IN_C + koff[ks][r / 2]];
-                    mma3_step<2, 16, 0>(acc, av, stage + X_PAD + ks * 16 * C1, ks == 0);
+                for (int h = 0; h < 2; ++h) {
+                    const int win = tile * 64 + 16 * w + g + 8 * h;
+                    const int wc = win < IMGS * P1H * P1W ? win : 0, img = wc / (P1H * P1W), py = wc / P1W % P1H, px = wc % P1W;
+                    base[h] = ((img * IN_H + 2 * py) * IN_W + 2 * px) * IN_C;
                 }
-                wgmma_drain();
+                float sum[16];
+                conv(base, sum);
 #pragma unroll
-                for (int k = 8 * KS1; k < K1K; ++k) {  // the tail: accumulator 4c + 2h + e is channel 8c + 2tig + e of window h
-                    const int kk = k / IN_C, off = ((kk / K1) * IN_W + kk % K1) * IN_C + k % IN_C;
-                    const float* wt = stage + X_PAD + KS1 * 16 * C1 + (k - 8 * KS1) * C1 + 2 * tig;
+                for (int h = 0; h < 2; ++h) {
+                    const int win = tile * 64 + 16 * w + g + 8 * h;
+                    if (win < IMGS * P1H * P1W) {
+                        const int img = win / (P1H * P1W);
 #pragma unroll
-                    for (int dx = 0; dx < 2; ++dx)
+                        for (int c = 0; c < C1 / 8; ++c) {
+                            const float2 o = make_float2(sum[4 * c + 2 * h] * 0.25f, sum[4 * c + 2 * h + 1] * 0.25f);
+                            store(img, win / P1W % P1H, win % P1W, 8 * c + 2 * tig, o);
+                            const float hi = o.x != o.x || o.y != o.y ? INFINITY : fmaxf(o.x, o.y);  // NaN: no certificate
 #pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const float a = stage[base[h] + (dy * IN_W + dx) * IN_C + off];
-#pragma unroll
-                            for (int c = 0; c < C1 / 8; ++c)
-#pragma unroll
-                                for (int e = 0; e < 2; ++e) acc[dx][4 * c + 2 * h + e] = fmaf(a, wt[8 * c + e], acc[dx][4 * c + 2 * h + e]);
+                            for (int k = 0; k < IMGS; ++k) top[k] = k == img ? fmaxf(top[k], hi) : top[k];
                         }
-                }
-#pragma unroll
-                for (int e = 0; e < 16; ++e)
-                    sum[e] = dy == 0 ? relu(acc[0][e]) + relu(acc[1][e]) : (sum[e] + relu(acc[0][e])) + relu(acc[1][e]);
-            }
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int win = tile * 64 + 16 * w + g + 8 * h;
-                if (win < IMGS * P1H * P1W) {
-                    const int img = win / (P1H * P1W);
-#pragma unroll
-                    for (int c = 0; c < C1 / 8; ++c) {
-                        const float2 o = make_float2(sum[4 * c + 2 * h] * 0.25f, sum[4 * c + 2 * h + 1] * 0.25f);
-                        store(img, win / P1W % P1H, win % P1W, 8 * c + 2 * tig, o);
-                        const float hi = o.x != o.x || o.y != o.y ? INFINITY : fmaxf(o.x, o.y);  // NaN: no certificate
-#pragma unroll
-                        for (int k = 0; k < IMGS; ++k) top[k] = k == img ? fmaxf(top[k], hi) : top[k];
                     }
                 }
             }
+        };
+        if (codes) {
+            int koff[KS16][2][2];
+#pragma unroll
+            for (int ks = 0; ks < KS16; ++ks)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) koff[ks][j][e] = pixel(16 * ks + 8 * j + 2 * tig + e);
+            float f[8];  // accumulator 4c + 2h + e's channel 8c + 2tig + e: its c0 2^-S at f[2c + e]
+#pragma unroll
+            for (int c = 0; c < C1 / 8; ++c)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) f[2 * c + e] = (scaling == 2 ? 1.0f : scale) * c_w1[W1F_FLOATS + W1C_FLOATS + 8 * c + 2 * tig + e];
+            const unsigned wlo = desc_lo(stage + X_PAD);
+            tiles([&](const int (&base)[2], float (&sum)[16]) { conv1_codes_tile(stage, wlo, base, koff, f, sum); });
+        } else {
+            int koff[KS1][2];
+#pragma unroll
+            for (int ks = 0; ks < KS1; ++ks)
+#pragma unroll
+                for (int j = 0; j < 2; ++j) koff[ks][j] = pixel(8 * ks + tig + 4 * j);
+            tiles([&](const int (&base)[2], float (&sum)[16]) { conv1_split_tile(stage, base, koff, sum); });
         }
     }
     if (amax != nullptr)

@@ -225,11 +225,13 @@ STAGED = [(g, v) for g in GEOMETRIES for v in (3, 4, 5) if launch.Fused.plan(g, 
 
 
 @pytest.mark.parametrize("g,version", STAGED, ids=[f"v{v}-{g.h}x{g.w}x{g.c}-k{g.k1}-{g.c1}-k{g.k2}-{g.c2}" for g, v in STAGED])
-def test_fused_kernels_staging_codes_give_the_bits_of_their_float32_images(gpu, rng, g, version):
+def test_fused_kernels_compute_conv1_from_codes(gpu, rng, g, version):
     """Images uploaded as 8-bit codes (every scaling; uint8's is ONE) are staged by fused_kernel3-5
-    themselves: every feature (and bound) the bits of the float32 images convert_kernel2 makes of them,
-    on a listed subset (version 3's recomputation) too; a float32 image and a byte of codes are not
-    confused (scaling -1 reads floats)."""
+    themselves, conv1 computed from the codes (cuda/fused_conv1_wgmma.cuh): version 3's features
+    within float32's accuracy of its features of the codes' float32 values (a float32 image and a
+    byte of codes not confused), the same bits on a listed subset (the recomputation); versions 4
+    and 5 within their bound dp of version 3's on the same codes (the certificate's premise: both
+    paths' conv1 the same). The scalings by 1/255 (MUL, DIV) give the same bits, as do ONE and uint8."""
     from infer import certify, codes
     from infer.gpu.pipelines import FusedCertified, FusedWarpgroup
 
@@ -239,36 +241,38 @@ def test_fused_kernels_staging_codes_give_the_bits_of_their_float32_images(gpu, 
     k8[2] = 255  # a whole image at the top code
     w = Weights(rng, g)
     d = Dev()
-    k = launch.Fused(build(gpu), g, f"fused_kernel{version}")
-    d.cuda.memcpy_htod(k.conv1_constant, FusedWarpgroup.conv1_weights(w.conv1))
-    if version == 3:
-        w2, extra = d.put(FusedWarpgroup.conv2_weights(w.conv2)), {}
-    else:
+    exact = launch.Fused(build(gpu), g, "fused_kernel3")
+    d.cuda.memcpy_htod(exact.conv1_constant, FusedWarpgroup.conv1_weights(w.conv1))
+    w2 = d.put(FusedWarpgroup.conv2_weights(w.conv2))
+    if version != 3:
+        k = launch.Fused(build(gpu), g, f"fused_kernel{version}")
+        d.cuda.memcpy_htod(k.conv1_constant, FusedCertified.conv1_weights(w.conv1))
         d.cuda.memcpy_htod(k.module.get_global("c_conv2_bound")[0], certify.conv2_constants(w.conv2))
-        w2 = d.put(FusedCertified.conv2_halves(w.conv2).view(np.float32))
+        w2h = d.put(FusedCertified.conv2_halves(w.conv2).view(np.float32))
     listed, count = d.put([7, 2, 5], np.int32), d.put([3], np.int32)
+    bits = {}
     for wire in codes.WIRES + (np.dtype(np.uint8),):
         scaling = codes.staged_scaling(wire)
-        out = {}
-        for name, x, sc in (("floats", codes.unpack(k8, wire if wire != np.uint8 else codes.ONE), -1), ("codes", k8, scaling)):
-            xs = d.put(x, x.dtype)
-            feat = d.empty((n, g.flat))
-            got = []
-            if version == 3:
-                some = d.empty((n, g.flat))
-                k(None, xs, w2, feat, n, scaling=sc)
-                k(None, xs, w2, some, n, count=count, idx=listed, scaling=sc)
-                got = [d.get(feat, (n, g.flat)), d.get(some, (n, g.flat))[:3]]
-            else:
-                dp = d.empty((n, g.flat))
-                k(None, xs, w2, feat, n, dp=dp, scaling=sc)
-                got = [d.get(feat, (n, g.flat)), d.get(dp, (n, g.flat))]
-            out[name] = got
-        assert np.isfinite(out["floats"][0]).all() and out["floats"][0].any()
-        for a, b in zip(out["floats"], out["codes"]):
-            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
-        if version == 3:
-            np.testing.assert_array_equal(out["codes"][1].view(np.uint32), out["codes"][0].view(np.uint32)[[7, 2, 5]])
+        feat, some = d.empty((n, g.flat)), d.empty((n, g.flat))
+        exact(None, d.put(codes.unpack(k8, wire if wire != np.uint8 else codes.ONE)), w2, feat, n)
+        floats = d.get(feat, (n, g.flat))
+        xs = d.put(k8, np.uint8)
+        exact(None, xs, w2, feat, n, scaling=scaling)
+        exact(None, xs, w2, some, n, count=count, idx=listed, scaling=scaling)
+        got = [d.get(feat, (n, g.flat))]
+        assert np.isfinite(floats).all() and floats.any()
+        np.testing.assert_allclose(got[0], floats, rtol=1e-4, atol=1e-6 * np.abs(floats).max())
+        np.testing.assert_array_equal(d.get(some, (n, g.flat))[:3].view(np.uint32), got[0].view(np.uint32)[[7, 2, 5]])
+        if version != 3:
+            half, dp = d.empty((n, g.flat)), d.empty((n, g.flat))
+            k(None, xs, w2h, half, n, dp=dp, scaling=scaling)
+            got += [d.get(half, (n, g.flat)), d.get(dp, (n, g.flat))]
+            gap = np.abs(got[1].astype(np.float64) - got[0])
+            assert np.isfinite(got[2]).all() and (gap <= got[2]).all() and (gap > 0).any()
+        bits[wire] = [a.view(np.uint32) for a in got]
+    for a, b in ((codes.MUL, codes.DIV), (codes.ONE, np.dtype(np.uint8))):
+        for x, y in zip(bits[a], bits[b]):
+            np.testing.assert_array_equal(x, y)
 
 
 @pytest.mark.parametrize("g", [g for g in GEOMETRIES if launch.Fused.plan(g, 3)[0] is not None],

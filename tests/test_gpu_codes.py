@@ -1,6 +1,7 @@
-"""float32 files of 8-bit pixels travel to the GPU as their codes (infer/codes.py): the same scores,
-bit for bit, as float32 travel, read whole or streamed, on one GPU or two; a value that is no code
-past the first image sends the run back to float32. Needs a GPU."""
+"""float32 files of 8-bit pixels travel to the GPU as their codes (infer/codes.py): the same labels
+as float32 travel and scores within float32's accuracy of its (the fused kernels compute conv1 from
+the codes), read whole or streamed, on one GPU or two; a value that is no code past the first image
+sends the run back to float32, with float32's bits. Needs a GPU."""
 import json
 
 import h5py
@@ -49,13 +50,20 @@ def same(a, b):
     assert np.array_equal(a.labels, b.labels)
 
 
+def alike(a, b):
+    """Codes against float32 travel: conv1 from the codes is float32-accurate, not float32's bits."""
+    assert np.array_equal(a.predictions, b.predictions) and np.array_equal(a.labels, b.labels)
+    assert not np.array_equal(a.scores.view(np.uint32), b.scores.view(np.uint32))
+    np.testing.assert_allclose(a.scores, b.scores, rtol=1e-4, atol=1e-5 * np.abs(b.scores).max())
+
+
 @pytest.mark.parametrize("budget", ["512", "4"])  # read whole; 4 MiB: testfull's 7.8 MB of codes stream
 def test_testfull_travels_as_codes_with_float32s_scores(ece408, monkeypatch, as_float32, budget):
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", budget)
     a, b = runs(ece408 / "testfull.hdf5", ece408 / "model.hdf5", as_float32)
     assert a.reader["wire"] == codes.NAMES[codes.MUL] and b.reader["wire"] == "float32"
     assert a.streamed == b.streamed == (budget == "4")
-    same(a, b)
+    alike(a, b)
     assert int((a.predictions == a.labels).sum()) == 8722
 
 
@@ -71,7 +79,7 @@ def test_images_in_the_other_scalings_travel_as_codes_too(ece408, tmp_path, monk
         f["x"], f["y"] = codes.unpack(np.rint(x * 255).astype(np.uint8), wire), y
     a, b = runs(tmp_path / "d.h5", ece408 / "model.hdf5", as_float32)
     assert a.reader["wire"] == codes.NAMES[wire] and b.reader["wire"] == "float32"
-    same(a, b)
+    alike(a, b)
 
 
 @pytest.mark.parametrize("budget", ["512", "4"])
@@ -88,7 +96,7 @@ def test_two_gpus_take_codes_too(ece408, monkeypatch, as_float32, budget):
     monkeypatch.setattr("infer.backends.create_cuda", lambda devices=None, **o: MultiGpuBackend(pair, **o))
     a, b = runs(ece408 / "testfull.hdf5", ece408 / "model.hdf5", as_float32)
     assert a.device.startswith("2 GPUs") and a.reader["wire"] == codes.NAMES[codes.MUL] and a.streamed == (budget == "4")
-    same(a, b)
+    alike(a, b)
 
 
 @pytest.mark.parametrize("budget", ["512", "4"])

@@ -4,7 +4,7 @@ import pytest
 
 from infer.gpu import launch
 from infer.gpu.launch import GEMMS, gemm_choice
-from infer.gpu.operands import tf32
+from infer.gpu.operands import scaled_halves, tf32
 from infer.gpu.pipelines import (ALGORITHMS, AUTO, Fused, FusedCertified, FusedTensorCores, FusedWarpgroup, Implicit,
                                  ImplicitWarpgroup, Unroll, choose, default_path)
 from infer.network import Geometry
@@ -167,8 +167,9 @@ def test_conv1_weights_steps_then_tail(rng, k1, c, steps, tail):
     assert launch.Fused.conv1_steps(k1 * k1 * c) == (steps, tail)
     f = FusedWarpgroup.conv1_weights(w)
     flat, body = w.reshape(-1, 32), steps * 2 * 8 * 32
-    assert f.shape == (body + tail * 32,)
-    np.testing.assert_array_equal(f[body:], flat[len(flat) - tail:].ravel())  # the tail as it is
+    steps16 = -(-len(flat) // 16)
+    assert f.shape == (body + tail * 32 + steps16 * 16 * 32 + 32,)
+    np.testing.assert_array_equal(f[body:body + tail * 32], flat[len(flat) - tail:].ravel())  # the tail as it is
     mma = f[:body].reshape(1, steps, 2, 4, 2, 8, 4)
     k = len(flat) - tail - 1  # the last k on the tensor cores: k = 8 ks + 4 kc + kk, channel 21 = 8*2 + 5
     ks, kc, kk = k // 8, k % 8 // 4, k % 4
@@ -176,6 +177,33 @@ def test_conv1_weights_steps_then_tail(rng, k1, c, steps, tail):
     assert mma[0, ks, 1, 2, kc, 5, kk] == tf32(flat[k, 21] - tf32(flat[k, 21]))
     padded = mma.transpose(0, 1, 4, 6, 2, 3, 5).reshape(8 * steps, -1)[k + 1:]  # rows (ks, kc, kk) past k
     assert not padded.any()
+    # For codes: k16 steps of float16 (lo, hi) of each channel's weights times 2^S, then 2^-S
+    codes = f[body + tail * 32:]
+    halves = codes[:-32].view(np.float16).reshape(steps16, 2, 4, 2, 8, 8)  # (ks, part, ni, kc, r, kk)
+    scale = codes[-32:].astype(np.float64)
+    k = len(flat) - 1  # the last k, channel 21 = 8*2 + 5
+    ks, kc, kk = k // 16, k % 16 // 8, k % 8
+    lo, hi = halves[ks, 0, 2, kc, 5, kk], halves[ks, 1, 2, kc, 5, kk]
+    assert hi == np.float16(flat[k, 21] / scale[21]) and lo == np.float16(flat[k, 21] / scale[21] - np.float64(hi))
+    whole = halves.transpose(0, 3, 5, 1, 2, 4).reshape(16 * steps16, 2, 32).astype(np.float64)  # (k, part, channel)
+    assert not whole[len(flat):].any()
+    np.testing.assert_allclose((whole[: len(flat), 0] + whole[: len(flat), 1]) * scale, flat, rtol=2**-21, atol=0)
+    top = np.abs(whole[:, 1]).max(axis=0)
+    assert ((top >= 2**14) & (top <= 2**15)).all() and (np.log2(scale) == np.rint(np.log2(scale))).all()
+
+
+@pytest.mark.parametrize("magnitude", [1e-30, 3e-3, 1.0, 7e4, 1e30])
+def test_scaled_halves_hold_every_channel_in_float16(rng, magnitude):
+    """Each channel's weights times its 2^S as float16 hi + lo, the largest in [2^14, 2^15], so a code
+    (up to 255) times either part is exact in float32; within 2^-21 of each weight (these have no
+    weight 2^-20 below their channel's largest); a zero channel stays zero with 2^-S = 1."""
+    w = (rng.standard_normal((25, 5)) * magnitude).astype(np.float32)
+    w[:, 3] = 0
+    hi, lo, scale = scaled_halves(w)
+    assert np.isfinite(hi).all() and np.isfinite(lo).all() and scale[3] == 1 and not hi[:, 3].any() and not lo[:, 3].any()
+    top = np.abs(hi.astype(np.float64)).max(axis=0)[[0, 1, 2, 4]]
+    assert ((top >= 2**14) & (top <= 2**15)).all() and 255 * top.max() < 2**24
+    np.testing.assert_allclose((hi.astype(np.float64) + lo) * scale, w, rtol=2**-21, atol=0)
 
 
 def test_fused_plan_takes_two_or_four_images_a_block_only_for_version_3():

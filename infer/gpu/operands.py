@@ -1,5 +1,6 @@
 """Weights split and laid out once by the host for the tensor-core kernels (3xTF32: every FP32 value
-as its TF32 part plus a TF32 remainder)."""
+as its TF32 part plus a TF32 remainder; float16 parts of scaled weights for products with 8-bit
+codes)."""
 import numpy as np
 
 
@@ -35,3 +36,16 @@ def wgmma_halves(w):
     s, k, n = w.shape
     parts = np.asarray(w, np.float16).reshape(s, k // 16, 2, 8, n // 8, 8)  # k = 16 ks + 8 half + kk, n = 8 ni + r
     return np.ascontiguousarray(parts.transpose(0, 1, 4, 2, 5, 3))
+
+
+def scaled_halves(w):
+    """(K, N) float32 weights as each column's scale 2^S (its largest |w| 2^S in [2^14, 2^15], so an
+    8-bit code times either part is exact in float32; S within [-113, 118], so 2^-S / 255 stays
+    normal; 0 for a zero column) and float16 parts hi = fl16(w 2^S), lo = fl16(w 2^S - hi): (hi, lo,
+    2^-S as float32). hi + lo is w 2^S within 2^-22 of it (lo within 2^-25 of float16's subnormals)."""
+    w = np.asarray(w, np.float64)
+    _, e = np.frexp(np.abs(w).max(axis=0))  # largest |w| in [2^(e - 1), 2^e)
+    s = np.where(np.abs(w).max(axis=0) > 0, np.clip(15 - e, -113, 118), 0)
+    scaled = w * np.exp2(s)
+    hi = scaled.astype(np.float16)
+    return hi, (scaled - hi).astype(np.float16), np.exp2(-s).astype(np.float32)

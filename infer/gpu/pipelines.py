@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import certify, codes
 from . import launch
-from .operands import tf32, wgmma_column_blocks, wgmma_halves, wgmma_operand
+from .operands import scaled_halves, tf32, wgmma_column_blocks, wgmma_halves, wgmma_operand
 
 
 class Scratch:
@@ -329,14 +329,25 @@ class FusedWarpgroup(Hopper, FusedTensorCores):
 
     @staticmethod
     def conv1_weights(conv1):
-        """(K1, K1, C, C1) as K1*K1*C rows: those of the tensor-core steps (launch.Fused.conv1_steps) as
-        one slab in wgmma order, zero-padded to whole steps, then the tail's rows as they are."""
+        """(K1, K1, C, C1) as K1*K1*C rows, for float32 images: those of the tensor-core steps
+        (launch.Fused.conv1_steps) as one slab in wgmma order, zero-padded to whole steps, then the
+        tail's rows as they are; then for 8-bit codes (cuda/fused_conv1_wgmma.cuh), each channel's
+        rows times 2^S as float16 parts (operands.scaled_halves) zero-padded to whole k16 steps, lo
+        then hi a step, in wgmma order, as float32 words; then 2^-S per channel."""
         k1, _, c, c1 = conv1.shape
         rows = np.ascontiguousarray(conv1, np.float32).reshape(-1, c1)
         steps, tail = launch.Fused.conv1_steps(len(rows))
         w = np.zeros((1, 8 * steps, c1), np.float32)
         w[0, : len(rows) - tail] = rows[: len(rows) - tail]
-        return np.concatenate([wgmma_operand(w).ravel(), rows[len(rows) - tail:].ravel()])
+        hi, lo, scales = scaled_halves(rows)
+        steps16 = -(-len(rows) // 16)
+        halves = np.zeros((steps16, 2, 16, c1), np.float16)
+        for part, v in enumerate((lo, hi)):
+            padded = np.zeros((steps16 * 16, c1), np.float16)
+            padded[: len(rows)] = v
+            halves[:, part] = padded.reshape(steps16, 16, c1)
+        words = wgmma_halves(halves.reshape(steps16 * 2, 16, c1)).reshape(-1).view(np.float32)
+        return np.concatenate([wgmma_operand(w).ravel(), rows[len(rows) - tail:].ravel(), words, scales])
 
     @staticmethod
     def conv2_weights(conv2):
