@@ -1,6 +1,8 @@
 """float32 images that are 8-bit pixels travel to a GPU as their 8-bit codes: a quarter of the
-bytes read into page-locked memory and uploaded, the same float32 values rebuilt on the GPU, so the
-same bits downstream. Three scalings are recognized, each at most one float32 rounding:
+bytes read into page-locked memory and uploaded. convert_kernel2 rebuilds the same float32 values
+(the same bits downstream); the fused kernels compute conv1 from the codes themselves (float32's
+accuracy, not its bits: cuda/fused_conv1_wgmma.cuh). Three scalings are recognized, each at most
+one float32 rounding:
 - MUL, code * float32(1/255): NumPy's uint8 * np.float32(1/255), as MNIST's own conversion
   (infer/mnist.py) and the ECE408 files make them;
 - DIV, code / 255 in float32 (or in float64, then rounded to float32: the same values): torchvision's

@@ -641,7 +641,7 @@ class Fused(Launcher):
         count (version 3): a device int, the images to run of the n (0: all); idx (version 3): a device
         list, image i being x's image idx[i] (0: x's images in order); dp (versions 4, 5): where the
         features' bounds go; scaling (versions 3-5): -1 for float32 images, else x holds 8-bit codes
-        of that scaling (codes.SCALINGS), staged as convert_kernel2's floats."""
+        of that scaling (codes.SCALINGS), conv1 computed from the codes (fused_conv1_wgmma.cuh)."""
         bounds, codes_in = self.version in (4, 5), self.version >= 3
         if ((count or idx) and self.version != 3) or (dp != 0) != bounds or (scaling != -1 and not codes_in):
             raise ValueError(f"{self.kernel} takes {'a bound output' if bounds else 'no bound output'}"
