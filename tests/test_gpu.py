@@ -618,7 +618,7 @@ def test_bench_validates_and_times_every_algorithm(ece408):
         assert row["gpu_ms"] > 0 and row["e2e_ms"] > 0 and row["identical"] >= 99
         # test100 holds 8-bit codes: the row the default runs for them (100 images: the exact path, the
         # float32 default's) also times them as `cnninfer run` uploads them
-        assert ("e2e_codes_ms" in row) == row["name"].endswith(" (default)")
+        assert ("e2e_codes_ms" in row) == ("gpu_codes_ms" in row) == row["name"].endswith(" (default)")
 
 
 @pytest.mark.parametrize("algo", list(ALGORITHMS))
