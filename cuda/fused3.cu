@@ -1,7 +1,8 @@
 // The whole convolution stack in one kernel, per group of IMGS images, intermediates in shared
 // memory only: conv1 (K1xK1, IN_C -> C1) -> ReLU -> 2x2 avg pool -> conv2 (K2xK2, C1 -> C2) -> ReLU
 // -> 2x2 avg pool -> features (n, P2H, P2W, C2), NHWC, i.e. already flattened in (h, w, c) order.
-// in: x (n, IN_H, IN_W, IN_C) float32; conv1 weights in constant memory c_w1 (K1, K1, IN_C, C1);
+// in: x (n, IN_H, IN_W, IN_C) float32; conv1 weights c_w1 (K1, K1, IN_C, C1) in constant memory
+// (versions 3-5: in global memory, laid out for the tensor cores: fused_conv1_wgmma.cuh);
 // conv2's weights in global memory, staged through shared memory one (kh, kw) slab at a time.
 // All versions: block FUSED_THREADS (256), grid ceil(n / IMGS); phase 0 stages the images and, where
 // `bad` is not null, checks them: *bad = min(*bad, i) for every image i holding a value that is not

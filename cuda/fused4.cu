@@ -1,7 +1,7 @@
 // The certified low-precision pass's convolution stack (docs/certified.md): fused_kernel3's conv1
 // (the same bits), then conv2 with float16 operands and float32 sums, and beside each pooled feature
 // a bound on how far it can lie from the exact path's (3xTF32) feature.
-// in: x (n, IN_H, IN_W, IN_C) float32, or 8-bit codes (scaling, scale: as version 3); conv1's weights in constant memory c_w1 as version 3;
+// in: x (n, IN_H, IN_W, IN_C) float32, or 8-bit codes (scaling, scale: as version 3); conv1's weights c_w1 as version 3;
 // w2h: per (kh, kw) slab, per k16 step of C1, the B operand of wgmma.m64n128k16 as K-major core
 // matrices of halves: (K2*K2, C1/16, 16 column groups, 2 halves of k, 8, 8), columns 0-63 conv2's
 // weights rounded to nearest, 64-127 the bound columns (per weight, 2^9 times what its product adds to

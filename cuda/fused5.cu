@@ -59,13 +59,12 @@ fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float
     const int lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
     const int wg = warp / 4, w = warp % 4;
 
-    fetch_slab<SLAB16>(slabs, w2h, 0);  // past the images and w1: it lands during conv1
     if (t < IMGS) qmax[t] = 0;
     __syncthreads();
-    conv1_wgmma(stage, x, img0, imgs, bad, nullptr, [&](int img, int py, int px, int ch, float2 o) {
+    conv1_wgmma<1>(stage, x, img0, imgs, bad, nullptr, [&](int img, int py, int px, int ch, float2 o) {
         *reinterpret_cast<__half2*>(p1h + (img * (C1 / 8) + ch / 8) * CHUNK_HALVES + (py * P1W + px) * 8 + ch % 8) =
             __floats2half2_rn(o.x, o.y);
-    }, nullptr, scaling, scale);
+    }, nullptr, scaling, scale, [&] { fetch_slab<SLAB16>(slabs, w2h, 0); });  // past the images and w1: it lands during conv1
     __syncthreads();  // p1 complete; the staged images and w1 are dead from here on
 
     // qb = the 2x2 means of p1 (float16 values; sums and quarter rounded up, then float16 rounded up):

@@ -28,6 +28,7 @@ constexpr int W1F_FLOATS = KS1 * 2 * 8 * C1 + TAIL1 * C1;
 constexpr int KS16 = (K1K + 15) / 16;  // conv1's k16 steps from codes, zero-padded (no tail)
 constexpr int W1C_FLOATS = KS16 * 16 * C1;  // their float16 weights, {lo, hi} a step
 static_assert(W1C_FLOATS <= W1F_FLOATS, "fused v3-v5: conv1's codes weights fit where the split ones go");
+static_assert(((K1 - 1) * IN_W + K1 - 1) * IN_C + IN_C < 65536, "fused v3-v5: conv1's pixel offsets fit in 16 bits");
 constexpr int WTILES1 = (IMGS * P1H * P1W + 63) / 64;  // conv1 m64 tiles of the block's pool windows
 
 static_assert((IMGS == 4 || IMGS == 2) && FUSED_THREADS == 256, "fused v3/v4: two warpgroups of IMGS / 2 images each");
@@ -37,8 +38,14 @@ static_assert(STAGE_FLOATS >= X_PAD + W1F_FLOATS, "fused v3/v4: the stage area m
 
 // conv1's weights: the steps' split like w2, zero past k = K1K: (KS1, {hi, lo}, C1/8, 2, 8, 4); then
 // the tail's as they are, (TAIL1, C1); then for codes, float16 pairs in words: each channel's weights
-// times 2^S, (KS16, {lo, hi}, C1/8, 2, 8, 8 halves), zero past K1K; then 2^-S per channel (C1).
-__constant__ float c_w1[W1F_FLOATS + W1C_FLOATS + C1];
+// times 2^S, (KS16, {lo, hi}, C1/8, 2, 8, 8 halves), zero past K1K; then 2^-S per channel (C1). In
+// global memory (L2), copied with cp.async beside the images' staging: from constant memory each
+// thread's own address serialized the copy (ncu: ~4% of fused_kernel5's stall samples). The 2^-S
+// also in constant memory (launch.Fused.set_conv1), read from there into registers: ptxas reloads
+// constants rather than spill them.
+static_assert(W1F_FLOATS % 4 == 0 && W1C_FLOATS % 4 == 0 && X_PAD % 4 == 0, "fused v3-v5: conv1's weights copy in 16 bytes");
+__device__ __align__(16) float c_w1[W1F_FLOATS + W1C_FLOATS + C1];
+__constant__ float c_w1_scale[C1];
 
 // Two float32 values rounded to nearest float16, packed (the first in the low half).
 __device__ __forceinline__ unsigned half2_bits(float2 v) {
@@ -89,17 +96,18 @@ __device__ __forceinline__ void conv1_split_tile(const float* stage, const int (
 
 // conv1 from codes for one tile's two rounds (dy) of windows base[0], base[1] (rows g, g + 8 of the
 // warp's 16), staged as the codes' integer values: sum[e] as conv1_split_tile's, times the channel's
-// c0 2^-S (f[2c + e] for accumulator 4c + 2h + e). koff: the pixel of k = 16 ks + 8 j + 2 tig + e.
+// c0 2^-S (f[2c + e] for accumulator 4c + 2h + e). koff: the pixels of k = 16 ks + 8 j + 2 tig and
+// of k + 1, in the low and high 16 bits (half the registers of two ints).
 __device__ __forceinline__ void conv1_codes_tile(const float* stage, unsigned wlo, const int (&base)[2],
-                                                 const int (&koff)[KS16][2][2], const float (&f)[8], float (&sum)[16]) {
-#pragma unroll
+                                                 const unsigned (&koff)[KS16][2], const float (&f)[8], float (&sum)[16]) {
+#pragma unroll(KS16 > 2 ? 1 : 2)  // rolled past 2 steps: unrolled, fused_kernel4 and 5 spilled for K1*K1*IN_C = 50
     for (int dy = 0; dy < 2; ++dy) {
         float acc[2][16];
-        // Two k16 steps at a time (four at once spilled for K1*K1*IN_C = 50): every A fragment written
-        // before the fence and kept until the drain
+        // G k16 steps at a time, every A fragment written before the fence and kept until the drain:
+        // all of ECE408's 2; one at a time past 2 (four at once spilled)
+        constexpr int G = KS16 <= 2 ? KS16 : 1;
 #pragma unroll
-        for (int k0 = 0; k0 < KS16; k0 += 2) {
-            constexpr int G = KS16 < 2 ? KS16 : 2;
+        for (int k0 = 0; k0 < KS16; k0 += G) {
             unsigned a[2][G][4];
 #pragma unroll
             for (int dx = 0; dx < 2; ++dx)
@@ -107,21 +115,19 @@ __device__ __forceinline__ void conv1_codes_tile(const float* stage, unsigned wl
                 for (int i = 0; i < G; ++i)
 #pragma unroll
                     for (int r = 0; r < 4; ++r) {
-                        const int ks = k0 + i < KS16 ? k0 + i : k0;
+                        const int ks = k0 + i;
                         const float* at = stage + base[r % 2] + (dy * IN_W + dx) * IN_C;
-                        a[dx][i][r] = half2_bits(make_float2(at[koff[ks][r / 2][0]], at[koff[ks][r / 2][1]]));
+                        a[dx][i][r] = half2_bits(make_float2(at[koff[ks][r / 2] & 0xffffu], at[koff[ks][r / 2] >> 16]));
                     }
             asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
             for (int i = 0; i < G; ++i)
 #pragma unroll
                 for (int dx = 0; dx < 2; ++dx) {
+                    // a step's weights: 16 C1 floats, lo then hi (the smaller products first), in 16-byte units
                     const int ks = k0 + i;
-                    if (ks < KS16) {
-                        // a step's weights: 16 C1 floats, lo then hi (the smaller products first), in 16-byte units
-                        wgmma16(acc[dx], a[dx][i], desc(wlo + ks * 4 * C1), ks != 0);
-                        wgmma16(acc[dx], a[dx][i], desc(wlo + ks * 4 * C1 + 2 * C1), 1);
-                    }
+                    wgmma16(acc[dx], a[dx][i], desc(wlo + ks * 4 * C1), ks != 0);
+                    wgmma16(acc[dx], a[dx][i], desc(wlo + ks * 4 * C1 + 2 * C1), 1);
                 }
             asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
             wgmma_drain();
@@ -134,26 +140,33 @@ __device__ __forceinline__ void conv1_codes_tile(const float* stage, unsigned wl
     for (int e = 0; e < 16; ++e) sum[e] *= f[e / 4 * 2 + e % 2];
 }
 
+struct NoGroups {
+    __device__ void operator()() const {}
+};
+
 // store(img, py, px, ch, o) keeps the pooled outputs o of channels ch, ch + 1 at (py, px) of image img
 // (p1's layout is the kernel's). Where amax is not null, amax[i] ends as the largest pooled output of
 // image i, inf where one is NaN (as float bits: they are not negative), max'ed in by one atomic per
 // warp and image. idx, scaling, scale: as stage_images takes them, except that codes are staged as
-// their integer values (conv1 from codes, above).
-template <class Store>
+// their integer values (conv1 from codes, above). started() runs once the weights' copies are issued
+// and may commit LATER cp.async groups of its own (fused_kernel5's first slab), left in flight.
+template <int LATER = 0, class Store, class Started = NoGroups>
 __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restrict__ x, int img0, int imgs,
                                             int* __restrict__ bad, unsigned* amax, Store store,
-                                            const int* __restrict__ idx, int scaling, float scale) {
+                                            const int* __restrict__ idx, int scaling, float scale, Started started = {}) {
     const int t = threadIdx.x, lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
     const int wg = warp / 4, w = warp % 4;
     float top[IMGS] = {};
     const bool codes = scaling >= 0;
-    // Phase 0: this block's images (zeros past the end of the batch), checked, then conv1's weights.
+    // Phase 0: conv1's weights copied (the form the images take), this block's images staged (zeros
+    // past the end of the batch) and checked meanwhile.
+    const float* w1 = codes ? c_w1 + W1F_FLOATS : c_w1;
+    for (int i = t; i < (codes ? W1C_FLOATS : W1F_FLOATS) / 4; i += FUSED_THREADS) cp_async16(stage + X_PAD + 4 * i, w1 + 4 * i, true);
+    cp_async_commit();
+    started();
     stage_images(stage, x, img0, imgs, bad, idx, codes ? 2 : -1, scale);
-    if (codes)
-        for (int i = t; i < W1C_FLOATS; i += FUSED_THREADS) stage[X_PAD + i] = c_w1[W1F_FLOATS + i];
-    else
-        for (int i = t; i < W1F_FLOATS; i += FUSED_THREADS) stage[X_PAD + i] = c_w1[i];
-    asm volatile("fence.proxy.async.shared::cta;");  // w1 written here, read by the tensor cores
+    cp_async_wait<LATER>();
+    asm volatile("fence.proxy.async.shared::cta;");  // w1 and the images written here, w1 read by the tensor cores
     __syncthreads();
 
     // Phase 1: conv1 -> ReLU -> pool into p1. Tiles of 64 pool windows (the block's, image after image):
@@ -193,18 +206,16 @@ __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restric
             }
         };
         if (codes) {
-            int koff[KS16][2][2];
+            unsigned koff[KS16][2];
 #pragma unroll
             for (int ks = 0; ks < KS16; ++ks)
 #pragma unroll
-                for (int j = 0; j < 2; ++j)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) koff[ks][j][e] = pixel(16 * ks + 8 * j + 2 * tig + e);
+                for (int j = 0; j < 2; ++j) koff[ks][j] = pixel(16 * ks + 8 * j + 2 * tig) | pixel(16 * ks + 8 * j + 2 * tig + 1) << 16;
             float f[8];  // accumulator 4c + 2h + e's channel 8c + 2tig + e: its c0 2^-S at f[2c + e]
 #pragma unroll
             for (int c = 0; c < C1 / 8; ++c)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) f[2 * c + e] = (scaling == 2 ? 1.0f : scale) * c_w1[W1F_FLOATS + W1C_FLOATS + 8 * c + 2 * tig + e];
+                for (int e = 0; e < 2; ++e) f[2 * c + e] = (scaling == 2 ? 1.0f : scale) * c_w1_scale[8 * c + 2 * tig + e];
             const unsigned wlo = desc_lo(stage + X_PAD);
             tiles([&](const int (&base)[2], float (&sum)[16]) { conv1_codes_tile(stage, wlo, base, koff, f, sum); });
         } else {

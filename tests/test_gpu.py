@@ -206,7 +206,7 @@ def test_fused_conv_kernel(gpu, rng, g, algo):
         reference.avgpool2(reference.relu(reference.conv2d(x, w.conv1))), w.conv2)))
     d = Dev()
     k = Fused(build(gpu), g, pipeline.KERNEL)
-    d.cuda.memcpy_htod(k.conv1_constant, pipeline.conv1_weights(w.conv1))
+    k.set_conv1(pipeline.conv1_weights(w.conv1))
     feat = d.empty((n + 1, g.flat))  # one row more than written: it must stay poisoned
     w2, bad = d.put(pipeline.conv2_weights(w.conv2)), d.put([2**31 - 1], np.int32)
     k(None, d.put(x), w2, feat, n, bad)
@@ -242,11 +242,11 @@ def test_fused_kernels_compute_conv1_from_codes(gpu, rng, g, version):
     w = Weights(rng, g)
     d = Dev()
     exact = launch.Fused(build(gpu), g, "fused_kernel3")
-    d.cuda.memcpy_htod(exact.conv1_constant, FusedWarpgroup.conv1_weights(w.conv1))
+    exact.set_conv1(FusedWarpgroup.conv1_weights(w.conv1))
     w2 = d.put(FusedWarpgroup.conv2_weights(w.conv2))
     if version != 3:
         k = launch.Fused(build(gpu), g, f"fused_kernel{version}")
-        d.cuda.memcpy_htod(k.conv1_constant, FusedCertified.conv1_weights(w.conv1))
+        k.set_conv1(FusedCertified.conv1_weights(w.conv1))
         d.cuda.memcpy_htod(k.module.get_global("c_conv2_bound")[0], certify.conv2_constants(w.conv2))
         w2h = d.put(FusedCertified.conv2_halves(w.conv2).view(np.float32))
     listed, count = d.put([7, 2, 5], np.int32), d.put([3], np.int32)
@@ -292,7 +292,7 @@ def test_fused_kernel3_two_images_a_block_gives_the_same_bits(gpu, rng, g):
     for imgs in launch.Fused.IMGS3:
         k = launch.Fused(build(gpu), g, FusedWarpgroup.KERNEL, imgs=imgs)
         assert k.imgs == imgs
-        d.cuda.memcpy_htod(k.conv1_constant, FusedWarpgroup.conv1_weights(w.conv1))
+        k.set_conv1(FusedWarpgroup.conv1_weights(w.conv1))
         every, some = d.empty((n, g.flat)), d.empty((n, g.flat))
         k(None, xs, w2, every, n)
         k(None, xs, w2, some, n, count=count, idx=listed)
@@ -330,7 +330,7 @@ def test_certified_conv_features_lie_within_their_bounds(gpu, rng, g, kernel, sc
         reference.avgpool2(reference.relu(reference.conv2d(x, w.conv1))), w.conv2))).reshape(n, -1)
     d = Dev()
     k = Fused(build(gpu), g, kernel)
-    d.cuda.memcpy_htod(k.conv1_constant, FusedCertified.conv1_weights(w.conv1))
+    k.set_conv1(FusedCertified.conv1_weights(w.conv1))
     d.cuda.memcpy_htod(k.module.get_global("c_conv2_bound")[0], certify.conv2_constants(w.conv2))
     feat, dp = d.empty((n + 1, g.flat)), d.empty((n + 1, g.flat))
     w2h, bad = d.put(FusedCertified.conv2_halves(w.conv2).view(np.float32)), d.put([2**31 - 1], np.int32)

@@ -576,12 +576,11 @@ class Fused(Launcher):
             # p1 in halves, unpadded (the tensor cores read it through descriptors); the stage area holds
             # the images and conv1's weights, then the 2x2 means of p1 (fused5.cu's qb: (4, P1H - 1, 12,
             # 18) words), two float16 slabs and the images' largest qb.
-            steps, tail = cls.conv1_steps(g.k1 * g.k1 * g.c)
             w1_at = ceil_div(images(4), 32) * 32
             pstr, chunk = g.c1 // 2, p1h * p1w * 4  # chunks of 8 channels, 8 words mod 32 apart
             chunk += (8 - chunk) % 32
             layout = FusedLayout(4, pstr, p1w * pstr, g.c1 // 8 * chunk,
-                                 max(w1_at + (16 * steps + tail) * g.c1, 4 * (p1h - 1) * 12 * 18 + 3 * g.c1 * g.c2) + 4, w1_at)
+                                 max(w1_at + cls.conv1_floats(g), 4 * (p1h - 1) * 12 * 18 + 3 * g.c1 * g.c2) + 4, w1_at)
         else:
             if (p2h * p2w) % 16 or g.c1 != 32 or g.c2 != 64:
                 return None, "it needs pooled conv2 outputs in groups of 16, 32 conv1 channels and 64 conv2 channels"
@@ -592,14 +591,19 @@ class Fused(Launcher):
             # 4 pixels x 4 pairs in 32 banks. Its stage area ends in the images' largest conv1
             # outputs (4 floats) and holds two float16 slabs (C1 * C2 floats each) in phase 2.
             pstr = g.c1 + (8 if version == 4 else 4)
-            steps, tail = cls.conv1_steps(g.k1 * g.k1 * g.c)
             w1_at = ceil_div(images(imgs), 32) * 32
             slabs, maxima = (2 * g.c1 * g.c2, 4) if version == 4 else (4 * g.c1 * g.c2, 0)
             layout = FusedLayout(imgs, pstr, p1w * pstr, p1h * p1w * pstr,
-                                 max(w1_at + (16 * steps + tail) * g.c1 + maxima, slabs + maxima), w1_at)
+                                 max(w1_at + cls.conv1_floats(g) + maxima, slabs + maxima), w1_at)
         if layout.shared > cls.SMEM_LIMIT:
             return None, f"it needs {layout.shared} bytes of shared memory per block, more than {cls.SMEM_LIMIT}"
         return layout, None
+
+    @classmethod
+    def conv1_floats(cls, g):
+        """Floats of conv1's weights in the stage area (the float32 form, the larger of fused_conv1_wgmma.cuh's two)."""
+        steps, tail = cls.conv1_steps(g.k1 * g.k1 * g.c)
+        return (16 * steps + tail) * g.c1
 
     @staticmethod
     def conv1_steps(k):
@@ -634,7 +638,17 @@ class Fused(Launcher):
         self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)
         # All of the SM's memory as shared memory: two blocks of up to 113 KB fit only so.
         self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
-        self.conv1_constant = self.module.get_global("c_w1")[0]
+        self.c1 = g.c1
+
+    def set_conv1(self, weights):
+        """Upload conv1's weights as the pipeline lays them out (pipelines.Fused.conv1_weights, or
+        FusedWarpgroup's for versions 3-5, whose last C1 values, codes' 2^-S, also go to constant
+        memory)."""
+        import pycuda.driver as cuda
+
+        cuda.memcpy_htod(self.module.get_global("c_w1")[0], weights)
+        if self.version >= 3:
+            cuda.memcpy_htod(self.module.get_global("c_w1_scale")[0], np.ascontiguousarray(weights[-self.c1:]))
 
     def __call__(self, stream, x, w2, feat, n, bad=0, count=0, dp=0, idx=0, scaling=-1):
         """bad: where not 0, the images are checked: *bad = min(*bad, first image with a non-finite value).

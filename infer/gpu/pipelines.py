@@ -271,9 +271,7 @@ class Fused(Algorithm):
         return conv2
 
     def upload(self, model, to_device):
-        import pycuda.driver as cuda
-
-        cuda.memcpy_htod(self.convs.conv1_constant, self.conv1_weights(model.conv1))
+        self.convs.set_conv1(self.conv1_weights(model.conv1))
         self.w2 = to_device(self.conv2_weights(model.conv2))
         self.fc1, self.fc2 = to_device(self.fcs.fc1_operand(model.fc1)), to_device(model.fc2)
 
@@ -437,9 +435,8 @@ class FusedCertified(FusedWarpgroup):
             return to_device(np.ascontiguousarray(halves, np.float16).reshape(-1).view(np.float32))
 
         g, conv1 = self.g, self.conv1_weights(model.conv1)
-        cuda.memcpy_htod(self.convs.conv1_constant, conv1)
-        cuda.memcpy_htod(self.exact.conv1_constant, conv1)
-        cuda.memcpy_htod(self.recompute.conv1_constant, conv1)
+        for k in (self.convs, self.exact, self.recompute):
+            k.set_conv1(conv1)
         cuda.memcpy_htod(self.convs.module.get_global("c_conv2_bound")[0], certify.conv2_constants(model.conv2))
         cuda.memcpy_htod(self.cert.constants, certify.fc_constants(model.fc1))
         self.w2, self.w2h = to_device(self.conv2_weights(model.conv2)), words(self.conv2_halves(model.conv2))
