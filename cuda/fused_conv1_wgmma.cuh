@@ -2,7 +2,7 @@
 // one differ from conv2 on): the block's images staged and checked, conv1 on wgmma -> ReLU -> 2x2
 // pool into p1. fused3.cu's opening comment has the tiling. Float32 images: 3xTF32. 8-bit codes
 // (scaling not -1): the codes themselves, exact in float16, times each channel's weights scaled by
-// 2^S (max |w| 2^S in [2^14, 2^15)) as two float16 parts, hi + lo: every product exact in float32,
+// 2^S (max |w| 2^S in [2^14, 2^15]) as two float16 parts, hi + lo: every product exact in float32,
 // 2 MMAs a k16 step (3xTF32: 3 a k8 step, and its operands split), and the channel's c0 2^-S
 // (c0 = the scaling's 1/255, or 1) applied to the pooled sum: within float32's accuracy of the
 // float32 images' conv1, but not its bits.
@@ -38,13 +38,13 @@ static_assert(STAGE_FLOATS >= X_PAD + W1F_FLOATS, "fused v3/v4: the stage area m
 
 // conv1's weights: the steps' split like w2, zero past k = K1K: (KS1, {hi, lo}, C1/8, 2, 8, 4); then
 // the tail's as they are, (TAIL1, C1); then for codes, float16 pairs in words: each channel's weights
-// times 2^S, (KS16, {lo, hi}, C1/8, 2, 8, 8 halves), zero past K1K; then 2^-S per channel (C1). In
-// global memory (L2), copied with cp.async beside the images' staging: from constant memory each
-// thread's own address serialized the copy (ncu: ~4% of fused_kernel5's stall samples). The 2^-S
-// also in constant memory (launch.Fused.set_conv1), read from there into registers: ptxas reloads
-// constants rather than spill them.
+// times 2^S, (KS16, {lo, hi}, C1/8, 2, 8, 8 halves), zero past K1K. In global memory (L2), copied
+// with cp.async beside the images' staging: from constant memory each thread's own address
+// serialized the copy (ncu: ~4% of fused_kernel5's stall samples). The codes' 2^-S per channel in
+// constant memory, read from there into registers: ptxas reloads constants rather than spill them
+// (launch.Fused.set_conv1 splits the host's array between the two).
 static_assert(W1F_FLOATS % 4 == 0 && W1C_FLOATS % 4 == 0 && X_PAD % 4 == 0, "fused v3-v5: conv1's weights copy in 16 bytes");
-__device__ __align__(16) float c_w1[W1F_FLOATS + W1C_FLOATS + C1];
+__device__ __align__(16) float c_w1[W1F_FLOATS + W1C_FLOATS];
 __constant__ float c_w1_scale[C1];
 
 // Two float32 values rounded to nearest float16, packed (the first in the low half).

@@ -642,13 +642,18 @@ class Fused(Launcher):
 
     def set_conv1(self, weights):
         """Upload conv1's weights as the pipeline lays them out (pipelines.Fused.conv1_weights, or
-        FusedWarpgroup's for versions 3-5, whose last C1 values, codes' 2^-S, also go to constant
-        memory)."""
+        FusedWarpgroup's for versions 3-5, whose last C1 values, codes' 2^-S, go to constant memory
+        and the rest to global memory)."""
         import pycuda.driver as cuda
 
-        cuda.memcpy_htod(self.module.get_global("c_w1")[0], weights)
+        parts = [("c_w1", np.ascontiguousarray(weights, np.float32))]
         if self.version >= 3:
-            cuda.memcpy_htod(self.module.get_global("c_w1_scale")[0], np.ascontiguousarray(weights[-self.c1:]))
+            parts = [("c_w1", parts[0][1][:-self.c1]), ("c_w1_scale", parts[0][1][-self.c1:])]
+        for name, values in parts:
+            at, size = self.module.get_global(name)
+            if values.nbytes != size:
+                raise ValueError(f"{self.kernel}'s {name} holds {size} bytes, not the {values.nbytes} given")
+            cuda.memcpy_htod(at, np.ascontiguousarray(values))
 
     def __call__(self, stream, x, w2, feat, n, bad=0, count=0, dp=0, idx=0, scaling=-1):
         """bad: where not 0, the images are checked: *bad = min(*bad, first image with a non-finite value).
