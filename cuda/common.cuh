@@ -12,11 +12,3 @@ __device__ __forceinline__ float relu(float v) {
     return v < 0.0f ? 0.0f : v;
 #endif
 }
-
-// The float32 value of 8-bit code k in scaling 0 (k * scale, scale = float32(1/255)), 1 (k / 255) or
-// 2 (k itself), one rounding at most: the values an image file of 8-bit pixels holds (infer/codes.py).
-// convert_kernel2 and the fused kernels' staging both use it, so their floats are the same bits.
-__device__ __forceinline__ float code_value(unsigned char k, int scaling, float scale) {
-    const float v = (float)k;
-    return scaling == 1 ? __fdiv_rn(v, 255.0f) : scaling == 2 ? v : __fmul_rn(v, scale);
-}

@@ -28,17 +28,17 @@ static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused: shared memor
 
 // Phase 0: images [img0, img0 + imgs) of x into stage (zeros past them up to IMGS), each value checked
 // where bad is not null; where idx is not null, image j of the block is x's image idx[img0 + j] (the
-// certified path's recomputed share, read where it lies); where scaling is not -1, x holds 8-bit codes
-// (a byte a value), staged as code_value(k, scaling, scale): convert_kernel2's floats. Each thread's
+// certified path's recomputed share, read where it lies); where codes, x holds 8-bit codes (a byte a
+// value), staged as their integer values (fused_conv1_wgmma.cuh computes conv1 from them). Each thread's
 // loads go out STAGE_LOADS at a time before any is used: one at a time, a block waited on ~13 trips
 // to memory in turn (ncu: fused_kernel3's staging 11.6% of its stall samples, long scoreboard).
 constexpr int STAGE_LOADS = 8;
 template <int LOADS = STAGE_LOADS>
 __device__ __forceinline__ void stage_images(float* stage, const float* __restrict__ x, int img0, int imgs,
                                              int* __restrict__ bad, const int* __restrict__ idx = nullptr,
-                                             int scaling = -1, float scale = 0.0f) {
+                                             bool codes = false) {
     constexpr int IMG = IN_H * IN_W * IN_C;
-    const unsigned char* codes = reinterpret_cast<const unsigned char*>(x);
+    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(x);
     for (int i0 = threadIdx.x; i0 < X_FLOATS; i0 += LOADS * FUSED_THREADS) {
         float v[LOADS];
 #pragma unroll
@@ -47,7 +47,7 @@ __device__ __forceinline__ void stage_images(float* stage, const float* __restri
             v[k] = 0.0f;
             if (i < imgs * IMG) {
                 const size_t at = idx != nullptr ? (size_t)idx[img0 + i / IMG] * IMG + i % IMG : (size_t)img0 * IMG + i;
-                v[k] = scaling < 0 ? x[at] : code_value(codes[at], scaling, scale);
+                v[k] = codes ? (float)bytes[at] : x[at];
             }
         }
 #pragma unroll

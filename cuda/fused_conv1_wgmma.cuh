@@ -55,6 +55,13 @@ __device__ __forceinline__ unsigned half2_bits(float2 v) {
 
 #include "wgmma.cuh"
 
+// conv1's k = (kh, kw, ci) as the offset of its pixel from a window's first in the staged images; k
+// past K1K (padding: times a zero weight) reads the window's first, finite.
+__device__ __forceinline__ int conv1_pixel(int k) {
+    const int kk = k / IN_C;
+    return k < K1K ? ((kk / K1) * IN_W + kk % K1) * IN_C + k % IN_C : 0;
+}
+
 // conv1 in 3xTF32 for one tile's two rounds (dy) of windows base[0], base[1] (rows g, g + 8 of the
 // warp's 16): sum[e], the window's four ReLU'd outputs added in the reference's order. koff: the
 // pixel of k = 8 ks + tig + 4 j (padded k: the window's first, times a zero weight).
@@ -75,7 +82,7 @@ __device__ __forceinline__ void conv1_split_tile(const float* stage, const int (
         wgmma_drain();
 #pragma unroll
         for (int k = 8 * KS1; k < K1K; ++k) {  // the tail: accumulator 4c + 2h + e is channel 8c + 2tig + e of window h
-            const int kk = k / IN_C, off = ((kk / K1) * IN_W + kk % K1) * IN_C + k % IN_C;
+            const int off = conv1_pixel(k);
             const float* wt = stage + X_PAD + KS1 * 16 * C1 + (k - 8 * KS1) * C1 + 2 * tig;
 #pragma unroll
             for (int dx = 0; dx < 2; ++dx)
@@ -147,8 +154,8 @@ struct NoGroups {
 // store(img, py, px, ch, o) keeps the pooled outputs o of channels ch, ch + 1 at (py, px) of image img
 // (p1's layout is the kernel's). Where amax is not null, amax[i] ends as the largest pooled output of
 // image i, inf where one is NaN (as float bits: they are not negative), max'ed in by one atomic per
-// warp and image. idx, scaling, scale: as stage_images takes them, except that codes are staged as
-// their integer values (conv1 from codes, above). started() runs once the weights' copies are issued
+// warp and image. idx: as stage_images takes it; scaling: -1 for float32 images, else 8-bit codes of
+// that scaling (codes.SCALINGS; scale = float32(1/255), c0 for scalings 0 and 1). started() runs once the weights' copies are issued
 // and may commit LATER cp.async groups of its own (fused_kernel5's first slab), left in flight.
 template <int LATER = 0, class Store, class Started = NoGroups>
 __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restrict__ x, int img0, int imgs,
@@ -164,7 +171,7 @@ __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restric
     for (int i = t; i < (codes ? W1C_FLOATS : W1F_FLOATS) / 4; i += FUSED_THREADS) cp_async16(stage + X_PAD + 4 * i, w1 + 4 * i, true);
     cp_async_commit();
     started();
-    stage_images(stage, x, img0, imgs, bad, idx, codes ? 2 : -1, scale);
+    stage_images(stage, x, img0, imgs, bad, idx, codes);
     cp_async_wait<LATER>();
     asm volatile("fence.proxy.async.shared::cta;");  // w1 and the images written here, w1 read by the tensor cores
     __syncthreads();
@@ -175,7 +182,6 @@ __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restric
     // in the reference's order ((a + b) + c) + d. Padded k read the window's pixel (finite, times a zero
     // weight); windows past the last are computed on window 0 and not stored.
     {
-        const auto pixel = [](int k) { const int kk = k / IN_C; return k < K1K ? ((kk / K1) * IN_W + kk % K1) * IN_C + k % IN_C : 0; };
         // conv(base, sum) for each of the warpgroup's tiles, then the pooled outputs stored
         const auto tiles = [&](auto&& conv) {
             for (int tile = wg; tile < WTILES1; tile += 2) {
@@ -210,7 +216,7 @@ __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restric
 #pragma unroll
             for (int ks = 0; ks < KS16; ++ks)
 #pragma unroll
-                for (int j = 0; j < 2; ++j) koff[ks][j] = pixel(16 * ks + 8 * j + 2 * tig) | pixel(16 * ks + 8 * j + 2 * tig + 1) << 16;
+                for (int j = 0; j < 2; ++j) koff[ks][j] = conv1_pixel(16 * ks + 8 * j + 2 * tig) | conv1_pixel(16 * ks + 8 * j + 2 * tig + 1) << 16;
             float f[8];  // accumulator 4c + 2h + e's channel 8c + 2tig + e: its c0 2^-S at f[2c + e]
 #pragma unroll
             for (int c = 0; c < C1 / 8; ++c)
@@ -223,7 +229,7 @@ __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restric
 #pragma unroll
             for (int ks = 0; ks < KS1; ++ks)
 #pragma unroll
-                for (int j = 0; j < 2; ++j) koff[ks][j] = pixel(8 * ks + tig + 4 * j);
+                for (int j = 0; j < 2; ++j) koff[ks][j] = conv1_pixel(8 * ks + tig + 4 * j);
             tiles([&](const int (&base)[2], float (&sum)[16]) { conv1_split_tile(stage, base, koff, sum); });
         }
     }

@@ -12,8 +12,6 @@
 //   x's first 16-byte boundary and after its last), reads 4 * n * per_image bytes. (The fused
 //   kernels check the images themselves as they stage them; this is for the other pipelines.)
 
-#include "common.cuh"
-
 #ifndef SRC_T
 #define SRC_T unsigned char
 #endif
@@ -26,7 +24,8 @@ extern "C" __global__ void convert_kernel1(const SRC_T* __restrict__ src, float*
 extern "C" __global__ void convert_kernel2(const unsigned char* __restrict__ src, float* __restrict__ dst, long long n,
                                            float scale, int scaling) {
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        dst[i] = code_value(src[i], scaling, scale);
+        const float k = (float)src[i];
+        dst[i] = scaling == 1 ? __fdiv_rn(k, 255.0f) : scaling == 2 ? k : __fmul_rn(k, scale);
     }
 }
 

@@ -27,9 +27,9 @@ NAMES = {MUL: "8-bit codes (x * float32(1/255))", DIV: "8-bit codes (x / 255)", 
 
 
 def staged_scaling(wire):
-    """The scaling number under which a kernel staging images of byte wire type `wire` itself turns
-    them into float32 (cuda/common.cuh's code_value): a codes wire's SCALINGS, uint8's ONE (its
-    astype); None for any other wire."""
+    """The scaling number a kernel that reads images of byte wire type `wire` as uploaded is given
+    (the fused kernels: conv1 from the codes, scaled by the scaling's c0): a codes wire's SCALINGS,
+    uint8's ONE (its astype); None for any other wire."""
     wire = np.dtype(wire)
     return SCALINGS[wire] if wire in SCALINGS else SCALINGS[ONE] if wire == np.uint8 else None
 

@@ -339,12 +339,10 @@ class FusedWarpgroup(Hopper, FusedTensorCores):
         w[0, : len(rows) - tail] = rows[: len(rows) - tail]
         hi, lo, scales = scaled_halves(rows)
         steps16 = -(-len(rows) // 16)
-        halves = np.zeros((steps16, 2, 16, c1), np.float16)
-        for part, v in enumerate((lo, hi)):
-            padded = np.zeros((steps16 * 16, c1), np.float16)
-            padded[: len(rows)] = v
-            halves[:, part] = padded.reshape(steps16, 16, c1)
-        words = wgmma_halves(halves.reshape(steps16 * 2, 16, c1)).reshape(-1).view(np.float32)
+        parts = np.zeros((2, steps16 * 16, c1), np.float16)
+        parts[0, : len(rows)], parts[1, : len(rows)] = lo, hi
+        by_step = parts.reshape(2, steps16, 16, c1).transpose(1, 0, 2, 3).reshape(steps16 * 2, 16, c1)  # (ks, {lo, hi})
+        words = wgmma_halves(by_step).reshape(-1).view(np.float32)
         return np.concatenate([wgmma_operand(w).ravel(), rows[len(rows) - tail:].ravel(), words, scales])
 
     @staticmethod
