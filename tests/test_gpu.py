@@ -688,6 +688,38 @@ def test_tile_width_the_gemm_lacks_exits_2(ece408):
     assert r.exit_code == 2 and "tile widths 32, 64, 128, not 8" in r.stderr and "Traceback" not in r.stderr
 
 
+
+@pytest.mark.parametrize("graphs", ["1", "0"])
+def test_a_forward_names_its_first_bad_image_then_forgets_it(ece408, monkeypatch, graphs):
+    """The chunks' flags come back with the forward (a graph's last copy, or a copy after the
+    kernels): a NaN in chunk 7 of 12 is named by its image, the earlier of two by the lower index, and
+    the next forward of good images is not refused (the flags are cleared and copied again)."""
+    from infer import loader
+    from infer.bench import read_all
+    from infer.errors import BadValue
+    from infer.gpu.backend import CudaBackend
+
+    monkeypatch.setenv("CNNINFER_GRAPHS", graphs)
+    model = loader.load_model(ece408 / "model.hdf5")
+    x = read_all(ece408 / "testfull.hdf5", model, 3000)
+    b = CudaBackend(chunk=250)
+    try:
+        host = b.host_buffers(x.shape, np.float32)[0]
+        host[...] = x
+        b.prepare(model, x.shape)
+        good = b.forward(host)[0]
+        for bad in ([1834], [2999, 1751]):
+            for i in bad:
+                host[i, 3, 4, 0] = np.nan
+            with pytest.raises(BadValue) as e:
+                b.forward(host)
+            assert e.value.image == min(bad)
+            host[...] = x
+            np.testing.assert_array_equal(b.forward(host)[0], good)
+        assert len(b.executor.graphs) == (graphs == "1")
+    finally:
+        b.close()
+
 @pytest.mark.parametrize("algo", ["unroll", "implicit-tc"])
 def test_graph_replay_equals_kernel_by_kernel(ece408, cpu_testfull, monkeypatch, algo):
     """The recorded graph replays the same work: equal labels and scores, with and without graphs,

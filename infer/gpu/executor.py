@@ -20,7 +20,7 @@ class Run:
     not read as uploaded (Algorithm.staging), scratch, labels, scores
     (40 bytes an image for 10 classes: always there, copied back only when asked for),
     and per chunk two flags: its first image with non-finite scores, its first image holding a
-    non-finite value (INT_MAX if none)."""
+    non-finite value (INT_MAX if none), on the device and in page-locked memory (chunks, 2)."""
     key: tuple
     chunk: int
     block: int
@@ -36,6 +36,7 @@ class Run:
     scores_dev: object
     scores: np.ndarray
     flags_dev: object
+    flags: np.ndarray
     buffers: list  # every device allocation above, freed when the run is replaced
 
     @property
@@ -90,7 +91,7 @@ class Executor:
                        scratch=[alloc(4 * self.pipeline.scratch_floats(chunk)) for _ in self.streams],
                        labels_dev=alloc(4 * n), labels=host(n, np.int32),
                        scores_dev=alloc(4 * n * classes), scores=host((n, classes), np.float32),
-                       flags_dev=alloc(8 * -(-n // chunk)), buffers=taken + pinned)
+                       flags_dev=alloc(8 * -(-n // chunk)), flags=host((-(-n // chunk), 2), np.int32), buffers=taken + pinned)
         except BaseException:
             for buf in taken:
                 buf.free()
@@ -127,37 +128,41 @@ class Executor:
     def forward(self, x, model_path):
         """(labels, scores or None) of images x in page-locked host memory, of the run's wire type."""
         self.clear_flags()
-        self.enqueue(x)
-        for s in self.streams:
+        graphed = self.enqueue(x)
+        for s in self.streams[:1] if graphed else self.streams:  # a graph runs as one unit on the first stream
             s.synchronize()
-        self.check_flags(model_path)
+        self.check_flags(model_path, copied=graphed)
         return self.run.labels.astype(np.int64), self.run.scores.copy() if self.keep_scores else None
 
     def clear_flags(self):
         cuda.memset_d32(self.run.flags_dev, INT_MAX, 2 * self.run.chunks)
 
-    def check_flags(self, model_path):
+    def check_flags(self, model_path, copied=False):
         """BadValue for the first image holding a non-finite value, else ScoresOverflow for the
-        first image whose scores the kernels found not finite."""
+        first image whose scores the kernels found not finite. copied: the flags are in page-locked
+        memory already (a graph's last step copies them back: a synchronous copy took ~25 us), else
+        they are copied now."""
         run = self.run
-        flags = np.empty((2, run.chunks), np.int32)
-        cuda.memcpy_dtoh(flags, run.flags_dev)
-        for row, error in ((1, BadValue), (0, lambda i: ScoresOverflow(model_path, i))):
-            hit = np.flatnonzero(flags[row] != INT_MAX)
+        if not copied:
+            cuda.memcpy_dtoh(run.flags, run.flags_dev)
+        for col, error in ((1, BadValue), (0, lambda i: ScoresOverflow(model_path, i))):
+            hit = np.flatnonzero(run.flags[:, col] != INT_MAX)
             if len(hit):
-                raise error(int(hit[0]) * run.chunk + int(flags[row, hit[0]]))
+                raise error(int(hit[0]) * run.chunk + int(run.flags[hit[0], col]))
 
     def enqueue(self, x=None):
         """Chunk i goes to stream i mod S; x None means the images are already resident. Replayed
-        from a CUDA graph recorded on the first call for these host buffers, where graphs work."""
+        from a CUDA graph recorded on the first call for these host buffers, where graphs work:
+        True then (the graph is queued on the first stream alone), else False."""
         recorded = self.record(x)
         if recorded is not None:
             try:
                 recorded.launch(self.streams[0])
-                return
+                return True
             except (graph.GraphError, AttributeError, OSError):
                 self.give_up_graphs()
         self._enqueue_all(x)
+        return False
 
     def record(self, x=None):
         """The graph of enqueue(x), recorded now where it is not yet (prepare records the one of
@@ -168,7 +173,8 @@ class Executor:
         key = (None if x is None else x.ctypes.data, self.keep_scores)
         try:
             if key not in self.graphs:
-                self.graphs[key] = graph.Graph(self.streams[0], self.streams[1:], lambda: self._enqueue_all(x))
+                self.graphs[key] = graph.Graph(self.streams[0], self.streams[1:], lambda: self._enqueue_all(x),
+                                               lambda: cuda.memcpy_dtoh_async(self.run.flags, self.run.flags_dev, self.streams[0]))
             return self.graphs[key]
         except (graph.GraphError, AttributeError, OSError):
             self.give_up_graphs()
@@ -210,7 +216,7 @@ class Executor:
         chunk_index = start // run.chunk
         bad, staged = 0, {}  # integer images convert to finite floats: nothing to check
         if run.wire == np.float32:
-            images, bad = src, int(run.flags_dev) + 4 * (run.chunks + chunk_index)
+            images, bad = src, int(run.flags_dev) + 8 * chunk_index + 4
         elif run.floats[s] is None:  # read as uploaded by the kernels themselves
             images, staged = src, {"scaling": self.pipeline.staging(run.wire)}
         else:
@@ -218,7 +224,7 @@ class Executor:
             self.converters[run.wire](stream, src, images, count * run.elems)
         enqueue = self.pipeline.enqueue if self.certifies() else self.pipeline.enqueue_exact
         enqueue(stream, images, count, int(run.labels_dev) + 4 * start, int(run.scratch[s]),
-                int(run.flags_dev) + 4 * chunk_index, self._scores(start), bad, **staged)
+                int(run.flags_dev) + 8 * chunk_index, self._scores(start), bad, **staged)
 
     def certifies(self):
         """Whether the run takes the pipeline's certified low-precision pass (pipeline.certifies)."""

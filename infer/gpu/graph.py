@@ -37,10 +37,10 @@ def enabled():
 
 
 class Graph:
-    """record() enqueues work on `origin` and on `others` (which fork from origin and join back);
-    the graph replays all of it on origin."""
+    """record() enqueues work on `origin` and on `others` (which fork from origin and join back),
+    then finish(), where given, on origin after all of it; the graph replays all of it on origin."""
 
-    def __init__(self, origin, others, record):
+    def __init__(self, origin, others, record, finish=None):
         import pycuda.driver as cuda
 
         lib = _lib()
@@ -58,6 +58,8 @@ class Graph:
                 join = cuda.Event(cuda.event_flags.DISABLE_TIMING)
                 join.record(s)
                 origin.wait_for_event(join)
+            if finish is not None:
+                finish()
         except cuda.Error as e:  # the capture was invalidated (seen with two contexts on one GPU)
             failed = e
         finally:
