@@ -601,8 +601,8 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
     if (TILES > 1) fetch_a(1);
     cp_async_commit();
     // A tile's MMAs read their A fragments from registers after they are issued, until a wait covers
-    // them: the fragments alternate between two sets, and each set is kept live (an empty asm reading
-    // it) until the wait after the next tile's MMAs, so the next tile cannot be converted into it.
+    // them: the fragments alternate between two sets, and each set is kept live until the wait after
+    // the next tile's MMAs (wgmma_commit_wait_previous), so the next tile cannot be converted into it.
     unsigned av[2][KT / 16][4] = {};
     auto step = [&](int tile, unsigned (&a)[KT / 16][4], const unsigned (&done)[KT / 16][4]) {
         cp_async_wait<1>();
@@ -616,11 +616,7 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
 #pragma unroll
         for (int ks = 0; ks < KT / 16; ++ks)  // this warpgroup's 64 hidden units: column groups 8 wg on
             wgmma16(qa, a[ks], wgmma_desc(as + A_FLOATS + ks * (HIDDEN * 16 / 2) + wg * 8 * 64), tile > 0 || ks > 0);
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // the previous tile's MMAs are done
-#pragma unroll
-        for (int ks = 0; ks < KT / 16; ++ks)
-            asm volatile("" :: "r"(done[ks][0]), "r"(done[ks][1]), "r"(done[ks][2]), "r"(done[ks][3]));
+        wgmma_commit_wait_previous(done);  // the previous tile's MMAs are done
     };
     for (int tile = 0; tile < TILES; tile += 2) {
         step(tile, av[0], av[1]);

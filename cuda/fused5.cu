@@ -119,7 +119,7 @@ fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float
     // Slab s in buffer s % 3, fetched during slab s - 1; one group of MMAs left in flight, so slab s's
     // run while slab s + 1 is waited for and its A fragments loaded. The bound's A fragments are read
     // from registers until a wait covers them: two sets in turn, the previous kept live (an empty asm
-    // reading it) until the wait after this slab's MMAs (certify_kernel3's scheme).
+    // reading it) until the wait after this slab's MMAs (wgmma_commit_wait_previous, as certify_kernel3).
     unsigned av[2][C1 / 16][4] = {};
     // The descriptors' low words made once (wgmma.cuh's desc_lo): a slab or tap adds its offset.
     const unsigned a0 = desc_lo(p1 + 2 * wg * ISTR, 4 * CHUNK_WORDS), b0 = desc_lo(stage + Q_FLOATS);
@@ -144,11 +144,7 @@ fused_kernel5(const float* __restrict__ x, const float4* __restrict__ w2h, float
 #pragma unroll
         for (int ks = 0; ks < C1 / 16; ++ks)
             wgmma16(sacc, a[ks], desc(slab + (ks * (SLAB16 / (C1 / 16)) + (C2 / 8 + 4 * wg) * 64) / 4), s != 0 || ks != 0);
-        asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");  // slab s - 1's MMAs are done
-#pragma unroll
-        for (int ks = 0; ks < C1 / 16; ++ks)
-            asm volatile("" :: "r"(done[ks][0]), "r"(done[ks][1]), "r"(done[ks][2]), "r"(done[ks][3]));
+        wgmma_commit_wait_previous(done);  // slab s - 1's MMAs are done
     };
     constexpr int FIRST = K2 * K2 % 2;  // an odd count's first slab on its own, the rest in pairs
     if (FIRST) step(0, av[1], av[0]);

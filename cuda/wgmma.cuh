@@ -107,6 +107,19 @@ __device__ __forceinline__ void store_tile(float* dst, int stride, const float (
 
 __device__ __forceinline__ void wgmma_drain() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
 
+// Commit the MMAs just issued as a group and wait for the group before it, whose A fragments from
+// registers (`done`) may be overwritten only now: an MMA reads its A registers after it is issued,
+// until a wait covers it, and ptxas does not know that (it reused them without a warning). The empty
+// asm keeps `done` live up to here, so a rolled loop alternates two fragment sets (certify_kernel3,
+// fused_kernel5).
+template <int FRAGS>
+__device__ __forceinline__ void wgmma_commit_wait_previous(const unsigned (&done)[FRAGS][4]) {
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory");
+#pragma unroll
+    for (int f = 0; f < FRAGS; ++f) asm volatile("" :: "r"(done[f][0]), "r"(done[f][1]), "r"(done[f][2]), "r"(done[f][3]));
+}
+
 // The k loop of a warpgroup's m64 x COLS tile (MT = 1) in 3xTF32 whose NSTAGES pipeline stages of
 // STAGE_SIZE floats hold an A tile (A_SIZE floats, rows ASTRIDE apart, TK k) then the k-tile's
 // weight parts and remainders: fetch(tile) starts the copies of k-tile `tile` into its stage;

@@ -81,7 +81,7 @@ class Executor:
             pinned.append(cuda.pagelocked_empty(shape, dtype))
             return pinned[-1]
 
-        classes = self.pipeline.g.classes
+        classes, chunks = self.pipeline.g.classes, -(-n // chunk)
         try:
             return Run(key=key, chunk=chunk, block=block, slots=slots, elems=elems, wire=wire,
                        x_dev=alloc(block * slots * elems * wire.itemsize) if resident else None,
@@ -91,7 +91,7 @@ class Executor:
                        scratch=[alloc(4 * self.pipeline.scratch_floats(chunk)) for _ in self.streams],
                        labels_dev=alloc(4 * n), labels=host(n, np.int32),
                        scores_dev=alloc(4 * n * classes), scores=host((n, classes), np.float32),
-                       flags_dev=alloc(8 * -(-n // chunk)), flags=host((-(-n // chunk), 2), np.int32), buffers=taken + pinned)
+                       flags_dev=alloc(8 * chunks), flags=host((chunks, 2), np.int32), buffers=taken + pinned)
         except BaseException:
             for buf in taken:
                 buf.free()

@@ -646,10 +646,9 @@ class Fused(Launcher):
         and the rest to global memory)."""
         import pycuda.driver as cuda
 
-        parts = [("c_w1", np.ascontiguousarray(weights, np.float32))]
-        if self.version >= 3:
-            parts = [("c_w1", parts[0][1][:-self.c1]), ("c_w1_scale", parts[0][1][-self.c1:])]
-        for name, values in parts:
+        w = np.ascontiguousarray(weights, np.float32)
+        parts = {"c_w1": w[:-self.c1], "c_w1_scale": w[-self.c1:]} if self.version >= 3 else {"c_w1": w}
+        for name, values in parts.items():
             at, size = self.module.get_global(name)
             if values.nbytes != size:
                 raise ValueError(f"{self.kernel}'s {name} holds {size} bytes, not the {values.nbytes} given")
