@@ -35,6 +35,14 @@
 //   halves) and its margin and rest (E_c + T_c + FR2 (R_t + R_c)) appended to a list (*npairs counts
 //   them; ok stays 1 for pair_kernel1 to clear).
 //   2 x FEAT x HIDDEN x 2 float16 tensor FLOPs an image (dp and |p| rows).
+// certify_kernel4 (sm_90a only): version 3 with the float16 pass's classifier inside, so no fc kernel
+//   runs before it: out are the scores and labels, not in (z is not read). Phase A's rows 32-63 are
+//   fl16(p) (rounded to nearest: p is not negative), and each k-step also multiplies them by fc1
+//   rounded to nearest (a second m64n64k16 a warpgroup, into its own accumulators): rows 32-63 of that
+//   product are fc1's sums z of float16 products, float32 sums; m comes from the same fl16(p), and
+//   sum p from the staged tiles. Then per image relu(z) . fc2 in float32 (8 threads, a butterfly),
+//   the first maximum, and version 3's terms with r1 also bounding z's float16 operands (unit_terms_half).
+//   2 x FEAT x HIDDEN x 3 float16 tensor FLOPs an image (the third on the dp rows, unused).
 // pair_kernel1 (sm_90a only): stage two on the listed pairs: block 256 threads, 32 pairs a round, grid
 //   strides over *npairs' rounds; H = fc1 . columns (FEAT x 32) on wgmma.m64n32k16 (each warpgroup
 //   every other 64-feature slab, A and B from shared memory), P = sum_i dp_i |H_i| per pair; a pair
@@ -52,8 +60,8 @@
 #include "mma.cuh"
 #include "wgmma.cuh"
 
-#if !defined(SHARED_V1) || !defined(SHARED_V2) || !defined(SHARED_V3) || !defined(SHARED_PAIRS)
-#error "certify needs -DSHARED_V1 .. V3 and -DSHARED_PAIRS: each kernel's shared floats (launch.Certify.defines)"
+#if !defined(SHARED_V1) || !defined(SHARED_V2) || !defined(SHARED_V3) || !defined(SHARED_V4) || !defined(SHARED_PAIRS)
+#error "certify needs -DSHARED_V1 .. V4 and -DSHARED_PAIRS: each kernel's shared floats (launch.Certify.defines)"
 #endif
 #define CERT_THREADS 256
 namespace v1 {  // version 1's tiles and shared-memory layout (floats)
@@ -79,11 +87,16 @@ static_assert((R1 + R2 + R3 + SMALL) * 4 <= 227 * 1024, "certify: shared memory 
 static_assert(R1 + R2 + R3 + SMALL <= SHARED_V1, "certify v1: the shared memory launch.Certify.shared gives it");
 }  // namespace v1
 
-enum { QS, MS, FR1, FR2, ALPHA2, KAPPA, ETA2H, DSCALE, NCONST };
+enum { QS, MS, FR1, FR2, ALPHA2, KAPPA, ETA2H, DSCALE, HR, ETA1, E1C, MS4, ETAW, NCONST };
 __constant__ float c_fc_bound[NCONST];
 
 __device__ __forceinline__ unsigned half2_up(float a, float b) {
     const __half2 h = __halves2half2(__float2half_ru(a), __float2half_ru(b));
+    return *reinterpret_cast<const unsigned*>(&h);
+}
+
+__device__ __forceinline__ unsigned half2_rn(float a, float b) {
+    const __half2 h = __floats2half2_rn(a, b);
     return *reinterpret_cast<const unsigned*>(&h);
 }
 
@@ -99,12 +112,26 @@ struct Unit {
     float q, coef_t, coef_r, slope;
 };
 
-__device__ __forceinline__ Unit unit_terms(float qsum, float msum, float z) {
-    const float q = __fmul_ru(qsum, c_fc_bound[QS]), m = __fmul_ru(msum, c_fc_bound[MS]);
-    const float rr = __fmul_ru(c_fc_bound[FR1], __fmaf_ru(2.0f, m, q)), e1 = __fadd_ru(q, rr);
+__device__ __forceinline__ Unit unit_from(float q, float rr, float z) {
+    const float e1 = __fadd_ru(q, rr);
     const bool stable = fabsf(z) > e1, active = stable && z > 0.0f;
     return {q, active ? rr : (stable ? 0.0f : __fmaf_ru(0.5f, q, rr)), __fadd_ru(2.0f * relu(z), stable && !active ? 0.0f : e1),
             active ? 1.0f : (stable ? 0.0f : 0.5f)};
+}
+
+// Versions 1-3: z is fc1's float32-accurate sum (fc_kernel6 or 5), r1 = FR1 (2 m + q) covers both paths'.
+__device__ __forceinline__ Unit unit_terms(float qsum, float msum, float z) {
+    const float q = __fmul_ru(qsum, c_fc_bound[QS]), m = __fmul_ru(msum, c_fc_bound[MS]);
+    return unit_from(q, __fmul_ru(c_fc_bound[FR1], __fmaf_ru(2.0f, m, q)), z);
+}
+
+// Version 4: z is fc1's sum of float16 products (fl16(p) fl16(fc1), float32 sums), msum's from the same
+// fl16(p), psum = sum p: r1 = FR1 (m + q) (the exact path's sums) + HR m + ETA1 psum + E1C (the float16
+// sums', docs/certified.md), with m = MS4 msum + ETAW.
+__device__ __forceinline__ Unit unit_terms_half(float qsum, float msum, float z, float psum) {
+    const float q = __fmul_ru(qsum, c_fc_bound[QS]), m = __fmaf_ru(msum, c_fc_bound[MS4], c_fc_bound[ETAW]);
+    const float half = __fmaf_ru(c_fc_bound[HR], m, __fmaf_ru(c_fc_bound[ETA1], psum, c_fc_bound[E1C]));
+    return unit_from(q, __fmaf_ru(c_fc_bound[FR1], __fadd_ru(m, q), half), z);
 }
 
 
@@ -145,18 +172,19 @@ __device__ __forceinline__ void sum_lanes(float (&Ac)[CLASSES], float (&Bc)[CLAS
 }
 
 // Phase A's A fragments of a staged k-tile (rows ROW floats apart), this thread's rows 16 w + g and
-// + 8 (w: its warp in the warpgroup): |value| * scale as float16 pairs rounded up; where sum_dp the
-// values (dp) are also added into dsum, rounded up.
+// + 8 (w: its warp in the warpgroup): |value| * scale as float16 pairs rounded up, or where nearest the
+// values rounded to nearest (version 4's p: not negative); where sum_dp the values (dp, or version 4's
+// p) are also added into dsum, rounded up.
 template <int KS, int ROW>
 __device__ __forceinline__ void phase_a_fragments(unsigned (&a)[KS][4], const float* as, float scale, bool sum_dp,
-                                                  float (&dsum)[2]) {
+                                                  float (&dsum)[2], bool nearest = false) {
     const int lane = threadIdx.x % 32, w = threadIdx.x / 32 % 4, g = lane / 4, tig = lane % 4;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
             const float2 v = *reinterpret_cast<const float2*>(as + (16 * w + g + 8 * (r % 2)) * ROW + 16 * ks + 2 * tig + 8 * (r / 2));
-            a[ks][r] = half2_up(fabsf(v.x) * scale, fabsf(v.y) * scale);
+            a[ks][r] = nearest ? half2_rn(v.x, v.y) : half2_up(fabsf(v.x) * scale, fabsf(v.y) * scale);
             if (sum_dp) dsum[r % 2] = __fadd_ru(dsum[r % 2], __fadd_ru(v.x, v.y));
         }
 }
@@ -657,6 +685,171 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
         const float fr = __fmul_ru(c_fc_bound[FR2], __fadd_ru(Rc[tc], Rc[c]));
         const float cheap = __fadd_ru(__fadd_ru(Ac[c], Tc[c]), fr);
         // the rest of version 2's gap: E_c (H's own rounding, weighted by dp), T_c and fc2's rounding
+        const float eta = __fmaf_ru(c_fc_bound[KAPPA], __fmaf_ru(d, Bc[c], qact), __fmul_ru(c_fc_bound[ETA2H], d));
+        margin[c] = __fsub_rd(s[tc], s[c]);
+        rest[c] = __fadd_ru(__fadd_ru(__fmaf_ru(c_fc_bound[ALPHA2], Ac[c], eta), Tc[c]), fr);
+        const bool first = isfinite(cheap) && margin[c] > cheap;
+        sure = sure && isfinite(s[c]) && (first || (isfinite(rest[c]) && margin[c] > rest[c]));
+        if (!first) fail |= 1u << c;
+    }
+    if (!sure) fail = 0;
+    int at = part == 0 && fail ? atomicAdd(npairs, __popc(fail)) : 0;
+    at = __shfl_sync(0xffffffffu, at, lane & ~7);
+    if (part == 0 && i < imgs) ok[img0 + i] = sure;  // pair_kernel1 clears it where a pair fails
+#pragma unroll
+    for (int c = 0; c < CLASSES; ++c) {
+        if (!(fail >> c & 1)) continue;
+        if (part == 0) pairs[at] = make_float4(__int_as_float(img0 + i), margin[c], rest[c], 0.0f);
+#pragma unroll
+        for (int jj = 0; jj < UNITS; ++jj) {
+            const int j = part + 8 * jj;
+            columns[(size_t)at * HIDDEN + j] = __float2half_rn(slopes[j] * (w2[j * CLASSES + tc] - w2[j * CLASSES + c]));
+        }
+        ++at;
+    }
+}
+
+// Version 4's layout (floats): phase A's four stages ([dp; p] rows as float32, |fc1|_up and fc1 rounded
+// to nearest as halves), then Q, the images' z and their slopes where they were; per image sum dp and
+// sum p.
+namespace v4 {
+constexpr int IMGS = 32, KT = 32, NSTAGES = 4;  // images a block; phase A's k-tile (features) and its stages
+constexpr int A_ROW = KT + 8;                    // staged A rows: float2 fragment loads conflict-free
+constexpr int A_FLOATS = 64 * A_ROW;             // rows 0-31: dp, 32-63: p
+constexpr int B_FLOATS = KT * HIDDEN / 2;        // a k-tile of |fc1|_up, and one of fc1 rounded to nearest (halves)
+constexpr int STAGE = A_FLOATS + 2 * B_FLOATS;
+constexpr int Q_ROW = HIDDEN + 4;
+constexpr int QZS_FLOATS = 96 * Q_ROW + IMGS * HIDDEN;  // Q (64 rows), z (32 rows), then each image's ReLU slopes
+constexpr int R1 = NSTAGES * STAGE > QZS_FLOATS ? NSTAGES * STAGE : QZS_FLOATS;
+constexpr int UNITS = HIDDEN / 8;                // hidden units of each of an image's 8 threads
+static_assert(FEAT % (2 * KT) == 0 && STAGE % 4 == 0 && HIDDEN % 8 == 0 && CLASSES <= 16, "certify v4: k-tiles in pairs, 16-byte stages");
+static_assert((R1 + 2 * IMGS) * 4 <= 113 * 1024, "certify v4: two blocks an SM (launch.Certify.shared)");
+static_assert(R1 + 2 * IMGS <= SHARED_V4, "certify v4: the shared memory launch.Certify.shared gives it");
+}  // namespace v4
+
+extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
+certify_kernel4(const float* __restrict__ feat, const float* __restrict__ dp, float* __restrict__ scores,
+                int* __restrict__ labels, const float4* __restrict__ w1abs, const float4* __restrict__ w1near,
+                const float* __restrict__ w2, int* __restrict__ ok, float4* __restrict__ pairs, __half* __restrict__ columns,
+                int* __restrict__ npairs, int n) {
+    using namespace v4;
+    extern __shared__ float4 smem4[];
+    float* r1 = reinterpret_cast<float*>(smem4);
+    float* D = r1 + R1;  // rows 0-31: sum of dp; 32-63: sum of p
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+    const int wg = warp / 4, w = warp % 4;
+    const int img0 = blockIdx.x * IMGS, imgs = min(IMGS, n - img0);
+
+    // Phase A. Rows 0-31: dp of image r (times 2^S), 32-63: p of image r - 32. Each thread copies one
+    // 16-byte piece of a dp row and the same piece of its image's p row, and two of each fc1 operand's.
+    static_assert(IMGS * KT / 4 == CERT_THREADS && B_FLOATS == 8 * CERT_THREADS, "certify v4: two copies a thread each");
+    const int ci = t / (KT / 4), cc = 4 * (t % (KT / 4));
+    const size_t crow = (size_t)(img0 + min(ci, imgs - 1)) * FEAT + cc;
+    const float *dp_src = dp + crow, *p_src = feat + crow;
+    float* a_dst = r1 + ci * A_ROW + cc;
+    auto fetch_a = [&](int tile) {
+        float* as = a_dst + (tile % NSTAGES) * STAGE;
+        cp_async16(as, dp_src + tile * KT, ci < imgs);
+        cp_async16(as + IMGS * A_ROW, p_src + tile * KT, ci < imgs);
+        float4* bs = reinterpret_cast<float4*>(r1 + (tile % NSTAGES) * STAGE + A_FLOATS) + t;
+        const size_t b = (size_t)tile * (B_FLOATS / 4) + t;
+        cp_async16(bs, w1abs + b, true);
+        cp_async16(bs + CERT_THREADS, w1abs + b + CERT_THREADS, true);
+        cp_async16(bs + B_FLOATS / 4, w1near + b, true);
+        cp_async16(bs + B_FLOATS / 4 + CERT_THREADS, w1near + b + CERT_THREADS, true);
+    };
+    constexpr int TILES = FEAT / KT;
+    float qa[32], za[32];  // [dp; fl16(p)] . |fc1|_up, and . fl16(fc1): rows 32-63 of za are z
+    float dsum[2] = {};    // warpgroup 0: sum dp (warps 0-1) or p (2-3) of rows 16 w + g, + 8, over this thread's k, rounded up
+    const float scale = w < 2 ? c_fc_bound[DSCALE] : 1.0f;
+    fetch_a(0);
+    cp_async_commit();
+    if (TILES > 1) fetch_a(1);
+    cp_async_commit();
+    // The A fragments alternate between two register sets, each kept live until the wait after the
+    // next tile's MMAs (certify_kernel3's hazard).
+    unsigned av[2][KT / 16][4] = {};
+    auto step = [&](int tile, unsigned (&a)[KT / 16][4], const unsigned (&done)[KT / 16][4]) {
+        cp_async_wait<1>();
+        asm volatile("fence.proxy.async.shared::cta;");
+        __syncthreads();  // this tile landed; tile - 2's MMAs, the last to read the stage refilled now, are done
+        if (tile + 2 < TILES) fetch_a(tile + 2);
+        cp_async_commit();
+        const float* as = r1 + (tile % NSTAGES) * STAGE;
+        phase_a_fragments<KT / 16, A_ROW>(a, as, scale, wg == 0, dsum, w >= 2);
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int ks = 0; ks < KT / 16; ++ks) {  // this warpgroup's 64 hidden units: column groups 8 wg on
+            const float* b = as + A_FLOATS + ks * (HIDDEN * 16 / 2) + wg * 8 * 64;
+            wgmma16(qa, a[ks], wgmma_desc(b), tile > 0 || ks > 0);
+            wgmma16(za, a[ks], wgmma_desc(b + B_FLOATS), tile > 0 || ks > 0);
+        }
+        wgmma_commit_wait_previous(done);  // the previous tile's MMAs are done
+    };
+    for (int tile = 0; tile < TILES; tile += 2) {
+        step(tile, av[0], av[1]);
+        step(tile + 1, av[1], av[0]);
+    }
+    wgmma_drain();
+    if (wg == 0) store_dp_sums(dsum, D);
+    cp_async_wait<0>();
+    __syncthreads();  // the stages are dead: Q and z take their place
+    float* Q = r1;
+    float* Z = Q + 64 * Q_ROW;  // fc1's float16 sums before ReLU, [img][Q_ROW]
+    store_tile(Q + 64 * wg, Q_ROW, qa);
+    if (w >= 2) store_tile(Z - 32 * Q_ROW + 64 * wg, Q_ROW, za);  // rows 32-63: the p rows
+    __syncthreads();
+
+    // Per image (8 threads, 16 hidden units each): the scores relu(z) . fc2 in float32, summed over the
+    // 8 threads in a butterfly (every thread ends with the same sums), the first maximum; then the terms
+    // of version 3.
+    const int i = t / 8, part = t % 8;
+    const float* zi = Z + i * Q_ROW;
+    float s[CLASSES] = {};
+    for (int jj = 0; jj < UNITS; ++jj) {
+        const int j = part + 8 * jj;
+        const float h = relu(zi[j]);
+#pragma unroll
+        for (int c = 0; c < CLASSES; ++c) s[c] = fmaf(h, w2[j * CLASSES + c], s[c]);
+    }
+#pragma unroll
+    for (int o = 1; o < 8; o *= 2)
+#pragma unroll
+        for (int c = 0; c < CLASSES; ++c) s[c] += __shfl_xor_sync(0xffffffffu, s[c], o);
+    int tc = 0;
+#pragma unroll
+    for (int c = 1; c < CLASSES; ++c)
+        if (s[c] > s[tc]) tc = c;
+    if (i < imgs) {
+        float* out = scores + (size_t)(img0 + i) * CLASSES;
+        if (part == 0) labels[img0 + i] = tc;
+#pragma unroll
+        for (int c = 0; c < CLASSES; ++c)
+            if (c % 8 == part) out[c] = s[c];
+    }
+
+    float* slopes = Z + 32 * Q_ROW + i * HIDDEN;  // this image's, for its pairs' columns
+    float Ac[CLASSES] = {}, Bc[CLASSES] = {}, Tc[CLASSES] = {}, Rc[CLASSES] = {}, qact = 0.0f;
+    const float psum = D[IMGS + i];
+    for (int jj = 0; jj < UNITS; ++jj) {
+        const int j = part + 8 * jj;
+        const Unit u = unit_terms_half(Q[i * Q_ROW + j], Q[(IMGS + i) * Q_ROW + j], zi[j], psum);
+        slopes[j] = u.slope;
+        if (u.slope > 0.0f) qact = __fadd_ru(qact, u.q);
+        add_class_terms(u, w2[j * CLASSES + tc], w2 + j * CLASSES, Ac, Bc, Tc, Rc);
+    }
+    sum_lanes<8>(Ac, Bc, Tc, Rc, qact);
+
+    // Stage one as version 3's.
+    const float d = D[i];
+    bool sure = i < imgs && isfinite(s[tc]);
+    unsigned fail = 0;
+    float margin[CLASSES], rest[CLASSES];
+#pragma unroll
+    for (int c = 0; c < CLASSES; ++c) {
+        if (c == tc) continue;
+        const float fr = __fmul_ru(c_fc_bound[FR2], __fadd_ru(Rc[tc], Rc[c]));
+        const float cheap = __fadd_ru(__fadd_ru(Ac[c], Tc[c]), fr);
         const float eta = __fmaf_ru(c_fc_bound[KAPPA], __fmaf_ru(d, Bc[c], qact), __fmul_ru(c_fc_bound[ETA2H], d));
         margin[c] = __fsub_rd(s[tc], s[c]);
         rest[c] = __fadd_ru(__fadd_ru(__fmaf_ru(c_fc_bound[ALPHA2], Ac[c], eta), Tc[c]), fr);

@@ -84,18 +84,40 @@ def exact_rounding(n):
     return gamma(3 * n) * SPLIT + U_EXACT
 
 
-def half_pass(x, model, style="componentwise"):
+FC1 = ("exact", "half")
+
+
+def half_pass(x, model, style="componentwise", fc1="half"):
     """The low-precision pass over float32 images x (N, H, W, C): (scores (N, classes) float32,
     gap (N, classes) float64). gap[i, c] bounds |(s_t - s_c) - (s'_t - s'_c)| for image i's top
-    class t (s: these scores, s': the exact path's); gap[i, t] = 0. inf where anything overflowed."""
+    class t (s: these scores, s': the exact path's); gap[i, t] = 0. inf where anything overflowed.
+    fc1="half": fc1 from float16 operands (fl16(p) fl16(fc1), float32 sums), as certify_kernel4 computes
+    it; "exact": float32 sums, as the exact path (and certify_kernel1-3's fc kernel) computes them."""
     if style not in STYLES:
         raise ValueError(f"no bound style {style!r}: {', '.join(STYLES)}")
+    if fc1 not in FC1:
+        raise ValueError(f"no fc1 mode {fc1!r}: {', '.join(FC1)}")
     x = np.asarray(x, np.float32)
-    parts = [_half_pass(x[i:i + BLOCK], model, style) for i in range(0, len(x), BLOCK)]
+    parts = [_half_pass(x[i:i + BLOCK], model, style, fc1) for i in range(0, len(x), BLOCK)]
     return np.concatenate([s for s, _ in parts]), np.concatenate([g for _, g in parts])
 
 
-def _half_pass(x, model, style):
+def half_fc1_rounding(p, fc1):
+    """(z, r): fc1's sums before ReLU from float16 operands, fl16(p) fl16(fc1) summed in float32, and per
+    hidden unit a bound on |z - p fc1| (exact arithmetic) for p >= 0: each product is within (2u + u^2)
+    |w| p + eta (1 + u)(|w| + p) + eta^2 of w p, and the float32 sum of n within gamma_n of their
+    magnitudes, each at most (1 + u)^2 |w| p + eta (1 + u)(|w| + p) + eta^2."""
+    n = fc1.shape[0]
+    with np.errstate(over="ignore", invalid="ignore"):
+        z = (to_half(p) @ to_half(fc1)).astype(np.float32)
+    w_abs, p64 = np.abs(fc1).astype(np.float64), np.asarray(p, np.float64)
+    g = gamma(n)
+    r = (2 * U16 + U16**2 + g * (1 + U16)**2) * (p64 @ w_abs)
+    r += (1 + g) * (ETA16 * (1 + U16) * (w_abs.sum(axis=0)[None, :] + p64.sum(axis=1)[:, None]) + n * ETA16**2)
+    return z, r
+
+
+def _half_pass(x, model, style, fc1_mode):
     n = len(x)
     a1 = reference.avgpool2(reference.relu(reference.conv2d(x, model.conv1)))  # the exact path's, bit for bit
     finite = np.isfinite(a1).reshape(n, -1).all(axis=1) & (np.abs(a1) <= F16_MAX).reshape(n, -1).all(axis=1)
@@ -109,9 +131,13 @@ def _half_pass(x, model, style):
     d_p = reference.flatten(reference.avgpool2(d2) + gamma(3, U32) * reference.avgpool2(2 * v_abs + d2)) + 2.0**-148
     # fc1 on both paths, float32 sums of the same weights on inputs d_p apart
     w1, w2 = model.fc1.astype(np.float64), model.fc2.astype(np.float64)
-    z = reference.fc(p, model.fc1)
     p_abs = np.abs(p).astype(np.float64)
-    r1 = exact_rounding(w1.shape[0]) * ((2 * p_abs + d_p) @ np.abs(w1))
+    if fc1_mode == "exact":  # both paths' float32 sums, of inputs within d_p of each other
+        z = reference.fc(p, model.fc1)
+        r1 = exact_rounding(w1.shape[0]) * ((2 * p_abs + d_p) @ np.abs(w1))
+    else:  # the exact path's float32 sums, and the float16 operands' sums
+        z, r_half = half_fc1_rounding(p, model.fc1)
+        r1 = exact_rounding(w1.shape[0]) * ((p_abs + d_p) @ np.abs(w1)) + r_half
     q = d_p @ np.abs(w1)
     e1 = q + r1  # |z - z'| per hidden unit
     h = reference.relu(z)
@@ -147,11 +173,11 @@ def certified(scores, gap):
     return (margin > 0).all(axis=1)
 
 
-def predict(x, model, style="componentwise", zero_bound=False):
+def predict(x, model, style="componentwise", zero_bound=False, fc1="half"):
     """(labels, certified mask): the low-precision pass's answer where certified, the exact path's
     (float32 here) elsewhere. zero_bound trusts every low-precision answer: the tests' proof that
     the check matters."""
-    scores, gap = half_pass(x, model, style)
+    scores, gap = half_pass(x, model, style, fc1)
     if zero_bound:
         gap = np.zeros_like(gap)
     sure = certified(scores, gap)
@@ -209,16 +235,24 @@ def conv2_constants(w2):
 
 
 def fc_constants(fc1):
-    """certify_kernel1's and 2's c_fc_bound: [QS, MS, FR1, FR2, ALPHA2, KAPPA, ETA2H, DSCALE]. q = dp
+    """The certify kernels' c_fc_bound: [QS, MS, FR1, FR2, ALPHA2, KAPPA, ETA2H, DSCALE, HR, ETA1, E1C,
+    MS4, ETAW]. q = dp
     |fc1| and m = |p| |fc1| come from float16 operands rounded up (dp scaled by DSCALE) summed by the
     tensor cores, so each is at most the sum over 1 - gamma_FEAT (QS, MS also undo the scale); FR1,
     FR2 are exact_rounding of fc1 and fc2. The product over the hidden units, fc1 diag(active) b with b
     fc2 (version 1) or fc2_t - fc2_c (version 2: the float32 difference, rounded to nearest again),
     both rounded to float16, is within ALPHA2 |fc1| |b| + KAPPA (|fc1| + |b|) + eta^2 (1 + gamma) of the
-    exact product, per term: b's rounding u_d = u (1 + 2^-24) + 2^-24 covers both roundings."""
+    exact product, per term: b's rounding u_d = u (1 + 2^-24) + 2^-24 covers both roundings.
+    certify_kernel4 computes z from float16 operands, its m from fl16(p) (p <= (1 + u) fl16(p) + eta):
+    m = MS4 msum + ETAW bounds |p| |fc1|, and half_fc1_rounding's bound is at most HR m + ETA1 sum p +
+    E1C, with the largest column sum of |fc1| for every hidden unit's."""
     feat, hidden = fc1.shape
     g_f, g_h = gamma(feat), gamma(hidden)
     u_d = U16 * (1 + U32) + U32
+    w_max = float(np.abs(np.asarray(fc1, np.float64)).sum(axis=0).max())
+    eta1 = (1 + g_f) * ETA16 * (1 + U16)
     return up32([2.0**-DSCALE_LOG2 / (1 - g_f), 1 / (1 - g_f), exact_rounding(feat), exact_rounding(hidden),
                  U16 + u_d + U16 * u_d + g_h * (1 + U16) * (1 + u_d), (1 + g_h) * (1 + U16) * (1 + u_d) * ETA16,
-                 hidden * (1 + g_h) * ETA16 * ETA16, 2.0**DSCALE_LOG2])
+                 hidden * (1 + g_h) * ETA16 * ETA16, 2.0**DSCALE_LOG2,
+                 2 * U16 + U16**2 + g_f * (1 + U16)**2, eta1, eta1 * w_max + (1 + g_f) * feat * ETA16**2,
+                 (1 + U16) / (1 - g_f), ETA16 * w_max])

@@ -53,7 +53,7 @@ def test_testfull_labels_are_the_exact_paths(gpu, ece408, chunk):
     x = read_all(ece408 / "testfull.hdf5", model, 10000)
     exact, certified, recomputed = both(model, x, chunk)
     np.testing.assert_array_equal(certified, exact)
-    assert 0 < recomputed < 0.12 * len(x), recomputed  # the oracle leaves 10.2% (docs/certified.md): a looser bound fails
+    assert 0 < recomputed < 0.15 * len(x), recomputed  # the oracle leaves 12.0% (docs/certified.md): a looser bound fails
 
 
 def test_bundled_sample_labels_are_the_exact_paths(gpu):
@@ -69,18 +69,23 @@ def test_bundled_sample_labels_are_the_exact_paths(gpu):
 def test_earlier_certify_kernels_still_give_the_exact_paths_labels(gpu, ece408, monkeypatch, version):
     """Versions 1 (32 images a block, G tiles in shared memory) and 2 (both stages for every image) of
     the certificate stay correct, and version 3 (the pairs that the cheaper first stage leaves, then
-    version 2's second) recomputes no more than either: it certifies where either of its stages does."""
+    version 2's second) recomputes no more than either: it certifies where either of its stages does.
+    Versions 1-3 read fc1's float32-accurate sums from the fc kernel; version 4 (the default) sums fc1
+    itself from float16 operands, and its looser bound recomputes more than version 3."""
     from infer.gpu.pipelines import FusedCertified
 
     hopper(gpu)
     model = loader.load_model(ece408 / "model.hdf5")
     x = read_all(ece408 / "testfull.hdf5", model, 3000)
-    exact, v3, recomputed3 = both(model, x)
+    exact, v4, recomputed4 = both(model, x)
+    monkeypatch.setattr(FusedCertified, "CERTIFY_VERSION", 3)
+    v3, _, recomputed3 = labels_of(CERTIFIED, model, x)
     monkeypatch.setattr(FusedCertified, "CERTIFY_VERSION", version)
     earlier, _, recomputed = labels_of(CERTIFIED, model, x)
-    np.testing.assert_array_equal(earlier, exact)
-    np.testing.assert_array_equal(v3, exact)
+    for labels in (earlier, v3, v4):
+        np.testing.assert_array_equal(labels, exact)
     assert 0 < recomputed3 <= recomputed, (recomputed3, recomputed)
+    assert recomputed3 < recomputed4 < 0.15 * len(x), (recomputed3, recomputed4)
 
 
 def test_the_pairs_stage_certifies_part_of_what_the_first_stage_lists(gpu, ece408, monkeypatch):
@@ -98,8 +103,8 @@ def test_the_pairs_stage_certifies_part_of_what_the_first_stage_lists(gpu, ece40
     x = read_all(ece408 / "testfull.hdf5", model, 3000)
     certify, seen = launch.Certify.__call__, []
 
-    def watched(self, stream, *args, pairs=None):
-        certify(self, stream, *args, pairs=pairs)
+    def watched(self, stream, *args, pairs=None, **kw):
+        certify(self, stream, *args, pairs=pairs, **kw)
         stream.synchronize()
         ok, n = np.zeros(args[-1], np.int32), args[-1]
         cuda.memcpy_dtoh(ok, args[-2])
@@ -130,7 +135,7 @@ def test_random_networks_labels_are_the_exact_paths(gpu, spec, scale):
 
 def test_near_ties_need_the_certificate(gpu, ece408, monkeypatch):
     """Near ties: the certified labels are the exact path's; with every image certified (the bound
-    forced to 0: the certificate kernel replaced by ok = 1) the float16 pass's labels differ on some."""
+    forced to 0: ok = 1 after the certificate's kernels) the float16 pass's labels differ on some."""
     import pycuda.driver as cuda
 
     from infer.gpu import launch
@@ -142,8 +147,13 @@ def test_near_ties_need_the_certificate(gpu, ece408, monkeypatch):
     np.testing.assert_array_equal(certified, exact)
     assert recomputed >= 16  # at least the bisected pair of each segment
 
-    monkeypatch.setattr(launch.Certify, "__call__",
-                        lambda self, stream, *args, **pairs: cuda.memset_d32_async(args[-2], 1, args[-1], stream))
+    certify = launch.Certify.__call__
+
+    def trusting(self, stream, *args, **kw):
+        certify(self, stream, *args, **kw)  # version 4 computes the float16 pass's scores and labels here
+        cuda.memset_d32_async(args[-2], 1, args[-1], stream)
+
+    monkeypatch.setattr(launch.Certify, "__call__", trusting)
     trusted, _, none_left = labels_of(CERTIFIED, model, ties)
     assert none_left == 0
     assert np.count_nonzero(trusted != exact) >= 2, "float16 alone never changed a near tie's label"
@@ -223,7 +233,7 @@ def test_the_default_certifies_large_runs_and_keeps_the_exact_scores(gpu, ece408
     exact, exact_scores, _ = labels_of(EXACT, model, x, scores=True)
     labels, _, recomputed = default_run(x, False)
     np.testing.assert_array_equal(labels, exact)
-    assert 0 < recomputed < 0.12 * n, recomputed
+    assert 0 < recomputed < 0.15 * n, recomputed
     labels, scores, recomputed = default_run(x, True)
     assert recomputed is None
     np.testing.assert_array_equal(labels, exact)
@@ -257,4 +267,4 @@ def test_images_uploaded_a_byte_a_pixel_are_certified_from_fewer(gpu, ece408):
         finally:
             b.close()
         np.testing.assert_array_equal(labels, exact[:count])
-        assert (recomputed is not None and 0 < recomputed < 0.12 * count) if certified else recomputed is None
+        assert (recomputed is not None and 0 < recomputed < 0.15 * count) if certified else recomputed is None

@@ -11,21 +11,22 @@ from infer.bench import random_case
 from tests.near_ties import near_ties
 
 
-def observed_and_gap(x, model, style):
-    scores, gap = certify.half_pass(x, model, style)
+def observed_and_gap(x, model, style, fc1="half"):
+    scores, gap = certify.half_pass(x, model, style, fc1)
     exact = reference.scores(x, model)
     rows, top = np.arange(len(x)), reference.argmax(scores)
     observed = np.abs((scores[rows, top][:, None] - scores) - (exact[rows, top][:, None] - exact))
     return observed, gap
 
 
+@pytest.mark.parametrize("fc1", certify.FC1)
 @pytest.mark.parametrize("style", certify.STYLES)
 @pytest.mark.parametrize("spec,scale", [("13x11x3,3:7,3:9,17", 1.0), ("20x18x1,5:12,3:20,33", 1.0),
                                         ("13x11x3,3:7,3:9,17", 1e-4),  # conv1's outputs under float16's normals
                                         ("14x14x2,3:5,3:8,11", 300.0)])
-def test_the_gap_bounds_the_paths_difference(spec, scale, style):
+def test_the_gap_bounds_the_paths_difference(spec, scale, style, fc1):
     model, x = random_case(spec, 61, seed=3)
-    observed, gap = observed_and_gap(x * np.float32(scale), model, style)
+    observed, gap = observed_and_gap(x * np.float32(scale), model, style, fc1)
     assert np.isfinite(gap).all() and (observed <= gap).all()
     assert (observed > 0).any()  # float16 changed something: the comparison had something to bound
 
@@ -33,12 +34,14 @@ def test_the_gap_bounds_the_paths_difference(spec, scale, style):
 V = np.float32(1 + 0.49 * 2**-10)  # float16 rounds it down to 1, by almost a unit roundoff
 
 
-def built(conv1, conv2, fc1, fc2):
-    """A network on 10x10 images of ones: conv1 1x1 then conv2 3x3 leave one pooled pixel."""
+def built(conv1, conv2, fc1, fc2, mode="exact"):
+    """A network on 10x10 images of ones: conv1 1x1 then conv2 3x3 leave one pooled pixel. The bound
+    with fc1 summed as the exact path sums it (mode "exact"), where these tests build conv2's error;
+    or as certify_kernel4 sums it ("half")."""
     model = loader.model_from_arrays(dict(conv1=np.full((1, 1, 1, 16), conv1, np.float32),
                                           conv2=np.stack([np.full((3, 3, 16), w, np.float32) for w in conv2], -1),
                                           fc1=np.asarray(fc1, np.float32), fc2=np.asarray(fc2, np.float32)))
-    return observed_and_gap(np.ones((2, 10, 10, 1), np.float32), model, "componentwise")
+    return observed_and_gap(np.ones((2, 10, 10, 1), np.float32), model, "componentwise", mode)
 
 
 def test_the_gap_is_within_2x_of_an_error_built_to_reach_it():
@@ -48,9 +51,24 @@ def test_the_gap_is_within_2x_of_an_error_built_to_reach_it():
     assert (observed[:, 1] >= 0.5 * gap[:, 1]).all(), (observed, gap)  # 0.90 here
 
 
-def test_a_hidden_unit_the_error_switches_off_is_bounded():
+def test_fc1s_float16_rounding_is_bounded_and_needed():
+    """fc1's weights V, which float16 rounds down by 0.98 u, on features exact in float16: the float16
+    sums lie 0.98 u below the exact ones, inside half_fc1_rounding's bound and within 4x of it (it
+    counts p's rounding too, none here), and far outside the float32 sums' rounding that the bound
+    for fc1 as the exact path computes it counts for both paths."""
+    fc1 = np.full((8, 4), V, np.float32)
+    p = np.array([[144] * 8, [0.5, 3, 0.25, 7, 1, 2, 6, 0.125]], np.float32)
+    z, r = certify.half_fc1_rounding(p, fc1)
+    exact = p.astype(np.float64) @ fc1.astype(np.float64)
+    err = np.abs(z - exact)
+    assert (err <= r).all() and (err >= r / 4).all(), (err, r)
+    assert (err > 2 * certify.exact_rounding(8) * exact).all()
+
+
+@pytest.mark.parametrize("mode", certify.FC1)
+def test_a_hidden_unit_the_error_switches_off_is_bounded(mode):
     """Exact: z = 144 V (V - c) > 0; float16: 144 (1 - c) < 0. The unit is on for one path only."""
-    observed, gap = built(V, [V, 1], [[1], [-(1 + 0.25 * 2**-10)]], [[1, 0]])
+    observed, gap = built(V, [V, 1], [[1], [-(1 + 0.25 * 2**-10)]], [[1, 0]], mode)
     assert (observed[:, 1] > 0.03).all() and (observed <= gap).all()
 
 
@@ -63,14 +81,15 @@ def test_an_unstable_unit_at_full_slope_is_bounded():
     conv2[:, :, :8, 0], conv2[:, :, 8:, 1] = up, down
     model = loader.model_from_arrays(dict(conv1=np.array([up] * 8 + [down] * 8, np.float32).reshape(1, 1, 1, 16), conv2=conv2,
                                           fc1=np.array([[1], [-(1 + 2**-20)]], np.float32), fc2=np.array([[1, 0]], np.float32)))
-    observed, gap = observed_and_gap(np.ones((2, 10, 10, 1), np.float32), model, "componentwise")
+    observed, gap = observed_and_gap(np.ones((2, 10, 10, 1), np.float32), model, "componentwise", "exact")
     assert (observed[:, 1] > 0.1).all() and (observed <= gap).all()
     assert (observed[:, 1] > 0.75 * gap[:, 1]).all(), (observed, gap)
 
 
 @pytest.mark.parametrize("conv1,conv2", [(1.4 * 2**-24, 1), (1, 1.4 * 2**-24)], ids=["activations", "weights"])
 def test_values_in_float16s_subnormals_are_bounded(conv1, conv2):
-    """1.4 * 2^-24: float16 keeps 2^-24, 29% off, which no relative bound covers."""
+    """1.4 * 2^-24: float16 keeps 2^-24, 29% off, which no relative bound covers (fc1's 2^20 is past
+    float16: with fc1 from float16 operands nothing would be certified)."""
     observed, gap = built(conv1, [conv2] * 2, np.eye(2) * 2**20, [[1, 0], [0, 0]])
     assert (observed[:, 1] > 1e-3).all() and (observed <= gap).all()
 
@@ -146,8 +165,26 @@ def test_the_gpu_constants_bound_the_oracles_conv2_gap(scale):
 
 def test_the_fc_constants_are_rounded_up():
     fc1 = np.ones((1024, 128), np.float32)
-    qs, ms, fr1, fr2, alpha2, kappa, eta2h, dscale = certify.fc_constants(fc1).astype(np.float64)
-    g = certify.gamma(1024)
+    qs, ms, fr1, fr2, alpha2, kappa, eta2h, dscale, hr, eta1, e1c, ms4, etaw = certify.fc_constants(fc1).astype(np.float64)
+    g, u, eta = certify.gamma(1024), certify.U16, certify.ETA16
     assert qs >= 2.0**-12 / (1 - g) and ms >= 1 / (1 - g) and dscale == 2.0**12
     assert fr1 >= certify.exact_rounding(1024) and fr2 >= certify.exact_rounding(128)
     assert alpha2 >= 2 * certify.U16 and kappa >= certify.ETA16 and eta2h >= 128 * certify.ETA16**2
+    assert hr >= 2 * u + g and eta1 >= eta * (1 + u) and e1c >= 1024 * eta1 and ms4 >= (1 + u) / (1 - g) and etaw >= 1024 * eta
+
+
+def test_the_gpu_constants_bound_the_float16_fc1s_rounding():
+    """certify_kernel4's r1 part for fc1's float16 sums, HR m + ETA1 sum p + E1C with m = MS4 msum +
+    ETAW (msum: |fc1|_up . fl16(p) at the low end of float32 sums), is at least the oracle's bound."""
+    rng = np.random.default_rng(7)
+    fc1 = (rng.standard_normal((256, 128)) * 0.05).astype(np.float32)
+    p = (rng.random((5, 256)) * np.array([[1.0], [1e-6], [30.0], [1.0], [0.0]])).astype(np.float32)
+    p[3, ::3] = 0  # zeros and float16 subnormals among the features
+    c = certify.fc_constants(fc1).astype(np.float64)
+    g = certify.gamma(256)
+    msum = certify.to_half(p).astype(np.float64) @ np.abs(certify.half_up(np.abs(fc1)).astype(np.float64)) * (1 - g)
+    m = c[11] * msum + c[12]
+    gpu = c[8] * m + c[9] * p.astype(np.float64).sum(axis=1)[:, None] + c[10]
+    _, oracle = certify.half_fc1_rounding(p, fc1)
+    assert (m >= np.abs(p).astype(np.float64) @ np.abs(fc1).astype(np.float64)).all()
+    assert (gpu >= oracle).all()

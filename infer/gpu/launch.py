@@ -855,10 +855,10 @@ class Certify(Launcher):
     fused_kernel3, reads the listed images where they lie). The shapes it takes: 10 classes, 128
     hidden units, features in 64s."""
     source = "certify"
-    KERNELS = {1: "certify_kernel1", 2: "certify_kernel2", 3: "certify_kernel3"}
-    ARG_TYPES = {1: "PPPPPPPPPi", 2: "PPPPPPPPPi", 3: "PPPPPPPPPPPi"}
+    KERNELS = {1: "certify_kernel1", 2: "certify_kernel2", 3: "certify_kernel3", 4: "certify_kernel4"}
+    ARG_TYPES = {1: "PPPPPPPPPi", 2: "PPPPPPPPPi", 3: "PPPPPPPPPPPi", 4: "PPPPPPPPPPPi"}
     DIRECTED_ROUNDING = True
-    IMGS = {1: 32, 2: 16, 3: 32}
+    IMGS = {1: 32, 2: 16, 3: 32, 4: 32}
     PAIRS = 32  # pair_kernel1's pairs a round
     THREADS, MAX_IMAGES = 256, 1 << 20
 
@@ -873,6 +873,9 @@ class Certify(Launcher):
         if version == 3:
             stages, q_and_slopes = 4 * (64 * 40 + 32 * g.hidden // 2), 64 * (g.hidden + 4) + 32 * g.hidden
             return 4 * (max(stages, q_and_slopes) + 32 * g.hidden + 2 * 32)
+        if version == 4:
+            stages, q_z_and_slopes = 4 * (64 * 40 + 2 * 32 * g.hidden // 2), 96 * (g.hidden + 4) + 32 * g.hidden
+            return 4 * (max(stages, q_z_and_slopes) + 2 * 32)
         stage, ncol = 64 * g.hidden // 2 + 16 * 68, 8 * g.classes
         r1 = max(2 * stage, 2 * (32 * 72 + 64 * g.hidden // 2), 32 * (g.hidden + 4))
         return 4 * (r1 + g.hidden * ncol + small(16) + 8 * ncol)
@@ -920,18 +923,25 @@ class Certify(Launcher):
         self.scatter.prepare("PPPPPPPP")
         self.constants = self.module.get_global("c_fc_bound")[0]
 
-    def __call__(self, stream, feat, dp, z, scores, labels, w1abs, w1h, w2, ok, n, pairs=None):
-        """ok[i] = 1 where image i is certified; version 3 needs pairs: the pointers pair_floats names."""
+    def __call__(self, stream, feat, dp, z, scores, labels, w1abs, w1h, w2, ok, n, pairs=None, w1near=None):
+        """ok[i] = 1 where image i is certified; versions 3 and 4 need pairs: the pointers pair_floats
+        names. Versions 1-3 read z, scores and labels (fc_kernel6 or 5 on the features); version 4
+        computes fc1 itself from float16 operands (w1near: fc1 rounded to nearest, laid out as w1abs)
+        and writes the scores and labels."""
         grid = (ceil_div(n, self.IMGS[self.version]), 1)
-        if self.version != 3:
+        if self.version < 3:
             self.launch(stream, grid, (self.THREADS, 1, 1), feat, dp, z, scores, labels, w1abs, w1h, w2, ok, n, shared=self.bytes)
             return
         import pycuda.driver as cuda
 
         listed, columns, npairs = pairs
         cuda.memset_d32_async(npairs, 0, 1, stream)
-        self.launch(stream, grid, (self.THREADS, 1, 1), feat, dp, z, scores, labels, w1abs, w2, ok, listed, columns, npairs, n,
-                    shared=self.bytes)
+        if self.version == 3:
+            self.launch(stream, grid, (self.THREADS, 1, 1), feat, dp, z, scores, labels, w1abs, w2, ok, listed, columns, npairs,
+                        n, shared=self.bytes)
+        else:
+            self.launch(stream, grid, (self.THREADS, 1, 1), feat, dp, scores, labels, w1abs, w1near, w2, ok, listed, columns,
+                        npairs, n, shared=self.bytes)
         # A round of pairs for each 32 images: the first stage lists about one pair in four images
         # (testfull: 2,306 of 10,000); more take more rounds.
         self.launch(stream, (ceil_div(n, self.PAIRS), 1), (self.THREADS, 1, 1), listed, columns, npairs, dp, w1h, ok,

@@ -364,7 +364,7 @@ class FusedCertified(FusedWarpgroup):
     NAME = "fused-certified"
     KERNEL = "fused_kernel4"  # any geometry fused-wgmma runs; fused_kernel5 where its shapes fit (8x8 conv2 outputs)
     KERNELS = ("fused_kernel5", KERNEL)
-    CERTIFY_VERSION = 3  # certify_kernel3 and pair_kernel1; 1 and 2 still run (tests/test_certified_gpu.py)
+    CERTIFY_VERSION = 4  # certify_kernel4 (fc1 inside) and pair_kernel1; 1-3 still run (tests/test_certified_gpu.py)
     # The default precision certifies runs of at least this many images that ask for no scores
     # (docs/certified.md: below it the exact path's two kernels a chunk are faster than the eight);
     # images uploaded a byte a pixel (uint8, 8-bit codes) reach the GPU sooner, so the certified
@@ -442,6 +442,7 @@ class FusedCertified(FusedWarpgroup):
         with np.errstate(over="ignore"):
             self.w1abs = words(wgmma_halves(certify.half_up(np.abs(model.fc1))[None]))
             self.w1h = words(wgmma_halves(model.fc1.astype(np.float16).reshape(g.flat // 64, 64, g.hidden).transpose(0, 2, 1)))
+            self.w1near = words(wgmma_halves(model.fc1.astype(np.float16)[None]))
         self.recomputed_dev = to_device(np.zeros(1, np.float32))  # an int32 counter (zero bits)
 
     def recomputed(self):
@@ -465,10 +466,11 @@ class FusedCertified(FusedWarpgroup):
 
         s, c = Scratch(scratch_base, self._layout(n)).ptr, self.cert
         self.convs(stream, x, self.w2h, s["feat"], n, bad, dp=s["dp"], scaling=scaling)
-        # The float16 pass's scores may overflow where the exact path's do not: its own flag, unread.
-        self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, s["cert_overflow"], s["scores"], s["partial"], z=s["z"])
+        if c.version < 4:  # version 4 computes fc1 -> ReLU -> fc2 itself, fc1 from float16 operands
+            # The float16 pass's scores may overflow where the exact path's do not: its own flag, unread.
+            self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, s["cert_overflow"], s["scores"], s["partial"], z=s["z"])
         c(stream, s["feat"], s["dp"], s["z"], s["scores"], labels, self.w1abs, self.w1h, self.fc2, s["ok"], n,
-          pairs=(s["pairs"], s["columns"], s["npairs"]))
+          pairs=(s["pairs"], s["columns"], s["npairs"]), w1near=self.w1near)
         c.compact_list(stream, s["ok"], n, s["idx"], s["count"], s["fb_overflow"], self.recomputed_dev)
         self.recompute(stream, x, self.w2, s["feat"], n, 0, count=s["count"], idx=s["idx"], scaling=scaling)
         self.fcs(stream, s["feat"], self.fc1, self.fc2, s["fb_labels"], n, s["fb_overflow"], s["fb_scores"] if scores else 0,
