@@ -567,6 +567,80 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
     }
 }
 
+// Versions 3 and 4's phase A loop over TILES k-tiles in four cp.async stages fetched two ahead:
+// fetch(tile) copies a tile into its stage; mma(tile, a) converts the landed tile's A fragments into
+// a and issues its MMAs. A tile's MMAs read their A fragments from registers after they are issued,
+// until a wait covers them: the fragments alternate between two sets, and each set is kept live until
+// the wait after the next tile's MMAs (wgmma_commit_wait_previous), so the next tile cannot be
+// converted into it. Returns once every MMA is done.
+template <int TILES, int KS, class Fetch, class Mma>
+__device__ __forceinline__ void phase_a_tiles(Fetch fetch, Mma mma) {
+    static_assert(TILES % 2 == 0, "certify: k-tiles in pairs");
+    fetch(0);
+    cp_async_commit();
+    if (TILES > 1) fetch(1);
+    cp_async_commit();
+    unsigned av[2][KS][4] = {};
+    auto step = [&](int tile, unsigned (&a)[KS][4], const unsigned (&done)[KS][4]) {
+        cp_async_wait<1>();
+        asm volatile("fence.proxy.async.shared::cta;");
+        __syncthreads();  // this tile landed; tile - 2's MMAs, the last to read the stage refilled now, are done
+        if (tile + 2 < TILES) fetch(tile + 2);
+        cp_async_commit();
+        mma(tile, a);
+        wgmma_commit_wait_previous(done);  // the previous tile's MMAs are done
+    };
+    for (int tile = 0; tile < TILES; tile += 2) {
+        step(tile, av[0], av[1]);
+        step(tile + 1, av[1], av[0]);
+    }
+    wgmma_drain();
+}
+
+// Stage one for image i (its 8 threads: part of them), top class tc, scores s(c), sum dp d and the
+// per-class terms: P_c <= A_c. A class that fails it is a pair for pair_kernel1, unless its margin
+// does not even exceed the rest of the gap (P_c >= 0): then the image is recomputed, nothing paired.
+// ok[image] = 1 where certified so far (pair_kernel1 clears it where a pair fails).
+template <class Score>
+__device__ __forceinline__ void stage_one(int i, int part, int img0, int imgs, int tc, Score s, float d,
+                                          const float (&Ac)[CLASSES], const float (&Bc)[CLASSES], const float (&Tc)[CLASSES],
+                                          const float (&Rc)[CLASSES], float qact, const float* slopes,
+                                          const float* __restrict__ w2, int* __restrict__ ok, float4* __restrict__ pairs,
+                                          __half* __restrict__ columns, int* __restrict__ npairs) {
+    const int lane = threadIdx.x % 32;
+    bool sure = i < imgs && isfinite(s(tc));
+    unsigned fail = 0;
+    float margin[CLASSES], rest[CLASSES];
+#pragma unroll
+    for (int c = 0; c < CLASSES; ++c) {
+        if (c == tc) continue;
+        const float fr = __fmul_ru(c_fc_bound[FR2], __fadd_ru(Rc[tc], Rc[c]));
+        const float cheap = __fadd_ru(__fadd_ru(Ac[c], Tc[c]), fr);
+        // the rest of version 2's gap: E_c (H's own rounding, weighted by dp), T_c and fc2's rounding
+        const float eta = __fmaf_ru(c_fc_bound[KAPPA], __fmaf_ru(d, Bc[c], qact), __fmul_ru(c_fc_bound[ETA2H], d));
+        margin[c] = __fsub_rd(s(tc), s(c));
+        rest[c] = __fadd_ru(__fadd_ru(__fmaf_ru(c_fc_bound[ALPHA2], Ac[c], eta), Tc[c]), fr);
+        const bool first = isfinite(cheap) && margin[c] > cheap;
+        sure = sure && isfinite(s(c)) && (first || (isfinite(rest[c]) && margin[c] > rest[c]));
+        if (!first) fail |= 1u << c;
+    }
+    if (!sure) fail = 0;
+    int at = part == 0 && fail ? atomicAdd(npairs, __popc(fail)) : 0;
+    at = __shfl_sync(0xffffffffu, at, lane & ~7);
+    if (part == 0 && i < imgs) ok[img0 + i] = sure;
+#pragma unroll
+    for (int c = 0; c < CLASSES; ++c) {
+        if (!(fail >> c & 1)) continue;
+        if (part == 0) pairs[at] = make_float4(__int_as_float(img0 + i), margin[c], rest[c], 0.0f);
+#pragma unroll
+        for (int jj = 0; jj < HIDDEN / 8; ++jj) {
+            const int j = part + 8 * jj;
+            columns[(size_t)at * HIDDEN + j] = __float2half_rn(slopes[j] * (w2[j * CLASSES + tc] - w2[j * CLASSES + c]));
+        }
+        ++at;
+    }
+}
+
 // Version 3's layout (floats): phase A's four stages, then Q and the slopes where they were; per image
 // its z, D and the label.
 namespace v3 {
@@ -595,7 +669,7 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
     float* Z = r1 + R1;  // fc1's sums before ReLU, [img][HIDDEN]
     float* D = Z + IMGS * HIDDEN;  // sum of dp
     int* top = reinterpret_cast<int*>(D + IMGS);
-    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+    const int t = threadIdx.x, warp = t / 32;
     const int wg = warp / 4, w = warp % 4;
     const int img0 = blockIdx.x * IMGS, imgs = min(IMGS, n - img0);
     if (t < IMGS) top[t] = t < imgs ? labels[img0 + t] : 0;
@@ -624,33 +698,14 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
     float qa[32];
     float dsum[2] = {};  // warps 0-1 of warpgroup 0: sum dp of rows (images) 16 w + g, + 8, over this thread's k, rounded up
     const float scale = w < 2 ? c_fc_bound[DSCALE] : 1.0f;  // warps 0-1: dp rows, 2-3: |p| rows
-    fetch_a(0);
-    cp_async_commit();
-    if (TILES > 1) fetch_a(1);
-    cp_async_commit();
-    // A tile's MMAs read their A fragments from registers after they are issued, until a wait covers
-    // them: the fragments alternate between two sets, and each set is kept live until the wait after
-    // the next tile's MMAs (wgmma_commit_wait_previous), so the next tile cannot be converted into it.
-    unsigned av[2][KT / 16][4] = {};
-    auto step = [&](int tile, unsigned (&a)[KT / 16][4], const unsigned (&done)[KT / 16][4]) {
-        cp_async_wait<1>();
-        asm volatile("fence.proxy.async.shared::cta;");
-        __syncthreads();  // this tile landed; tile - 2's MMAs, the last to read the stage refilled now, are done
-        if (tile + 2 < TILES) fetch_a(tile + 2);
-        cp_async_commit();
+    phase_a_tiles<TILES, KT / 16>(fetch_a, [&](int tile, unsigned (&a)[KT / 16][4]) {
         const float* as = r1 + (tile % NSTAGES) * STAGE;
         phase_a_fragments<KT / 16, A_ROW>(a, as, scale, wg == 0 && w < 2, dsum);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int ks = 0; ks < KT / 16; ++ks)  // this warpgroup's 64 hidden units: column groups 8 wg on
             wgmma16(qa, a[ks], wgmma_desc(as + A_FLOATS + ks * (HIDDEN * 16 / 2) + wg * 8 * 64), tile > 0 || ks > 0);
-        wgmma_commit_wait_previous(done);  // the previous tile's MMAs are done
-    };
-    for (int tile = 0; tile < TILES; tile += 2) {
-        step(tile, av[0], av[1]);
-        step(tile + 1, av[1], av[0]);
-    }
-    wgmma_drain();
+    });
     if (wg == 0 && w < 2) store_dp_sums(dsum, D);
     cp_async_wait<0>();
     __syncthreads();  // the stages are dead: Q takes their place
@@ -672,41 +727,9 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
     }
     sum_lanes<8>(Ac, Bc, Tc, Rc, qact);
 
-    // Stage one: P_c <= A_c. A class that fails it is a pair for pair_kernel1, unless its margin does
-    // not even exceed the rest of the gap (P_c >= 0): then the image is recomputed, nothing paired.
-    const float* s = scores + (size_t)(img0 + min(i, imgs - 1)) * CLASSES;
-    const float d = D[i];
-    bool sure = i < imgs && isfinite(s[tc]);
-    unsigned fail = 0;
-    float margin[CLASSES], rest[CLASSES];
-#pragma unroll
-    for (int c = 0; c < CLASSES; ++c) {
-        if (c == tc) continue;
-        const float fr = __fmul_ru(c_fc_bound[FR2], __fadd_ru(Rc[tc], Rc[c]));
-        const float cheap = __fadd_ru(__fadd_ru(Ac[c], Tc[c]), fr);
-        // the rest of version 2's gap: E_c (H's own rounding, weighted by dp), T_c and fc2's rounding
-        const float eta = __fmaf_ru(c_fc_bound[KAPPA], __fmaf_ru(d, Bc[c], qact), __fmul_ru(c_fc_bound[ETA2H], d));
-        margin[c] = __fsub_rd(s[tc], s[c]);
-        rest[c] = __fadd_ru(__fadd_ru(__fmaf_ru(c_fc_bound[ALPHA2], Ac[c], eta), Tc[c]), fr);
-        const bool first = isfinite(cheap) && margin[c] > cheap;
-        sure = sure && isfinite(s[c]) && (first || (isfinite(rest[c]) && margin[c] > rest[c]));
-        if (!first) fail |= 1u << c;
-    }
-    if (!sure) fail = 0;
-    int at = part == 0 && fail ? atomicAdd(npairs, __popc(fail)) : 0;
-    at = __shfl_sync(0xffffffffu, at, lane & ~7);
-    if (part == 0 && i < imgs) ok[img0 + i] = sure;  // pair_kernel1 clears it where a pair fails
-#pragma unroll
-    for (int c = 0; c < CLASSES; ++c) {
-        if (!(fail >> c & 1)) continue;
-        if (part == 0) pairs[at] = make_float4(__int_as_float(img0 + i), margin[c], rest[c], 0.0f);
-#pragma unroll
-        for (int jj = 0; jj < UNITS; ++jj) {
-            const int j = part + 8 * jj;
-            columns[(size_t)at * HIDDEN + j] = __float2half_rn(slopes[j] * (w2[j * CLASSES + tc] - w2[j * CLASSES + c]));
-        }
-        ++at;
-    }
+    const float* sp = scores + (size_t)(img0 + min(i, imgs - 1)) * CLASSES;
+    stage_one(i, part, img0, imgs, tc, [&](int c) { return sp[c]; }, D[i], Ac, Bc, Tc, Rc, qact, slopes, w2, ok, pairs,
+              columns, npairs);
 }
 
 // Version 4's layout (floats): phase A's four stages ([dp; p] rows as float32, |fc1|_up and fc1 rounded
@@ -736,7 +759,7 @@ certify_kernel4(const float* __restrict__ feat, const float* __restrict__ dp, fl
     extern __shared__ float4 smem4[];
     float* r1 = reinterpret_cast<float*>(smem4);
     float* D = r1 + R1;  // rows 0-31: sum of dp; 32-63: sum of p
-    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+    const int t = threadIdx.x, warp = t / 32;
     const int wg = warp / 4, w = warp % 4;
     const int img0 = blockIdx.x * IMGS, imgs = min(IMGS, n - img0);
 
@@ -762,19 +785,7 @@ certify_kernel4(const float* __restrict__ feat, const float* __restrict__ dp, fl
     float qa[32], za[32];  // [dp; fl16(p)] . |fc1|_up, and . fl16(fc1): rows 32-63 of za are z
     float dsum[2] = {};    // warpgroup 0: sum dp (warps 0-1) or p (2-3) of rows 16 w + g, + 8, over this thread's k, rounded up
     const float scale = w < 2 ? c_fc_bound[DSCALE] : 1.0f;
-    fetch_a(0);
-    cp_async_commit();
-    if (TILES > 1) fetch_a(1);
-    cp_async_commit();
-    // The A fragments alternate between two register sets, each kept live until the wait after the
-    // next tile's MMAs (certify_kernel3's hazard).
-    unsigned av[2][KT / 16][4] = {};
-    auto step = [&](int tile, unsigned (&a)[KT / 16][4], const unsigned (&done)[KT / 16][4]) {
-        cp_async_wait<1>();
-        asm volatile("fence.proxy.async.shared::cta;");
-        __syncthreads();  // this tile landed; tile - 2's MMAs, the last to read the stage refilled now, are done
-        if (tile + 2 < TILES) fetch_a(tile + 2);
-        cp_async_commit();
+    phase_a_tiles<TILES, KT / 16>(fetch_a, [&](int tile, unsigned (&a)[KT / 16][4]) {
         const float* as = r1 + (tile % NSTAGES) * STAGE;
         phase_a_fragments<KT / 16, A_ROW>(a, as, scale, wg == 0, dsum, w >= 2);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
@@ -784,13 +795,7 @@ certify_kernel4(const float* __restrict__ feat, const float* __restrict__ dp, fl
             wgmma16(qa, a[ks], wgmma_desc(b), tile > 0 || ks > 0);
             wgmma16(za, a[ks], wgmma_desc(b + B_FLOATS), tile > 0 || ks > 0);
         }
-        wgmma_commit_wait_previous(done);  // the previous tile's MMAs are done
-    };
-    for (int tile = 0; tile < TILES; tile += 2) {
-        step(tile, av[0], av[1]);
-        step(tile + 1, av[1], av[0]);
-    }
-    wgmma_drain();
+    });
     if (wg == 0) store_dp_sums(dsum, D);
     cp_async_wait<0>();
     __syncthreads();  // the stages are dead: Q and z take their place
@@ -840,38 +845,8 @@ certify_kernel4(const float* __restrict__ feat, const float* __restrict__ dp, fl
     }
     sum_lanes<8>(Ac, Bc, Tc, Rc, qact);
 
-    // Stage one as version 3's.
-    const float d = D[i];
-    bool sure = i < imgs && isfinite(s[tc]);
-    unsigned fail = 0;
-    float margin[CLASSES], rest[CLASSES];
-#pragma unroll
-    for (int c = 0; c < CLASSES; ++c) {
-        if (c == tc) continue;
-        const float fr = __fmul_ru(c_fc_bound[FR2], __fadd_ru(Rc[tc], Rc[c]));
-        const float cheap = __fadd_ru(__fadd_ru(Ac[c], Tc[c]), fr);
-        const float eta = __fmaf_ru(c_fc_bound[KAPPA], __fmaf_ru(d, Bc[c], qact), __fmul_ru(c_fc_bound[ETA2H], d));
-        margin[c] = __fsub_rd(s[tc], s[c]);
-        rest[c] = __fadd_ru(__fadd_ru(__fmaf_ru(c_fc_bound[ALPHA2], Ac[c], eta), Tc[c]), fr);
-        const bool first = isfinite(cheap) && margin[c] > cheap;
-        sure = sure && isfinite(s[c]) && (first || (isfinite(rest[c]) && margin[c] > rest[c]));
-        if (!first) fail |= 1u << c;
-    }
-    if (!sure) fail = 0;
-    int at = part == 0 && fail ? atomicAdd(npairs, __popc(fail)) : 0;
-    at = __shfl_sync(0xffffffffu, at, lane & ~7);
-    if (part == 0 && i < imgs) ok[img0 + i] = sure;  // pair_kernel1 clears it where a pair fails
-#pragma unroll
-    for (int c = 0; c < CLASSES; ++c) {
-        if (!(fail >> c & 1)) continue;
-        if (part == 0) pairs[at] = make_float4(__int_as_float(img0 + i), margin[c], rest[c], 0.0f);
-#pragma unroll
-        for (int jj = 0; jj < UNITS; ++jj) {
-            const int j = part + 8 * jj;
-            columns[(size_t)at * HIDDEN + j] = __float2half_rn(slopes[j] * (w2[j * CLASSES + tc] - w2[j * CLASSES + c]));
-        }
-        ++at;
-    }
+    stage_one(i, part, img0, imgs, tc, [&](int c) { return s[c]; }, D[i], Ac, Bc, Tc, Rc, qact, slopes, w2, ok, pairs,
+              columns, npairs);
 }
 
 // pair_kernel1's layout (floats): two stages of both warpgroups' fc1 slab and its dp per pair; the
