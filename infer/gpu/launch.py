@@ -928,6 +928,8 @@ class Certify(Launcher):
         names. Versions 1-3 read z, scores and labels (fc_kernel6 or 5 on the features); version 4
         computes fc1 itself from float16 operands (w1near: fc1 rounded to nearest, laid out as w1abs)
         and writes the scores and labels."""
+        if self.version == 4 and w1near is None:
+            raise ValueError("certify_kernel4 needs w1near, fc1 rounded to nearest float16")
         grid = (ceil_div(n, self.IMGS[self.version]), 1)
         if self.version < 3:
             self.launch(stream, grid, (self.THREADS, 1, 1), feat, dp, z, scores, labels, w1abs, w1h, w2, ok, n, shared=self.bytes)

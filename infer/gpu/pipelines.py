@@ -354,9 +354,9 @@ class FusedWarpgroup(Hopper, FusedTensorCores):
 
 class FusedCertified(FusedWarpgroup):
     """Certified low precision (docs/certified.md): conv2 with float16 operands and a bound beside
-    each feature (fused_kernel5, or fused_kernel4 where its shapes do not fit), fc1 -> ReLU -> fc2
-    as the exact path computes them (fc1's sums before ReLU kept), a certificate per image
-    (certify_kernel3, then pair_kernel1 for the classes its first stage leaves); the images it leaves
+    each feature (fused_kernel5, or fused_kernel4 where its shapes do not fit), then a certificate
+    per image that computes the classifier itself, fc1 from float16 operands (certify_kernel4, then
+    pair_kernel1 for the classes its first stage leaves); the images it leaves
     out are listed on the GPU and recomputed by fused-wgmma's kernels (fused_kernel3, 2 images a
     block, and its fc kernel) on a count the GPU set, so the labels are fused-wgmma's. The scores asked for are the
     float16 pass's where certified. Asked for by name it certifies every run; as the default
