@@ -567,6 +567,25 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
     }
 }
 
+// Versions 3 and 4's phase A rows: thread t copies one 16-byte piece of image t / (KT / 4)'s dp row
+// into stage row i and the same piece of its p row into row IMGS + i (rows A_ROW floats apart), a
+// k-tile of KT features at a time; rows past the block's images are zeros.
+template <int IMGS, int KT, int A_ROW>
+struct PhaseARows {
+    const float *dp_src, *p_src;
+    float* dst;
+    bool live;
+    __device__ __forceinline__ PhaseARows(const float* dp, const float* feat, float* stages, int img0, int imgs) {
+        const int ci = threadIdx.x / (KT / 4), cc = 4 * (threadIdx.x % (KT / 4));
+        const size_t row = (size_t)(img0 + min(ci, imgs - 1)) * FEAT + cc;
+        dp_src = dp + row, p_src = feat + row, dst = stages + ci * A_ROW + cc, live = ci < imgs;
+    }
+    __device__ __forceinline__ void fetch(int tile, int stage_offset) const {
+        cp_async16(dst + stage_offset, dp_src + tile * KT, live);
+        cp_async16(dst + stage_offset + IMGS * A_ROW, p_src + tile * KT, live);
+    }
+};
+
 // Versions 3 and 4's phase A loop over TILES k-tiles in four cp.async stages fetched two ahead:
 // fetch(tile) copies a tile into its stage; mma(tile, a) converts the landed tile's A fragments into
 // a and issues its MMAs. A tile's MMAs read their A fragments from registers after they are issued,
@@ -681,15 +700,10 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
     // Phase A. Rows 0-31: dp of image r (times 2^S), 32-63: |p| of image r - 32. Each thread copies
     // one 16-byte piece of a dp row and the same piece of its image's |p| row, and two of |fc1|'s.
     static_assert(IMGS * KT / 4 == CERT_THREADS && B_FLOATS == 8 * CERT_THREADS, "certify v3: two copies a thread each");
-    const int ci = t / (KT / 4), cc = 4 * (t % (KT / 4));
-    const size_t crow = (size_t)(img0 + min(ci, imgs - 1)) * FEAT + cc;
-    const float *dp_src = dp + crow, *p_src = feat + crow;
+    const PhaseARows<IMGS, KT, A_ROW> rows(dp, feat, r1, img0, imgs);
     const float4* b_src = w1abs + t;
-    float* a_dst = r1 + ci * A_ROW + cc;
     auto fetch_a = [&](int tile) {
-        float* as = a_dst + (tile % NSTAGES) * STAGE;
-        cp_async16(as, dp_src + tile * KT, ci < imgs);
-        cp_async16(as + IMGS * A_ROW, p_src + tile * KT, ci < imgs);
+        rows.fetch(tile, (tile % NSTAGES) * STAGE);
         float4* bs = reinterpret_cast<float4*>(r1 + (tile % NSTAGES) * STAGE + A_FLOATS) + t;
         cp_async16(bs, b_src + tile * (B_FLOATS / 4), true);
         cp_async16(bs + CERT_THREADS, b_src + tile * (B_FLOATS / 4) + CERT_THREADS, true);
@@ -766,14 +780,9 @@ certify_kernel4(const float* __restrict__ feat, const float* __restrict__ dp, fl
     // Phase A. Rows 0-31: dp of image r (times 2^S), 32-63: p of image r - 32. Each thread copies one
     // 16-byte piece of a dp row and the same piece of its image's p row, and two of each fc1 operand's.
     static_assert(IMGS * KT / 4 == CERT_THREADS && B_FLOATS == 8 * CERT_THREADS, "certify v4: two copies a thread each");
-    const int ci = t / (KT / 4), cc = 4 * (t % (KT / 4));
-    const size_t crow = (size_t)(img0 + min(ci, imgs - 1)) * FEAT + cc;
-    const float *dp_src = dp + crow, *p_src = feat + crow;
-    float* a_dst = r1 + ci * A_ROW + cc;
+    const PhaseARows<IMGS, KT, A_ROW> rows(dp, feat, r1, img0, imgs);
     auto fetch_a = [&](int tile) {
-        float* as = a_dst + (tile % NSTAGES) * STAGE;
-        cp_async16(as, dp_src + tile * KT, ci < imgs);
-        cp_async16(as + IMGS * A_ROW, p_src + tile * KT, ci < imgs);
+        rows.fetch(tile, (tile % NSTAGES) * STAGE);
         float4* bs = reinterpret_cast<float4*>(r1 + (tile % NSTAGES) * STAGE + A_FLOATS) + t;
         const size_t b = (size_t)tile * (B_FLOATS / 4) + t;
         cp_async16(bs, w1abs + b, true);
