@@ -37,10 +37,11 @@ def enabled():
 
 
 class Graph:
-    """record() enqueues work on `origin` and on `others` (which fork from origin and join back),
-    then finish(), where given, on origin after all of it; the graph replays all of it on origin."""
+    """start(), where given, enqueues work on `origin` before everything else; record() enqueues work
+    on `origin` and on `others` (which fork from origin after start's work and join back), then
+    finish(), where given, on origin after all of it; the graph replays all of it on origin."""
 
-    def __init__(self, origin, others, record, finish=None):
+    def __init__(self, origin, others, record, finish=None, start=None):
         import pycuda.driver as cuda
 
         lib = _lib()
@@ -49,6 +50,8 @@ class Graph:
         graph = ctypes.c_void_p()
         failed = None
         try:
+            if start is not None:
+                start()
             fork = cuda.Event(cuda.event_flags.DISABLE_TIMING)
             fork.record(origin)
             for s in others:
