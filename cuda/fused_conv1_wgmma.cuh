@@ -171,7 +171,7 @@ __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restric
     for (int i = t; i < (codes ? W1C_FLOATS : W1F_FLOATS) / 4; i += FUSED_THREADS) cp_async16(stage + X_PAD + 4 * i, w1 + 4 * i, true);
     cp_async_commit();
     started();
-    stage_images(stage, x, img0, imgs, bad, idx, codes);
+    stage_images4(stage, x, img0, imgs, bad, idx, codes);
     cp_async_wait<LATER>();
     asm volatile("fence.proxy.async.shared::cta;");  // w1 and the images written here, w1 read by the tensor cores
     __syncthreads();
