@@ -77,7 +77,7 @@ def test_every_algorithm_is_chosen_by_name():
 def test_precision_certified_takes_the_certified_path_where_it_runs_else_the_exact_one_with_a_notice():
     assert choose(AUTO, MNIST, "sm_90", "certified") == (FusedCertified, None)
     assert choose("fused-certified", MNIST, "sm_90", "certified") == (FusedCertified, None)
-    assert FusedCertified.kernel_for(MNIST) == "fused_kernel5"
+    assert FusedCertified.kernel_for(MNIST) == "fused_kernel6"
     assert FusedCertified.kernel_for(Geometry(27, 29, 3, 3, 32, 5, 64, 128, 10)) == "fused_kernel4"  # 8x9 conv2 outputs
     algo, notice = choose(AUTO, MNIST, "sm_80", "certified")
     assert algo is FusedTensorCores and "fused-certified cannot run" in notice and "Hopper" in notice

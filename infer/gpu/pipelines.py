@@ -354,7 +354,7 @@ class FusedWarpgroup(Hopper, FusedTensorCores):
 
 class FusedCertified(FusedWarpgroup):
     """Certified low precision (docs/certified.md): conv2 with float16 operands and a bound beside
-    each feature (fused_kernel5, or fused_kernel4 where its shapes do not fit), then a certificate
+    each feature (fused_kernel6, or fused_kernel4 where its shapes do not fit), then a certificate
     per image that computes the classifier itself, fc1 from float16 operands (certify_kernel4, then
     pair_kernel1 for the classes its first stage leaves); the images it leaves
     out are listed on the GPU and recomputed by fused-wgmma's kernels (fused_kernel3, 2 images a
@@ -362,8 +362,8 @@ class FusedCertified(FusedWarpgroup):
     float16 pass's where certified. Asked for by name it certifies every run; as the default
     (by_default) only those it makes faster, the rest run on the exact path alone (enqueue_exact)."""
     NAME = "fused-certified"
-    KERNEL = "fused_kernel4"  # any geometry fused-wgmma runs; fused_kernel5 where its shapes fit (8x8 conv2 outputs)
-    KERNELS = ("fused_kernel5", KERNEL)
+    KERNEL = "fused_kernel4"  # any geometry fused-wgmma runs; fused_kernel6 where its shapes fit (8x8 conv2 outputs)
+    KERNELS = ("fused_kernel6", "fused_kernel5", KERNEL)  # fused_kernel5 fits where 6 does: run by name (tests)
     CERTIFY_VERSION = 4  # certify_kernel4 (fc1 inside) and pair_kernel1; 1-3 still run (tests/test_certified_gpu.py)
     # The default precision certifies runs of at least this many images that ask for no scores
     # (docs/certified.md: below it the exact path's two kernels a chunk are faster than the eight);

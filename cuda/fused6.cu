@@ -1,0 +1,176 @@
+// The certified low-precision pass's convolution stack, version 6 of fused5.cu (same inputs, outputs
+// and bound constants c_conv2_bound; docs/certified.md) with conv2's real product transposed: the
+// weights are the A operand (M = the 64 output channels) and p1 the B operand (N = 128 outputs of two
+// images), so each k16 step reads its slab once for both images, 6 KB of shared memory an MMA where
+// version 5's two m64n64 read 8 (its shared-memory pipe was ~75% busy, ncu). For conv2 outputs of 8x8,
+// 32 -> 64 channels.
+// fused_kernel6 (sm_90a only): block 256 threads = 2 warpgroups, 4 images, grid ceil(n / 4); phases
+//   0-1 as fused_kernel5, p1 stored as float16 in pair-interleaved core-matrix order (image pair,
+//   8-channel chunk, y, image of the pair, x, 8): the 16 rows (y, image) of 8 outputs a conv2 slab
+//   reads are P1W pixels apart, one descriptor (LBO = a chunk, SBO = a p1 row); qb as version 5. Phase
+//   2, per (kh, kw) slab (three cp.async buffers, one group of MMAs left in flight, as version 5): each
+//   warpgroup m64n128k16 on its image pair (A the slab's nearest columns, B p1) and version 5's bound
+//   MMAs. The epilogue: a thread's accumulators are channels 16 w + g (+ 8) at x = 2 tig (+ 1) of every
+//   row, so it pools windows (py, tig) on its own; features and dp as version 5.
+//   2 x H2*W2*C2*K2*K2*C1 x (1 + 1/4) float16 tensor FLOPs an image, plus conv1's.
+// in/out as fused4.cu; ISTR is half an image pair's p1 floats (halves, in pairs).
+
+#include <cuda_fp16.h>
+
+#include "fused_conv1_wgmma.cuh"
+
+static_assert(C1 == 32 && C2 == 64 && H2 == 8 && W2 == 8, "fused v6: 8x8 conv2 outputs (N = 64 an image), 32 -> 64 channels");
+static_assert(IMGS == 4, "fused v6: two image pairs");
+// p1: (pair, 8-channel chunk, y, image of the pair, x, 8 halves), chunks CHUNK_WORDS apart (8 mod 32).
+constexpr int PAIR_WORDS = 2 * ISTR, CHUNK_WORDS = PAIR_WORDS / (C1 / 8), CHUNK_HALVES = 2 * CHUNK_WORDS;
+static_assert(PSTR * 2 == C1 && RSTR == P1W * PSTR && PAIR_WORDS % (C1 / 8) == 0 && CHUNK_WORDS >= 2 * P1H * P1W * 4 &&
+              CHUNK_WORDS % 32 == 8, "fused v6: p1 in halves, image pairs' chunks 8 words mod 32 apart");
+constexpr int SLAB16 = C1 * 2 * C2 / 2;  // floats of one (kh, kw) slab of halves, real and bound columns
+constexpr int QX = 12, QW = 18;  // qb as fused5.cu's
+static_assert(P1W - 1 <= QX, "fused v6: qb's rows");
+constexpr int Q_FLOATS = IMGS * (P1H - 1) * QX * QW;
+constexpr int S_ROW = C2 + 4;
+static_assert(IMGS * WINDOWS * S_ROW <= Q_FLOATS, "fused v6: S fits where qb was");
+static_assert(X_PAD + W1F_FLOATS <= Q_FLOATS, "fused v6: slab 0 lands past the images and w1 during conv1");
+static_assert(SLAB16 % (4 * FUSED_THREADS) == 0 && Q_FLOATS % 4 == 0, "fused v6: slabs are 16-byte copies, 16-byte aligned");
+static_assert(STAGE_FLOATS >= Q_FLOATS + 3 * SLAB16 + 4 && STAGE_FLOATS >= X_PAD + W1F_FLOATS + 4,
+              "fused v6: the stage area holds the images and w1, or qb and three slabs, then the images' qb maxima");
+
+enum { A1, BETA_N, G3Q, CHAN };
+__constant__ float c_conv2_bound[CHAN + C2];
+
+// Where pixel (y, x) of image img's 8-channel chunk starts in p1, in halves.
+__device__ __forceinline__ int p1_pixel(int img, int chunk, int y, int x) {
+    return ((img / 2) * (C1 / 8) + chunk) * CHUNK_HALVES + ((2 * y + img % 2) * P1W + x) * 8;
+}
+
+extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
+fused_kernel6(const float* __restrict__ x, const float4* __restrict__ w2h, float* __restrict__ feat, float* __restrict__ dp,
+              int n, int* __restrict__ bad, int scaling, float scale) {
+    extern __shared__ float4 smem4[];
+    float* p1 = reinterpret_cast<float*>(smem4);
+    __half* p1h = reinterpret_cast<__half*>(p1);
+    float* stage = p1 + P1_FLOATS;  // the images and w1 in phase 1; qb, then the slabs, in phase 2
+    unsigned* qb = reinterpret_cast<unsigned*>(stage);  // half2 words
+    float4* slabs = reinterpret_cast<float4*>(stage + Q_FLOATS);
+    unsigned* qmax = reinterpret_cast<unsigned*>(stage + STAGE_FLOATS - 4);  // float bits, not negative
+    const int t = threadIdx.x;
+    const int img0 = blockIdx.x * IMGS;
+    const int imgs = min(IMGS, n - img0);
+    const int lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
+    const int wg = warp / 4, w = warp % 4;
+
+    if (t < IMGS) qmax[t] = 0;
+    __syncthreads();
+    conv1_wgmma<1>(stage, x, img0, imgs, bad, nullptr, [&](int img, int py, int px, int ch, float2 o) {
+        *reinterpret_cast<__half2*>(p1h + p1_pixel(img, ch / 8, py, px) + ch % 8) = __floats2half2_rn(o.x, o.y);
+    }, nullptr, scaling, scale, [&] { fetch_slab<SLAB16>(slabs, w2h, 0); });  // past the images and w1: it lands during conv1
+    __syncthreads();  // p1 complete; the staged images and w1 are dead from here on
+
+    // qb = the 2x2 means of p1, as fused5.cu (a thread a column of an image's chunk)
+    constexpr int QCOLS = IMGS * (C1 / 8) * (P1W - 1);
+    static_assert(QCOLS <= FUSED_THREADS, "fused v6: a thread a column of qb");
+    if (t < QCOLS) {
+        const int X = t % (P1W - 1), chunk = t / (P1W - 1) % (C1 / 8), img = t / ((P1W - 1) * (C1 / 8));
+        const uint4* at = reinterpret_cast<const uint4*>(p1h + p1_pixel(img, chunk, 0, X));
+        float prev[8], top = 0.0f;
+#pragma unroll
+        for (int Y = 0; Y < P1H; ++Y) {
+            const uint4 a = at[2 * Y * P1W], b = at[2 * Y * P1W + 1];
+            float row[8];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const unsigned wa = j == 0 ? a.x : j == 1 ? a.y : j == 2 ? a.z : a.w;
+                const unsigned wb = j == 0 ? b.x : j == 1 ? b.y : j == 2 ? b.z : b.w;
+                const float2 fa = __half22float2(*reinterpret_cast<const __half2*>(&wa));
+                const float2 fb = __half22float2(*reinterpret_cast<const __half2*>(&wb));
+                row[2 * j] = __fadd_ru(fa.x, fb.x);
+                row[2 * j + 1] = __fadd_ru(fa.y, fb.y);
+            }
+            if (Y > 0) {
+                unsigned out[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float mx = __fmul_ru(__fadd_ru(prev[2 * j], row[2 * j]), 0.25f);
+                    const float my = __fmul_ru(__fadd_ru(prev[2 * j + 1], row[2 * j + 1]), 0.25f);
+                    const __half2 h = __halves2half2(__float2half_ru(mx), __float2half_ru(my));
+                    out[j] = *reinterpret_cast<const unsigned*>(&h);
+                    const float2 f = __half22float2(h);
+                    top = f.x != f.x || f.y != f.y ? INFINITY : fmaxf(top, fmaxf(f.x, f.y));  // NaN: no certificate
+                }
+                uint2* q = reinterpret_cast<uint2*>(qb + ((img * (P1H - 1) + Y - 1) * QX + X) * QW + 4 * chunk);
+                q[0] = make_uint2(out[0], out[1]);
+                q[1] = make_uint2(out[2], out[3]);
+            }
+#pragma unroll
+            for (int k = 0; k < 8; ++k) prev[k] = row[k];
+        }
+        atomicMax(qmax + img, __float_as_uint(top + 0.0f));  // -0 -> +0
+    }
+
+    // Phase 2. Real tile: rows 16 w + g (+ 8) are channels, columns 8 j + 2 tig + e the output at
+    // y = j / 2, x = 2 tig + e of the pair's image j % 2. Bound tile as fused5.cu.
+    float acc[64], sacc[16];
+    const int qrow[2] = {(w * (P1H - 1) + 2 * (g / 4)) * QX + 2 * (g % 4), (w * (P1H - 1) + 2 * (g / 4 + 2)) * QX + 2 * (g % 4)};
+    unsigned av[2][C1 / 16][4] = {};
+    const unsigned b0 = desc_lo(p1 + wg * PAIR_WORDS, 4 * CHUNK_WORDS), s0 = desc_lo(stage + Q_FLOATS);
+    auto step = [&](int s, unsigned (&a)[C1 / 16][4], const unsigned (&done)[C1 / 16][4]) {
+        const int kh = s / K2, kw = s % K2;
+        asm volatile("cp.async.wait_group 0;");
+        asm volatile("fence.proxy.async.shared::cta;");
+        __syncthreads();  // slab s landed, qb written (s = 0); slab s - 2's MMAs (the buffer refilled now) done
+        if (s + 1 < K2 * K2) fetch_slab<SLAB16>(slabs + ((s + 1) % 3) * (SLAB16 / 4), w2h, s + 1);
+        const unsigned slab = s0 + (s % 3) * (SLAB16 / 4);
+#pragma unroll
+        for (int ks = 0; ks < C1 / 16; ++ks)
+#pragma unroll
+            for (int r = 0; r < 4; ++r) a[ks][r] = qb[(qrow[r % 2] + kh * QX + kw) * QW + 8 * ks + tig + 4 * (r / 2)];
+        asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+        for (int ks = 0; ks < C1 / 16; ++ks)
+            wgmma16_ss(acc, desc(slab + ks * (SLAB16 / (C1 / 16)) / 4),
+                       desc(b0 + 2 * ks * CHUNK_WORDS / 4 + 2 * kh * P1W + kw, P1W * 16), s != 0 || ks != 0);
+#pragma unroll
+        for (int ks = 0; ks < C1 / 16; ++ks)
+            wgmma16(sacc, a[ks], desc(slab + (ks * (SLAB16 / (C1 / 16)) + (C2 / 8 + 4 * wg) * 64) / 4), s != 0 || ks != 0);
+        wgmma_commit_wait_previous(done);  // slab s - 1's MMAs are done
+    };
+    constexpr int FIRST = K2 * K2 % 2;  // an odd count's first slab on its own, the rest in pairs
+    if (FIRST) step(0, av[1], av[0]);
+    for (int s = FIRST; s < K2 * K2; s += 2) {
+        step(s, av[0], av[1]);
+        step(s + 1, av[1], av[0]);
+    }
+    wgmma_drain();
+
+    __syncthreads();  // qb is dead: the window sums S take its place
+    float* S = stage;
+    store_tile(S + 32 * wg, S_ROW, sacc);  // row 16 w + g (+ 8): window g (+ 8) of image w
+    __syncthreads();
+
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int img = 2 * wg + i;
+        const float bimg = __fmul_ru(__fmul_ru(c_conv2_bound[BETA_N], __fadd_ru(__uint_as_float(qmax[img]), 0x1p-25f)), 1.0f + 0x1p-10f);
+#pragma unroll
+        for (int py = 0; py < P2H; ++py) {
+            const int win = py * P2W + tig;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int ch = 16 * w + g + 8 * h;
+                const int j = 4 * (4 * py + i) + 2 * h;  // y = 2 py: columns 8 (4 py + i) + 2 tig + e; y + 1 two groups on
+                const float a = relu(acc[j]), b = relu(acc[j + 1]), c = relu(acc[j + 8]), d = relu(acc[j + 9]);
+                const float o = (((a + b) + c) + d) * 0.25f;
+                const float vs = __fadd_ru(__fadd_ru(a, c), __fadd_ru(b, d));
+                const float base = __fadd_ru(c_conv2_bound[CHAN + ch], bimg);
+                const float dm = __fmaf_ru(c_conv2_bound[A1], S[(img * WINDOWS + win) * S_ROW + ch], base);
+                const float bound = __fadd_ru(__fadd_ru(dm, __fmul_ru(c_conv2_bound[G3Q], __fmaf_ru(2.0f, vs, __fmul_ru(4.0f, dm)))), 0x1p-148f);
+                if (img < imgs) {
+                    const size_t at = ((size_t)(img0 + img) * WINDOWS + win) * C2 + ch;
+                    feat[at] = o;
+                    dp[at] = bound;
+                }
+            }
+        }
+    }
+}
