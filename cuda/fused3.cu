@@ -2,7 +2,7 @@
 // memory only: conv1 (K1xK1, IN_C -> C1) -> ReLU -> 2x2 avg pool -> conv2 (K2xK2, C1 -> C2) -> ReLU
 // -> 2x2 avg pool -> features (n, P2H, P2W, C2), NHWC, i.e. already flattened in (h, w, c) order.
 // in: x (n, IN_H, IN_W, IN_C) float32; conv1 weights c_w1 (K1, K1, IN_C, C1) in constant memory
-// (versions 3-5: in global memory, laid out for the tensor cores: fused_conv1_wgmma.cuh);
+// (versions 3, 4 and 6: in global memory, laid out for the tensor cores: fused_conv1_wgmma.cuh);
 // conv2's weights in global memory, staged through shared memory one (kh, kw) slab at a time.
 // All versions: block FUSED_THREADS (256), grid ceil(n / IMGS); phase 0 stages the images and, where
 // `bad` is not null, checks them: *bad = min(*bad, i) for every image i holding a value that is not
@@ -35,7 +35,7 @@
 // path's recomputation, whose list and count certify.cu sets on the GPU. Where `scaling` is not -1, x
 // holds 8-bit codes, a byte a value, and conv1 is computed from the codes (fused_conv1_wgmma.cuh:
 // float16 m64n32k16 tiles, 2 MMAs a k16 step, the scaling applied to the pooled sums), so images
-// uploaded as codes need no conversion kernel (versions 4 and 5 likewise, the same bits).
+// uploaded as codes need no conversion kernel (versions 4 and 6 likewise, the same bits).
 
 #include "fused_conv1_wgmma.cuh"
 static_assert(STAGE_FLOATS >= 2 * SLAB2, "fused v2/v3: the stage area must hold two w2 slabs");

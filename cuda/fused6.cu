@@ -1,19 +1,26 @@
-// The certified low-precision pass's convolution stack, version 6 of fused5.cu (same inputs, outputs
-// and bound constants c_conv2_bound; docs/certified.md) with conv2's real product transposed: the
-// weights are the A operand (M = the 64 output channels) and p1 the B operand (N = 128 outputs of two
-// images), so each k16 step reads its slab once for both images, 6 KB of shared memory an MMA where
-// version 5's two m64n64 read 8 (its shared-memory pipe was ~75% busy, ncu). For conv2 outputs of 8x8,
-// 32 -> 64 channels.
-// fused_kernel6 (sm_90a only): block 256 threads = 2 warpgroups, 4 images, grid ceil(n / 4); phases
-//   0-1 as fused_kernel5, p1 stored as float16 in pair-interleaved core-matrix order (image pair,
-//   8-channel chunk, y, image of the pair, x, 8): the 16 rows (y, image) of 8 outputs a conv2 slab
-//   reads are P1W pixels apart, one descriptor (LBO = a chunk, SBO = a p1 row); qb as version 5. Phase
-//   2, per (kh, kw) slab (three cp.async buffers, one group of MMAs left in flight, as version 5): each
-//   warpgroup m64n128k16 on its image pair (A the slab's nearest columns, B p1) and version 5's bound
-//   MMAs. The epilogue: a thread's accumulators are channels 16 w + g (+ 8) at x = 2 tig (+ 1) of every
-//   row, so it pools windows (py, tig) on its own; features and dp as version 5.
+// The certified low-precision pass's convolution stack (docs/certified.md): conv1 as fused_kernel3 (the
+// same bits), conv2 with float16 operands and float32 sums, and per pooled feature a bound dp on how far
+// it can lie from the exact path's feature. For conv2 outputs of 8x8, 32 -> 64 channels.
+// in/out as fused4.cu (c_conv2_bound the same constants); ISTR is half an image pair's p1 floats
+// (halves, in pairs).
+// fused_kernel6 (sm_90a only): block 256 threads = 2 warpgroups, 4 images (two pairs), grid ceil(n / 4).
+//   Phases 0-1 as fused_kernel3, p1 stored as float16 (rounded to nearest) in core-matrix order per
+//   image pair (pair, 8-channel chunk, y, image of the pair, x, 8): the 16 rows (y, image) of 8
+//   outputs a conv2 slab reads are P1W pixels apart, one descriptor (LBO = a chunk, SBO = a p1 row).
+//   Then qb, the 2x2 means of p1 rounded up (the bound's A: one row per pooled window; a thread a
+//   column of an image's 8-channel chunk, each row's pair sum made once for the windows above and
+//   below it). Phase 2, per (kh, kw) slab of w2h (fused4's; cp.async into three buffers, one group
+//   of MMAs left in flight, the bound's A in two register sets in turn): each warpgroup
+//   m64n128k16 on its image pair with the slab's nearest columns as A (M = the 64 output channels)
+//   and p1 as B (N = 128 outputs of two images): 6 KB of shared memory read an MMA, where two
+//   m64n64k16 with the images as A read 8 (ncu: the shared-memory pipe ~75% busy); and m64n32k16 on
+//   all 4 images' 16 windows (A qb in registers, B 32 of the slab's bound columns b_up): S = sum b_up
+//   qb, a bound on the window's mean of sum b_up fl16(a). A thread's accumulators are channels 16 w +
+//   g (+ 8) at x = 2 tig (+ 1) of every row, so it pools windows (py, tig) itself. The epilogue
+//   stores the features and dp = D + G3Q (2 sum relu v + 4 D) + 2^-148, D = A1 S + C[c] + BETA_N
+//   (qmax + eta) / (1 - u), all rounded up, with qmax the image's largest qb (sum a over a window's
+//   inputs <= n (qmax + eta) / (1 - u)).
 //   2 x H2*W2*C2*K2*K2*C1 x (1 + 1/4) float16 tensor FLOPs an image, plus conv1's.
-// in/out as fused4.cu; ISTR is half an image pair's p1 floats (halves, in pairs).
 
 #include <cuda_fp16.h>
 
@@ -26,7 +33,7 @@ constexpr int PAIR_WORDS = 2 * ISTR, CHUNK_WORDS = PAIR_WORDS / (C1 / 8), CHUNK_
 static_assert(PSTR * 2 == C1 && RSTR == P1W * PSTR && PAIR_WORDS % (C1 / 8) == 0 && CHUNK_WORDS >= 2 * P1H * P1W * 4 &&
               CHUNK_WORDS % 32 == 8, "fused v6: p1 in halves, image pairs' chunks 8 words mod 32 apart");
 constexpr int SLAB16 = C1 * 2 * C2 / 2;  // floats of one (kh, kw) slab of halves, real and bound columns
-constexpr int QX = 12, QW = 18;  // qb as fused5.cu's
+constexpr int QX = 12, QW = 18;  // qb: (image, P1H - 1, QX, QW words): 16 banks between rows 2 apart, 4 between columns
 static_assert(P1W - 1 <= QX, "fused v6: qb's rows");
 constexpr int Q_FLOATS = IMGS * (P1H - 1) * QX * QW;
 constexpr int S_ROW = C2 + 4;
@@ -39,7 +46,8 @@ static_assert(STAGE_FLOATS >= Q_FLOATS + 3 * SLAB16 + 4 && STAGE_FLOATS >= X_PAD
 enum { A1, BETA_N, G3Q, CHAN };
 __constant__ float c_conv2_bound[CHAN + C2];
 
-// Where pixel (y, x) of image img's 8-channel chunk starts in p1, in halves.
+// Where pixel (y, x) of image img's 8-channel chunk starts in p1, in halves (chunks 8 words mod 32
+// apart: qb's 16-byte reads of 2 pixels x 4 chunks a quarter warp spread over the banks).
 __device__ __forceinline__ int p1_pixel(int img, int chunk, int y, int x) {
     return ((img / 2) * (C1 / 8) + chunk) * CHUNK_HALVES + ((2 * y + img % 2) * P1W + x) * 8;
 }
@@ -67,7 +75,10 @@ fused_kernel6(const float* __restrict__ x, const float4* __restrict__ w2h, float
     }, nullptr, scaling, scale, [&] { fetch_slab<SLAB16>(slabs, w2h, 0); });  // past the images and w1: it lands during conv1
     __syncthreads();  // p1 complete; the staged images and w1 are dead from here on
 
-    // qb = the 2x2 means of p1, as fused5.cu (a thread a column of an image's chunk)
+    // qb = the 2x2 means of p1 (float16 values; sums and quarter rounded up, then float16 rounded up):
+    // window (py, px) of slab (kh, kw) reads qb at (2py + kh, 2px + kw). A thread walks one column X of
+    // an image's 8-channel chunk down the rows: each row's pair p[Y][X] + p[Y][X + 1] is summed once and
+    // serves the windows above and below it (a third of the instructions of four loads a window).
     constexpr int QCOLS = IMGS * (C1 / 8) * (P1W - 1);
     static_assert(QCOLS <= FUSED_THREADS, "fused v6: a thread a column of qb");
     if (t < QCOLS) {
@@ -109,7 +120,12 @@ fused_kernel6(const float* __restrict__ x, const float4* __restrict__ w2h, float
     }
 
     // Phase 2. Real tile: rows 16 w + g (+ 8) are channels, columns 8 j + 2 tig + e the output at
-    // y = j / 2, x = 2 tig + e of the pair's image j % 2. Bound tile as fused5.cu.
+    // y = j / 2, x = 2 tig + e of the pair's image j % 2. Bound tile: rows g, g + 8 of warp w are
+    // windows g, g + 8 of image w; this warpgroup's 32 of the 64 channels. Slab s in buffer s % 3,
+    // fetched during slab s - 1; one group of MMAs left in flight, so slab s's run while slab s + 1 is
+    // waited for and its A fragments loaded. The bound's A fragments are read from registers until a
+    // wait covers them: two sets in turn, the previous kept live (an empty asm reading it) until the
+    // wait after this slab's MMAs (wgmma_commit_wait_previous, as certify_kernel3).
     float acc[64], sacc[16];
     const int qrow[2] = {(w * (P1H - 1) + 2 * (g / 4)) * QX + 2 * (g % 4), (w * (P1H - 1) + 2 * (g / 4 + 2)) * QX + 2 * (g % 4)};
     unsigned av[2][C1 / 16][4] = {};

@@ -21,7 +21,7 @@ constexpr int P1_FLOATS = IMGS * ISTR;  // the pooled conv1 output, then the sta
 
 static_assert(FUSED_THREADS % C1 == 0, "fused: conv1 channels must divide the block");
 #ifndef P1_HALVES
-#define P1_HALVES 0  // fused_kernel5 keeps p1 in float16: a pixel's C1 channels in C1 / 2 floats
+#define P1_HALVES 0  // fused_kernel6 keeps p1 in float16: a pixel's C1 channels in C1 / 2 floats
 #endif
 static_assert(PSTR * (P1_HALVES ? 2 : 1) >= C1 && RSTR >= P1W * PSTR && ISTR >= P1H * RSTR, "fused: p1 strides overlap its pixels");
 static_assert(P1_FLOATS % 4 == 0, "fused: the stage area must start 16-byte aligned");
@@ -66,7 +66,7 @@ __device__ __forceinline__ void stage_images(float* stage, const float* __restri
 // stage_images with 4 values a load (a float4, or a word of 4 codes), for images whose values come in
 // 4s (others take stage_images): ECE408's 4 images are 3.1 loads a thread, all out before any is used,
 // one trip to memory where 8 byte loads at a time took two. Kept out of line: inlined, ptxas spilled
-// fused_kernel5 (at its 128 registers) for a 3x3 conv2 whatever the loads in flight.
+// the certified pass's fused kernel (at its 128 registers) for a 3x3 conv2 whatever the loads in flight.
 template <int LOADS = 4>
 __device__ __noinline__ void stage_images4(float* stage, const float* __restrict__ x, int img0, int imgs,
                                           int* __restrict__ bad, const int* __restrict__ idx, bool codes) {

@@ -1,4 +1,4 @@
-// Phases 0 and 1 of fused_kernel3, 4 and 5 (the same bits on all: the certified pass and the exact
+// Phases 0 and 1 of fused_kernel3, 4 and 6 (the same bits on all: the certified pass and the exact
 // one differ from conv2 on): the block's images staged and checked, conv1 on wgmma -> ReLU -> 2x2
 // pool into p1. fused3.cu's opening comment has the tiling. Float32 images: 3xTF32. 8-bit codes
 // (scaling not -1): the codes themselves, exact in float16, times each channel's weights scaled by
@@ -27,8 +27,8 @@ static_assert(TAIL1 >= 0 && TAIL1 <= 2 && KS1 >= 1, "fused v3/v4: conv1's tail i
 constexpr int W1F_FLOATS = KS1 * 2 * 8 * C1 + TAIL1 * C1;
 constexpr int KS16 = (K1K + 15) / 16;  // conv1's k16 steps from codes, zero-padded (no tail)
 constexpr int W1C_FLOATS = KS16 * 16 * C1;  // their float16 weights, {lo, hi} a step
-static_assert(W1C_FLOATS <= W1F_FLOATS, "fused v3-v5: conv1's codes weights fit where the split ones go");
-static_assert(((K1 - 1) * IN_W + K1 - 1) * IN_C + IN_C < 65536, "fused v3-v5: conv1's pixel offsets fit in 16 bits");
+static_assert(W1C_FLOATS <= W1F_FLOATS, "fused v3-v6: conv1's codes weights fit where the split ones go");
+static_assert(((K1 - 1) * IN_W + K1 - 1) * IN_C + IN_C < 65536, "fused v3-v6: conv1's pixel offsets fit in 16 bits");
 constexpr int WTILES1 = (IMGS * P1H * P1W + 63) / 64;  // conv1 m64 tiles of the block's pool windows
 
 static_assert((IMGS == 4 || IMGS == 2) && FUSED_THREADS == 256, "fused v3/v4: two warpgroups of IMGS / 2 images each");
@@ -40,10 +40,10 @@ static_assert(STAGE_FLOATS >= X_PAD + W1F_FLOATS, "fused v3/v4: the stage area m
 // the tail's as they are, (TAIL1, C1); then for codes, float16 pairs in words: each channel's weights
 // times 2^S, (KS16, {lo, hi}, C1/8, 2, 8, 8 halves), zero past K1K. In global memory (L2), copied
 // with cp.async beside the images' staging: from constant memory each thread's own address
-// serialized the copy (ncu: ~4% of fused_kernel5's stall samples). The codes' 2^-S per channel in
+// serialized the copy (ncu: ~4% of the certified pass's fused kernel's stall samples). The codes' 2^-S per channel in
 // constant memory, read from there into registers: ptxas reloads constants rather than spill them
 // (launch.Fused.set_conv1 splits the host's array between the two).
-static_assert(W1F_FLOATS % 4 == 0 && W1C_FLOATS % 4 == 0 && X_PAD % 4 == 0, "fused v3-v5: conv1's weights copy in 16 bytes");
+static_assert(W1F_FLOATS % 4 == 0 && W1C_FLOATS % 4 == 0 && X_PAD % 4 == 0, "fused v3-v6: conv1's weights copy in 16 bytes");
 __device__ __align__(16) float c_w1[W1F_FLOATS + W1C_FLOATS];
 __constant__ float c_w1_scale[C1];
 
@@ -107,7 +107,7 @@ __device__ __forceinline__ void conv1_split_tile(const float* stage, const int (
 // of k + 1, in the low and high 16 bits (half the registers of two ints).
 __device__ __forceinline__ void conv1_codes_tile(const float* stage, unsigned wlo, const int (&base)[2],
                                                  const unsigned (&koff)[KS16][2], const float (&f)[8], float (&sum)[16]) {
-#pragma unroll(KS16 > 2 ? 1 : 2)  // rolled past 2 steps: unrolled, fused_kernel4 and 5 spilled for K1*K1*IN_C = 50
+#pragma unroll(KS16 > 2 ? 1 : 2)  // rolled past 2 steps: unrolled, fused_kernel4 spilled for K1*K1*IN_C = 50
     for (int dy = 0; dy < 2; ++dy) {
         float acc[2][16];
         // G k16 steps at a time, every A fragment written before the fence and kept until the drain:
@@ -156,7 +156,7 @@ struct NoGroups {
 // image i, inf where one is NaN (as float bits: they are not negative), max'ed in by one atomic per
 // warp and image. idx: as stage_images takes it; scaling: -1 for float32 images, else 8-bit codes of
 // that scaling (codes.SCALINGS; scale = float32(1/255), c0 for scalings 0 and 1). started() runs once the weights' copies are issued
-// and may commit LATER cp.async groups of its own (fused_kernel5's first slab), left in flight.
+// and may commit LATER cp.async groups of its own (fused_kernel6's first slab), left in flight.
 template <int LATER = 0, class Store, class Started = NoGroups>
 __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restrict__ x, int img0, int imgs,
                                             int* __restrict__ bad, unsigned* amax, Store store,

@@ -16,7 +16,7 @@ __device__ __forceinline__ unsigned long long wgmma_desc(const float* p, unsigne
 // A descriptor's low word (address and LBO), to be made once outside a loop: an offset of f floats
 // (a multiple of 4) within shared memory is + f / 4 to it (no carry out of the address field, the
 // shared window ending below 2^18 bytes); desc(lo, sbo) is the whole descriptor. Rebuilt from
-// pointers at every MMA they cost fused_kernel5 ~8% of its time (fused_kernel3, 4 and certify_kernel3
+// pointers at every MMA they cost the certified pass's fused kernel ~8% of its time (fused_kernel3, 4 and certify_kernel3
 // measured the same either way).
 __device__ __forceinline__ unsigned desc_lo(const float* p, unsigned lbo = 128) { return (unsigned)wgmma_desc(p, lbo); }
 __device__ __forceinline__ unsigned long long desc(unsigned lo, unsigned sbo = 256) {
@@ -111,7 +111,7 @@ __device__ __forceinline__ void wgmma_drain() { asm volatile("wgmma.wait_group.s
 // registers (`done`) may be overwritten only now: an MMA reads its A registers after it is issued,
 // until a wait covers it, and ptxas does not know that (it reused them without a warning). The empty
 // asm keeps `done` live up to here, so a rolled loop alternates two fragment sets (certify_kernel3,
-// fused_kernel5).
+// fused_kernel6).
 template <int FRAGS>
 __device__ __forceinline__ void wgmma_commit_wait_previous(const unsigned (&done)[FRAGS][4]) {
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");

@@ -187,7 +187,7 @@ def predict(x, model, style="componentwise", zero_bound=False, fc1="half"):
     return labels, sure
 
 
-# The GPU's certificate (cuda/fused5.cu or fused4.cu, cuda/certify.cu) computes the bound above from float16
+# The GPU's certificate (cuda/fused6.cu or fused4.cu, cuda/certify.cu) computes the bound above from float16
 # sums rounded up; these are its constants, each rounded up to float32.
 DSCALE_LOG2 = 12  # dp * 2^12 before float16: bounds down to 1.5e-8 stay normal, up to 16 finite
 
@@ -214,15 +214,15 @@ BOUND_LOG2 = 9  # conv2's bound columns scaled by 2^9 before float16: about 0.45
 
 def conv2_bound_columns(w2):
     """conv2_weight_bound * 2^BOUND_LOG2 rounded up to float16, shaped as w2: the bound's B operand
-    in fused_kernel4 and fused_kernel5 (the 64 columns beside the weights)."""
+    in fused_kernel4 and fused_kernel6 (the 64 columns beside the weights)."""
     b = conv2_weight_bound(w2) * 2.0**BOUND_LOG2
     with np.errstate(over="ignore"):
         return half_up(up32(b)).reshape(np.shape(w2))
 
 
 def conv2_constants(w2):
-    """fused_kernel4's and fused_kernel5's c_conv2_bound: [A1, BETA_N, G3Q, C[c] per output channel]
-    (fused_kernel5 applies them per pool window: docs/certified.md). Per output it bounds
+    """fused_kernel4's and fused_kernel6's c_conv2_bound: [A1, BETA_N, G3Q, C[c] per output channel]
+    (fused_kernel6 applies them per pool window: docs/certified.md). Per output it bounds
     conv2_gap by A1 S + C[c] + BETA_N amax, where S is the tensor cores' float32 sum of the bound
     columns times the float16 inputs (at least 1 - gamma_n of the exact sum, which is at least
     2^BOUND_LOG2 sum_k conv2_weight_bound |fl16(a)|) and amax the image's largest conv1 output (sum a

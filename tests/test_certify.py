@@ -135,7 +135,7 @@ def test_most_of_the_bundled_sample_is_certified(bundled):
 def test_the_gpu_constants_bound_the_oracles_conv2_gap(scale):
     """fused_kernel4's d2 = A1 S + C[c] + BETA_N amax, with S its float16 sum of the bound columns times fl16(a) at the
     low end of what float32 sums may give (S (1 - gamma_n)), is at least the oracle's conv2_gap; and
-    fused_kernel5's, with S summed over the 2x2 means and the largest mean for amax, at least the gap's
+    fused_kernel6's, with S summed over the 2x2 means and the largest mean for amax, at least the gap's
     mean over each pool window."""
     rng = np.random.default_rng(5)
     a1 = (rng.random((3, 9, 9, 32)) * scale).astype(np.float32)
@@ -151,7 +151,7 @@ def test_the_gpu_constants_bound_the_oracles_conv2_gap(scale):
     oracle = certify.conv2_gap(a1, w2, "componentwise")
     assert (gpu >= oracle).all()
     assert np.median(gpu / oracle) < 1.01  # and no looser than the rounding up costs
-    # fused_kernel5 bounds each 2x2 pool window's mean gap at once: S from qb, the 2x2 means of fl16(a)
+    # fused_kernel6 bounds each 2x2 pool window's mean gap at once: S from qb, the 2x2 means of fl16(a)
     # rounded up to float16 (the GPU's float32 sums round up too, so its qb is at least this one).
     h = certify.to_half(a1).astype(np.float64)
     qb = certify.half_up((h[:, :-1, :-1] + h[:, :-1, 1:] + h[:, 1:, :-1] + h[:, 1:, 1:]) / 4).astype(np.float64)

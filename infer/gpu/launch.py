@@ -525,15 +525,15 @@ class Fused(Launcher):
     """conv1 -> ReLU -> pool -> conv2 -> ReLU -> pool for IMGS images per 256-thread block;
     fused_kernel1 on FP32 FFMA (cuda/fused1.cu), fused_kernel2 on the tensor cores in 3xTF32
     (mma.sync, sm_80 and later: fused2.cu), fused_kernel3 the same on Hopper's warpgroup MMA (wgmma,
-    sm_90a only: fused3.cu); fused_kernel4-6 the certified pass's float16 conv2 with a bound per
-    feature (fused4.cu, fused5.cu, fused6.cu: docs/certified.md). The host owns the shared-memory layout (plan)
+    sm_90a only: fused3.cu); fused_kernel4 and 6 the certified pass's float16 conv2 with a bound per
+    feature (fused4.cu, fused6.cu: docs/certified.md). The host owns the shared-memory layout (plan)
     and passes it as -D options; the kernels static_assert what they rely on."""
     arg_types = "PPPiP"  # version 3 adds a count and an image list, versions 4 and 5 a bound output,
-    # versions 3-5 the images' scaling and scale (8-bit codes staged as they are read; ARG_TYPES)
-    ARG_TYPES = {3: "PPPiPPPif", 4: "PPPPiPif", 5: "PPPPiPif", 6: "PPPPiPif"}
+    # versions 3-6 the images' scaling and scale (8-bit codes staged as they are read; ARG_TYPES)
+    ARG_TYPES = {3: "PPPiPPPif", 4: "PPPPiPif", 6: "PPPPiPif"}
     THREADS = 256
     SMEM_LIMIT = 227 * 1024
-    ARCH = {3: "sm_90a", 4: "sm_90a", 5: "sm_90a", 6: "sm_90a"}  # versions compiled for a target other than the GPU's own
+    ARCH = {3: "sm_90a", 4: "sm_90a", 6: "sm_90a"}  # versions compiled for a target other than the GPU's own
 
     IMGS3 = (4, 2)  # version 3's images a block: 4, or 2 for a shorter block (the recomputation)
 
@@ -570,18 +570,17 @@ class Fused(Launcher):
             pstr = g.c1 + 2
             rstr = p1w * pstr + (24 - p1w * pstr % 16) % 16
             layout = FusedLayout(4, pstr, rstr, p1h * rstr, max(images(4), 4 * g.c1 * g.c2))
-        elif version in (5, 6):
+        elif version == 6:
             if g.conv2_out != (8, 8) or g.c1 != 32 or g.c2 != 64:
                 return None, "it needs 8x8 conv2 outputs, 32 conv1 channels and 64 conv2 channels"
             # p1 in halves, unpadded (the tensor cores read it through descriptors); the stage area holds
-            # the images and conv1's weights, then the 2x2 means of p1 (fused5.cu's qb: (4, P1H - 1, 12,
-            # 18) words), two float16 slabs and the images' largest qb. Version 6 interleaves the rows
-            # of an image pair: its chunks hold two images, istr is half of one.
+            # the images and conv1's weights, then the 2x2 means of p1 (fused6.cu's qb: (4, P1H - 1, 12,
+            # 18) words), three float16 slabs and the images' largest qb. An image pair's rows are
+            # interleaved: its chunks hold both images, istr is half a pair.
             w1_at = ceil_div(images(4), 32) * 32
-            pair = 2 if version == 6 else 1
-            pstr, chunk = g.c1 // 2, pair * p1h * p1w * 4  # chunks of 8 channels, 8 words mod 32 apart
+            pstr, chunk = g.c1 // 2, 2 * p1h * p1w * 4  # chunks of 8 channels, 8 words mod 32 apart
             chunk += (8 - chunk) % 32
-            layout = FusedLayout(4, pstr, p1w * pstr, g.c1 // 8 * chunk // pair,
+            layout = FusedLayout(4, pstr, p1w * pstr, g.c1 // 8 * chunk // 2,
                                  max(w1_at + cls.conv1_floats(g), 4 * (p1h - 1) * 12 * 18 + 3 * g.c1 * g.c2) + 4, w1_at)
         else:
             if (p2h * p2w) % 16 or g.c1 != 32 or g.c2 != 64:
@@ -623,7 +622,7 @@ class Fused(Launcher):
                        PSTR=layout.pstr, RSTR=layout.rstr, ISTR=layout.istr, STAGE_FLOATS=layout.stage)
         if version >= 3:
             defines.update(CONV1_TAIL=cls.conv1_steps(g.k1 * g.k1 * g.c)[1], X_PAD=layout.w1_at)
-        if version in (5, 6):
+        if version == 6:
             defines.update(P1_HALVES=1)
         return defines
 
@@ -631,7 +630,7 @@ class Fused(Launcher):
         self.kernel, version = kernel, version_of(kernel)
         self.source, self.version = f"fused{version}", version
         self.arg_types = self.ARG_TYPES.get(version, self.arg_types)
-        self.DIRECTED_ROUNDING = version in (4, 5, 6)
+        self.DIRECTED_ROUNDING = version in (4, 6)
         super().__init__(build, self.ARCH.get(version), **self.defines(g, version, imgs))
         layout = self.plan(g, version, imgs)[0]
         self.imgs, self.shared = layout.imgs, layout.shared
@@ -659,10 +658,10 @@ class Fused(Launcher):
     def __call__(self, stream, x, w2, feat, n, bad=0, count=0, dp=0, idx=0, scaling=-1):
         """bad: where not 0, the images are checked: *bad = min(*bad, first image with a non-finite value).
         count (version 3): a device int, the images to run of the n (0: all); idx (version 3): a device
-        list, image i being x's image idx[i] (0: x's images in order); dp (versions 4-6): where the
+        list, image i being x's image idx[i] (0: x's images in order); dp (versions 4, 6): where the
         features' bounds go; scaling (versions 3-6): -1 for float32 images, else x holds 8-bit codes
         of that scaling (codes.SCALINGS), conv1 computed from the codes (fused_conv1_wgmma.cuh)."""
-        bounds, codes_in = self.version in (4, 5, 6), self.version >= 3
+        bounds, codes_in = self.version in (4, 6), self.version >= 3
         if ((count or idx) and self.version != 3) or (dp != 0) != bounds or (scaling != -1 and not codes_in):
             raise ValueError(f"{self.kernel} takes {'a bound output' if bounds else 'no bound output'}"
                              f"{', and a count and an image list' if self.version == 3 else ''}"

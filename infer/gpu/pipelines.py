@@ -363,7 +363,7 @@ class FusedCertified(FusedWarpgroup):
     (by_default) only those it makes faster, the rest run on the exact path alone (enqueue_exact)."""
     NAME = "fused-certified"
     KERNEL = "fused_kernel4"  # any geometry fused-wgmma runs; fused_kernel6 where its shapes fit (8x8 conv2 outputs)
-    KERNELS = ("fused_kernel6", "fused_kernel5", KERNEL)  # fused_kernel5 fits where 6 does: run by name (tests)
+    KERNELS = ("fused_kernel6", KERNEL)
     CERTIFY_VERSION = 4  # certify_kernel4 (fc1 inside) and pair_kernel1; 1-3 still run (tests/test_certified_gpu.py)
     # The default precision certifies runs of at least this many images that ask for no scores
     # (docs/certified.md: below it the exact path's two kernels a chunk are faster than the eight);
