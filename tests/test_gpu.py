@@ -221,16 +221,16 @@ def test_fused_conv_kernel(gpu, rng, g, algo):
     assert d.get(bad, 1, np.int32)[0] == 5
 
 
-STAGED = [(g, v) for g in GEOMETRIES for v in (3, 4, 5) if launch.Fused.plan(g, v)[0] is not None]
+STAGED = [(g, v) for g in GEOMETRIES for v in (3, 4, 6) if launch.Fused.plan(g, v)[0] is not None]
 
 
 @pytest.mark.parametrize("g,version", STAGED, ids=[f"v{v}-{g.h}x{g.w}x{g.c}-k{g.k1}-{g.c1}-k{g.k2}-{g.c2}" for g, v in STAGED])
 def test_fused_kernels_compute_conv1_from_codes(gpu, rng, g, version):
-    """Images uploaded as 8-bit codes (every scaling; uint8's is ONE) are staged by fused_kernel3-5
+    """Images uploaded as 8-bit codes (every scaling; uint8's is ONE) are staged by fused_kernel3, 4 and 6
     themselves, conv1 computed from the codes (cuda/fused_conv1_wgmma.cuh): version 3's features
     within float32's accuracy of its features of the codes' float32 values (a float32 image and a
     byte of codes not confused), the same bits on a listed subset (the recomputation); versions 4
-    and 5 within their bound dp of version 3's on the same codes (the certificate's premise: both
+    and 6 within their bound dp of version 3's on the same codes (the certificate's premise: both
     paths' conv1 the same). The scalings by 1/255 (MUL, DIV) give the same bits, as do ONE and uint8."""
     from infer import certify, codes
     from infer.gpu.pipelines import FusedCertified, FusedWarpgroup

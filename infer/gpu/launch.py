@@ -535,12 +535,15 @@ class Fused(Launcher):
     SMEM_LIMIT = 227 * 1024
     ARCH = {3: "sm_90a", 4: "sm_90a", 6: "sm_90a"}  # versions compiled for a target other than the GPU's own
 
+    VERSIONS = (1, 2, 3, 4, 6)  # fused_kernel<version> in cuda/fused<version>.cu
     IMGS3 = (4, 2)  # version 3's images a block: 4, or 2 for a shorter block (the recomputation)
 
     @classmethod
     def plan(cls, g, version=1, imgs=4):
         """(FusedLayout, None) for geometry g, or (None, why the kernel cannot run it); imgs: version
         3's images a block (IMGS3; the other versions fix theirs)."""
+        if version not in cls.VERSIONS:
+            raise ValueError(f"no fused_kernel{version}: the versions are {', '.join(map(str, cls.VERSIONS))}")
         if imgs != 4 and (version != 3 or imgs not in cls.IMGS3):
             raise ValueError(f"fused_kernel{version} takes {' or '.join(map(str, cls.IMGS3)) if version == 3 else 4} "
                              f"images a block, not {imgs}")
