@@ -164,8 +164,7 @@ class Executor:
         if recorded is not None:
             try:
                 if x is not None:
-                    first = x[:self.run.chunk]
-                    cuda.memcpy_htod_async(self.run.images(0, 0, len(self.streams)), first, self.streams[0])
+                    self.upload(self.streams[0], 0, 0, x[:self.run.chunk])
                 recorded.launch(self.streams[0])
                 return True
             except (graph.GraphError, AttributeError, OSError):
@@ -213,11 +212,10 @@ class Executor:
 
     def upload(self, stream, i, start, x):
         """Copy images x (from image start; chunk i's, or whole chunks from chunk i where resident)
-        to the device on stream; the event that completes with the copy."""
+        to the device on stream (a caller that waits for the copy records an event after it)."""
         self.profiler.start("memcpy HtoD (images)", stream)
         cuda.memcpy_htod_async(self.run.images(i, start, len(self.streams)), x, stream)
         self.profiler.stop("memcpy HtoD (images)", stream)
-        return event(stream)
 
     def compute(self, i, start, count):
         """Check or convert chunk i's images, then the network (its certified pass where it

@@ -536,6 +536,7 @@ class Fused(Launcher):
     ARCH = {3: "sm_90a", 4: "sm_90a", 6: "sm_90a"}  # versions compiled for a target other than the GPU's own
 
     VERSIONS = (1, 2, 3, 4, 6)  # fused_kernel<version> in cuda/fused<version>.cu
+    BOUNDED = (4, 6)  # the certified pass's: a bound output beside the features, every bound rounded up
     IMGS3 = (4, 2)  # version 3's images a block: 4, or 2 for a shorter block (the recomputation)
 
     @classmethod
@@ -633,7 +634,7 @@ class Fused(Launcher):
         self.kernel, version = kernel, version_of(kernel)
         self.source, self.version = f"fused{version}", version
         self.arg_types = self.ARG_TYPES.get(version, self.arg_types)
-        self.DIRECTED_ROUNDING = version in (4, 6)
+        self.DIRECTED_ROUNDING = version in self.BOUNDED
         super().__init__(build, self.ARCH.get(version), **self.defines(g, version, imgs))
         layout = self.plan(g, version, imgs)[0]
         self.imgs, self.shared = layout.imgs, layout.shared
@@ -664,7 +665,7 @@ class Fused(Launcher):
         list, image i being x's image idx[i] (0: x's images in order); dp (versions 4, 6): where the
         features' bounds go; scaling (versions 3-6): -1 for float32 images, else x holds 8-bit codes
         of that scaling (codes.SCALINGS), conv1 computed from the codes (fused_conv1_wgmma.cuh)."""
-        bounds, codes_in = self.version in (4, 6), self.version >= 3
+        bounds, codes_in = self.version in self.BOUNDED, self.version >= 3
         if ((count or idx) and self.version != 3) or (dp != 0) != bounds or (scaling != -1 and not codes_in):
             raise ValueError(f"{self.kernel} takes {'a bound output' if bounds else 'no bound output'}"
                              f"{', and a count and an image list' if self.version == 3 else ''}"

@@ -36,7 +36,8 @@ def forward_stream(ex, copies, ring, progress, out, aside, model_path, decoder=N
             i, n = first + offset // run.chunk, min(run.chunk, count - offset)
             stream = streams[i % len(streams)]
             if ready is None:
-                uploads.append(ex.upload(stream, i, at + offset, x[offset:offset + n]))
+                ex.upload(stream, i, at + offset, x[offset:offset + n])
+                uploads.append(event(stream))
             else:
                 stream.wait_for_event(ready)
             ex.compute(i, at + offset, n)
@@ -71,7 +72,8 @@ def forward_stream(ex, copies, ring, progress, out, aside, model_path, decoder=N
                 if placer is not None:
                     uploaded, ready = placer.enqueue(copies, dst, x, start)
                 else:
-                    uploaded = ready = ex.upload(copies, at // run.chunk, at, x)
+                    ex.upload(copies, at // run.chunk, at, x)
+                    uploaded = ready = event(copies)
                 compute(at, len(x), ready)
             uploads = [uploaded]
         pending.append((uploads, buf, len(x)))
