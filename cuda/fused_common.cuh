@@ -9,7 +9,6 @@
 
 #include "common.cuh"
 
-#include <type_traits>
 
 constexpr int H1 = IN_H - K1 + 1, W1 = IN_W - K1 + 1;
 constexpr int P1H = H1 / 2, P1W = W1 / 2;
@@ -30,17 +29,15 @@ static_assert((P1_FLOATS + STAGE_FLOATS) * 4 <= 227 * 1024, "fused: shared memor
 
 // Phase 0: images [img0, img0 + imgs) of x into stage (zeros past them up to IMGS), each value checked
 // where bad is not null; where idx is not null, image j of the block is x's image idx[img0 + j] (the
-// certified path's recomputed share, read where it lies); where codes, x holds 8-bit codes (a byte a
-// value), staged as their integer values (fused_conv1_wgmma.cuh computes conv1 from them). Each thread's
+// certified path's recomputed share, read where it lies; 8-bit codes are staged by
+// fused_conv1_wgmma.cuh's stage_codes). Each thread's
 // loads go out STAGE_LOADS at a time before any is used: one at a time, a block waited on ~13 trips
 // to memory in turn (ncu: fused_kernel3's staging 11.6% of its stall samples, long scoreboard).
 constexpr int STAGE_LOADS = 8;
 template <int LOADS = STAGE_LOADS>
 __device__ __forceinline__ void stage_images(float* stage, const float* __restrict__ x, int img0, int imgs,
-                                             int* __restrict__ bad, const int* __restrict__ idx = nullptr,
-                                             bool codes = false) {
+                                             int* __restrict__ bad, const int* __restrict__ idx = nullptr) {
     constexpr int IMG = IN_H * IN_W * IN_C;
-    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(x);
     for (int i0 = threadIdx.x; i0 < X_FLOATS; i0 += LOADS * FUSED_THREADS) {
         float v[LOADS];
 #pragma unroll
@@ -49,7 +46,7 @@ __device__ __forceinline__ void stage_images(float* stage, const float* __restri
             v[k] = 0.0f;
             if (i < imgs * IMG) {
                 const size_t at = idx != nullptr ? (size_t)idx[img0 + i / IMG] * IMG + i % IMG : (size_t)img0 * IMG + i;
-                v[k] = codes ? (float)bytes[at] : x[at];
+                v[k] = x[at];
             }
         }
 #pragma unroll
@@ -63,46 +60,37 @@ __device__ __forceinline__ void stage_images(float* stage, const float* __restri
     }
 }
 
-// stage_images with 4 values a load (a float4, or a word of 4 codes), for images whose values come in
-// 4s (others take stage_images): ECE408's 4 images are 3.1 loads a thread, all out before any is used,
-// one trip to memory where 8 byte loads at a time took two. Kept out of line: inlined, ptxas spilled
-// the certified pass's fused kernel (at its 128 registers) for a 3x3 conv2 whatever the loads in flight.
+// stage_images with 4 values a load (a float4), for images whose values come in 4s (others take
+// stage_images): ECE408's 4 images are 3.1 loads a thread, all out before any is used. Kept out of
+// line: inlined, ptxas spilled the certified pass's fused kernel (at its 128 registers) for a 3x3
+// conv2 whatever the loads in flight.
 template <int LOADS = 4>
 __device__ __noinline__ void stage_images4(float* stage, const float* __restrict__ x, int img0, int imgs,
-                                          int* __restrict__ bad, const int* __restrict__ idx, bool codes) {
+                                          int* __restrict__ bad, const int* __restrict__ idx) {
     constexpr int IMG = IN_H * IN_W * IN_C;
     if constexpr (IMG % 4 != 0) {
-        stage_images(stage, x, img0, imgs, bad, idx, codes);
+        stage_images(stage, x, img0, imgs, bad, idx);
     } else {
         constexpr int PER = IMG / 4, UNITS = X_FLOATS / 4;
-        // LOADS units of type T loaded, then each made 4 floats by value(T) and stored (the codes' loop
-        // holds a word a unit, float32's four)
-        const auto units = [&](const auto* src, auto value) {
+        const float4* src = reinterpret_cast<const float4*>(x);
 #pragma unroll 1
-            for (int u0 = threadIdx.x; u0 < UNITS; u0 += LOADS * FUSED_THREADS) {
-                std::remove_const_t<std::remove_reference_t<decltype(*src)>> raw[LOADS];
+        for (int u0 = threadIdx.x; u0 < UNITS; u0 += LOADS * FUSED_THREADS) {
+            float4 v[LOADS];
 #pragma unroll
-                for (int k = 0; k < LOADS; ++k) {
-                    const int u = u0 + k * FUSED_THREADS;
-                    raw[k] = {};
-                    if (u < imgs * PER) raw[k] = src[(size_t)(idx != nullptr ? idx[img0 + u / PER] : img0 + u / PER) * PER + u % PER];
-                }
+            for (int k = 0; k < LOADS; ++k) {
+                const int u = u0 + k * FUSED_THREADS;
+                v[k] = {};
+                if (u < imgs * PER) v[k] = src[(size_t)(idx != nullptr ? idx[img0 + u / PER] : img0 + u / PER) * PER + u % PER];
+            }
 #pragma unroll
-                for (int k = 0; k < LOADS; ++k) {
-                    const int u = u0 + k * FUSED_THREADS;
-                    if (u < UNITS) {
-                        const float4 v = value(raw[k]);
-                        if (bad != nullptr && !(isfinite(v.x) && isfinite(v.y) && isfinite(v.z) && isfinite(v.w)))
-                            atomicMin(bad, img0 + u / PER);
-                        reinterpret_cast<float4*>(stage)[u] = v;
-                    }
+            for (int k = 0; k < LOADS; ++k) {
+                const int u = u0 + k * FUSED_THREADS;
+                if (u < UNITS) {
+                    if (bad != nullptr && !(isfinite(v[k].x) && isfinite(v[k].y) && isfinite(v[k].z) && isfinite(v[k].w)))
+                        atomicMin(bad, img0 + u / PER);
+                    reinterpret_cast<float4*>(stage)[u] = v[k];
                 }
             }
-        };
-        if (codes)
-            units(reinterpret_cast<const unsigned*>(x),
-                  [](unsigned w) { return make_float4(w & 0xffu, w >> 8 & 0xffu, w >> 16 & 0xffu, w >> 24); });
-        else
-            units(reinterpret_cast<const float4*>(x), [](float4 v) { return v; });
+        }
     }
 }

@@ -5,7 +5,9 @@
 // 2^S (max |w| 2^S in [2^14, 2^15]) as two float16 parts, hi + lo: every product exact in float32,
 // 2 MMAs a k16 step (3xTF32: 3 a k8 step, and its operands split), and the channel's c0 2^-S
 // (c0 = the scaling's 1/255, or 1) applied to the pooled sum: within float32's accuracy of the
-// float32 images' conv1, but not its bits.
+// float32 images' conv1, but not its bits. The codes are staged as float16 twice, the second copy one
+// value on, and k runs over kernel rows padded to even: each A register (a pair of k) is one aligned
+// 32-bit load (stage_codes).
 #pragma once
 #include <cuda_fp16.h>
 
@@ -25,15 +27,22 @@ static_assert(TAIL1 >= 0 && TAIL1 <= 2 && KS1 >= 1, "fused v3/v4: conv1's tail i
 #error "fused v3/v4 needs -DX_PAD: where conv1's weights follow the images in the stage area"
 #endif
 constexpr int W1F_FLOATS = KS1 * 2 * 8 * C1 + TAIL1 * C1;
-constexpr int KS16 = (K1K + 15) / 16;  // conv1's k16 steps from codes, zero-padded (no tail)
+// From codes, k runs over each kernel row padded to an even length (RL1: (kw, ci), then a zero weight
+// where K1 * IN_C is odd), so a pair of k (2 tig, + 1) is two adjacent values of one image row.
+constexpr int RL1 = (K1 * IN_C + 1) / 2 * 2;
+constexpr int KS16 = (K1 * RL1 + 15) / 16;  // conv1's k16 steps from codes, zero-padded (no tail)
 constexpr int W1C_FLOATS = KS16 * 16 * C1;  // their float16 weights, {lo, hi} a step
+// The codes staged as float16 twice (stage_codes): rows of ROWH halves (IN_W * IN_C padded to even),
+// copy 1 one half on from copy 0, each COPYH halves with zeros past the images.
+constexpr int ROWH = (IN_W * IN_C + 1) / 2 * 2, COPYH = IMGS * IN_H * ROWH + 4;
 static_assert(W1C_FLOATS <= W1F_FLOATS, "fused v3-v6: conv1's codes weights fit where the split ones go");
 static_assert(((K1 - 1) * IN_W + K1 - 1) * IN_C + IN_C < 65536, "fused v3-v6: conv1's pixel offsets fit in 16 bits");
 constexpr int WTILES1 = (IMGS * P1H * P1W + 63) / 64;  // conv1 m64 tiles of the block's pool windows
 
 static_assert((IMGS == 4 || IMGS == 2) && FUSED_THREADS == 256, "fused v3/v4: two warpgroups of IMGS / 2 images each");
 static_assert(C1 == 32, "fused v3/v4: N = C1 = 32 (wgmma.m64n32k8)");
-static_assert(X_PAD >= X_FLOATS && X_PAD % 32 == 0, "fused v3/v4: conv1's weights after the images, 128-byte aligned");
+static_assert(X_PAD >= X_FLOATS && X_PAD >= COPYH && X_PAD % 32 == 0,
+              "fused v3/v4: conv1's weights after the images (float32, or both copies of the codes), 128-byte aligned");
 static_assert(STAGE_FLOATS >= X_PAD + W1F_FLOATS, "fused v3/v4: the stage area must hold the images and conv1's weights");
 
 // conv1's weights: the steps' split like w2, zero past k = K1K: (KS1, {hi, lo}, C1/8, 2, 8, 4); then
@@ -60,6 +69,73 @@ __device__ __forceinline__ unsigned half2_bits(float2 v) {
 __device__ __forceinline__ int conv1_pixel(int k) {
     const int kk = k / IN_C;
     return k < K1K ? ((kk / K1) * IN_W + kk % K1) * IN_C + k % IN_C : 0;
+}
+
+// From codes: the word of copy 0 holding the pair of k (k even) and k + 1 from a window's first value
+// (in words: the pair's offset is even); padded k past the last kernel row read the window's first.
+__device__ __forceinline__ int codes_pair_word(int k) {
+    return k < K1 * RL1 ? (k / RL1 * ROWH + k % RL1) / 2 : 0;
+}
+
+// The codes in bytes a and b of w as a pair of float16 values, exact (sel: __byte_perm's selector
+// putting them in bytes 0 and 2, 0x64 in bytes 1 and 3): the float16 1024 + b (bits 0x6400 | b) less 1024.
+__device__ __forceinline__ unsigned code_halves(unsigned w, unsigned sel) {
+    const unsigned biased = __byte_perm(w, 0x64u, sel);
+    const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&biased), __float2half2_rn(1024.0f));
+    return *reinterpret_cast<const unsigned*>(&h);
+}
+
+// The block's images of 8-bit codes staged for conv1 as float16 values (exact), twice: copy 0 as
+// the images lie (rows of ROWH halves, a zero after each where IN_W * IN_C is odd; images past imgs
+// zeros), copy 1 = copy 0 one half on (copy1[i] = copy0[i + 1]), so every pair of k a window reads is
+// one aligned word of one copy: a load a register, no conversion (it was two float loads and a
+// conversion). Past each copy's images zeros, which padded k read (times a zero weight). idx: as
+// stage_images. Out of line, as stage_images4.
+template <int LOADS = 4>
+__device__ __noinline__ void stage_codes(float* stage, const float* __restrict__ x, int img0, int imgs, const int* __restrict__ idx) {
+    constexpr int IMG = IN_H * IN_W * IN_C, ROW = IN_W * IN_C, END = IMGS * IN_H * ROWH;
+    unsigned short* c0 = reinterpret_cast<unsigned short*>(stage);  // half bits
+    unsigned short* c1 = c0 + COPYH;
+    const int t = threadIdx.x;
+    if (t < COPYH - END) c0[END + t] = 0;
+    if (t <= COPYH - END) c1[END - 1 + t] = 0;
+    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(x);
+    const auto src = [&](int i) { return (size_t)(idx != nullptr ? idx[img0 + i / IMG] : img0 + i / IMG) * IMG + i % IMG; };
+    if constexpr (IMG % 4 == 0 && ROWH == ROW) {
+        // a word of 4 codes a unit, stored where it lies in copy 0 and one half back in copy 1; a code b
+        // is the float16 1024 + b (its bits 0x6400 | b) less 1024
+        constexpr int PER = IMG / 4, UNITS = X_FLOATS / 4;
+        const unsigned* words = reinterpret_cast<const unsigned*>(x);
+#pragma unroll 1
+        for (int u0 = t; u0 < UNITS; u0 += LOADS * FUSED_THREADS) {
+            unsigned raw[LOADS];
+#pragma unroll
+            for (int k = 0; k < LOADS; ++k) {
+                const int u = u0 + k * FUSED_THREADS;
+                raw[k] = u < imgs * PER ? words[src(4 * u) / 4] : 0u;
+            }
+#pragma unroll
+            for (int k = 0; k < LOADS; ++k) {
+                const int u = u0 + k * FUSED_THREADS;
+                if (u < UNITS) {
+                    const unsigned w = raw[k];
+                    const unsigned h01 = code_halves(w, 0x4140), h23 = code_halves(w, 0x4342), h12 = code_halves(w, 0x4241);
+                    reinterpret_cast<uint2*>(c0)[u] = make_uint2(h01, h23);
+                    reinterpret_cast<unsigned*>(c1)[2 * u] = h12;
+                    c1[4 * u + 2] = h23 >> 16;
+                    if (u > 0) c1[4 * u - 1] = h01 & 0xffffu;
+                }
+            }
+        }
+    } else {
+        for (int i = t; i < IMGS * IMG; i += FUSED_THREADS) {
+            const int o = i % IMG, xc = o % ROW, h = i / IMG * IN_H * ROWH + o / ROW * ROWH + xc;
+            const unsigned short v = i < imgs * IMG ? code_halves(bytes[src(i)], 0x4140) & 0xffffu : 0;
+            c0[h] = v;
+            if (h > 0) c1[h - 1] = v;
+            if (ROWH > ROW && xc == ROW - 1) c0[h + 1] = c1[h] = 0;  // the row's padding
+        }
+    }
 }
 
 // conv1 in 3xTF32 for one tile's two rounds (dy) of windows base[0], base[1] (rows g, g + 8 of the
@@ -101,12 +177,13 @@ __device__ __forceinline__ void conv1_split_tile(const float* stage, const int (
     }
 }
 
-// conv1 from codes for one tile's two rounds (dy) of windows base[0], base[1] (rows g, g + 8 of the
-// warp's 16), staged as the codes' integer values: sum[e] as conv1_split_tile's, times the channel's
-// c0 2^-S (f[2c + e] for accumulator 4c + 2h + e). koff: the pixels of k = 16 ks + 8 j + 2 tig and
-// of k + 1, in the low and high 16 bits (half the registers of two ints).
+// conv1 from codes for one tile's two rounds (dy) of windows whose first values are the words
+// base[0], base[1] of copy 0 (rows g, g + 8 of the warp's 16), staged by stage_codes: sum[e] as
+// conv1_split_tile's, times the channel's c0 2^-S (f[2c + e] for accumulator 4c + 2h + e). koff: the
+// words of the pairs k = 16 ks + 8 j + 2 tig, k + 1 from a window's first (codes_pair_word).
 __device__ __forceinline__ void conv1_codes_tile(const float* stage, unsigned wlo, const int (&base)[2],
-                                                 const unsigned (&koff)[KS16][2], const float (&f)[8], float (&sum)[16]) {
+                                                 const int (&koff)[KS16][2], const float (&f)[8], float (&sum)[16]) {
+    const unsigned* words = reinterpret_cast<const unsigned*>(stage);
 #pragma unroll(KS16 > 2 ? 1 : 2)  // rolled past 2 steps: unrolled, fused_kernel4 spilled for K1*K1*IN_C = 50
     for (int dy = 0; dy < 2; ++dy) {
         float acc[2][16];
@@ -117,15 +194,15 @@ __device__ __forceinline__ void conv1_codes_tile(const float* stage, unsigned wl
         for (int k0 = 0; k0 < KS16; k0 += G) {
             unsigned a[2][G][4];
 #pragma unroll
-            for (int dx = 0; dx < 2; ++dx)
+            for (int dx = 0; dx < 2; ++dx) {
+                // the window position's first value, dy rows and dx pixels on, in copy 0 where it is
+                // even (a pair's offset is even), else one half back in copy 1
+                const int off = dy * ROWH + dx * IN_C, at = (off % 2 == 0 ? off : COPYH + off - 1) / 2;
 #pragma unroll
                 for (int i = 0; i < G; ++i)
 #pragma unroll
-                    for (int r = 0; r < 4; ++r) {
-                        const int ks = k0 + i;
-                        const float* at = stage + base[r % 2] + (dy * IN_W + dx) * IN_C;
-                        a[dx][i][r] = half2_bits(make_float2(at[koff[ks][r / 2] & 0xffffu], at[koff[ks][r / 2] >> 16]));
-                    }
+                    for (int r = 0; r < 4; ++r) a[dx][i][r] = words[base[r % 2] + at + koff[k0 + i][r / 2]];
+            }
             asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
             for (int i = 0; i < G; ++i)
@@ -171,7 +248,10 @@ __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restric
     for (int i = t; i < (codes ? W1C_FLOATS : W1F_FLOATS) / 4; i += FUSED_THREADS) cp_async16(stage + X_PAD + 4 * i, w1 + 4 * i, true);
     cp_async_commit();
     started();
-    stage_images4(stage, x, img0, imgs, bad, idx, codes);
+    if (codes)
+        stage_codes(stage, x, img0, imgs, idx);
+    else
+        stage_images4(stage, x, img0, imgs, bad, idx);
     cp_async_wait<LATER>();
     asm volatile("fence.proxy.async.shared::cta;");  // w1 and the images written here, w1 read by the tensor cores
     __syncthreads();
@@ -185,12 +265,12 @@ __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restric
         // conv(base, sum) for each of the warpgroup's tiles, then the pooled outputs stored
         const auto tiles = [&](auto&& conv) {
             for (int tile = wg; tile < WTILES1; tile += 2) {
-                int base[2];  // the windows' first pixels in stage
+                int base[2];  // the windows' first values in stage (from codes: words of copy 0)
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     const int win = tile * 64 + 16 * w + g + 8 * h;
                     const int wc = win < IMGS * P1H * P1W ? win : 0, img = wc / (P1H * P1W), py = wc / P1W % P1H, px = wc % P1W;
-                    base[h] = ((img * IN_H + 2 * py) * IN_W + 2 * px) * IN_C;
+                    base[h] = codes ? ((img * IN_H + 2 * py) * ROWH + 2 * px * IN_C) / 2 : ((img * IN_H + 2 * py) * IN_W + 2 * px) * IN_C;
                 }
                 float sum[16];
                 conv(base, sum);
@@ -212,11 +292,11 @@ __device__ __forceinline__ void conv1_wgmma(float* stage, const float* __restric
             }
         };
         if (codes) {
-            unsigned koff[KS16][2];
+            int koff[KS16][2];
 #pragma unroll
             for (int ks = 0; ks < KS16; ++ks)
 #pragma unroll
-                for (int j = 0; j < 2; ++j) koff[ks][j] = conv1_pixel(16 * ks + 8 * j + 2 * tig) | conv1_pixel(16 * ks + 8 * j + 2 * tig + 1) << 16;
+                for (int j = 0; j < 2; ++j) koff[ks][j] = codes_pair_word(16 * ks + 8 * j + 2 * tig);
             float f[8];  // accumulator 4c + 2h + e's channel 8c + 2tig + e: its c0 2^-S at f[2c + e]
 #pragma unroll
             for (int c = 0; c < C1 / 8; ++c)

@@ -167,7 +167,8 @@ def test_conv1_weights_steps_then_tail(rng, k1, c, steps, tail):
     assert launch.Fused.conv1_steps(k1 * k1 * c) == (steps, tail)
     f = FusedWarpgroup.conv1_weights(w)
     flat, body = w.reshape(-1, 32), steps * 2 * 8 * 32
-    steps16 = -(-len(flat) // 16)
+    row = k1 * c + (k1 * c) % 2  # codes: each kernel row's k padded to even
+    steps16 = -(-k1 * row // 16)
     assert f.shape == (body + tail * 32 + steps16 * 16 * 32 + 32,)
     np.testing.assert_array_equal(f[body:body + tail * 32], flat[len(flat) - tail:].ravel())  # the tail as it is
     mma = f[:body].reshape(1, steps, 2, 4, 2, 8, 4)
@@ -177,17 +178,19 @@ def test_conv1_weights_steps_then_tail(rng, k1, c, steps, tail):
     assert mma[0, ks, 1, 2, kc, 5, kk] == tf32(flat[k, 21] - tf32(flat[k, 21]))
     padded = mma.transpose(0, 1, 4, 6, 2, 3, 5).reshape(8 * steps, -1)[k + 1:]  # rows (ks, kc, kk) past k
     assert not padded.any()
-    # For codes: k16 steps of float16 (lo, hi) of each channel's weights times 2^S, then 2^-S
+    # For codes: k16 steps of float16 (lo, hi) of each channel's weights times 2^S, k = kh * row + kw * c
+    # + ci (a zero where the row is padded), then 2^-S
     codes = f[body + tail * 32:]
     halves = codes[:-32].view(np.float16).reshape(steps16, 2, 4, 2, 8, 8)  # (ks, part, ni, kc, r, kk)
     scale = codes[-32:].astype(np.float64)
-    k = len(flat) - 1  # the last k, channel 21 = 8*2 + 5
+    k = k1 * row - row + k1 * c - 1  # the last weight's k, channel 21 = 8*2 + 5
     ks, kc, kk = k // 16, k % 16 // 8, k % 8
     lo, hi = halves[ks, 0, 2, kc, 5, kk], halves[ks, 1, 2, kc, 5, kk]
-    assert hi == np.float16(flat[k, 21] / scale[21]) and lo == np.float16(flat[k, 21] / scale[21] - np.float64(hi))
+    assert hi == np.float16(flat[-1, 21] / scale[21]) and lo == np.float16(flat[-1, 21] / scale[21] - np.float64(hi))
     whole = halves.transpose(0, 3, 5, 1, 2, 4).reshape(16 * steps16, 2, 32).astype(np.float64)  # (k, part, channel)
-    assert not whole[len(flat):].any()
-    np.testing.assert_allclose((whole[: len(flat), 0] + whole[: len(flat), 1]) * scale, flat, rtol=2**-21, atol=0)
+    rows = whole[: k1 * row].reshape(k1, row, 2, 32)
+    assert not whole[k1 * row:].any() and not rows[:, k1 * c:].any()
+    np.testing.assert_allclose((rows[:, : k1 * c, 0] + rows[:, : k1 * c, 1]).reshape(-1, 32) * scale, flat, rtol=2**-21, atol=0)
     top = np.abs(whole[:, 1]).max(axis=0)
     assert ((top >= 2**14) & (top <= 2**15)).all() and (np.log2(scale) == np.rint(np.log2(scale))).all()
 

@@ -581,7 +581,7 @@ class Fused(Launcher):
             # the images and conv1's weights, then the 2x2 means of p1 (fused6.cu's qb: (4, P1H - 1, 12,
             # 18) words), three float16 slabs and the images' largest qb. An image pair's rows are
             # interleaved: its chunks hold both images, istr is half a pair.
-            w1_at = ceil_div(images(4), 32) * 32
+            w1_at = ceil_div(cls.staged_floats(g, 4), 32) * 32
             pstr, chunk = g.c1 // 2, 2 * p1h * p1w * 4  # chunks of 8 channels, 8 words mod 32 apart
             chunk += (8 - chunk) % 32
             layout = FusedLayout(4, pstr, p1w * pstr, g.c1 // 8 * chunk // 2,
@@ -596,13 +596,20 @@ class Fused(Launcher):
             # 4 pixels x 4 pairs in 32 banks. Its stage area ends in the images' largest conv1
             # outputs (4 floats) and holds two float16 slabs (C1 * C2 floats each) in phase 2.
             pstr = g.c1 + (8 if version == 4 else 4)
-            w1_at = ceil_div(images(imgs), 32) * 32
+            w1_at = ceil_div(cls.staged_floats(g, imgs), 32) * 32
             slabs, maxima = (2 * g.c1 * g.c2, 4) if version == 4 else (4 * g.c1 * g.c2, 0)
             layout = FusedLayout(imgs, pstr, p1w * pstr, p1h * p1w * pstr,
                                  max(w1_at + cls.conv1_floats(g) + maxima, slabs + maxima), w1_at)
         if layout.shared > cls.SMEM_LIMIT:
             return None, f"it needs {layout.shared} bytes of shared memory per block, more than {cls.SMEM_LIMIT}"
         return layout, None
+
+    @staticmethod
+    def staged_floats(g, imgs):
+        """Floats of a block's staged images in versions 3-6: float32, or 8-bit codes as two copies of
+        float16 values (fused_conv1_wgmma.cuh's stage_codes: rows padded to even, 4 zeros after each)."""
+        row = g.w * g.c + (g.w * g.c) % 2
+        return max(imgs * g.h * g.w * g.c, imgs * g.h * row + 4)
 
     @classmethod
     def conv1_floats(cls, g):

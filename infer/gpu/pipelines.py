@@ -330,17 +330,20 @@ class FusedWarpgroup(Hopper, FusedTensorCores):
         """(K1, K1, C, C1) as K1*K1*C rows, for float32 images: those of the tensor-core steps
         (launch.Fused.conv1_steps) as one slab in wgmma order, zero-padded to whole steps, then the
         tail's rows as they are; then for 8-bit codes (cuda/fused_conv1_wgmma.cuh), each channel's
-        rows times 2^S as float16 parts (operands.scaled_halves) zero-padded to whole k16 steps, lo
-        then hi a step, in wgmma order, as float32 words; then 2^-S per channel."""
+        rows times 2^S as float16 parts (operands.scaled_halves), each kernel row's K1*C padded to
+        even with a zero row, zero-padded to whole k16 steps, lo then hi a step, in wgmma order, as
+        float32 words; then 2^-S per channel."""
         k1, _, c, c1 = conv1.shape
         rows = np.ascontiguousarray(conv1, np.float32).reshape(-1, c1)
         steps, tail = launch.Fused.conv1_steps(len(rows))
         w = np.zeros((1, 8 * steps, c1), np.float32)
         w[0, : len(rows) - tail] = rows[: len(rows) - tail]
         hi, lo, scales = scaled_halves(rows)
-        steps16 = -(-len(rows) // 16)
+        row = k1 * c + (k1 * c) % 2  # a kernel row's k, padded to even (a zero weight where odd)
+        steps16 = -(-k1 * row // 16)
         parts = np.zeros((2, steps16 * 16, c1), np.float16)
-        parts[0, : len(rows)], parts[1, : len(rows)] = lo, hi
+        for p, half in enumerate((lo, hi)):
+            parts[p, : k1 * row].reshape(k1, row, c1)[:, : k1 * c] = half.reshape(k1, k1 * c, c1)
         by_step = parts.reshape(2, steps16, 16, c1).transpose(1, 0, 2, 3).reshape(steps16 * 2, 16, c1)  # (ks, {lo, hi})
         words = wgmma_halves(by_step).reshape(-1).view(np.float32)
         return np.concatenate([wgmma_operand(w).ravel(), rows[len(rows) - tail:].ravel(), words, scales])
