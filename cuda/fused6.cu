@@ -9,7 +9,7 @@
 //   outputs a conv2 slab reads are P1W pixels apart, one descriptor (LBO = a chunk, SBO = a p1 row).
 //   Then qb, the 2x2 means of p1 rounded up (the bound's A: one row per pooled window; a thread a
 //   column of an image's 8-channel chunk, each row's pair sum made once for the windows above and
-//   below it). Phase 2, per (kh, kw) slab of w2h (fused4's; cp.async into three buffers, one group
+//   below it). Phase 2, per (kh, kw) slab of w2h (fused4's; cp.async into four buffers, two ahead, one group
 //   of MMAs left in flight, the bound's A in two register sets in turn): each warpgroup
 //   m64n128k16 on its image pair with the slab's nearest columns as A (M = the 64 output channels)
 //   and p1 as B (N = 128 outputs of two images): 6 KB of shared memory read an MMA, where two
@@ -40,8 +40,9 @@ constexpr int S_ROW = C2 + 4;
 static_assert(IMGS * WINDOWS * S_ROW <= Q_FLOATS, "fused v6: S fits where qb was");
 static_assert(X_PAD + W1F_FLOATS <= Q_FLOATS, "fused v6: slab 0 lands past the images and w1 during conv1");
 static_assert(SLAB16 % (4 * FUSED_THREADS) == 0 && Q_FLOATS % 4 == 0, "fused v6: slabs are 16-byte copies, 16-byte aligned");
-static_assert(STAGE_FLOATS >= Q_FLOATS + 3 * SLAB16 + 4 && STAGE_FLOATS >= X_PAD + W1F_FLOATS + 4,
-              "fused v6: the stage area holds the images and w1, or qb and three slabs, then the images' qb maxima");
+constexpr int SLABS = 4;  // slab buffers: two fetched ahead (L2's latency) while the MMAs of one are in flight
+static_assert(STAGE_FLOATS >= Q_FLOATS + SLABS * SLAB16 + 4 && STAGE_FLOATS >= X_PAD + W1F_FLOATS + 4,
+              "fused v6: the stage area holds the images and w1, or qb and four slabs, then the images' qb maxima");
 
 enum { A1, BETA_N, G3Q, CHAN };
 __constant__ float c_conv2_bound[CHAN + C2];
@@ -70,9 +71,15 @@ fused_kernel6(const float* __restrict__ x, const float4* __restrict__ w2h, float
 
     if (t < IMGS) qmax[t] = 0;
     __syncthreads();
-    conv1_wgmma<1>(stage, x, img0, imgs, bad, nullptr, [&](int img, int py, int px, int ch, float2 o) {
+    conv1_wgmma<2>(stage, x, img0, imgs, bad, nullptr, [&](int img, int py, int px, int ch, float2 o) {
         *reinterpret_cast<__half2*>(p1h + p1_pixel(img, ch / 8, py, px) + ch % 8) = __floats2half2_rn(o.x, o.y);
-    }, nullptr, scaling, scale, [&] { fetch_slab<SLAB16>(slabs, w2h, 0); });  // past the images and w1: it lands during conv1
+    }, nullptr, scaling, scale, [&] {  // slabs 0 and 1 (a group each) past the images and w1: they land during conv1
+        fetch_slab<SLAB16>(slabs, w2h, 0);
+        if (K2 * K2 > 1)
+            fetch_slab<SLAB16>(slabs + SLAB16 / 4, w2h, 1);
+        else
+            asm volatile("cp.async.commit_group;");
+    });
     __syncthreads();  // p1 complete; the staged images and w1 are dead from here on
 
     // qb = the 2x2 means of p1 (float16 values; sums and quarter rounded up, then float16 rounded up):
@@ -121,8 +128,9 @@ fused_kernel6(const float* __restrict__ x, const float4* __restrict__ w2h, float
 
     // Phase 2. Real tile: rows 16 w + g (+ 8) are channels, columns 8 j + 2 tig + e the output at
     // y = j / 2, x = 2 tig + e of the pair's image j % 2. Bound tile: rows g, g + 8 of warp w are
-    // windows g, g + 8 of image w; this warpgroup's 32 of the 64 channels. Slab s in buffer s % 3,
-    // fetched during slab s - 1; one group of MMAs left in flight, so slab s's run while slab s + 1 is
+    // windows g, g + 8 of image w; this warpgroup's 32 of the 64 channels. Slab s in buffer s % 4,
+    // fetched during slab s - 2 (one ahead, warps waited on L2 ~14% of ncu's stall samples); one group
+    // of MMAs left in flight, so slab s's run while slab s + 1 is
     // waited for and its A fragments loaded. The bound's A fragments are read from registers until a
     // wait covers them: two sets in turn, the previous kept live (an empty asm reading it) until the
     // wait after this slab's MMAs (wgmma_commit_wait_previous, as certify_kernel3).
@@ -132,11 +140,14 @@ fused_kernel6(const float* __restrict__ x, const float4* __restrict__ w2h, float
     const unsigned b0 = desc_lo(p1 + wg * PAIR_WORDS, 4 * CHUNK_WORDS), s0 = desc_lo(stage + Q_FLOATS);
     auto step = [&](int s, unsigned (&a)[C1 / 16][4], const unsigned (&done)[C1 / 16][4]) {
         const int kh = s / K2, kw = s % K2;
-        asm volatile("cp.async.wait_group 0;");
+        asm volatile("cp.async.wait_group 1;");  // all but the newest group: slab s (each step commits one)
         asm volatile("fence.proxy.async.shared::cta;");
         __syncthreads();  // slab s landed, qb written (s = 0); slab s - 2's MMAs (the buffer refilled now) done
-        if (s + 1 < K2 * K2) fetch_slab<SLAB16>(slabs + ((s + 1) % 3) * (SLAB16 / 4), w2h, s + 1);
-        const unsigned slab = s0 + (s % 3) * (SLAB16 / 4);
+        if (s + 2 < K2 * K2)
+            fetch_slab<SLAB16>(slabs + ((s + 2) % SLABS) * (SLAB16 / 4), w2h, s + 2);
+        else
+            asm volatile("cp.async.commit_group;");
+        const unsigned slab = s0 + (s % SLABS) * (SLAB16 / 4);
 #pragma unroll
         for (int ks = 0; ks < C1 / 16; ++ks)
 #pragma unroll

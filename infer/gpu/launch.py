@@ -579,13 +579,13 @@ class Fused(Launcher):
                 return None, "it needs 8x8 conv2 outputs, 32 conv1 channels and 64 conv2 channels"
             # p1 in halves, unpadded (the tensor cores read it through descriptors); the stage area holds
             # the images and conv1's weights, then the 2x2 means of p1 (fused6.cu's qb: (4, P1H - 1, 12,
-            # 18) words), three float16 slabs and the images' largest qb. An image pair's rows are
+            # 18) words), four float16 slabs and the images' largest qb. An image pair's rows are
             # interleaved: its chunks hold both images, istr is half a pair.
             w1_at = ceil_div(cls.staged_floats(g, 4), 32) * 32
             pstr, chunk = g.c1 // 2, 2 * p1h * p1w * 4  # chunks of 8 channels, 8 words mod 32 apart
             chunk += (8 - chunk) % 32
             layout = FusedLayout(4, pstr, p1w * pstr, g.c1 // 8 * chunk // 2,
-                                 max(w1_at + cls.conv1_floats(g), 4 * (p1h - 1) * 12 * 18 + 3 * g.c1 * g.c2) + 4, w1_at)
+                                 max(w1_at + cls.conv1_floats(g), 4 * (p1h - 1) * 12 * 18 + 4 * g.c1 * g.c2) + 4, w1_at)
         else:
             if (p2h * p2w) % 16 or g.c1 != 32 or g.c2 != 64:
                 return None, "it needs pooled conv2 outputs in groups of 16, 32 conv1 channels and 64 conv2 channels"
