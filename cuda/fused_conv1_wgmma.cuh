@@ -36,7 +36,6 @@ constexpr int W1C_FLOATS = KS16 * 16 * C1;  // their float16 weights, {lo, hi} a
 // copy 1 one half on from copy 0, each COPYH halves with zeros past the images.
 constexpr int ROWH = (IN_W * IN_C + 1) / 2 * 2, COPYH = IMGS * IN_H * ROWH + 4;
 static_assert(W1C_FLOATS <= W1F_FLOATS, "fused v3-v6: conv1's codes weights fit where the split ones go");
-static_assert(((K1 - 1) * IN_W + K1 - 1) * IN_C + IN_C < 65536, "fused v3-v6: conv1's pixel offsets fit in 16 bits");
 constexpr int WTILES1 = (IMGS * P1H * P1W + 63) / 64;  // conv1 m64 tiles of the block's pool windows
 
 static_assert((IMGS == 4 || IMGS == 2) && FUSED_THREADS == 256, "fused v3/v4: two warpgroups of IMGS / 2 images each");
