@@ -98,7 +98,6 @@ __device__ __noinline__ void stage_codes(float* stage, const float* __restrict__
     const int t = threadIdx.x;
     if (t < COPYH - END) c0[END + t] = 0;
     if (t <= COPYH - END) c1[END - 1 + t] = 0;
-    const unsigned char* bytes = reinterpret_cast<const unsigned char*>(x);
     const auto src = [&](int i) { return (size_t)(idx != nullptr ? idx[img0 + i / IMG] : img0 + i / IMG) * IMG + i % IMG; };
     if constexpr (IMG % 4 == 0 && ROWH == ROW) {
         // a word of 4 codes a unit, stored where it lies in copy 0 and one half back in copy 1; a code b
@@ -127,6 +126,7 @@ __device__ __noinline__ void stage_codes(float* stage, const float* __restrict__
             }
         }
     } else {
+        const unsigned char* bytes = reinterpret_cast<const unsigned char*>(x);
         for (int i = t; i < IMGS * IMG; i += FUSED_THREADS) {
             const int o = i % IMG, xc = o % ROW, h = i / IMG * IN_H * ROWH + o / ROW * ROWH + xc;
             const unsigned short v = i < imgs * IMG ? code_halves(bytes[src(i)], 0x4140) & 0xffffu : 0;

@@ -528,7 +528,7 @@ class Fused(Launcher):
     sm_90a only: fused3.cu); fused_kernel4 and 6 the certified pass's float16 conv2 with a bound per
     feature (fused4.cu, fused6.cu: docs/certified.md). The host owns the shared-memory layout (plan)
     and passes it as -D options; the kernels static_assert what they rely on."""
-    arg_types = "PPPiP"  # version 3 adds a count and an image list, versions 4 and 5 a bound output,
+    arg_types = "PPPiP"  # version 3 adds a count and an image list, versions 4 and 6 a bound output,
     # versions 3-6 the images' scaling and scale (8-bit codes staged as they are read; ARG_TYPES)
     ARG_TYPES = {3: "PPPiPPPif", 4: "PPPPiPif", 6: "PPPPiPif"}
     THREADS = 256
