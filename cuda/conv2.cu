@@ -33,7 +33,7 @@ static_assert(BN == 16 || BN == 32 || BN == 64, "conv v2: BN is 16, 32 or 64");
 
 #include "conv_gather.cuh"
 
-#include "wgmma.cuh"
+#include "conv_epilogue.cuh"
 
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 conv_kernel2(const float* __restrict__ x, const float* __restrict__ wf, float* __restrict__ out, int n) {
@@ -65,17 +65,5 @@ conv_kernel2(const float* __restrict__ x, const float* __restrict__ wf, float* _
     mma3_k_loop<BN, BK, STAGES, KCH, AST, A_FLOATS, STAGE_FLOATS, AHEAD>(acc, stages, (64 * wg + 16 * w + g) * AST + tig, KP / BK, fetch);
 
     const int win = w0 + 16 * wg + 4 * w + g / 2;
-    float* dst = out + (size_t)win * C_OUT;
-#pragma unroll
-    for (int c = 0; c < BN / 8; ++c) {
-        const float2 o = pool_pair(acc[0], c);  // every lane takes part in the shuffles
-        const int ch = blockIdx.y * BN + 8 * c + 2 * tig;
-        if (g % 2 || win >= total) continue;
-        if (C_OUT % 2 == 0 && ch + 1 < C_OUT) {
-            *reinterpret_cast<float2*>(dst + ch) = o;
-        } else {
-            if (ch < C_OUT) dst[ch] = o.x;
-            if (ch + 1 < C_OUT) dst[ch + 1] = o.y;
-        }
-    }
+    store_pooled(acc[0], out, win, win < total);
 }

@@ -14,7 +14,7 @@
 //   floats once, writes n * WINDOWS * C_OUT; 2 * 3 * 128 * BN * KP tensor FLOPs a group.
 
 #include "conv_geometry.cuh"
-#include "wgmma.cuh"
+#include "conv_epilogue.cuh"
 
 #if !defined(SPAN) || !defined(SHARED_FLOATS) || !defined(MIN_BLOCKS)
 #error "conv_kernel3: the host passes SPAN (launch.Conv.span), SHARED_FLOATS and MIN_BLOCKS (blocks an SM) as -D options"
@@ -99,19 +99,7 @@ conv_kernel3(const float* __restrict__ x, const float* __restrict__ wf, float* _
             for (int r = 0; r < BN / 2; ++r) acc[r] = c0 == 0 ? d[0][r] : acc[r] + d[0][r];
         }
 
-        float* dst = out + (size_t)win * C_OUT;
-#pragma unroll
-        for (int c = 0; c < BN / 8; ++c) {
-            const float2 o = pool_pair(acc, c);  // every lane takes part in the shuffles
-            const int ch = blockIdx.y * BN + 8 * c + 2 * tig;
-            if (g % 2 || !valid) continue;
-            if (C_OUT % 2 == 0 && ch + 1 < C_OUT) {
-                *reinterpret_cast<float2*>(dst + ch) = o;
-            } else {
-                if (ch < C_OUT) dst[ch] = o.x;
-                if (ch + 1 < C_OUT) dst[ch + 1] = o.y;
-            }
-        }
+        store_pooled(acc, out, win, valid);
         __syncthreads();  // everyone is done with this buffer before the next group's copies refill it
     }
     cp_async_wait<0>();

@@ -70,17 +70,17 @@ __device__ __forceinline__ void wgmma(float (&d)[8], const unsigned (&a)[4], uns
 }
 
 // One k8 step of MT tiles in 3xTF32: A values av[i] = rows (g, k), (g + 8, k), (g, k + 4), (g + 8, k
-// + 4) of tile i, split here; b: the step's parts, its remainders 8 * N floats on. The three products
-// smallest first; `first` starts the sums. Commits the step as one group and lets the previous one
-// finish (IN_FLIGHT 1), or this one too (0: no registers held across steps).
+// + 4) of tile i, split here; bhi, blo: the descriptors of the step's weight parts and remainders. The
+// three products smallest first; `first` starts the sums. Commits the step as one group and lets the
+// previous one finish (IN_FLIGHT 1), or this one too (0: no registers held across steps).
 template <int MT, int NACC, int IN_FLIGHT = 1>
-__device__ __forceinline__ void mma3_step(float (&acc)[MT][NACC], const float (&av)[MT][4], const float* b, bool first) {
+__device__ __forceinline__ void mma3_step(float (&acc)[MT][NACC], const float (&av)[MT][4], unsigned long long bhi,
+                                          unsigned long long blo, bool first) {
     unsigned hi[MT][4], lo[MT][4];
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
         for (int r = 0; r < 4; ++r) split(av[i][r], hi[i][r], lo[i][r]);
-    const unsigned long long bhi = wgmma_desc(b), blo = wgmma_desc(b + 8 * (NACC * 2));
     asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
     for (int i = 0; i < MT; ++i) {
@@ -90,6 +90,12 @@ __device__ __forceinline__ void mma3_step(float (&acc)[MT][NACC], const float (&
     }
     asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned %0;" :: "n"(IN_FLIGHT) : "memory");
+}
+
+// The same with b the step's parts in shared memory, its remainders 8 * N floats on.
+template <int MT, int NACC, int IN_FLIGHT = 1>
+__device__ __forceinline__ void mma3_step(float (&acc)[MT][NACC], const float (&av)[MT][4], const float* b, bool first) {
+    mma3_step<MT, NACC, IN_FLIGHT>(acc, av, wgmma_desc(b), wgmma_desc(b + 8 * (NACC * 2)), first);
 }
 
 // The warpgroup's m64 x (NACC / 2) accumulator tile into shared memory as float2 pairs: row r
@@ -121,17 +127,21 @@ __device__ __forceinline__ void wgmma_commit_wait_previous(const unsigned (&done
 }
 
 // The k loop of a warpgroup's m64 x COLS tile (MT = 1) in 3xTF32 whose NSTAGES pipeline stages of
-// STAGE_SIZE floats hold an A tile (A_SIZE floats, rows ASTRIDE apart, TK k) then the k-tile's
-// weight parts and remainders: fetch(tile) starts the copies of k-tile `tile` into its stage;
-// a_row is this thread's A fragment offset in a stage, b_off its warpgroup's weights past the A tile
-// (fc_kernel6's two column blocks). Tiles are fetched AHEAD ahead (2, or 1 with 3 stages), so the
-// stage refilled was last read by tile - 2's MMAs or earlier, which every warpgroup has finished
-// (each k8 step waits for the one before it): no drain per tile. CHUNK k-tiles are summed in the tensor cores, then added to acc in FP32 (the
-// tensor cores' accumulation rounds toward zero). Nested loops on purpose: with one flat loop and the
-// FP32 add under a condition, ptxas injects a warpgroup wait at every back-edge (C7517).
-template <int COLS, int TK, int NSTAGES, int CHUNK, int ASTRIDE, int A_SIZE, int STAGE_SIZE, int AHEAD = 2, class Fetch>
-__device__ __forceinline__ void mma3_k_loop(float (&acc)[1][COLS / 2], const float* stages, int a_row, int tiles, Fetch fetch,
-                                            int b_off = 0) {
+// STAGE_SIZE floats hold A_SIZE floats (an A tile, or nothing) then the k-tile's weight parts and
+// remainders: fetch(tile) starts the copies of k-tile `tile` into its stage; load_a(stage, tile, ks,
+// av) gives this thread's A values of k8 step ks (rows g, g + 8 x k tig, tig + 4); b_off is its
+// warpgroup's weights past the A tile (fc_kernel6's two column blocks). Tiles are fetched AHEAD ahead
+// (2, or 1 with 3 stages), so the stage refilled was last read by tile - 2's MMAs or earlier, which
+// every warpgroup has finished (each k8 step waits for the one before it): no drain per tile. Groups
+// of copies committed before the loop have landed by its first tile. CHUNK k-tiles are summed in the
+// tensor cores, then added to acc in FP32 (the tensor cores' accumulation rounds toward zero). Nested
+// loops on purpose: with one flat loop and the FP32 add under a condition, ptxas injects a warpgroup
+// wait at every back-edge (C7517). HOIST: the weights' descriptors made once, a step adding its offset
+// (conv_kernel4; the other kernels measured level either way).
+template <int COLS, int TK, int NSTAGES, int CHUNK, int A_SIZE, int STAGE_SIZE, int AHEAD, bool HOIST = false, class Fetch,
+          class LoadA>
+__device__ __forceinline__ void mma3_k_loop_with(float (&acc)[1][COLS / 2], const float* stages, int tiles, Fetch fetch,
+                                                 LoadA load_a, int b_off = 0) {
     static_assert(NSTAGES >= AHEAD + 2, "mma3_k_loop: the stage refilled must be two tiles old");
 #pragma unroll
     for (int a = 0; a < AHEAD; ++a) {
@@ -139,6 +149,7 @@ __device__ __forceinline__ void mma3_k_loop(float (&acc)[1][COLS / 2], const flo
         cp_async_commit();
     }
     float d[1][COLS / 2];
+    const unsigned b_lo = desc_lo(stages + A_SIZE + b_off);
     for (int c0 = 0; c0 < tiles; c0 += CHUNK) {
         for (int tile = c0; tile < min(tiles, c0 + CHUNK); ++tile) {
             // Tile `tile` has landed (ours; the proxy fence hands it to the tensor cores, the barrier
@@ -149,11 +160,16 @@ __device__ __forceinline__ void mma3_k_loop(float (&acc)[1][COLS / 2], const flo
             if (tile + AHEAD < tiles) fetch(tile + AHEAD);
             cp_async_commit();
             const float* stage = stages + (tile % NSTAGES) * STAGE_SIZE;
-            const float* as = stage + a_row;
 #pragma unroll
             for (int ks = 0; ks < TK / 8; ++ks) {
-                const float av[1][4] = {{as[8 * ks], as[8 * ASTRIDE + 8 * ks], as[8 * ks + 4], as[8 * ASTRIDE + 8 * ks + 4]}};
-                mma3_step(d, av, stage + A_SIZE + b_off + ks * 16 * COLS, tile == c0 && ks == 0);
+                float av[1][4];
+                load_a(stage, tile, ks, av[0]);
+                if (HOIST) {  // offsets in 16-byte units
+                    const unsigned lo = b_lo + ((tile % NSTAGES) * STAGE_SIZE + ks * 16 * COLS) / 4;
+                    mma3_step(d, av, desc(lo), desc(lo + 8 * COLS / 4), tile == c0 && ks == 0);
+                } else {
+                    mma3_step(d, av, stage + A_SIZE + b_off + ks * 16 * COLS, tile == c0 && ks == 0);
+                }
             }
         }
         wgmma_drain();  // the chunk's sums, added in FP32
@@ -161,6 +177,21 @@ __device__ __forceinline__ void mma3_k_loop(float (&acc)[1][COLS / 2], const flo
         for (int r = 0; r < COLS / 2; ++r) acc[0][r] = c0 == 0 ? d[0][r] : acc[0][r] + d[0][r];
     }
     cp_async_wait<0>();
+}
+
+// mma3_k_loop_with an A tile in each stage, rows ASTRIDE apart, TK k: a_row is this thread's A
+// fragment offset in a stage.
+template <int COLS, int TK, int NSTAGES, int CHUNK, int ASTRIDE, int A_SIZE, int STAGE_SIZE, int AHEAD = 2, class Fetch>
+__device__ __forceinline__ void mma3_k_loop(float (&acc)[1][COLS / 2], const float* stages, int a_row, int tiles, Fetch fetch,
+                                            int b_off = 0) {
+    mma3_k_loop_with<COLS, TK, NSTAGES, CHUNK, A_SIZE, STAGE_SIZE, AHEAD>(acc, stages, tiles, fetch,
+        [&](const float* stage, int, int ks, float (&av)[4]) {
+            const float* as = stage + a_row;
+            av[0] = as[8 * ks];
+            av[1] = as[8 * ASTRIDE + 8 * ks];
+            av[2] = as[8 * ks + 4];
+            av[3] = as[8 * ASTRIDE + 8 * ks + 4];
+        }, b_off);
 }
 
 // A tile's rows are (pool window, dx, dy): accumulator 4c + 2dy + e is channel 8c + 2 tig + e. ReLU and

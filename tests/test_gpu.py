@@ -142,6 +142,38 @@ def test_conv_kernel3_gives_conv_kernel2s_bits(gpu, rng, h, w, c, k, c_out):
             assert np.isnan(got[n]).all()
 
 
+# conv_kernel4's layers: BK 32 in 3 stages, 16 in 3 (46x46x32) and 4 (15x15x64), 128 channels in two
+# column blocks, blocks across images (14x14: 25 windows an image), a 7x7 kernel and a partial column block
+STAGED_CONVS = [(30, 30, 32, 5, 64), (46, 46, 32, 5, 64), (15, 15, 64, 3, 128), (14, 14, 32, 5, 64), (19, 17, 32, 7, 40)]
+@pytest.mark.parametrize("h,w,c,k,c_out", STAGED_CONVS, ids=["x".join(map(str, v)) for v in STAGED_CONVS])
+def test_conv_kernel4_gives_conv_kernel2s_bits(gpu, rng, h, w, c, k, c_out):
+    """Bitwise conv_kernel2's sums, on a count whose last block is partial, and nothing written past it;
+    x 4 bytes off 16 is refused."""
+    from infer.gpu.launch import Conv
+
+    runs_here("implicit-wgmma")
+    assert Conv.staged(h, w, c, k, c_out) is None
+    n = 7
+    x, wt = rand(rng, n, h, w, c), rand(rng, k, k, c, c_out) * 0.2
+    expected = reference.avgpool2(reference.relu(reference.conv2d(x, wt)))
+    d, shape = Dev(), (n + 1,) + expected.shape[1:]
+    layout = ALGORITHMS["implicit-wgmma"].conv_weights
+    exact = Conv(build(gpu), h, w, c, k, c_out, "conv_kernel2")
+    before = d.empty(shape)
+    exact(None, d.put(x), d.put(layout(wt, exact.bn, exact.bk)), before, n)
+    bits = d.get(before, shape)
+    np.testing.assert_allclose(bits[:n], expected, rtol=1e-5, atol=1e-5 * np.sqrt(k * k * c))
+    conv = Conv(build(gpu), h, w, c, k, c_out, "conv_kernel4")
+    weights = d.put(layout(wt, conv.bn, conv.bk))
+    out = d.empty(shape)
+    conv(None, d.put(x), weights, out, n)
+    got = d.get(out, shape)
+    np.testing.assert_array_equal(got[:n].view(np.int32), bits[:n].view(np.int32))
+    assert np.isnan(got[n]).all()
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        conv(None, int(d.put(np.concatenate([np.zeros(1, np.float32), x.ravel()]))) + 4, weights, out, n)
+
+
 def test_place_kernel(gpu, rng):
     from infer.gpu.launch import Place
 

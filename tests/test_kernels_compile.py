@@ -28,6 +28,11 @@ WHOLE_CONVS = [(32, 32, 3, 5, 32), (64, 64, 1, 5, 32), (29, 31, 3, 7, 12), (30, 
                (128, 128, 3, 7, 32)]
 
 
+# conv_kernel4's layers: k-tiles of 32 in 3 stages, of 16 in 3 and 4, 64 channels, a partial column
+# block (40 of 64)
+STAGED_CONVS = [(30, 30, 32, 5, 64), (46, 46, 32, 5, 64), (15, 15, 64, 3, 128), (19, 17, 32, 7, 40)]
+
+
 def conv(sizes, version=1):
     return f"conv{version}", Conv.defines(version, *sizes)
 
@@ -54,6 +59,7 @@ HOPPER = ([("fused3", Fused.defines(g, 3)) for g in (MNIST, Geometry(27, 29, 3, 
              ("fc6", FullyConnectedWarpgroup.defines(WIDE_FC)),
              ("certify", Certify.defines(MNIST)), ("certify", Certify.defines(SimpleNamespace(flat=320, hidden=128, classes=10)))]
           + [conv(c, version=2) for c in HOPPER_CONVS] + [conv(c, version=3) for c in WHOLE_CONVS]
+          + [conv(c, version=4) for c in STAGED_CONVS]
           + [gemm(4, 128, GEMM_BN=bn) for bn in (16, 32, 64)])
 REPORT = []
 

@@ -248,10 +248,49 @@ def test_conv_kernel3s_span_holds_every_groups_reads(h, w, c, k):
     assert span - 4 < widest <= span  # no more than the alignment's slack over what is read
 
 
+# (h, w, c, k): 25 windows an image (blocks across images), odd widths, a 7x7 kernel
+STAGED_LAYERS = [(30, 30, 32, 5), (46, 46, 32, 5), (14, 14, 32, 5), (15, 15, 64, 3), (13, 17, 8, 3), (19, 17, 16, 7)]
+
+
+@pytest.mark.parametrize("h,w,c,k", STAGED_LAYERS)
+def test_conv_kernel4s_span_holds_every_blocks_reads(h, w, c, k):
+    """conv_kernel4 copies SPAN_PIX pixels of x from its block's first window's top-left input: every
+    pixel each block's rows read lies inside, and the last one read is the span's last (brute force
+    over blocks starting at every place in an image)."""
+    span, ph, pw = launch.Conv.span_pixels(h, w, c, k), (h - k + 1) // 2, (w - k + 1) // 2
+    starts = ph * pw // np.gcd(32, ph * pw)
+    n = -(-32 * (starts + 1) // (ph * pw)) + 1
+    win = np.arange(n * ph * pw)
+    img, rem = np.divmod(win, ph * pw)
+    base = (img * h + 2 * (rem // pw)) * w + 2 * (rem % pw)
+    kh, kw = np.unravel_index(np.arange(k * k), (k, k))
+    reads = base[:, None, None] + np.array([0, 1, w, w + 1])[None, :, None] + (kh * w + kw)[None, None, :]
+    widest = 0
+    for first in range(0, len(win) - 31, 32):
+        group = reads[first:first + 32]
+        assert group.min() >= base[first] and group.max() - base[first] < span
+        widest = max(widest, group.max() - base[first] + 1)
+    assert widest == span
+
+
+def test_implicit_wgmma_takes_conv_kernel4_for_inputs_of_8s_whose_span_fits():
+    assert ImplicitWarpgroup.conv_kernel(30, 30, 32, 5, 64) == "conv_kernel4"  # 64x64x1's conv2: BK 32
+    assert launch.Conv.defines(4, 30, 30, 32, 5, 64)["CONV_BK"] == 32
+    assert ImplicitWarpgroup.conv_kernel(46, 46, 32, 5, 64) == "conv_kernel4"  # 96x96x3's: 3 stages of 16 to fit
+    assert [launch.Conv.defines(4, 46, 46, 32, 5, 64)[key] for key in ("CONV_BK", "CONV_STAGES")] == [16, 3]
+    assert [launch.Conv.defines(4, 15, 15, 64, 3, 128)[key] for key in ("CONV_BK", "CONV_STAGES")] == [16, 4]
+    assert "multiple of 32" in launch.Conv.staged(13, 13, 16, 3, 32)  # 28x28x1,3:16,3:32's conv2
+    assert ImplicitWarpgroup.conv_kernel(13, 13, 16, 3, 32) == "conv_kernel2"
+    assert "shared memory" in launch.Conv.staged(61, 61, 32, 5, 64)  # 128x128x3's conv2
+    assert ImplicitWarpgroup.conv_kernel(61, 61, 32, 5, 64) == "conv_kernel2"
+    with pytest.raises(ValueError, match="multiple of 32"):
+        launch.Conv(None, 11, 12, 12, 3, 20, "conv_kernel4")
+
+
 def test_implicit_wgmma_takes_conv_kernel3_for_narrow_inputs_that_fit():
     assert ImplicitWarpgroup.conv_kernel(32, 32, 3, 5, 32) == "conv_kernel3"
     assert ImplicitWarpgroup.conv_kernel(28, 28, 1, 5, 32) == "conv_kernel3"
-    assert ImplicitWarpgroup.conv_kernel(14, 14, 32, 5, 64) == "conv_kernel2"  # 16-byte gathers
+    assert ImplicitWarpgroup.conv_kernel(14, 14, 32, 5, 64) == "conv_kernel4"  # 32 channels: staged
     assert "shared memory" in launch.Conv.whole(64, 64, 3, 11, 64)  # 11x11x3 weights x 64 channels
     assert ImplicitWarpgroup.conv_kernel(64, 64, 3, 11, 64) == "conv_kernel2"
     assert Implicit.conv_kernel(32, 32, 3, 5, 32) == "conv_kernel1"

@@ -190,16 +190,20 @@ class Conv(Launcher):
     cores in 3xTF32: x (n, h, w, c) -> (n, (h-k+1)//2, (w-k+1)//2, c_out). Version 1 on mma.sync
     (sm_80 and later, conv_kernel1), weights (k, k, c, c_out) as stored; version 2 on Hopper's wgmma (sm_90a, conv_kernel2),
     weights as pipelines.ImplicitWarpgroup lays them out for column blocks of `bn` channels; version
-    3 (conv_kernel3) version 2's bits for the layers `whole` takes, persistent blocks (blocks_per_sm)."""
+    3 (conv_kernel3) version 2's bits for the layers `whole` takes, persistent blocks (blocks_per_sm);
+    version 4 (conv_kernel4) version 2's bits for the layers `staged` takes, A from x staged once a block."""
     arg_types = "PPPi"
     THREADS = 256
-    BK = {1: 16, 2: 32, 3: 16}  # k-tiles (conv_kernel3: the k padding of its weights)
-    ARCH = {2: "sm_90a", 3: "sm_90a"}
+    BK = {1: 16, 2: 32, 3: 16}  # k-tiles (conv_kernel3: the k padding of its weights; conv_kernel4's: pipeline)
+    ARCH = {2: "sm_90a", 3: "sm_90a", 4: "sm_90a"}
     WHOLE_BYTES = 110 * 1024  # conv_kernel3's most shared memory: two blocks an SM
+    STAGED_BYTES = 113 * 1024  # conv_kernel4's: two blocks an SM
     SM_SHARED = 228 * 1024  # an H100's shared memory an SM (1 KB of it per block for the driver)
 
     def __init__(self, build, h, w, c, k, c_out, kernel="conv_kernel1"):
         version = version_of(kernel)
+        if version == 4 and (why := self.staged(h, w, c, k, c_out)):
+            raise ValueError(why)
         defines = self.defines(version, h, w, c, k, c_out)
         self.kernel, self.source, self.version = kernel, f"conv{version}", version
         self.bn, self.bk, self.c_out, self.image = defines["BN"], defines["CONV_BK"], c_out, h * w * c
@@ -219,8 +223,28 @@ class Conv(Launcher):
         bn = cls.column_block(version, c_out)
         shared = cls.layout(version, bn, h, w, c, k)[1]
         whole = dict(SPAN=cls.span(h, w, c, k), MIN_BLOCKS=cls.blocks_per_sm(bn, shared)) if version == 3 else {}
-        return dict(IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn, CONV_BK=cls.BK[version], SHARED_FLOATS=shared // 4,
-                    **whole)
+        staged = dict(SPAN_PIX=cls.span_pixels(h, w, c, k), CONV_STAGES=cls.pipeline(bn, h, w, c, k)[1]) if version == 4 else {}
+        return dict(IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn, CONV_BK=cls.tile(version, bn, h, w, c, k),
+                    SHARED_FLOATS=shared // 4, **whole, **staged)
+
+    @classmethod
+    def tile(cls, version, bn, h, w, c, k):
+        """The k-tile: conv_kernel4's is 32 where two blocks of it fit an SM so, else 16."""
+        return cls.pipeline(bn, h, w, c, k)[0] if version == 4 else cls.BK[version]
+
+    STAGED_PIPELINES = ((32, 3), (16, 4), (16, 3))  # conv_kernel4's (k-tile, stages), in order of preference
+
+    @classmethod
+    def pipeline(cls, bn, h, w, c, k):
+        """conv_kernel4's (k-tile, stages) for a layer: the first of STAGED_PIPELINES whose shared memory
+        fits two blocks an SM, else the last."""
+        fits = [p for p in cls.STAGED_PIPELINES if cls.staged_bytes(*p, bn, h, w, c, k) <= cls.STAGED_BYTES]
+        return (fits or cls.STAGED_PIPELINES[-1:])[0]
+
+    @classmethod
+    def staged_bytes(cls, bk, stages, bn, h, w, c, k):
+        """conv_kernel4's shared memory: the span (pixels c + 4 floats apart), then the weights' stages."""
+        return 4 * (cls.span_pixels(h, w, c, k) * (c + 4) + stages * 2 * bk * bn)
 
     @staticmethod
     def column_block(version, c_out):
@@ -240,7 +264,7 @@ class Conv(Launcher):
         the block's row table (one int per GEMM row, 4 rows a window), then its pipeline stages of an
         a tile and a k-tile of weights. Version 3: the column block's weights, two stretches of x
         (span), a k offset per k."""
-        bk = cls.BK[version]
+        bk = cls.tile(version, bn, h, w, c, k)
         if version == 1:
             windows = 16 * (8 // (bn // 32))
             rows, stages = 4 * windows, 2 if bn == 32 else 3
@@ -248,6 +272,8 @@ class Conv(Launcher):
         if version == 3:
             kp = ceil_div(k * k * c, bk) * bk
             return 32, 4 * (kp * 2 * bn + 2 * cls.span(h, w, c, k) + kp)
+        if version == 4:
+            return 32, cls.staged_bytes(*cls.pipeline(bn, h, w, c, k), bn, h, w, c, k)
         windows, rows, stages = 32, 128, 4 if bk == 16 else 3
         return windows, 4 * (rows + stages * (rows * (bk + 4) + 2 * bk * bn))
 
@@ -268,6 +294,34 @@ class Conv(Launcher):
         reach = int((base(first + 31) - base(first)).max()) + (w + 1) * c + ((k - 1) * w + k - 1) * c + c - 1
         return ceil_div(reach + 4, 4) * 4
 
+    @staticmethod
+    @functools.lru_cache(maxsize=None)
+    def span_pixels(h, w, c, k):
+        """conv_kernel4's SPAN_PIX: the most pixels of x one block of 32 pool windows reads, from its
+        first window's top-left input to its last window's last (over every block: a block's reach
+        depends on where in an image it starts)."""
+        ph, pw = (h - k + 1) // 2, (w - k + 1) // 2
+        windows = ph * pw
+
+        def pixel(win):
+            img, rem = np.divmod(win, windows)
+            return (img * h + 2 * (rem // pw)) * w + 2 * (rem % pw)
+
+        first = np.unique(np.arange(windows, dtype=np.int64) * 32 % windows)
+        return int((pixel(first + 31) - pixel(first)).max()) + k * w + k + 1
+
+    @classmethod
+    def staged(cls, h, w, c, k, c_out):
+        """None where conv_kernel4 takes the layer, else why not: inputs of a multiple of 32 channels
+        (16 measured 3% slower than conv_kernel2) whose span fits two blocks an SM (STAGED_BYTES)."""
+        if c % 32:
+            return f"conv_kernel4 is for inputs of a multiple of 32 channels (whole k-tiles a tap); this one has {c}"
+        bn = cls.column_block(4, c_out)
+        shared = cls.staged_bytes(*cls.pipeline(bn, h, w, c, k), bn, h, w, c, k)
+        if shared > cls.STAGED_BYTES:
+            return f"conv_kernel4 would need {shared} bytes of shared memory, more than {cls.STAGED_BYTES}"
+        return None
+
     @classmethod
     def whole(cls, h, w, c, k, c_out):
         """None where conv_kernel3 takes the layer, else why not: inputs of 1 to 3 channels (wider ones
@@ -281,6 +335,8 @@ class Conv(Launcher):
 
     def __call__(self, stream, x, w, out, n):
         _check_int32(conv_inputs=n * self.image, conv_outputs=n * self.windows * self.c_out)
+        if self.version == 4 and int(x) % 16:
+            raise ValueError(f"conv_kernel4 copies x 16 bytes at a time: x must be 16-byte aligned, not {int(x)} (mod 16: {int(x) % 16})")
         blocks = ceil_div(n * self.windows, self.block_windows)
         grid = (min(blocks, self.blocks) if self.version == 3 else blocks, ceil_div(self.c_out, self.bn))
         self.launch(stream, grid, (self.THREADS, 1, 1), x, w, out, n, shared=self.shared)
@@ -745,6 +801,9 @@ class FullyConnected(Launcher):
     TC_IMGS, TC_BK, TC_STAGES, TC_MAX_HIDDEN = 32, 32, 3, 256  # fc_kernel5's images a block, k-tile, depth, widest layer
     SPLIT_FEATURES = 4096  # from here on fc1 (at least 4096 x hidden) is split when blocks are few
     TARGET_BLOCKS = 264  # two per SM on an H100
+    # a large fc1's feature split aims at an eighth of those, one chunk's share of the GPU when the
+    # default 8 streams run chunks side by side (264: 4-8% slower GPU time on 64x64x1, 96x96x3, 128x128x3)
+    SPLIT_BLOCKS = TARGET_BLOCKS // 8
     # fc_kernel6 splits at its FP32 adds for up to this many images: fewer blocks than TARGET_BLOCKS
     SPLIT_FC6_MAX = FullyConnectedWarpgroup.IMGS * (TARGET_BLOCKS - 1)
 
@@ -806,15 +865,15 @@ class FullyConnected(Launcher):
         return FullyConnectedWarpgroup.weights(fc1) if self.warpgroup else np.ascontiguousarray(fc1, np.float32)
 
     def splits(self, n):
-        """Feature splits for n images: enough blocks to fill the GPU, each at least 4 tiles long; on
-        fc_kernel6 below SPLIT_FEATURES, where its blocks of n images would not fill the GPU, one split
-        per CHUNK of features it sums in the tensor cores before adding in FP32: the unsplit kernel's
-        bits, a block's k-loop a quarter as long on ECE408's 1,024 features (a run's last chunks
-        classified sooner; a streamed launch of 32,768 images ran 2% slower split)."""
+        """Feature splits for n images: blocks enough for a chunk's share of the GPU (SPLIT_BLOCKS), each
+        at least 4 tiles long; on fc_kernel6 below SPLIT_FEATURES, where its blocks of n images would not
+        fill the GPU, one split per CHUNK of features it sums in the tensor cores before adding in FP32:
+        the unsplit kernel's bits, a block's k-loop a quarter as long on ECE408's 1,024 features (a run's
+        last chunks classified sooner; a streamed launch of 32,768 images ran 2% slower split)."""
         if self.flat < self.SPLIT_FEATURES:
             few = self.warpgroup and n <= self.SPLIT_FC6_MAX
             return ceil_div(self.flat, FullyConnectedWarpgroup.CHUNK) if few else 1
-        return max(1, min(self.flat // (4 * self.tile), ceil_div(self.TARGET_BLOCKS, ceil_div(n, self.block_imgs))))
+        return max(1, min(self.flat // (4 * self.tile), ceil_div(self.SPLIT_BLOCKS, ceil_div(n, self.block_imgs))))
 
     def per_split(self, splits):
         """The features each of `splits` splits sums (the last may sum fewer)."""
@@ -824,12 +883,12 @@ class FullyConnected(Launcher):
 
     def partial_floats(self, chunk):
         """Scratch for the splits' partial sums of up to `chunk` images (large features: splits * n <=
-        imgs * TARGET + n)."""
+        imgs * SPLIT_BLOCKS + n)."""
         if self.flat < self.SPLIT_FEATURES:
             most = min(chunk, self.SPLIT_FC6_MAX)  # the most images split
             splits = self.splits(most)
             return splits * most * self.hidden if splits > 1 else 0
-        return (self.block_imgs * self.TARGET_BLOCKS + chunk) * self.hidden
+        return (self.block_imgs * self.SPLIT_BLOCKS + chunk) * self.hidden
 
     def __call__(self, stream, feat, fc1, fc2, labels, n, overflow, scores=0, partial=0, z=0, count=0):
         """scores: a device pointer for the (n, classes) scores, or 0 for none; partial: scratch of
