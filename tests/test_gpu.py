@@ -111,16 +111,13 @@ def test_conv_kernel(gpu, rng, h, w, c, k, c_out, algo):
     assert np.isnan(got[n]).all()
 
 
-# conv_kernel3's layers: 1- and 3-channel inputs, a 7x7 kernel, 25 windows an image (groups across
-# images), 5 channels and k past one chunk of tensor-core sums (9x9x5: 52 k8 steps)
-WHOLE_CONVS = [(32, 32, 3, 5, 32), (64, 64, 1, 5, 32), (29, 31, 3, 7, 12), (14, 14, 3, 5, 64), (30, 30, 5, 9, 16)]
-@pytest.mark.parametrize("h,w,c,k,c_out", WHOLE_CONVS, ids=["x".join(map(str, v)) for v in WHOLE_CONVS])
-def test_conv_kernel3_gives_conv_kernel2s_bits(gpu, rng, h, w, c, k, c_out):
-    """From any alignment of x, with one block for all groups and with as many as fit."""
+def conv_kernel2_bits(gpu, rng, h, w, c, k, c_out):
+    """(n, x, the weights, Dev, output shape, conv_kernel2's outputs) for 7 random images of a layer: the
+    bits conv_kernel3 and 4 must give (within float32's error of the reference), one poisoned image
+    past them."""
     from infer.gpu.launch import Conv
 
     runs_here("implicit-wgmma")
-    assert Conv.whole(h, w, c, k, c_out) is None
     n = 7
     x, wt = rand(rng, n, h, w, c), rand(rng, k, k, c, c_out) * 0.2
     expected = reference.avgpool2(reference.relu(reference.conv2d(x, wt)))
@@ -130,6 +127,19 @@ def test_conv_kernel3_gives_conv_kernel2s_bits(gpu, rng, h, w, c, k, c_out):
     exact(None, d.put(x), d.put(ALGORITHMS["implicit-wgmma"].conv_weights(wt, exact.bn, exact.bk)), before, n)
     bits = d.get(before, shape)
     np.testing.assert_allclose(bits[:n], expected, rtol=1e-5, atol=1e-5 * np.sqrt(k * k * c))
+    return n, x, wt, d, shape, bits
+
+
+# conv_kernel3's layers: 1- and 3-channel inputs, a 7x7 kernel, 25 windows an image (groups across
+# images), 5 channels and k past one chunk of tensor-core sums (9x9x5: 52 k8 steps)
+WHOLE_CONVS = [(32, 32, 3, 5, 32), (64, 64, 1, 5, 32), (29, 31, 3, 7, 12), (14, 14, 3, 5, 64), (30, 30, 5, 9, 16)]
+@pytest.mark.parametrize("h,w,c,k,c_out", WHOLE_CONVS, ids=["x".join(map(str, v)) for v in WHOLE_CONVS])
+def test_conv_kernel3_gives_conv_kernel2s_bits(gpu, rng, h, w, c, k, c_out):
+    """From any alignment of x, with one block for all groups and with as many as fit."""
+    from infer.gpu.launch import Conv
+
+    assert Conv.whole(h, w, c, k, c_out) is None
+    n, x, wt, d, shape, bits = conv_kernel2_bits(gpu, rng, h, w, c, k, c_out)
     conv = Conv(build(gpu), h, w, c, k, c_out, "conv_kernel3")
     weights = d.put(ALGORITHMS["implicit-wgmma"].conv_weights(wt, conv.bn, conv.bk))
     for skew in range(4):  # x starting 0 to 3 floats past a 16-byte boundary
@@ -151,20 +161,10 @@ def test_conv_kernel4_gives_conv_kernel2s_bits(gpu, rng, h, w, c, k, c_out):
     x 4 bytes off 16 is refused."""
     from infer.gpu.launch import Conv
 
-    runs_here("implicit-wgmma")
     assert Conv.staged(h, w, c, k, c_out) is None
-    n = 7
-    x, wt = rand(rng, n, h, w, c), rand(rng, k, k, c, c_out) * 0.2
-    expected = reference.avgpool2(reference.relu(reference.conv2d(x, wt)))
-    d, shape = Dev(), (n + 1,) + expected.shape[1:]
-    layout = ALGORITHMS["implicit-wgmma"].conv_weights
-    exact = Conv(build(gpu), h, w, c, k, c_out, "conv_kernel2")
-    before = d.empty(shape)
-    exact(None, d.put(x), d.put(layout(wt, exact.bn, exact.bk)), before, n)
-    bits = d.get(before, shape)
-    np.testing.assert_allclose(bits[:n], expected, rtol=1e-5, atol=1e-5 * np.sqrt(k * k * c))
+    n, x, wt, d, shape, bits = conv_kernel2_bits(gpu, rng, h, w, c, k, c_out)
     conv = Conv(build(gpu), h, w, c, k, c_out, "conv_kernel4")
-    weights = d.put(layout(wt, conv.bn, conv.bk))
+    weights = d.put(ALGORITHMS["implicit-wgmma"].conv_weights(wt, conv.bn, conv.bk))
     out = d.empty(shape)
     conv(None, d.put(x), weights, out, n)
     got = d.get(out, shape)
