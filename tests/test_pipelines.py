@@ -257,7 +257,7 @@ def test_conv_kernel4s_span_holds_every_blocks_reads(h, w, c, k):
     """conv_kernel4 copies SPAN_PIX pixels of x from its block's first window's top-left input: every
     pixel each block's rows read lies inside, and the last one read is the span's last (brute force
     over blocks starting at every place in an image)."""
-    span, ph, pw = launch.Conv.span_pixels(h, w, c, k), (h - k + 1) // 2, (w - k + 1) // 2
+    span, ph, pw = launch.Conv.span_pixels(h, w, k), (h - k + 1) // 2, (w - k + 1) // 2
     starts = ph * pw // np.gcd(32, ph * pw)
     n = -(-32 * (starts + 1) // (ph * pw)) + 1
     win = np.arange(n * ph * pw)

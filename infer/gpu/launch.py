@@ -223,7 +223,7 @@ class Conv(Launcher):
         bn = cls.column_block(version, c_out)
         shared = cls.layout(version, bn, h, w, c, k)[1]
         whole = dict(SPAN=cls.span(h, w, c, k), MIN_BLOCKS=cls.blocks_per_sm(bn, shared)) if version == 3 else {}
-        staged = dict(SPAN_PIX=cls.span_pixels(h, w, c, k), CONV_STAGES=cls.pipeline(bn, h, w, c, k)[1]) if version == 4 else {}
+        staged = dict(SPAN_PIX=cls.span_pixels(h, w, k), CONV_STAGES=cls.pipeline(bn, h, w, c, k)[1]) if version == 4 else {}
         return dict(IN_H=h, IN_W=w, IN_C=c, KS=k, C_OUT=c_out, BN=bn, CONV_BK=cls.tile(version, bn, h, w, c, k),
                     SHARED_FLOATS=shared // 4, **whole, **staged)
 
@@ -244,7 +244,7 @@ class Conv(Launcher):
     @classmethod
     def staged_bytes(cls, bk, stages, bn, h, w, c, k):
         """conv_kernel4's shared memory: the span (pixels c + 4 floats apart), then the weights' stages."""
-        return 4 * (cls.span_pixels(h, w, c, k) * (c + 4) + stages * 2 * bk * bn)
+        return 4 * (cls.span_pixels(h, w, k) * (c + 4) + stages * 2 * bk * bn)
 
     @staticmethod
     def column_block(version, c_out):
@@ -263,7 +263,7 @@ class Conv(Launcher):
         """(pool windows per block, or per group for version 3; dynamic shared bytes). Versions 1, 2:
         the block's row table (one int per GEMM row, 4 rows a window), then its pipeline stages of an
         a tile and a k-tile of weights. Version 3: the column block's weights, two stretches of x
-        (span), a k offset per k."""
+        (span), a k offset per k. Version 4: its stretch of x (span_pixels), then its weights' stages."""
         bk = cls.tile(version, bn, h, w, c, k)
         if version == 1:
             windows = 16 * (8 // (bn // 32))
@@ -296,7 +296,7 @@ class Conv(Launcher):
 
     @staticmethod
     @functools.lru_cache(maxsize=None)
-    def span_pixels(h, w, c, k):
+    def span_pixels(h, w, k):
         """conv_kernel4's SPAN_PIX: the most pixels of x one block of 32 pool windows reads, from its
         first window's top-left input to its last window's last (over every block: a block's reach
         depends on where in an image it starts)."""
