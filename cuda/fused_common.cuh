@@ -9,7 +9,6 @@
 
 #include "common.cuh"
 
-
 constexpr int H1 = IN_H - K1 + 1, W1 = IN_W - K1 + 1;
 constexpr int P1H = H1 / 2, P1W = W1 / 2;
 constexpr int H2 = P1H - K2 + 1, W2 = P1W - K2 + 1;

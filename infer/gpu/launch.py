@@ -237,9 +237,8 @@ class Conv(Launcher):
     @classmethod
     def pipeline(cls, bn, h, w, c, k):
         """conv_kernel4's (k-tile, stages) for a layer: the first of STAGED_PIPELINES whose shared memory
-        fits two blocks an SM, else the last."""
-        fits = [p for p in cls.STAGED_PIPELINES if cls.staged_bytes(*p, bn, h, w, c, k) <= cls.STAGED_BYTES]
-        return (fits or cls.STAGED_PIPELINES[-1:])[0]
+        fits two blocks an SM, or None."""
+        return next((p for p in cls.STAGED_PIPELINES if cls.staged_bytes(*p, bn, h, w, c, k) <= cls.STAGED_BYTES), None)
 
     @classmethod
     def staged_bytes(cls, bk, stages, bn, h, w, c, k):
@@ -317,9 +316,9 @@ class Conv(Launcher):
         if c % 32:
             return f"conv_kernel4 is for inputs of a multiple of 32 channels (whole k-tiles a tap); this one has {c}"
         bn = cls.column_block(4, c_out)
-        shared = cls.staged_bytes(*cls.pipeline(bn, h, w, c, k), bn, h, w, c, k)
-        if shared > cls.STAGED_BYTES:
-            return f"conv_kernel4 would need {shared} bytes of shared memory, more than {cls.STAGED_BYTES}"
+        if cls.pipeline(bn, h, w, c, k) is None:
+            least = cls.staged_bytes(*cls.STAGED_PIPELINES[-1], bn, h, w, c, k)
+            return f"conv_kernel4 would need {least} bytes of shared memory, more than {cls.STAGED_BYTES}"
         return None
 
     @classmethod

@@ -493,7 +493,7 @@ class FusedCertified(FusedWarpgroup):
 class ImplicitWarpgroup(Hopper, Implicit):
     """Implicit with each conv layer on Hopper's warpgroup MMA (wgmma, conv_kernel2) in 3xTF32, the
     weights read by the tensor cores from shared memory; layers of 1 to 3 input channels whose weights
-    fit in shared memory whole on conv_kernel3, and layers of a multiple of 8 whose block's stretch of
+    fit in shared memory whole on conv_kernel3, and layers of a multiple of 32 whose block's stretch of
     the input fits on conv_kernel4 (both the same bits); sm_90 only."""
     NAME = "implicit-wgmma"
     CONV_KERNEL = "conv_kernel2"
