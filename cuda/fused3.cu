@@ -38,18 +38,45 @@
 // uploaded as codes need no conversion kernel (versions 4 and 6 likewise, the same bits).
 
 #include "fused_conv1_wgmma.cuh"
-static_assert(STAGE_FLOATS >= 2 * SLAB2, "fused v2/v3: the stage area must hold two w2 slabs");
-static_assert(C2 == 64, "fused v3: N = C2 = 64 (wgmma.m64n64k8)");
+#ifndef SLABS3
+#error "fused v3 needs -DSLABS3: its w2 slab buffers (launch.Fused.plan)"
+#endif
+static_assert(C2 == 64 && C1 % 16 == 0, "fused v3: N = C2 = 64 (wgmma.m64n64k16), k16 steps of conv1 channels");
 constexpr int WG_IMGS = IMGS / 2;  // conv2's images per warpgroup
+constexpr int KS16_2 = C1 / 16;    // conv2's k16 steps a slab
+constexpr int SLABW = C1 * C2;     // floats of a slab: float16 parts hi and lo of C1 x C2 weights
+constexpr int AHEAD3 = SLABS3 - 1;  // slabs fetched ahead: each slab's MMAs are drained, so a buffer is free one slab on
+static_assert(SLABS3 >= 2 && STAGE_FLOATS >= SLABS3 * SLABW + 4 && STAGE_FLOATS >= X_PAD + W1F_FLOATS + 4 && IMGS <= 4,
+              "fused v3: the stage area holds the images and w1, or SLABS3 w2 slabs, then the images' largest p1");
+static_assert(SLABW % (4 * FUSED_THREADS) == 0, "fused v3: slabs are 16-byte copies");
 
+// An image's conv2 inputs times 2^s put its largest p1 value (bits: not negative) in [2^14, 2^15),
+// float16's top binade, so each value's two float16 parts keep 22 bits (up = 2^s, down = 2^-s; s at
+// most 126, so both stay normal). s = 0 where the largest is 0 or not finite (the scores then come out
+// non-finite, as in float32).
+__device__ __forceinline__ void image_scale(unsigned bits, float& up, float& down) {
+    const int s = bits == 0 || bits >= 0x7f800000u ? 0 : min(14 - ((int)(bits >> 23) - 127), 126);
+    up = __int_as_float((127 + s) << 23);
+    down = __int_as_float((127 - s) << 23);
+}
+
+// v's two values as float16 parts: hi = fl16(v), lo = fl16(v - hi) (v - hi is exact in float32).
+__device__ __forceinline__ void split_halves(float2 v, unsigned& hi, unsigned& lo) {
+    const __half2 h = __floats2half2_rn(v.x, v.y);
+    const float2 f = __half22float2(h);
+    const __half2 l = __floats2half2_rn(v.x - f.x, v.y - f.y);
+    hi = *reinterpret_cast<const unsigned*>(&h);
+    lo = *reinterpret_cast<const unsigned*>(&l);
+}
 
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
 fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float* __restrict__ feat, int n, int* __restrict__ bad,
               const int* __restrict__ count, const int* __restrict__ idx, int scaling, float scale) {
     extern __shared__ float4 smem4[];
     float* p1 = reinterpret_cast<float*>(smem4);
-    float* stage = p1 + P1_FLOATS;  // the images and w1 in phase 1, then two w2 slabs in phase 2
+    float* stage = p1 + P1_FLOATS;  // the images and w1 in phase 1, then the w2 slabs in phase 2
     float4* slabs = reinterpret_cast<float4*>(stage);
+    unsigned* amax = reinterpret_cast<unsigned*>(stage + STAGE_FLOATS - 4);  // each image's largest p1 (float bits)
     const int t = threadIdx.x;
     const int img0 = blockIdx.x * IMGS;
     if (count != nullptr && img0 >= min(n, *count)) return;  // the recomputed share: a count the GPU set
@@ -57,49 +84,126 @@ fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float
     const int lane = t % 32, warp = t / 32, g = lane >> 2, tig = lane & 3;
     const int wg = warp / 4, w = warp % 4;  // warpgroup and warp in it
 
+    if (t < IMGS) amax[t] = 0;
     conv1_wgmma(
         stage, x, img0, imgs, bad, nullptr,
         [&](int img, int py, int px, int ch, float2 o) { *reinterpret_cast<float2*>(p1 + img * ISTR + py * RSTR + px * PSTR + ch) = o; },
         idx, scaling, scale);
     __syncthreads();  // p1 complete; the staged images and w1 are dead from here on
-    fetch_slab(slabs, w2f, 0);
+    // Each image's largest p1 value (a pass over p1: tracked during conv1, its registers spilled), NaN
+    // as inf. The values are not negative: their bits order as the values do.
+    {
+        constexpr int PIECES = P1H * P1W * (C1 / 4);  // float4s of an image
+        unsigned top[IMGS] = {};
+        for (int e = t; e < IMGS * PIECES; e += FUSED_THREADS) {
+            const int img = e / PIECES, pix = e % PIECES / (C1 / 4), q = e % (C1 / 4);
+            const float4 v = *reinterpret_cast<const float4*>(p1 + img * ISTR + pix / P1W * RSTR + pix % P1W * PSTR + 4 * q);
+            const float m = fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w));
+            const unsigned bits = v.x != v.x || v.y != v.y || v.z != v.z || v.w != v.w ? 0x7f800000u : __float_as_uint(m + 0.0f);
+#pragma unroll
+            for (int i = 0; i < IMGS; ++i) top[i] = i == img ? max(top[i], bits) : top[i];
+        }
+#pragma unroll
+        for (int i = 0; i < IMGS; ++i) {
+#pragma unroll
+            for (int o = 16; o > 0; o /= 2) top[i] = max(top[i], __shfl_xor_sync(0xffffffffu, top[i], o));
+            if (lane == 0) atomicMax(amax + i, top[i]);
+        }
+    }
+    __syncthreads();
+    // p1 in place as conv2's A operand: each pixel's C1 values times the image's 2^s as float16 parts,
+    // hi in its first C1 / 2 words, lo in the next (a pair of channels a word), a thread a pixel: each
+    // value is split once, not at each of the K2*K2 slabs that read it.
+    for (int e = t; e < IMGS * P1H * P1W; e += FUSED_THREADS) {
+        const int img = e / (P1H * P1W), pix = e % (P1H * P1W);
+        float* at = p1 + img * ISTR + pix / P1W * RSTR + pix % P1W * PSTR;
+        float up, down;
+        image_scale(amax[img], up, down);
+        float4 v[C1 / 4];
+#pragma unroll
+        for (int q = 0; q < C1 / 4; ++q) v[q] = reinterpret_cast<const float4*>(at)[q];
+        unsigned* words = reinterpret_cast<unsigned*>(at);
+#pragma unroll
+        for (int q = 0; q < C1 / 4; ++q) {
+            split_halves(make_float2(v[q].x * up, v[q].y * up), words[2 * q], words[C1 / 2 + 2 * q]);
+            split_halves(make_float2(v[q].z * up, v[q].w * up), words[2 * q + 1], words[C1 / 2 + 2 * q + 1]);
+        }
+    }
+#pragma unroll
+    for (int u = 0; u < AHEAD3; ++u) {
+        if (u < STEPS)
+            fetch_slab<SLABW>(slabs + u * (SLABW / 4), w2f, u % (K2 * K2));
+        else
+            cp_async_commit();
+    }
 
-    // Phase 2: conv2, WG_IMGS images per warpgroup, one m64n64 tile per image and group of 16 windows.
+    // Phase 2: conv2 in 3xFP16, WG_IMGS images per warpgroup, one m64n64 tile per image and group of 16
+    // windows: per k16 step the image's inputs times 2^s split into float16 parts ah + al (A, from
+    // registers) and the weights' wh + wl (B: each channel's weights times 2^T, pipelines.
+    // FusedWarpgroup.conv2_weights), the three products al wh, ah wl, ah wh (the smallest first) summed
+    // in float32 on the tensor cores; the sums times 2^-s, then 2^-T, before ReLU and the pool.
     float acc[WG_IMGS][32];
+    const unsigned s0 = desc_lo(stage);
     for (int u = 0; u < STEPS; ++u) {
         const int mg = u / (K2 * K2), s = u % (K2 * K2);
         // Rows g and g + 8 of warp w: pool window mg*16 + 4w + g/2, column dx = g % 2, row dy = 0, 1.
         const int win = mg * 16 + 4 * w + g / 2, py = win / P2W, px = win % P2W;
-        const float* as = p1 + (WG_IMGS * wg) * ISTR + (2 * py + s / K2) * RSTR + (2 * px + g % 2 + s % K2) * PSTR + tig;
+        const unsigned* as = reinterpret_cast<const unsigned*>(p1) + (WG_IMGS * wg) * ISTR + (2 * py + s / K2) * RSTR +
+                             (2 * px + g % 2 + s % K2) * PSTR + tig;
         // Slab u has landed (ours; the proxy fence hands it to the tensor cores' reads, the barrier
-        // makes everyone's visible), and every warpgroup's MMAs on the other buffer have completed.
-        asm volatile("cp.async.wait_group 0;");
+        // makes everyone's visible; each step commits one group), and every warpgroup's MMAs on slab
+        // u - 1, whose buffer is refilled now, have completed (drained).
+        cp_async_wait<AHEAD3 - 1>();
         asm volatile("fence.proxy.async.shared::cta;");
         __syncthreads();
-        if (u + 1 < STEPS) fetch_slab(slabs + ((u + 1) % 2) * (SLAB2 / 4), w2f, (u + 1) % (K2 * K2));
-        const float* slab = stage + (u % 2) * SLAB2;
+        if (u + AHEAD3 < STEPS)
+            fetch_slab<SLABW>(slabs + ((u + AHEAD3) % SLABS3) * (SLABW / 4), w2f, (u + AHEAD3) % (K2 * K2));
+        else
+            cp_async_commit();
+        const unsigned slab = s0 + (u % SLABS3) * (SLABW / 4);
+        // A fragments: rows g, g + 8 x k = 16 ks + 2 tig (+ 1), + 8, per (k16 step, image) a group of
+        // three MMAs; each group's {hi, lo} kept live until the wait after the next group's MMAs (an
+        // MMA reads its registers after it is issued), so one group is in flight while the next is loaded.
+        constexpr int GROUPS = KS16_2 * WG_IMGS;
+        unsigned frag[GROUPS][2][4];
 #pragma unroll
-        for (int ks = 0; ks < KSTEPS; ++ks) {
-            float av[WG_IMGS][4];
+        for (int j = 0; j < GROUPS; ++j) {
+            const int ks = j / WG_IMGS, i = j % WG_IMGS;
 #pragma unroll
-            for (int i = 0; i < WG_IMGS; ++i) {
-                const float* a = as + i * ISTR + ks * 8;
-                av[i][0] = a[0];
-                av[i][1] = a[RSTR];
-                av[i][2] = a[4];
-                av[i][3] = a[RSTR + 4];
+            for (int r = 0; r < 4; ++r) {
+                const unsigned* a = as + i * ISTR + (r % 2) * RSTR + 8 * ks + 4 * (r / 2);
+                frag[j][0][r] = a[0];
+                frag[j][1][r] = a[C1 / 2];
             }
-            mma3_step(acc, av, slab + ks * 16 * C2, s == 0 && ks == 0);  // a window group's first step
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+            const unsigned b = slab + ks * (SLABW / KS16_2) / 4;  // the step's hi, then its lo 2 KB on
+            wgmma16(acc[i], frag[j][1], desc(b), s != 0 || ks != 0);  // a window group's first product starts the sums
+            wgmma16(acc[i], frag[j][0], desc(b + C2 * 16 / 2 / 4), 1);
+            wgmma16(acc[i], frag[j][0], desc(b), 1);
+            if (j > 0)
+                wgmma_commit_wait_previous(frag[j - 1]);
+            else
+                asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
         }
         wgmma_drain();
+        asm volatile("" :: "r"(frag[GROUPS - 1][0][0]), "r"(frag[GROUPS - 1][0][1]), "r"(frag[GROUPS - 1][0][2]),
+                     "r"(frag[GROUPS - 1][0][3]), "r"(frag[GROUPS - 1][1][0]), "r"(frag[GROUPS - 1][1][1]),
+                     "r"(frag[GROUPS - 1][1][2]), "r"(frag[GROUPS - 1][1][3]));
 
         if (s == K2 * K2 - 1) {
+            // accumulator 4c + 2dy + e is channel 8c + 2 tig + e: its 2^-T after the slabs
+            const float* wdown = reinterpret_cast<const float*>(w2f) + K2 * K2 * SLABW + 2 * tig;
 #pragma unroll
             for (int i = 0; i < WG_IMGS; ++i) {
                 const int img = WG_IMGS * wg + i;
+                float up, down;
+                image_scale(amax[img], up, down);
                 float* out = feat + ((size_t)(img0 + img) * WINDOWS + win) * C2 + 2 * tig;
 #pragma unroll
                 for (int c = 0; c < C2 / 8; ++c) {
+                    const float2 wd = *reinterpret_cast<const float2*>(wdown + 8 * c);
+#pragma unroll
+                    for (int j = 4 * c; j < 4 * c + 4; ++j) acc[i][j] = acc[i][j] * down * (j % 2 ? wd.y : wd.x);
                     const float2 o = pool_pair(acc[i], c);
                     if (g % 2 == 0 && img < imgs) *reinterpret_cast<float2*>(out + c * 8) = o;
                 }

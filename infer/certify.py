@@ -22,9 +22,16 @@ ETA16 = 2.0**-25  # half float16's subnormal spacing: the absolute error where v
 F16_MAX = 65504.0
 U32 = 2.0**-24
 UACC = 2.0**-23  # one float32 addition on tensor cores (they may truncate: a whole ulp, not half)
-U_EXACT = 2.0**-20  # 3xTF32 products: the dropped and rounded terms stay under 3 * 2^-22 |w||a|
-SPLIT = 1 + 2.0**-8  # 3xTF32's three products of a multiply-add: their magnitudes sum to at most this * |w||a|
+# 3xTF32 products (and 3xFP16's, fused_kernel3's conv2, past EXACT_ABS): the dropped and rounded terms
+# stay under 3 * 2^-22 |w||a|
+U_EXACT = 2.0**-20
+SPLIT = 1 + 2.0**-8  # the three products of a multiply-add: their magnitudes sum to at most this * |w||a|
 TINY = 2.0**-120  # per |w| and per |a|: what TF32 splits and float32 lose to underflow, with room
+# The exact path's conv2 in 3xFP16 (fused_kernel3: inputs times 2^s and weights times 2^T as float16
+# parts) drops terms under float16's subnormals: per output at most this times (amax sum |w| + max |w|
+# sum a), amax the image's largest conv1 output, max |w| the channel's largest weight (docs/certified.md)
+EXACT_ABS = 2.0**-38
+RESCALE = 2.0**-147  # per output: the exact path's sums times 2^-s, then 2^-T, may underflow (twice 2^-150)
 BLOCK = 256  # images per block of the oracle (conv2's windows in float64: 105 MB)
 STYLES = ("componentwise", "window-max")
 
@@ -63,8 +70,9 @@ def conv2_weight_bound(w2):
 
 def conv2_gap(a1, w2, style):
     """Bound on |float16 conv2 - exact path's conv2| per output (N, Ho, Wo, C2), both fed the same
-    conv1 outputs a1: conv2_weight_bound per |fl16(a)|, the inputs' eta (and what 3xTF32 loses of it)
-    per |w|, and what TF32 splits and float32 lose to underflow (TINY) per |w| and per |a|."""
+    conv1 outputs a1 (not negative): conv2_weight_bound per |fl16(a)|, the inputs' eta (and what the
+    exact path's products lose of it) per |w|, what splits and float32 lose to underflow (TINY) per |w|
+    and per |a|, and the exact path's float16 parts' subnormals (EXACT_ABS) and rescaling (RESCALE)."""
     k, n = w2.shape[0], w2[..., 0].size
     b = conv2_weight_bound(w2)
     w_abs = np.abs(w2).reshape(n, -1).astype(np.float64)
@@ -75,7 +83,9 @@ def conv2_gap(a1, w2, style):
     else:  # every term at its window's largest |fl16(a)|: the window's maximum times the bound's column sums
         through = ah.max(axis=-1, keepdims=True) * b.sum(axis=0)
     a_sum = _windows(np.abs(a1).astype(np.float64), k).sum(axis=-1, keepdims=True)
-    return through + ((1 + exact_rounding(n)) * ETA16 + TINY) * w_abs.sum(axis=0) + TINY * a_sum
+    amax = np.abs(a1).astype(np.float64).reshape(len(a1), -1).max(axis=1)[:, None, None, None]
+    exact16 = EXACT_ABS * (amax * w_abs.sum(axis=0) + w_abs.max(axis=0) * a_sum) + RESCALE
+    return through + ((1 + exact_rounding(n)) * ETA16 + TINY) * w_abs.sum(axis=0) + TINY * a_sum + exact16
 
 
 def exact_rounding(n):
@@ -229,8 +239,10 @@ def conv2_constants(w2):
     <= n amax)."""
     n = w2[..., 0].size
     w = np.abs(np.asarray(w2, np.float32)).reshape(n, -1).astype(np.float64)
-    chan = ((1 + exact_rounding(n)) * ETA16 + TINY) * w.sum(axis=0)
-    head = [2.0**-BOUND_LOG2 / (1 - gamma(n)), TINY * n, gamma(3, U32) / 4]
+    chan = ((1 + exact_rounding(n)) * ETA16 + TINY) * w.sum(axis=0) + RESCALE
+    # EXACT_ABS's terms are at most 2 n max|w| EXACT_ABS amax, and fused_kernel6's amax (p1's largest) at
+    # most 4 (qmax + eta) / (1 - u): 2^-34 n max|w| covers both kernels' forms
+    head = [2.0**-BOUND_LOG2 / (1 - gamma(n)), n * (TINY + 2.0**-34 * w.max()), gamma(3, U32) / 4]
     return up32(np.concatenate([head, chan]))
 
 

@@ -135,14 +135,21 @@ def test_every_gemm_tile_is_a_tile_width_choice():
     assert set(TILE_WIDTHS) == {t for spec in GEMMS.values() for t in spec.tiles}
 
 
-def test_conv2_weights_as_wgmma_core_matrices(rng):
-    w = rng.standard_normal((5, 5, 32, 64)).astype(np.float32)
+def test_conv2_weights_as_wgmma_core_matrices_of_scaled_halves(rng):
+    """fused_kernel3's conv2 in 3xFP16: each channel's weights times 2^T as float16 parts, hi + lo
+    within 2^-21 of them, laid out per k16 step as wgmma's core matrices; 2^-T per channel after."""
+    w = rng.standard_normal((5, 5, 32, 64)).astype(np.float32) * np.exp2(rng.integers(-20, 20, 64)).astype(np.float32)
     f = FusedWarpgroup.conv2_weights(w)
-    assert f.shape == (25, 4, 2, 8, 2, 8, 4) and f.flags.c_contiguous
-    parts = [tf32(w).reshape(25, 32, 64), tf32(w - tf32(w)).reshape(25, 32, 64)]
-    # slab s, k8 step ks, part, 8-channel group ni, k half kc, channel row r, k within the half kk
-    for s, ks, part, ni, kc, r, kk in [(7, 2, 0, 5, 1, 3, 2), (24, 3, 1, 7, 0, 7, 3), (0, 0, 0, 0, 0, 1, 0)]:
-        assert f[s, ks, part, ni, kc, r, kk] == parts[part][s, 8 * ks + 4 * kc + kk, 8 * ni + r]
+    assert f.dtype == np.float32 and f.shape == (25 * 32 * 64 + 64,)
+    halves, down = f[:-64].view(np.float16).reshape(25, 2, 2, 8, 2, 8, 8), f[-64:].astype(np.float64)
+    parts = [halves[:, :, p].transpose(0, 1, 3, 5, 2, 4).reshape(25, 32, 64) for p in (0, 1)]  # back to (slab, k, n)
+    # slab s, k16 step ks, part, 8-channel group ni, k half kc, channel row r, k within the half kk
+    for s, ks, part, ni, kc, r, kk in [(7, 1, 0, 5, 1, 3, 2), (24, 0, 1, 7, 0, 7, 7), (0, 0, 0, 0, 0, 1, 0)]:
+        assert halves[s, ks, part, ni, kc, r, kk] == parts[part][s, 16 * ks + 8 * kc + kk, 8 * ni + r]
+    top = np.abs(parts[0].astype(np.float64)).max(axis=(0, 1))
+    assert ((top >= 2**14) & (top <= 2**15)).all() and (np.log2(down) == np.round(np.log2(down))).all()
+    rebuilt = (parts[0].astype(np.float64) + parts[1]) * down
+    np.testing.assert_allclose(rebuilt, w.reshape(25, 32, 64), rtol=2**-21, atol=0)
 
 
 def test_implicit_wgmma_weights_padded_per_column_block(rng):

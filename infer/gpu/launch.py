@@ -63,6 +63,7 @@ class Launcher:
     dies with its context), prepared once."""
     source = kernel = arg_types = None
     DIRECTED_ROUNDING = False  # its bounds round up: never built with --use_fast_math (flushes subnormals)
+    SM_SHARED = 228 * 1024  # an H100's shared memory an SM (1 KB of it per block for the driver)
 
     def __init__(self, build, arch=None, **defines):
         """arch: the compile target where it is not the GPU's own (sm_90a for Hopper-only instructions)."""
@@ -198,7 +199,6 @@ class Conv(Launcher):
     ARCH = {2: "sm_90a", 3: "sm_90a", 4: "sm_90a"}
     WHOLE_BYTES = 110 * 1024  # conv_kernel3's most shared memory: two blocks an SM
     STAGED_BYTES = 113 * 1024  # conv_kernel4's: two blocks an SM
-    SM_SHARED = 228 * 1024  # an H100's shared memory an SM (1 KB of it per block for the driver)
 
     def __init__(self, build, h, w, c, k, c_out, kernel="conv_kernel1"):
         version = version_of(kernel)
@@ -563,13 +563,14 @@ class BitUnshuffleRange(_PerValueSize):
 class FusedLayout(NamedTuple):
     """One block's shared memory in a fused kernel, in floats: the pooled conv1 output p1 (IMGS images,
     strides pstr between pixels, rstr between rows, istr between images), then the stage area (the
-    images, and version 3's split conv1 weights from w1_at, in phase 1; two w2 slabs in phase 2)."""
+    images, and version 3's split conv1 weights from w1_at, in phase 1; `slabs` w2 slabs in phase 2)."""
     imgs: int
     pstr: int
     rstr: int
     istr: int
     stage: int
     w1_at: int = 0
+    slabs: int = 2  # version 3's w2 slab buffers
 
     @property
     def shared(self):
@@ -593,6 +594,7 @@ class Fused(Launcher):
     VERSIONS = (1, 2, 3, 4, 6)  # fused_kernel<version> in cuda/fused<version>.cu
     BOUNDED = (4, 6)  # the certified pass's: a bound output beside the features, every bound rounded up
     IMGS3 = (4, 2)  # version 3's images a block: 4, or 2 for a shorter block (the recomputation)
+    SLABS3 = (4, 3, 2)  # version 3's w2 slab buffers, the most that leave two blocks an SM (2 at least)
 
     @classmethod
     def plan(cls, g, version=1, imgs=4):
@@ -650,11 +652,20 @@ class Fused(Launcher):
             # Version 4's float2 loads of float16 pairs: a pixel stride of C1 + 8 puts a half warp's
             # 4 pixels x 4 pairs in 32 banks. Its stage area ends in the images' largest conv1
             # outputs (4 floats) and holds two float16 slabs (C1 * C2 floats each) in phase 2.
+            # Version 3's slabs: as many buffers as leave two blocks an SM (SLABS3), fetched all but
+            # one ahead: at 2 a slab's copy had only the slab before it to land in, and a block of 2
+            # images waited on L2 at every slab.
             pstr = g.c1 + (8 if version == 4 else 4)
             w1_at = ceil_div(cls.staged_floats(g, imgs), 32) * 32
-            slabs, maxima = (2 * g.c1 * g.c2, 4) if version == 4 else (4 * g.c1 * g.c2, 0)
-            layout = FusedLayout(imgs, pstr, p1w * pstr, p1h * p1w * pstr,
-                                 max(w1_at + cls.conv1_floats(g) + maxima, slabs + maxima), w1_at)
+            front = w1_at + cls.conv1_floats(g)
+            if version == 4:
+                layout = FusedLayout(imgs, pstr, p1w * pstr, p1h * p1w * pstr, max(front + 4, 2 * g.c1 * g.c2 + 4), w1_at)
+            else:  # float16 slabs (hi and lo, C1 x C2 floats), then the images' largest p1 (4 floats)
+                for slabs in cls.SLABS3:
+                    layout = FusedLayout(imgs, pstr, p1w * pstr, p1h * p1w * pstr, max(front, slabs * g.c1 * g.c2) + 4,
+                                         w1_at, slabs)
+                    if 2 * (layout.shared + 1024) <= cls.SM_SHARED:
+                        break
         if layout.shared > cls.SMEM_LIMIT:
             return None, f"it needs {layout.shared} bytes of shared memory per block, more than {cls.SMEM_LIMIT}"
         return layout, None
@@ -688,6 +699,8 @@ class Fused(Launcher):
                        PSTR=layout.pstr, RSTR=layout.rstr, ISTR=layout.istr, STAGE_FLOATS=layout.stage)
         if version >= 3:
             defines.update(CONV1_TAIL=cls.conv1_steps(g.k1 * g.k1 * g.c)[1], X_PAD=layout.w1_at)
+        if version == 3:
+            defines.update(SLABS3=layout.slabs)
         if version == 6:
             defines.update(P1_HALVES=1)
         return defines

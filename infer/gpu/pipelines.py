@@ -350,9 +350,14 @@ class FusedWarpgroup(Hopper, FusedTensorCores):
 
     @staticmethod
     def conv2_weights(conv2):
-        """(K2, K2, C1, C2) as K2*K2 slabs of C1 rows in wgmma order: (K2*K2, C1/8, 2, C2/8, 2, 8, 4)."""
+        """(K2, K2, C1, C2) for fused_kernel3's conv2 in 3xFP16: each channel's weights times 2^T as
+        float16 parts hi + lo (operands.scaled_halves), K2*K2 slabs of C1 rows, each k16 step's hi then
+        lo in wgmma order, (K2*K2, C1/16, {hi, lo}, C2/8, 2, 8, 8) halves as float32 words; then 2^-T
+        per channel."""
         k2, _, c1, c2 = conv2.shape
-        return wgmma_operand(np.ascontiguousarray(conv2, np.float32).reshape(k2 * k2, c1, c2))
+        hi, lo, scales = scaled_halves(np.asarray(conv2, np.float32).reshape(-1, c2))
+        slabs = np.stack([wgmma_halves(p.reshape(k2 * k2, c1, c2)) for p in (hi, lo)], axis=2)
+        return np.concatenate([slabs.reshape(-1).view(np.float32), scales])
 
 
 class FusedCertified(FusedWarpgroup):
