@@ -191,8 +191,8 @@ def test_precision_certified_through_the_session_and_the_command_line(gpu, ece40
     assert r.exit_code == 0, r.stderr
     d = json.loads(r.stdout)
     assert d["correct"] == 8722 and d["recomputed"] == certified.recomputed and d["precision"] == "certified"
-    # the default: testfull's 10,000 images travel as 8-bit codes, so they are certified (from 8,192);
-    # as float32 (from 16,384) they run exactly
+    # the default: testfull's 10,000 images travel as 8-bit codes, so they are certified (from
+    # CERTIFY_FROM); as float32 they run exactly
     d = json.loads(invoke("run", data, model, "--backend", "cuda", "--json").stdout)
     assert d["precision"] == "certified" and d["recomputed"] == certified.recomputed and d["correct"] == 8722
     monkeypatch.setenv("CNNINFER_CODES", "0")
@@ -204,17 +204,17 @@ def test_precision_certified_through_the_session_and_the_command_line(gpu, ece40
     assert f"certified: {10000 - certified.recomputed} of 10000 images in float16, {certified.recomputed} recomputed exactly" in r.stdout
 
 
-def test_the_default_certifies_large_runs_and_keeps_the_exact_scores(gpu, ece408):
-    """No --conv-algo, no --precision: a run of FusedCertified.CERTIFY_FROM images certifies (and counts
-    what it recomputed); asking for scores, or fewer images, runs the exact path alone, whose scores
-    are fused-wgmma's bits."""
+def test_the_default_runs_float32_uploads_and_score_requests_exactly(gpu, ece408):
+    """No --conv-algo, no --precision: float32 images run the exact path alone however many (their
+    upload bounds both paths, and the certified tail ends later), with or without scores, which are
+    then fused-wgmma's bits."""
     from infer.gpu.backend import CudaBackend
     from infer.gpu.pipelines import FusedCertified
 
     hopper(gpu)
     model = loader.load_model(ece408 / "model.hdf5")
     base = read_all(ece408 / "testfull.hdf5", model, 10000)
-    n = FusedCertified.CERTIFY_FROM
+    n = 2 * FusedCertified.CERTIFY_FROM
     x = np.concatenate([base] * -(-n // len(base)))[:n]
 
     def default_run(x, scores):
@@ -224,43 +224,37 @@ def test_the_default_certifies_large_runs_and_keeps_the_exact_scores(gpu, ece408
             host[...] = x
             b.prepare(model, x.shape, scores=scores)
             assert "fused-certified" in b.device and "else exact" in b.device
-            b.recomputed()  # the warm-up's
             labels, s = b.forward(host)
             return labels, s, b.recomputed()
         finally:
             b.close()
 
     exact, exact_scores, _ = labels_of(EXACT, model, x, scores=True)
-    labels, _, recomputed = default_run(x, False)
-    np.testing.assert_array_equal(labels, exact)
-    assert 0 < recomputed < 0.15 * n, recomputed
-    labels, scores, recomputed = default_run(x, True)
-    assert recomputed is None
-    np.testing.assert_array_equal(labels, exact)
-    np.testing.assert_array_equal(scores, exact_scores)
-    labels, _, recomputed = default_run(x[:n - 1], False)
-    assert recomputed is None
-    np.testing.assert_array_equal(labels, exact[:n - 1])
+    for scores in (False, True):
+        labels, s, recomputed = default_run(x, scores)
+        assert recomputed is None
+        np.testing.assert_array_equal(labels, exact)
+    np.testing.assert_array_equal(s, exact_scores)
 
 
-def test_images_uploaded_a_byte_a_pixel_are_certified_from_fewer(gpu, ece408):
-    """8-bit codes (and uint8) reach the GPU sooner: the default certifies from CERTIFY_FROM_NARROW
-    images there, with the exact path's labels; one fewer runs the exact path alone."""
+def test_images_uploaded_a_byte_a_pixel_are_certified_from_certify_from(gpu, ece408):
+    """8-bit codes (and uint8): the default certifies from CERTIFY_FROM images, with the exact path's
+    labels (and counts what it recomputed); one fewer, or scores asked for, runs the exact path alone."""
     from infer import codes
     from infer.gpu.backend import CudaBackend
     from infer.gpu.pipelines import FusedCertified
 
     hopper(gpu)
     model = loader.load_model(ece408 / "model.hdf5")
-    n = FusedCertified.CERTIFY_FROM_NARROW
+    n = FusedCertified.CERTIFY_FROM
     x = read_all(ece408 / "testfull.hdf5", model, n)
     exact, _, _ = labels_of(EXACT, model, x)
-    for count, certified in ((n, True), (n - 1, False)):
+    for count, certified, scores in ((n, True, False), (n - 1, False, False), (n, False, True)):
         b = CudaBackend()
         try:
             host = b.host_buffers((count,) + x.shape[1:], codes.MUL)[0]
             host.view(np.uint8)[...] = codes.pack(x[:count], codes.MUL)
-            b.prepare(model, host.shape, wire=codes.MUL)
+            b.prepare(model, host.shape, wire=codes.MUL, scores=scores)
             b.recomputed()  # the warm-up's
             labels, _ = b.forward(host)
             recomputed = b.recomputed()

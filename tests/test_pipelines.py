@@ -26,26 +26,23 @@ def test_auto_takes_the_first_that_runs(g, arch, expected):
 
 def test_the_default_certifies_only_large_runs_without_scores():
     """Named (--conv-algo fused-certified, --precision certified) every run is certified; as the
-    default, runs of CERTIFY_FROM images or more that ask for no scores, the rest run exactly."""
+    default, runs of CERTIFY_FROM images or more uploaded a byte a pixel that ask for no scores, the
+    rest run exactly."""
     named = FusedCertified.__new__(FusedCertified)
     named.default = False
     default = FusedCertified.__new__(FusedCertified).by_default()
     most = FusedCertified.CERTIFY_FROM
     assert named.certifies(1, False) and named.certifies(1, True) and named.describe == "float16 certified"
-    assert default.certifies(most, False) and default.certifies(10 * most, False)
-    assert not default.certifies(most - 1, False) and not default.certifies(most, True)
-    assert f"from {most} images" in default.describe
-    assert not FusedWarpgroup.certifies(None, most, False)
-    assert default_path(MNIST, "sm_90", most) is FusedCertified
-    assert default_path(MNIST, "sm_90", most - 1) is default_path(MNIST, "sm_90", most, scores=True) is FusedWarpgroup
-    assert default_path(MNIST, "sm_80", most) is FusedTensorCores
-    # images uploaded a byte a pixel (uint8, 8-bit codes): from CERTIFY_FROM_NARROW
-    narrow = FusedCertified.CERTIFY_FROM_NARROW
-    assert narrow < most and default.certifies(narrow, False, True) and not default.certifies(narrow - 1, False, True)
-    assert not default.certifies(narrow, False) and not default.certifies(narrow, True, True)
-    assert default_path(MNIST, "sm_90", narrow, narrow=True) is FusedCertified
-    assert default_path(MNIST, "sm_90", narrow - 1, narrow=True) is FusedWarpgroup
-    assert f"({narrow} uploaded a byte a pixel)" in default.describe
+    # images uploaded a byte a pixel (uint8, 8-bit codes): from CERTIFY_FROM; float32 uploads never
+    assert default.certifies(most, False, True) and default.certifies(10 * most, False, True)
+    assert not default.certifies(most - 1, False, True) and not default.certifies(most, True, True)
+    assert not default.certifies(10 * most, False) and not FusedWarpgroup.certifies(None, most, False, True)
+    assert f"from {most} images uploaded a byte a pixel" in default.describe
+    assert default_path(MNIST, "sm_90", most, narrow=True) is FusedCertified
+    assert default_path(MNIST, "sm_90", most - 1, narrow=True) is FusedWarpgroup
+    assert default_path(MNIST, "sm_90", 10 * most) is FusedWarpgroup
+    assert default_path(MNIST, "sm_90", most, scores=True, narrow=True) is FusedWarpgroup
+    assert default_path(MNIST, "sm_80", most, narrow=True) is FusedTensorCores
 
 
 def test_auto_falls_back_to_implicit_then_unroll_and_named_algorithms_say_why():

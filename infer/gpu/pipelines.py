@@ -373,12 +373,11 @@ class FusedCertified(FusedWarpgroup):
     KERNEL = "fused_kernel4"  # any geometry fused-wgmma runs; fused_kernel6 where its shapes fit (8x8 conv2 outputs)
     KERNELS = ("fused_kernel6", KERNEL)
     CERTIFY_VERSION = 4  # certify_kernel4 (fc1 inside) and pair_kernel1; 1-3 still run (tests/test_certified_gpu.py)
-    # The default precision certifies runs of at least this many images that ask for no scores
-    # (docs/certified.md: below it the exact path's two kernels a chunk are faster than the eight);
-    # images uploaded a byte a pixel (uint8, 8-bit codes) reach the GPU sooner, so the certified
-    # chain's tail is paid from fewer on
-    CERTIFY_FROM = 16384
-    CERTIFY_FROM_NARROW = 4096
+    # The default precision certifies runs of at least this many images uploaded a byte a pixel (uint8,
+    # 8-bit codes) that ask for no scores (docs/certified.md: below it the exact path's two kernels a
+    # chunk end sooner than the eight). Float32 uploads stay exact: their upload bounds both paths end
+    # to end, and the certified chain's tail ends them later (8,192-65,536 images measured)
+    CERTIFY_FROM = 6144
     RECOMPUTE_IMGS = 2  # fused_kernel3's images a block when it recomputes a chunk's list
 
     @classmethod
@@ -408,10 +407,9 @@ class FusedCertified(FusedWarpgroup):
 
     @classmethod
     def certified_by_default(cls, n, scores, narrow=False):
-        """Whether the default certifies a run of n images: from CERTIFY_FROM (CERTIFY_FROM_NARROW
-        where they are uploaded a byte a pixel), unless it asks for scores (those are then the exact
-        path's bits)."""
-        return n >= (cls.CERTIFY_FROM_NARROW if narrow else cls.CERTIFY_FROM) and not scores
+        """Whether the default certifies a run of n images: uploaded a byte a pixel, from CERTIFY_FROM,
+        unless it asks for scores (those are then the exact path's bits)."""
+        return narrow and n >= cls.CERTIFY_FROM and not scores
 
     def certifies(self, n, scores, narrow=False):
         return not self.default or self.certified_by_default(n, scores, narrow)
@@ -419,8 +417,8 @@ class FusedCertified(FusedWarpgroup):
     @property
     def describe(self):
         if self.default:
-            return (f"float16 certified from {self.CERTIFY_FROM} images ({self.CERTIFY_FROM_NARROW} uploaded a byte "
-                    "a pixel) when no scores are asked for, else exact")
+            return (f"float16 certified from {self.CERTIFY_FROM} images uploaded a byte a pixel when no scores are "
+                    "asked for, else exact")
         return "float16 certified"
 
     @staticmethod
