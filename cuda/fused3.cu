@@ -12,24 +12,29 @@
 // GEMM (the im2col gather is the shared-memory addressing), M = pixels, N = C2, K = K2*K2*C1, with
 // ReLU + 2x2 pool + NHWC store in registers. FLOPs per image: 2*(H1*W1*C1*K1*K1*IN_C +
 // H2*W2*C2*K2*K2*C1); global bytes: the input once, the features once, w2 once per block (from L2).
-// fused_kernel3 (sm_90a only): both convs on Hopper's warpgroup MMA (wgmma), 3xTF32
-//   as in version 2. conv2's tile is 64 rows = 16 pool windows x 4 positions; a thread holds rows
-//   (window, dx) for dy = 0, 1, and the pool adds its partner lane's dx = 1 through shuffles, in the
-//   reference's order. conv1's tile is 64 pool windows at one position (dy, dx): four tiles, two a
-//   round, so a thread pools its own accumulators: no shuffles, every lane stores (rows = the block's
-//   windows, image after image). A fragments come from registers (gathered from shared memory and split per
-//   k8 step), B (weight parts, remainders) is read by the tensor cores from shared memory through
-//   matrix descriptors, as K-major core matrices without swizzle: per k8 step (parts, remainders) x
-//   (N/8, 2 halves of k, 8 rows, 4 k). conv1: m64n32k8 tiles, k = (kh, kw, ci) padded to a multiple
-//   of 8, except that a last 1 or 2 k past a whole k8 step go to FFMA; the split w1 in constant
-//   memory, copied beside the images; each warpgroup takes every other 64-window tile. conv2: each of the 2
-//   warpgroups computes IMGS / 2 images, one m64n64k8 tile per image, host layout of w2 (K2*K2, C1/8,
-//   {hi, lo}, C2/8, 2, 8, 4). IMGS is 4, or 2 for the certified path's recomputation (a block's
-//   latency at a chunk's end, half the tensor work a block; each image's sums the same, so its bits). 3 x 2 x (H1*W1*C1*K1S + H2*W2*C2*K2*K2*C1) tensor FLOPs an image (K1S: the
-//   k of conv1's steps, 24 for ECE408's 25), plus 2 x H1*W1*C1 per tail k on FFMA.
+// fused_kernel3 (sm_90a only): both convs on Hopper's warpgroup MMA (wgmma), conv1 in 3xTF32 (or
+//   from codes, below), conv2 in 3xFP16. conv2's tile is 64 rows = 16 pool windows x 4 positions; a
+//   thread holds rows (window, dx) for dy = 0, 1, and the pool adds its partner lane's dx = 1 through
+//   shuffles, in the reference's order. conv1's tile is 64 pool windows at one position (dy, dx): four
+//   tiles, two a round, so a thread pools its own accumulators: no shuffles, every lane stores (rows =
+//   the block's windows, image after image). conv1: m64n32k8 tiles, A gathered into registers and
+//   split per k8 step, B (w1's TF32 parts and remainders, copied beside the images) read by the tensor
+//   cores through matrix descriptors as K-major core matrices without swizzle; k = (kh, kw, ci)
+//   padded to a multiple of 8, except that a last 1 or 2 k past a whole k8 step go to FFMA; each
+//   warpgroup takes every other 64-window tile. Then each image's largest p1 value sets its scale 2^s
+//   (into [2^14, 2^15)), and p1 is split in place into float16 parts of p1 2^s (a pixel's C1 hi, then
+//   its C1 lo). conv2: each of the 2 warpgroups computes IMGS / 2 images, one m64n64k16 tile per image,
+//   three MMAs a k16 step (al wh, ah wl, ah wh; A from registers, one 32-bit load each), host layout
+//   of w2 (K2*K2, C1/16, {hi, lo}, C2/8, 2, 8, 8 halves) of each channel's weights times 2^T, then 2^-T
+//   per channel; the sums times 2^-s, then 2^-T, before ReLU. SLABS3 slab buffers, all but one fetched
+//   ahead. IMGS is 4, or 2 for the certified path's recomputation (a block's latency at a chunk's end,
+//   half the tensor work a block; each image's sums the same, so its bits).
+//   2 x (3 H1*W1*C1*K1S + 3 H2*W2*C2*K2*K2*C1) tensor FLOPs an image (K1S: the k of conv1's steps, 24
+//   for ECE408's 25; conv2's at float16's rate, twice TF32's), plus 2 x H1*W1*C1 per tail k on FFMA.
 // The shared-memory layout is the host's (launch.Fused.plan): it passes the images per block IMGS, the
-// pooled conv1 output's strides PSTR (pixel), RSTR (row), ISTR (image) and the floats of the stage
-// area after it, STAGE_FLOATS, as -D options; the kernels static_assert what they rely on.
+// pooled conv1 output's strides PSTR (pixel), RSTR (row), ISTR (image), the floats of the stage
+// area after it, STAGE_FLOATS, and version 3's slab buffers SLABS3 as -D options; the kernels
+// static_assert what they rely on.
 // Where `count` is not null, only the first *count images are computed (blocks past it return), and
 // where `idx` is not null, image i is x's image idx[i] (its features still go to row i): the certified
 // path's recomputation, whose list and count certify.cu sets on the GPU. Where `scaling` is not -1, x

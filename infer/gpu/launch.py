@@ -580,8 +580,8 @@ class FusedLayout(NamedTuple):
 class Fused(Launcher):
     """conv1 -> ReLU -> pool -> conv2 -> ReLU -> pool for IMGS images per 256-thread block;
     fused_kernel1 on FP32 FFMA (cuda/fused1.cu), fused_kernel2 on the tensor cores in 3xTF32
-    (mma.sync, sm_80 and later: fused2.cu), fused_kernel3 the same on Hopper's warpgroup MMA (wgmma,
-    sm_90a only: fused3.cu); fused_kernel4 and 6 the certified pass's float16 conv2 with a bound per
+    (mma.sync, sm_80 and later: fused2.cu), fused_kernel3 on Hopper's warpgroup MMA (wgmma, sm_90a
+    only: fused3.cu; conv2 in 3xFP16); fused_kernel4 and 6 the certified pass's float16 conv2 with a bound per
     feature (fused4.cu, fused6.cu: docs/certified.md). The host owns the shared-memory layout (plan)
     and passes it as -D options; the kernels static_assert what they rely on."""
     arg_types = "PPPiP"  # version 3 adds a count and an image list, versions 4 and 6 a bound output,

@@ -319,8 +319,9 @@ class Hopper:
 
 
 class FusedWarpgroup(Hopper, FusedTensorCores):
-    """Both convs on Hopper's warpgroup MMA (wgmma) in 3xTF32, the weights read by the tensor cores
-    from shared memory; sm_90 only."""
+    """Both convs on Hopper's warpgroup MMA (wgmma), conv1 in 3xTF32 (or exact from 8-bit codes),
+    conv2 in 3xFP16 (scaled float16 parts: 3xTF32's accuracy at twice its rate), the weights read by
+    the tensor cores from shared memory; sm_90 only."""
     NAME = "fused-wgmma"
     KERNEL = "fused_kernel3"
     STAGES_CODES = True
