@@ -95,8 +95,8 @@ fused_kernel3(const float* __restrict__ x, const float4* __restrict__ w2f, float
         [&](int img, int py, int px, int ch, float2 o) { *reinterpret_cast<float2*>(p1 + img * ISTR + py * RSTR + px * PSTR + ch) = o; },
         idx, scaling, scale);
     __syncthreads();  // p1 complete; the staged images and w1 are dead from here on
-    // Each image's largest p1 value (a pass over p1: tracked during conv1, its registers spilled), NaN
-    // as inf. The values are not negative: their bits order as the values do.
+    // Each image's largest p1 value, NaN as inf, in a pass over p1 (tracked inside conv1 it spilled
+    // registers on 28x28x2). The values are not negative: their bits order as the values do.
     {
         constexpr int PIECES = P1H * P1W * (C1 / 4);  // float4s of an image
         unsigned top[IMGS] = {};
