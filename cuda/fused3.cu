@@ -67,11 +67,9 @@ __device__ __forceinline__ void image_scale(unsigned bits, float& up, float& dow
 
 // v's two values as float16 parts: hi = fl16(v), lo = fl16(v - hi) (v - hi is exact in float32).
 __device__ __forceinline__ void split_halves(float2 v, unsigned& hi, unsigned& lo) {
-    const __half2 h = __floats2half2_rn(v.x, v.y);
-    const float2 f = __half22float2(h);
-    const __half2 l = __floats2half2_rn(v.x - f.x, v.y - f.y);
-    hi = *reinterpret_cast<const unsigned*>(&h);
-    lo = *reinterpret_cast<const unsigned*>(&l);
+    hi = half2_bits(v);
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&hi));
+    lo = half2_bits(make_float2(v.x - f.x, v.y - f.y));
 }
 
 extern "C" __global__ void __launch_bounds__(FUSED_THREADS, 2)
