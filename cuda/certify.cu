@@ -43,11 +43,15 @@
 //   sum p from the staged tiles. Then per image relu(z) . fc2 in float32 (8 threads, a butterfly),
 //   the first maximum, and version 3's terms with r1 also bounding z's float16 operands (unit_terms_half).
 //   2 x FEAT x HIDDEN x 3 float16 tensor FLOPs an image (the third on the dp rows, unused).
+// certify_kernel5 (sm_90a only): version 4 on fused_kernel6's float16 outputs (FEAT_HALVES): the features
+//   rounded to nearest and dp times 2^S rounded up, phase A's very operands (the same q, m and z bits),
+//   so half the bytes read (a 16-byte copy a thread a k-tile) and no conversion; sum dp <= 2^-S times
+//   the sum of the float16 values, sum p <= (sum fl16(p) + FEAT eta) (1 + 2^-10) (docs/certified.md).
 // pair_kernel1 (sm_90a only): stage two on the listed pairs: block 256 threads, 32 pairs a round, grid
 //   strides over *npairs' rounds; H = fc1 . columns (FEAT x 32) on wgmma.m64n32k16 (each warpgroup
 //   every other 64-feature slab, A and B from shared memory), P = sum_i dp_i |H_i| per pair; a pair
 //   whose margin does not exceed P + rest clears its image's ok. 2 x FEAT x HIDDEN float16 tensor
-//   FLOPs a pair.
+//   FLOPs a pair. pair_kernel2: the same on float16 dp times 2^S (certify_kernel5's), P times 2^-S.
 // compact_kernel1: one block of 1024 threads: the images with ok = 0 in order into idx, their number
 //   into *count and added to *total (the run's recomputed images), *fb_overflow = INT_MAX (for the
 //   recomputation's fc kernel).
@@ -56,12 +60,15 @@
 
 #include <cuda_fp16.h>
 
+#include <type_traits>
+
 #include "common.cuh"
 #include "mma.cuh"
 #include "wgmma.cuh"
 
-#if !defined(SHARED_V1) || !defined(SHARED_V2) || !defined(SHARED_V3) || !defined(SHARED_V4) || !defined(SHARED_PAIRS)
-#error "certify needs -DSHARED_V1 .. V4 and -DSHARED_PAIRS: each kernel's shared floats (launch.Certify.defines)"
+#if !defined(SHARED_V1) || !defined(SHARED_V2) || !defined(SHARED_V3) || !defined(SHARED_V4) || !defined(SHARED_V5) || \
+    !defined(SHARED_PAIRS)
+#error "certify needs -DSHARED_V1 .. V5 and -DSHARED_PAIRS: each kernel's shared floats (launch.Certify.defines)"
 #endif
 #define CERT_THREADS 256
 namespace v1 {  // version 1's tiles and shared-memory layout (floats)
@@ -211,8 +218,9 @@ __device__ __forceinline__ void add_dp_abs(float (&P)[2 * NG], const float (&acc
     for (int cg = 0; cg < NG; ++cg)
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-            const float* d = row(8 * cg + 2 * tig + e);
-            P[2 * cg + e] = __fmaf_ru(d[0], fabsf(acc[4 * cg + e]), __fmaf_ru(d[8], fabsf(acc[4 * cg + 2 + e]), P[2 * cg + e]));
+            const auto* d = row(8 * cg + 2 * tig + e);  // float, or pair_kernel2's __half
+            P[2 * cg + e] = __fmaf_ru(static_cast<float>(d[0]), fabsf(acc[4 * cg + e]),
+                                      __fmaf_ru(static_cast<float>(d[8]), fabsf(acc[4 * cg + 2 + e]), P[2 * cg + e]));
         }
 }
 
@@ -746,41 +754,87 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
               columns, npairs);
 }
 
-// Version 4's layout (floats): phase A's four stages ([dp; p] rows as float32, |fc1|_up and fc1 rounded
-// to nearest as halves), then Q, the images' z and their slopes where they were; per image sum dp and
-// sum p.
-namespace v4 {
-constexpr int IMGS = 32, KT = 32, NSTAGES = 4;  // images a block; phase A's k-tile (features) and its stages
-constexpr int A_ROW = KT + 8;                    // staged A rows: float2 fragment loads conflict-free
-constexpr int A_FLOATS = 64 * A_ROW;             // rows 0-31: dp, 32-63: p
-constexpr int B_FLOATS = KT * HIDDEN / 2;        // a k-tile of |fc1|_up, and one of fc1 rounded to nearest (halves)
-constexpr int STAGE = A_FLOATS + 2 * B_FLOATS;
-constexpr int Q_ROW = HIDDEN + 4;
-constexpr int QZS_FLOATS = 96 * Q_ROW + IMGS * HIDDEN;  // Q (64 rows), z (32 rows), then each image's ReLU slopes
-constexpr int R1 = NSTAGES * STAGE > QZS_FLOATS ? NSTAGES * STAGE : QZS_FLOATS;
-constexpr int UNITS = HIDDEN / 8;                // hidden units of each of an image's 8 threads
-static_assert(FEAT % (2 * KT) == 0 && STAGE % 4 == 0 && HIDDEN % 8 == 0 && CLASSES <= 16, "certify v4: k-tiles in pairs, 16-byte stages");
-static_assert((R1 + 2 * IMGS) * 4 <= 113 * 1024, "certify v4: two blocks an SM (launch.Certify.shared)");
-static_assert(R1 + 2 * IMGS <= SHARED_V4, "certify v4: the shared memory launch.Certify.shared gives it");
-}  // namespace v4
+// Version 5's phase A rows, from float16 inputs (fused_kernel6 with FEAT_HALVES): thread t copies one
+// 16-byte piece (8 features) of row t / (KT / 8), rows 0-31 image r's dp times 2^DSCALE_LOG2 (rounded
+// up), 32-63 image r - 32's features (rounded to nearest): version 4's operands, made by fused_kernel6.
+// A_ROW is in words (pairs of halves); rows past the block's images are zeros.
+template <int IMGS, int KT, int A_ROW>
+struct PhaseAHalves {
+    const __half* src;
+    float* dst;
+    bool live;
+    __device__ __forceinline__ PhaseAHalves(const __half* dp, const __half* feat, float* stages, int img0, int imgs) {
+        static_assert(2 * IMGS * (KT / 8) == CERT_THREADS, "certify v5: a 16-byte copy a thread");
+        const int row = threadIdx.x / (KT / 8), i = row % IMGS, piece = threadIdx.x % (KT / 8);
+        src = (row < IMGS ? dp : feat) + (size_t)(img0 + min(i, imgs - 1)) * FEAT + 8 * piece;
+        dst = stages + row * A_ROW + 4 * piece, live = i < imgs;
+    }
+    __device__ __forceinline__ void fetch(int tile, int stage_offset) const {
+        cp_async16(dst + stage_offset, src + tile * KT, live);
+    }
+};
 
-extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
-certify_kernel4(const float* __restrict__ feat, const float* __restrict__ dp, float* __restrict__ scores,
-                int* __restrict__ labels, const float4* __restrict__ w1abs, const float4* __restrict__ w1near,
-                const float* __restrict__ w2, int* __restrict__ ok, float4* __restrict__ pairs, __half* __restrict__ columns,
-                int* __restrict__ npairs, int n) {
-    using namespace v4;
-    extern __shared__ float4 smem4[];
-    float* r1 = reinterpret_cast<float*>(smem4);
+// Version 5's A fragments: the staged words as they are (version 4 converts its float32 rows to the
+// same bits); sum: the rows' values over this thread's k (rounded up, still scaled for dp).
+template <int KS, int ROW>
+__device__ __forceinline__ void phase_a_halves(unsigned (&a)[KS][4], const float* as, bool sum, float (&dsum)[2]) {
+    const int lane = threadIdx.x % 32, w = threadIdx.x / 32 % 4, g = lane / 4, tig = lane % 4;
+    const unsigned* words = reinterpret_cast<const unsigned*>(as);
+#pragma unroll
+    for (int ks = 0; ks < KS; ++ks)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+            a[ks][r] = words[(16 * w + g + 8 * (r % 2)) * ROW + 8 * ks + tig + 4 * (r / 2)];
+            if (sum) {
+                const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&a[ks][r]));
+                dsum[r % 2] = __fadd_ru(dsum[r % 2], __fadd_ru(v.x, v.y));
+            }
+        }
+}
+
+// Versions 4 and 5's layout (floats): phase A's four stages ([dp; p] rows as float32, or version 5's
+// float16, |fc1|_up and fc1 rounded to nearest as halves), then Q, the images' z and their slopes where
+// they were; per image sum dp and sum p.
+template <bool HALVES>
+struct V4 {
+    static constexpr int IMGS = 32, KT = 32, NSTAGES = 4;  // images a block; phase A's k-tile (features) and its stages
+    static constexpr int A_ROW = HALVES ? KT / 2 + 4 : KT + 8;  // staged A rows: 32-bit or float2 fragment loads conflict-free
+    static constexpr int A_FLOATS = 64 * A_ROW;                 // rows 0-31: dp, 32-63: p
+    static constexpr int B_FLOATS = KT * HIDDEN / 2;            // a k-tile of |fc1|_up, and one of fc1 rounded to nearest (halves)
+    static constexpr int STAGE = A_FLOATS + 2 * B_FLOATS;
+    static constexpr int Q_ROW = HIDDEN + 4;
+    static constexpr int QZS_FLOATS = 96 * Q_ROW + IMGS * HIDDEN;  // Q (64 rows), z (32 rows), then each image's ReLU slopes
+    static constexpr int R1 = NSTAGES * STAGE > QZS_FLOATS ? NSTAGES * STAGE : QZS_FLOATS;
+    static constexpr int UNITS = HIDDEN / 8;  // hidden units of each of an image's 8 threads
+    static_assert(FEAT % (2 * KT) == 0 && STAGE % 4 == 0 && A_ROW % 4 == 0 && HIDDEN % 8 == 0 && CLASSES <= 16,
+                  "certify v4: k-tiles in pairs, 16-byte stages");
+    static_assert((R1 + 2 * IMGS) * 4 <= 113 * 1024, "certify v4: two blocks an SM (launch.Certify.shared)");
+    static_assert(R1 + 2 * IMGS <= (HALVES ? SHARED_V5 : SHARED_V4), "certify v4: the shared memory launch.Certify.shared gives it");
+};
+
+// Versions 4 (T = float: fused_kernel6's or 4's float32 features and bounds) and 5 (T = __half: fused_kernel6's
+// float16 ones, half the bytes to read; the sums of dp and p bounded from them).
+template <class T>
+__device__ __forceinline__ void certify_fc1(const T* __restrict__ feat, const T* __restrict__ dp, float* __restrict__ scores,
+                                            int* __restrict__ labels, const float4* __restrict__ w1abs,
+                                            const float4* __restrict__ w1near, const float* __restrict__ w2, int* __restrict__ ok,
+                                            float4* __restrict__ pairs, __half* __restrict__ columns, int* __restrict__ npairs, int n,
+                                            float* r1) {
+    constexpr bool HALVES = sizeof(T) == 2;
+    using L = V4<HALVES>;
+    constexpr int IMGS = L::IMGS, KT = L::KT, NSTAGES = L::NSTAGES, A_ROW = L::A_ROW, A_FLOATS = L::A_FLOATS,
+                  B_FLOATS = L::B_FLOATS, STAGE = L::STAGE, Q_ROW = L::Q_ROW, R1 = L::R1, UNITS = L::UNITS;
     float* D = r1 + R1;  // rows 0-31: sum of dp; 32-63: sum of p
     const int t = threadIdx.x, warp = t / 32;
     const int wg = warp / 4, w = warp % 4;
     const int img0 = blockIdx.x * IMGS, imgs = min(IMGS, n - img0);
 
-    // Phase A. Rows 0-31: dp of image r (times 2^S), 32-63: p of image r - 32. Each thread copies one
-    // 16-byte piece of a dp row and the same piece of its image's p row, and two of each fc1 operand's.
-    static_assert(IMGS * KT / 4 == CERT_THREADS && B_FLOATS == 8 * CERT_THREADS, "certify v4: two copies a thread each");
-    const PhaseARows<IMGS, KT, A_ROW> rows(dp, feat, r1, img0, imgs);
+    // Phase A. Rows 0-31: dp of image r (times 2^S), 32-63: p of image r - 32. Version 4: each thread
+    // copies one 16-byte piece of a dp row and the same piece of its image's p row; version 5 one piece
+    // of one row; and two of each fc1 operand's.
+    static_assert(B_FLOATS == 8 * CERT_THREADS, "certify v4: two copies of each fc1 operand a thread");
+    using Rows = typename std::conditional<HALVES, PhaseAHalves<IMGS, KT, A_ROW>, PhaseARows<IMGS, KT, A_ROW>>::type;
+    const Rows rows(dp, feat, r1, img0, imgs);
     auto fetch_a = [&](int tile) {
         rows.fetch(tile, (tile % NSTAGES) * STAGE);
         float4* bs = reinterpret_cast<float4*>(r1 + (tile % NSTAGES) * STAGE + A_FLOATS) + t;
@@ -796,7 +850,10 @@ certify_kernel4(const float* __restrict__ feat, const float* __restrict__ dp, fl
     const float scale = w < 2 ? c_fc_bound[DSCALE] : 1.0f;
     phase_a_tiles<TILES, KT / 16>(fetch_a, [&](int tile, unsigned (&a)[KT / 16][4]) {
         const float* as = r1 + (tile % NSTAGES) * STAGE;
-        phase_a_fragments<KT / 16, A_ROW>(a, as, scale, wg == 0, dsum, w >= 2);
+        if constexpr (HALVES)
+            phase_a_halves<KT / 16, A_ROW>(a, as, wg == 0, dsum);
+        else
+            phase_a_fragments<KT / 16, A_ROW>(a, as, scale, wg == 0, dsum, w >= 2);
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
 #pragma unroll
         for (int ks = 0; ks < KT / 16; ++ks) {  // this warpgroup's 64 hidden units: column groups 8 wg on
@@ -805,6 +862,12 @@ certify_kernel4(const float* __restrict__ feat, const float* __restrict__ dp, fl
             wgmma16(za, a[ks], wgmma_desc(b + B_FLOATS), tile > 0 || ks > 0);
         }
     });
+    if (HALVES && wg == 0) {  // the sums of the float16 values: of dp times 2^S, of p rounded to nearest
+#pragma unroll
+        for (int dy = 0; dy < 2; ++dy)  // sum dp <= 2^-S sum fl16_up(dp 2^S); sum p <= (sum fl16(p) + FEAT eta) / (1 - u)
+            dsum[dy] = w < 2 ? __fmul_ru(dsum[dy], 1.0f / c_fc_bound[DSCALE])
+                             : __fmul_ru(__fadd_ru(dsum[dy], FEAT * 0x1p-25f), 1.0f + 0x1p-10f);
+    }
     if (wg == 0) store_dp_sums(dsum, D);
     cp_async_wait<0>();
     __syncthreads();  // the stages are dead: Q and z take their place
@@ -858,28 +921,51 @@ certify_kernel4(const float* __restrict__ feat, const float* __restrict__ dp, fl
               columns, npairs);
 }
 
-// pair_kernel1's layout (floats): two stages of both warpgroups' fc1 slab and its dp per pair; the
-// round's columns as wgmma's B operand; per warp its P sums; per pair its image.
-namespace pr {
-constexpr int NP = 32;                     // pairs a round
-constexpr int SLABS = FEAT / 64;           // fc1 slabs of 64 feature rows
-constexpr int ITERS = (SLABS + 1) / 2;     // a slab for each warpgroup per iteration
-constexpr int SLAB = 64 * HIDDEN / 2;      // a slab, halves
-constexpr int DS_ROW = 64 + 4;             // a slab's dp per pair: pairs 4 banks apart
-constexpr int HALF = SLAB + NP * DS_ROW;   // one warpgroup's share of a stage
-constexpr int STAGE = 2 * HALF;
-constexpr int COLS = HIDDEN * NP / 2;      // the round's columns, halves
-static_assert(HALF % 4 == 0, "pair v1: 16-byte stages");
-static_assert((2 * STAGE + COLS + 8 * NP + NP) * 4 <= 113 * 1024, "pair v1: two blocks an SM (launch.Certify.pair_shared)");
-static_assert(2 * STAGE + COLS + 8 * NP + NP <= SHARED_PAIRS, "pair v1: the shared memory launch.Certify.pair_shared gives it");
-}  // namespace pr
+extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
+certify_kernel4(const float* __restrict__ feat, const float* __restrict__ dp, float* __restrict__ scores,
+                int* __restrict__ labels, const float4* __restrict__ w1abs, const float4* __restrict__ w1near,
+                const float* __restrict__ w2, int* __restrict__ ok, float4* __restrict__ pairs, __half* __restrict__ columns,
+                int* __restrict__ npairs, int n) {
+    extern __shared__ float4 smem4[];
+    certify_fc1(feat, dp, scores, labels, w1abs, w1near, w2, ok, pairs, columns, npairs, n, reinterpret_cast<float*>(smem4));
+}
 
 extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
-pair_kernel1(const float4* __restrict__ pairs, const float4* __restrict__ columns, const int* __restrict__ npairs,
-             const float* __restrict__ dp, const float4* __restrict__ w1h, int* __restrict__ ok) {
-    using namespace pr;
+certify_kernel5(const __half* __restrict__ feat, const __half* __restrict__ dp, float* __restrict__ scores,
+                int* __restrict__ labels, const float4* __restrict__ w1abs, const float4* __restrict__ w1near,
+                const float* __restrict__ w2, int* __restrict__ ok, float4* __restrict__ pairs, __half* __restrict__ columns,
+                int* __restrict__ npairs, int n) {
     extern __shared__ float4 smem4[];
-    float* stages = reinterpret_cast<float*>(smem4);
+    certify_fc1(feat, dp, scores, labels, w1abs, w1near, w2, ok, pairs, columns, npairs, n, reinterpret_cast<float*>(smem4));
+}
+
+// The pair kernels' layout (floats): two stages of both warpgroups' fc1 slab and its dp per pair (T:
+// pair_kernel1's float, pair_kernel2's __half, a row padded by 16 bytes); the round's columns as wgmma's
+// B operand; per warp its P sums; per pair its image.
+template <class T>
+struct Pr {
+    static constexpr int NP = 32;                  // pairs a round
+    static constexpr int SLABS = FEAT / 64;        // fc1 slabs of 64 feature rows
+    static constexpr int ITERS = (SLABS + 1) / 2;  // a slab for each warpgroup per iteration
+    static constexpr int SLAB = 64 * HIDDEN / 2;   // a slab, halves
+    static constexpr int PIECE = 16 / sizeof(T);   // dp values a 16-byte copy
+    static constexpr int DS_ROW = 64 + PIECE;      // a slab's dp per pair (values): pairs 4 banks apart
+    static constexpr int HALF = SLAB + NP * DS_ROW * sizeof(T) / 4;  // one warpgroup's share of a stage
+    static constexpr int STAGE = 2 * HALF;
+    static constexpr int COLS = HIDDEN * NP / 2;   // the round's columns, halves
+    static_assert(HALF % 4 == 0, "pair: 16-byte stages");
+    static_assert((2 * STAGE + COLS + 8 * NP + NP) * 4 <= 113 * 1024, "pair: two blocks an SM (launch.Certify.pair_shared)");
+    static_assert(2 * STAGE + COLS + 8 * NP + NP <= SHARED_PAIRS, "pair: the shared memory launch.Certify.pair_shared gives it");
+};
+
+// pair_kernel1 (dp float32) and 2 (dp times 2^S as float16, rounded up: P is scaled back at the end).
+template <class T>
+__device__ __forceinline__ void pairs_round(const float4* __restrict__ pairs, const float4* __restrict__ columns,
+                                            const int* __restrict__ npairs, const T* __restrict__ dp,
+                                            const float4* __restrict__ w1h, int* __restrict__ ok, float* stages) {
+    using L = Pr<T>;
+    constexpr int NP = L::NP, SLABS = L::SLABS, ITERS = L::ITERS, SLAB = L::SLAB, PIECE = L::PIECE, DS_ROW = L::DS_ROW,
+                  HALF = L::HALF, STAGE = L::STAGE, COLS = L::COLS;
     float* cols = stages + 2 * STAGE;
     float* pw = cols + COLS;  // [warp of the block][pair]
     int* pim = reinterpret_cast<int*>(pw + 8 * NP);
@@ -905,9 +991,10 @@ pair_kernel1(const float4* __restrict__ pairs, const float4* __restrict__ column
                 float* ws = stages + (it % 2) * STAGE + h * HALF;
                 const float4* src = w1h + (size_t)slab * (SLAB / 4);
                 for (int e = t; e < SLAB / 4; e += CERT_THREADS) cp_async16(reinterpret_cast<float4*>(ws) + e, src + e, true);
-                for (int e = t; e < NP * 16; e += CERT_THREADS) {
-                    const int k = e / 16, col = 4 * (e % 16);
-                    cp_async16(ws + SLAB + k * DS_ROW + col, dp + (size_t)pim[k] * FEAT + slab * 64 + col, k < np);
+                T* ds = reinterpret_cast<T*>(ws + SLAB);
+                for (int e = t; e < NP * (64 / PIECE); e += CERT_THREADS) {
+                    const int k = e / (64 / PIECE), col = PIECE * (e % (64 / PIECE));
+                    cp_async16(ds + k * DS_ROW + col, dp + (size_t)pim[k] * FEAT + slab * 64 + col, k < np);
                 }
             }
             cp_async_commit();
@@ -923,7 +1010,7 @@ pair_kernel1(const float4* __restrict__ pairs, const float4* __restrict__ column
                 const float* ws = stages + (it % 2) * STAGE + wg * HALF;
                 float acc[16];
                 fc1_slab_product(acc, ws, cols);
-                const float* ds = ws + SLAB + 16 * w + g;
+                const T* ds = reinterpret_cast<const T*>(ws + SLAB) + 16 * w + g;
                 add_dp_abs<NP / 8>(P, acc, [&](int col) { return ds + col * DS_ROW; });
             }
         }
@@ -933,11 +1020,26 @@ pair_kernel1(const float4* __restrict__ pairs, const float4* __restrict__ column
             float pc = 0.0f;
 #pragma unroll
             for (int k = 0; k < 8; ++k) pc = __fadd_ru(pc, pw[k * NP + t]);
+            if (sizeof(T) == 2) pc = __fmul_ru(pc, 1.0f / c_fc_bound[DSCALE]);  // dp 2^S back to dp (rounded up)
             const float4 m = pairs[p0 + t];  // image, s_t - s_c rounded down, the rest of the gap
             const float gap = __fadd_ru(pc, m.z);
             if (!(isfinite(gap) && m.y > gap)) ok[__float_as_int(m.x)] = 0;
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
+pair_kernel1(const float4* __restrict__ pairs, const float4* __restrict__ columns, const int* __restrict__ npairs,
+             const float* __restrict__ dp, const float4* __restrict__ w1h, int* __restrict__ ok) {
+    extern __shared__ float4 smem4[];
+    pairs_round(pairs, columns, npairs, dp, w1h, ok, reinterpret_cast<float*>(smem4));
+}
+
+extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
+pair_kernel2(const float4* __restrict__ pairs, const float4* __restrict__ columns, const int* __restrict__ npairs,
+             const __half* __restrict__ dp, const float4* __restrict__ w1h, int* __restrict__ ok) {
+    extern __shared__ float4 smem4[];
+    pairs_round(pairs, columns, npairs, dp, w1h, ok, reinterpret_cast<float*>(smem4));
 }
 
 extern "C" __global__ void __launch_bounds__(1024)

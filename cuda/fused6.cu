@@ -19,7 +19,9 @@
 //   g (+ 8) at x = 2 tig (+ 1) of every row, so it pools windows (py, tig) itself. The epilogue
 //   stores the features and dp = D + G3Q (2 sum relu v + 4 D) + 2^-148, D = A1 S + C[c] + BETA_N
 //   (qmax + eta) / (1 - u), all rounded up, with qmax the image's largest qb (sum a over a window's
-//   inputs <= n (qmax + eta) / (1 - u)).
+//   inputs <= n (qmax + eta) / (1 - u)). With -DFEAT_HALVES=1 (certify_kernel5's input) both go out
+//   as float16, half the bytes: the features rounded to nearest, dp times 2^DSCALE_LOG2 rounded up,
+//   the very operands certify_kernel4 makes of the float32 pair.
 //   2 x H2*W2*C2*K2*K2*C1 x (1 + 1/4) float16 tensor FLOPs an image, plus conv1's.
 
 #include <cuda_fp16.h>
@@ -45,6 +47,12 @@ static_assert(STAGE_FLOATS >= Q_FLOATS + SLABS * SLAB16 + 4 && STAGE_FLOATS >= X
               "fused v6: the stage area holds the images and w1, or qb and four slabs, then the images' qb maxima");
 
 enum { A1, BETA_N, G3Q, CHAN };
+#ifndef FEAT_HALVES
+#define FEAT_HALVES 0
+#endif
+#if FEAT_HALVES && !defined(DSCALE_LOG2)
+#error "fused v6: -DFEAT_HALVES needs -DDSCALE_LOG2, dp's scale as certify_kernel5 reads it (certify.DSCALE_LOG2)"
+#endif
 __constant__ float c_conv2_bound[CHAN + C2];
 
 // Where pixel (y, x) of image img's 8-channel chunk starts in p1, in halves (chunks 8 words mod 32
@@ -194,8 +202,13 @@ fused_kernel6(const float* __restrict__ x, const float4* __restrict__ w2h, float
                 const float bound = __fadd_ru(__fadd_ru(dm, __fmul_ru(c_conv2_bound[G3Q], __fmaf_ru(2.0f, vs, __fmul_ru(4.0f, dm)))), 0x1p-148f);
                 if (img < imgs) {
                     const size_t at = ((size_t)(img0 + img) * WINDOWS + win) * C2 + ch;
+#if FEAT_HALVES
+                    reinterpret_cast<__half*>(feat)[at] = __float2half_rn(o);
+                    reinterpret_cast<__half*>(dp)[at] = __float2half_ru(bound * (float)(1 << DSCALE_LOG2));
+#else
                     feat[at] = o;
                     dp[at] = bound;
+#endif
                 }
             }
         }

@@ -52,7 +52,7 @@ VARIANTS = ([gemm(s.version, tw) for s in GEMMS.values() if not s.hopper_only fo
             + [("decode", {"VALUE_BYTES": b}) for b in (1, 2, 4, 8)] + [("lz4", {"WARPS": BloscLz4.WARPS})])
 HOPPER = ([("fused3", Fused.defines(g, 3)) for g in (MNIST, Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7),  # conv1 tails 1, 0
                                                      Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7), Geometry(24, 24, 2, 1, 32, 5, 64, 100, 7))]  # 2, 0
-          + [("fused3", Fused.defines(MNIST, 3, imgs=2)), ("fused4", Fused.defines(MNIST, 4)), ("fused6", Fused.defines(MNIST, 6)), ("fused6", Fused.defines(Geometry(24, 24, 1, 5, 32, 3, 64, 128, 10), 6)),
+          + [("fused3", Fused.defines(MNIST, 3, imgs=2)), ("fused4", Fused.defines(MNIST, 4)), ("fused6", Fused.defines(MNIST, 6)), ("fused6", Fused.defines(MNIST, 6, feat_halves=True)), ("fused6", Fused.defines(Geometry(24, 24, 1, 5, 32, 3, 64, 128, 10), 6)),
              # conv1 from codes in 4 k16 steps (K1*K1*IN_C = 50): its rounds rolled, or fused_kernel4 and 5 spill
              ("fused4", Fused.defines(Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7), 4)), ("fused6", Fused.defines(Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7), 6)),
              ("fc6", FullyConnectedWarpgroup.defines(MNIST)), ("fc6", FullyConnectedWarpgroup.defines(Geometry(28, 28, 1, 3, 16, 3, 20, 64, 7))),

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import codes
+from .. import certify, codes
 from . import compiler, operands
 
 INT_MAX = 2**31 - 1
@@ -691,7 +691,9 @@ class Fused(Launcher):
         return -(-(k - tail) // 8), tail
 
     @classmethod
-    def defines(cls, g, version=1, imgs=4):
+    def defines(cls, g, version=1, imgs=4, feat_halves=False):
+        """-D options for fused_kernel<version>; feat_halves (version 6): the features and their bounds
+        out as float16 (certify_kernel5's input)."""
         layout, why = cls.plan(g, version, imgs)
         if layout is None:
             raise ValueError(f"the fused kernel cannot run this network: {why}")
@@ -703,14 +705,18 @@ class Fused(Launcher):
             defines.update(SLABS3=layout.slabs)
         if version == 6:
             defines.update(P1_HALVES=1)
+        if feat_halves:
+            if version != 6:
+                raise ValueError(f"fused_kernel{version} writes float32 features; float16 ones are fused_kernel6's")
+            defines.update(FEAT_HALVES=1, DSCALE_LOG2=certify.DSCALE_LOG2)
         return defines
 
-    def __init__(self, build, g, kernel="fused_kernel1", imgs=4):
+    def __init__(self, build, g, kernel="fused_kernel1", imgs=4, feat_halves=False):
         self.kernel, version = kernel, version_of(kernel)
         self.source, self.version = f"fused{version}", version
         self.arg_types = self.ARG_TYPES.get(version, self.arg_types)
         self.DIRECTED_ROUNDING = version in self.BOUNDED
-        super().__init__(build, self.ARCH.get(version), **self.defines(g, version, imgs))
+        super().__init__(build, self.ARCH.get(version), **self.defines(g, version, imgs, feat_halves))
         layout = self.plan(g, version, imgs)[0]
         self.imgs, self.shared = layout.imgs, layout.shared
         import pycuda.driver as cuda
@@ -935,13 +941,15 @@ class Certify(Launcher):
     certify_kernel3 (32 images a block) and pair_kernel1 on the (image, class) pairs its first stage
     left (certify_kernel2: 16 images a block, both stages in one; certify_kernel1: 32 images a block,
     one block an SM), sm_90a; compact_kernel1 (one block) and scatter_kernel1 (the recomputation,
-    fused_kernel3, reads the listed images where they lie). The shapes it takes: 10 classes, 128
-    hidden units, features in 64s."""
+    fused_kernel3, reads the listed images where they lie). certify_kernel4 computes fc1 itself from
+    float16 operands, certify_kernel5 likewise from fused_kernel6's float16 features and bounds (with
+    pair_kernel2). The shapes it takes: 10 classes, 128 hidden units, features in 64s."""
     source = "certify"
-    KERNELS = {1: "certify_kernel1", 2: "certify_kernel2", 3: "certify_kernel3", 4: "certify_kernel4"}
-    ARG_TYPES = {1: "PPPPPPPPPi", 2: "PPPPPPPPPi", 3: "PPPPPPPPPPPi", 4: "PPPPPPPPPPPi"}
+    KERNELS = {1: "certify_kernel1", 2: "certify_kernel2", 3: "certify_kernel3", 4: "certify_kernel4", 5: "certify_kernel5"}
+    ARG_TYPES = {1: "PPPPPPPPPi", 2: "PPPPPPPPPi", 3: "PPPPPPPPPPPi", 4: "PPPPPPPPPPPi", 5: "PPPPPPPPPPPi"}
+    HALVES = (5,)  # versions that read fused_kernel6's float16 features and bounds (FEAT_HALVES), with pair_kernel2
     DIRECTED_ROUNDING = True
-    IMGS = {1: 32, 2: 16, 3: 32, 4: 32}
+    IMGS = {1: 32, 2: 16, 3: 32, 4: 32, 5: 32}
     PAIRS = 32  # pair_kernel1's pairs a round
     THREADS, MAX_IMAGES = 256, 1 << 20
 
@@ -956,17 +964,19 @@ class Certify(Launcher):
         if version == 3:
             stages, q_and_slopes = 4 * (64 * 40 + 32 * g.hidden // 2), 64 * (g.hidden + 4) + 32 * g.hidden
             return 4 * (max(stages, q_and_slopes) + 32 * g.hidden + 2 * 32)
-        if version == 4:
-            stages, q_z_and_slopes = 4 * (64 * 40 + 2 * 32 * g.hidden // 2), 96 * (g.hidden + 4) + 32 * g.hidden
+        if version in (4, 5):  # A rows of 32 features: float32 padded to 40, or float16 (words) to 20
+            row = 40 if version == 4 else 20
+            stages, q_z_and_slopes = 4 * (64 * row + 2 * 32 * g.hidden // 2), 96 * (g.hidden + 4) + 32 * g.hidden
             return 4 * (max(stages, q_z_and_slopes) + 2 * 32)
         stage, ncol = 64 * g.hidden // 2 + 16 * 68, 8 * g.classes
         r1 = max(2 * stage, 2 * (32 * 72 + 64 * g.hidden // 2), 32 * (g.hidden + 4))
         return 4 * (r1 + g.hidden * ncol + small(16) + 8 * ncol)
 
     @classmethod
-    def pair_shared(cls, g):
-        """pair_kernel1's dynamic shared bytes: two stages of two fc1 slabs and their dp, the columns."""
-        half = 64 * g.hidden // 2 + cls.PAIRS * 68
+    def pair_shared(cls, g, halves=False):
+        """pair_kernel1's (or with halves 2's) dynamic shared bytes: two stages of two fc1 slabs and
+        their dp (64 values a pair and 16 bytes), the columns."""
+        half = 64 * g.hidden // 2 + cls.PAIRS * (36 if halves else 68)
         return 4 * (2 * 2 * half + g.hidden * cls.PAIRS // 2 + 9 * cls.PAIRS)
 
     @staticmethod
@@ -995,8 +1005,9 @@ class Certify(Launcher):
 
         self.version, self.kernel, self.arg_types = version, self.KERNELS[version], self.ARG_TYPES[version]
         super().__init__(build, "sm_90a", **self.defines(g))
-        self.bytes, self.pair_bytes = self.shared(g, version), self.pair_shared(g)
-        self.pair = self.module.get_function("pair_kernel1")
+        self.bytes, self.pair_bytes = self.shared(g, version), self.pair_shared(g, version in self.HALVES)
+        self.pair_name = "pair_kernel2" if version in self.HALVES else "pair_kernel1"
+        self.pair = self.module.get_function(self.pair_name)
         self.pair.prepare("PPPPPP")
         for f, size in ((self.function, self.bytes), (self.pair, self.pair_bytes)):
             f.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, size)
@@ -1007,12 +1018,13 @@ class Certify(Launcher):
         self.constants = self.module.get_global("c_fc_bound")[0]
 
     def __call__(self, stream, feat, dp, z, scores, labels, w1abs, w1h, w2, ok, n, pairs=None, w1near=None):
-        """ok[i] = 1 where image i is certified; versions 3 and 4 need pairs: the pointers pair_floats
-        names. Versions 1-3 read z, scores and labels (fc_kernel6 or 5 on the features); version 4
-        computes fc1 itself from float16 operands (w1near: fc1 rounded to nearest, laid out as w1abs)
-        and writes the scores and labels."""
-        if self.version == 4 and w1near is None:
-            raise ValueError("certify_kernel4 needs w1near, fc1 rounded to nearest float16")
+        """ok[i] = 1 where image i is certified; versions 3-5 need pairs: the pointers pair_floats
+        names. Versions 1-3 read z, scores and labels (fc_kernel6 or 5 on the features); versions 4
+        and 5 compute fc1 themselves from float16 operands (w1near: fc1 rounded to nearest, laid out as
+        w1abs) and write the scores and labels; version 5's feat and dp are float16 (fused_kernel6's
+        FEAT_HALVES)."""
+        if self.version >= 4 and w1near is None:
+            raise ValueError(f"{self.kernel} needs w1near, fc1 rounded to nearest float16")
         grid = (ceil_div(n, self.IMGS[self.version]), 1)
         if self.version < 3:
             self.launch(stream, grid, (self.THREADS, 1, 1), feat, dp, z, scores, labels, w1abs, w1h, w2, ok, n, shared=self.bytes)
@@ -1030,7 +1042,7 @@ class Certify(Launcher):
         # A round of pairs for each 32 images: the first stage lists about one pair in four images
         # (testfull: 2,306 of 10,000); more take more rounds.
         self.launch(stream, (ceil_div(n, self.PAIRS), 1), (self.THREADS, 1, 1), listed, columns, npairs, dp, w1h, ok,
-                    shared=self.pair_bytes, function=self.pair, name="pair_kernel1")
+                    shared=self.pair_bytes, function=self.pair, name=self.pair_name)
 
     def compact_list(self, stream, ok, n, idx, count, fb_overflow, total):
         """The images ok left out, in order, into idx; their number into *count and added to *total."""

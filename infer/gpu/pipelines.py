@@ -364,8 +364,9 @@ class FusedWarpgroup(Hopper, FusedTensorCores):
 class FusedCertified(FusedWarpgroup):
     """Certified low precision (docs/certified.md): conv2 with float16 operands and a bound beside
     each feature (fused_kernel6, or fused_kernel4 where its shapes do not fit), then a certificate
-    per image that computes the classifier itself, fc1 from float16 operands (certify_kernel4, then
-    pair_kernel1 for the classes its first stage leaves); the images it leaves
+    per image that computes the classifier itself, fc1 from float16 operands (certify_kernel5 on
+    fused_kernel6's float16 features and bounds, or certify_kernel4 on fused_kernel4's float32 ones,
+    then pair_kernel2 or 1 for the classes its first stage leaves); the images it leaves
     out are listed on the GPU and recomputed by fused-wgmma's kernels (fused_kernel3, 2 images a
     block, and its fc kernel) on a count the GPU set, so the labels are fused-wgmma's. The scores asked for are the
     float16 pass's where certified. Asked for by name it certifies every run; as the default
@@ -373,7 +374,9 @@ class FusedCertified(FusedWarpgroup):
     NAME = "fused-certified"
     KERNEL = "fused_kernel4"  # any geometry fused-wgmma runs; fused_kernel6 where its shapes fit (8x8 conv2 outputs)
     KERNELS = ("fused_kernel6", KERNEL)
-    CERTIFY_VERSION = 4  # certify_kernel4 (fc1 inside) and pair_kernel1; 1-3 still run (tests/test_certified_gpu.py)
+    # certify_kernel5 (fc1 inside, on fused_kernel6's float16 outputs) and pair_kernel2; version 4 (the
+    # same on float32 outputs) where fused_kernel4 runs the convs; 1-4 still run (tests/test_certified_gpu.py)
+    CERTIFY_VERSION = 5
     # The default precision certifies runs of at least this many images uploaded a byte a pixel (uint8,
     # 8-bit codes) that ask for no scores (docs/certified.md: below it the exact path's two kernels a
     # chunk end sooner than the eight). Float32 uploads stay exact: their upload bounds both paths end
@@ -392,12 +395,17 @@ class FusedCertified(FusedWarpgroup):
 
     def __init__(self, build, g):
         self.g = g
-        self.convs = launch.Fused(build, g, self.kernel_for(g))
+        kernel = self.kernel_for(g)
+        version = self.CERTIFY_VERSION
+        if version in launch.Certify.HALVES and kernel != "fused_kernel6":
+            version = 4  # the same certificate on fused_kernel4's float32 outputs
+        self.halves = version in launch.Certify.HALVES  # the features and bounds travel as float16
+        self.convs = launch.Fused(build, g, kernel, feat_halves=self.halves)
         self.exact = launch.Fused(build, g, FusedWarpgroup.KERNEL)
         # The recomputation: the same kernel 2 images a block, a shorter block at each chunk's end
         self.recompute = launch.Fused(build, g, FusedWarpgroup.KERNEL, imgs=self.RECOMPUTE_IMGS)
         self.fcs = launch.FullyConnected(build, g, tensor_cores=True)
-        self.cert = launch.Certify(build, g, self.CERTIFY_VERSION)
+        self.cert = launch.Certify(build, g, version)
         self.recomputed_dev = None
         self.default = False  # asked for by name: every run certified
 
@@ -462,8 +470,12 @@ class FusedCertified(FusedWarpgroup):
         return int(count[0])
 
     def _layout(self, chunk):
+        """The chunk's scratch regions: feat, the recomputation's float32 features (and the float16
+        pass's where they travel as float32); the pass's bounds dp, and where they travel as float16
+        (self.halves) its features feat_h, half the floats each; then the certificate's."""
         g = self.g
-        return [("feat", chunk * g.flat), ("dp", chunk * g.flat), ("z", chunk * g.hidden), ("scores", chunk * g.classes),
+        passed = [("feat_h", chunk * g.flat // 2), ("dp", chunk * g.flat // 2)] if self.halves else [("dp", chunk * g.flat)]
+        return [("feat", chunk * g.flat)] + passed + [("z", chunk * g.hidden), ("scores", chunk * g.classes),
                 ("ok", chunk), ("idx", chunk), ("count", 1), ("fb_overflow", 1), ("cert_overflow", 1),
                 ("fb_labels", chunk), ("fb_scores", chunk * g.classes),
                 ("partial", self.fcs.partial_floats(chunk))] + launch.Certify.pair_floats(g, chunk)
@@ -472,11 +484,12 @@ class FusedCertified(FusedWarpgroup):
         import pycuda.driver as cuda
 
         s, c = Scratch(scratch_base, self._layout(n)).ptr, self.cert
-        self.convs(stream, x, self.w2h, s["feat"], n, bad, dp=s["dp"], scaling=scaling)
-        if c.version < 4:  # version 4 computes fc1 -> ReLU -> fc2 itself, fc1 from float16 operands
+        passed = s["feat_h"] if self.halves else s["feat"]  # the float16 pass's features
+        self.convs(stream, x, self.w2h, passed, n, bad, dp=s["dp"], scaling=scaling)
+        if c.version < 4:  # versions 4 and 5 compute fc1 -> ReLU -> fc2 themselves, fc1 from float16 operands
             # The float16 pass's scores may overflow where the exact path's do not: its own flag, unread.
             self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, s["cert_overflow"], s["scores"], s["partial"], z=s["z"])
-        c(stream, s["feat"], s["dp"], s["z"], s["scores"], labels, self.w1abs, self.w1h, self.fc2, s["ok"], n,
+        c(stream, passed, s["dp"], s["z"], s["scores"], labels, self.w1abs, self.w1h, self.fc2, s["ok"], n,
           pairs=(s["pairs"], s["columns"], s["npairs"]), w1near=self.w1near)
         c.compact_list(stream, s["ok"], n, s["idx"], s["count"], s["fb_overflow"], self.recomputed_dev)
         self.recompute(stream, x, self.w2, s["feat"], n, 0, count=s["count"], idx=s["idx"], scaling=scaling)
