@@ -101,7 +101,7 @@ def half_pass(x, model, style="componentwise", fc1="half"):
     """The low-precision pass over float32 images x (N, H, W, C): (scores (N, classes) float32,
     gap (N, classes) float64). gap[i, c] bounds |(s_t - s_c) - (s'_t - s'_c)| for image i's top
     class t (s: these scores, s': the exact path's); gap[i, t] = 0. inf where anything overflowed.
-    fc1="half": fc1 from float16 operands (fl16(p) fl16(fc1), float32 sums), as certify_kernel4 computes
+    fc1="half": fc1 from float16 operands (fl16(p) fl16(fc1), float32 sums), as certify_kernel4 and 5 compute
     it; "exact": float32 sums, as the exact path (and certify_kernel1-3's fc kernel) computes them."""
     if style not in STYLES:
         raise ValueError(f"no bound style {style!r}: {', '.join(STYLES)}")
@@ -255,7 +255,7 @@ def fc_constants(fc1):
     fc2 (version 1) or fc2_t - fc2_c (version 2: the float32 difference, rounded to nearest again),
     both rounded to float16, is within ALPHA2 |fc1| |b| + KAPPA (|fc1| + |b|) + eta^2 (1 + gamma) of the
     exact product, per term: b's rounding u_d = u (1 + 2^-24) + 2^-24 covers both roundings.
-    certify_kernel4 computes z from float16 operands, its m from fl16(p) (p <= (1 + u) fl16(p) + eta):
+    certify_kernel4 (and 5) computes z from float16 operands, its m from fl16(p) (p <= (1 + u) fl16(p) + eta):
     m = MS4 msum + ETAW bounds |p| |fc1|, and half_fc1_rounding's bound is at most HR m + ETA1 sum p +
     E1C, with the largest column sum of |fc1| for every hidden unit's."""
     feat, hidden = fc1.shape

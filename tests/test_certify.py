@@ -188,3 +188,24 @@ def test_the_gpu_constants_bound_the_float16_fc1s_rounding():
     _, oracle = certify.half_fc1_rounding(p, fc1)
     assert (m >= np.abs(p).astype(np.float64) @ np.abs(fc1).astype(np.float64)).all()
     assert (gpu >= oracle).all()
+
+
+def test_certify_kernel5s_sums_from_float16_bound_the_float32_sums():
+    """certify_kernel5 reads fused_kernel6's features rounded to nearest float16 and dp * 2^12 rounded
+    up, and bounds the float32 sums certify_kernel4 took: sum dp <= 2^-12 sum fl16_up(dp 2^12), sum p
+    <= (sum fl16(p) + FEAT eta) (1 + 2^-10), p across float16's subnormals, normals and near its top;
+    each row's worst case (every value rounded down by its most) is in it."""
+    rng = np.random.default_rng(5)
+    feat = 1024
+    scale = np.array([[1e-7], [3e-5], [1.0], [40.0], [6e4]])  # under float16's normals .. near 65504
+    p = (rng.random((5, feat)) * scale).astype(np.float32)
+    # values just under a float16 rounding boundary: fl16 rounds them down by almost half an ulp
+    h = p.astype(np.float16).astype(np.float64)
+    ulp = np.spacing(p.astype(np.float16)).astype(np.float64)
+    p[:, ::2] = np.minimum(h + 0.499 * ulp, 65504).astype(np.float32)[:, ::2]
+    bound = (p.astype(np.float16).astype(np.float64).sum(axis=1) + feat * certify.ETA16) * (1 + 2.0**-10)
+    assert (bound >= p.astype(np.float64).sum(axis=1)).all()
+    assert (p.astype(np.float16).astype(np.float64).sum(axis=1) < p.astype(np.float64).sum(axis=1)).all()  # the bound has work to do
+    dp = (rng.random((5, feat)) * scale * 1e-3).astype(np.float32)
+    scaled = certify.half_up(dp * np.float32(2.0**certify.DSCALE_LOG2)).astype(np.float64)
+    assert (2.0**-certify.DSCALE_LOG2 * scaled.sum(axis=1) >= dp.astype(np.float64).sum(axis=1)).all()
