@@ -88,7 +88,7 @@ class Session:
     "cpu". The other options are the command line's (see options.Options): chunk, readers,
     streams, tile_width, conv_algo, gemm_algo, device, devices (a list of GPU numbers or "all"),
     fast_math, profile, decode, precision ("certified": float16 where certified, the rest exact, the
-    same answers; "exact"; None: certified for runs of 6,144 images or more uploaded a byte a pixel
+    same answers; "exact"; None: certified for runs of 5,120 images or more uploaded a byte a pixel
     without scores where conv_algo is "auto", see --precision); a name not among them is a TypeError.
 
     Thread-safe: calls from several threads give each the answers it would get alone. On the GPU

@@ -380,8 +380,9 @@ class FusedCertified(FusedWarpgroup):
     # The default precision certifies runs of at least this many images uploaded a byte a pixel (uint8,
     # 8-bit codes) that ask for no scores (docs/certified.md: below it the exact path's two kernels a
     # chunk end sooner than the eight). Float32 uploads stay exact: their upload bounds both paths end
-    # to end, and the certified chain's tail ends them later (8,192-65,536 images measured)
-    CERTIFY_FROM = 6144
+    # to end, and the certified chain's tail ends them later (8,192-65,536 images measured). With
+    # certify_kernel5: 5,120 codes ahead in GPU time (7%) and level to ahead end to end, 4,096 level
+    CERTIFY_FROM = 5120
     RECOMPUTE_IMGS = 2  # fused_kernel3's images a block when it recomputes a chunk's list
 
     @classmethod
