@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import env, native, reference
+from . import env, native, reference, winograd
 from .errors import BadValue, ScoresOverflow
 from .network import Geometry
 from .host import HostSide
@@ -49,6 +49,8 @@ class NativeNet:
         fc1 = model.fc1.reshape(h2, w2, g.c2, g.hidden)
         self.w1 = _padded(model.conv1, 3, c1p)
         self.w2 = _padded(_padded(model.conv2, 2, c1p), 3, c2p)
+        # conv2 5x5: by Winograd's F(2x2, 5x5), 36 products per channel pair and pool window, not 100
+        self.u2 = winograd.weights(self.w2) if g.k2 == winograd.K else None
         self.f1 = _padded(_padded(fc1, 2, c2p), 3, hidden_p).reshape(h2 * w2 * c2p, hidden_p)
         self.f2 = _padded(_padded(model.fc2, 0, hidden_p), 1, classes_p)
         self.geometry = np.array([g.h, g.w, g.c, g.k1, c1p, g.k2, c2p, h2 * w2 * c2p, hidden_p, g.classes, classes_p],
@@ -61,7 +63,8 @@ class NativeNet:
         finite / whose scores are not all finite."""
         x = np.ascontiguousarray(x, np.float32)
         ptr = lambda a: a.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
-        bad = self.lib.cn_forward(ptr(x), len(x), ptr(self.geometry), ptr(self.w1), ptr(self.w2), ptr(self.f1),
+        u2 = None if self.u2 is None else ptr(self.u2)
+        bad = self.lib.cn_forward(ptr(x), len(x), ptr(self.geometry), ptr(self.w1), ptr(self.w2), u2, ptr(self.f1),
                                   ptr(self.f2), ptr(scores), ptr(labels))
         if bad == -2:
             raise MemoryError("no memory for the CPU network's scratch buffers")

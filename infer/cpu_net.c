@@ -16,7 +16,8 @@
  *   per image, 85% of the network. Builds with 16 vector registers run a layer whose input pixels
  *   are an eighth or more all 0 tap by tap (conv_tile_taps), each tap only for the window's pixels
  *   with a non-zero input there: MNIST's conv2, 8% faster on 2 Zen 3 cores, the same bits.
- * dense: (rows, K) x (K, Np), ReLU optional; register tile 6 rows x up to MAXV vectors.
+ * dense: (rows, K) x (K, Np), ReLU optional; register tile 4 to 6 rows (the rows split evenly) x up to
+ *   DENSE_MAXV vectors.
  * cn_forward: n images -> scores (n, classes) and labels (first maximum), in blocks of images whose
  *   conv2 outputs stay in L2 (FEATURE_BUDGET): the fc layers run on a block at once. Where fc1's
  *   weights outweigh that, blocks of `hidden` images: then fc1 reads no more weight bytes than
@@ -48,6 +49,7 @@
 #define ROWS 6                  /* dense: rows per register tile */
 #define PANEL_BUDGET (256 * 1024) /* bytes of fc weights per panel: they stay in L2 */
 #define FEATURE_BUDGET (1 << 20)  /* bytes of conv2 outputs per fc pass (L2), unless fc1 is larger */
+#define WINO_SKEW 16              /* floats between conv_winograd's slices, past their size */
 
 typedef float vf __attribute__((vector_size(VW * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(VW * sizeof(float))));
@@ -94,6 +96,8 @@ struct conv {
     unsigned char *lit; /* whether each input pixel has a non-zero channel: h * w */
     unsigned char *quad; /* per input pixel (y, x): bit q set where pixel q of the 2x2 pixels from it has one */
     int check;        /* whether to check that the input is finite (the images; not conv1's output) */
+    const float *u;   /* k = 5 and whole vectors of channels: the weights as Winograd's (36, c, mp), else NULL */
+    float *v, *mm;    /* conv_winograd's transformed inputs (36, windows, c) and products (36, windows, mp) */
 };
 
 /* One register tile: pw pool windows (live windows j, j + 1, ...), output channels
@@ -314,12 +318,144 @@ static int live_windows(const struct conv *L, int *finite, int *blank)
     return live;
 }
 
+/* out[r] (+)= a[r][k0:k1] x b[k0:k1] for the rows given (rows <= R <= ROWS; missing rows repeat row 0
+ * and are not stored): the sum starts at 0 for the first block of k, ReLU applied after the last. */
+static inline __attribute__((always_inline)) void dense_tile(const int nv, const int R, const float *const *a, int rows,
+                                                              int k0,
+                                                              int k1, const float *b, int ldb, float *out, int ldo,
+                                                              int first, int last_relu)
+{
+    vf acc[ROWS][DENSE_MAXV];
+    for (int r = 0; r < R; r++)
+        for (int v = 0; v < nv; v++)
+            acc[r][v] = first || r >= rows ? (vf){0} : load(out + (size_t)r * ldo + v * VW);
+    b += (size_t)k0 * ldb;
+    for (int i = k0; i < k1; i++, b += ldb) {
+        vf wv[DENSE_MAXV];
+        for (int v = 0; v < nv; v++)
+            wv[v] = load(b + v * VW);
+        for (int r = 0; r < R; r++) {
+            vf x = splat(a[r][i]);
+            for (int v = 0; v < nv; v++)
+                acc[r][v] += x * wv[v];
+        }
+    }
+    for (int r = 0; r < R && r < rows; r++)
+        for (int v = 0; v < nv; v++)
+            store(out + (size_t)r * ldo + v * VW, last_relu ? relu(acc[r][v]) : acc[r][v]);
+}
+
+/* (n, kdim) x (kdim, np) -> (n, np), ReLU optional. The weights go in panels of rows that stay in
+ * L2 while every row of a passes them: each weight is read from memory once per call (fc1 of a
+ * 64x64 image is 11 MB). */
+static void dense(const float *a, int n, int kdim, const float *b, int np, float *out, int do_relu)
+{
+    int panel = PANEL_BUDGET / (np * (int)sizeof(float));
+    if (panel < 1)
+        panel = 1;
+    for (int k0 = 0; k0 < kdim; k0 += panel) {
+        int k1 = k0 + panel < kdim ? k0 + panel : kdim, first = k0 == 0, last_relu = do_relu && k1 == kdim;
+        for (int r0 = 0, rows; r0 < n; r0 += rows) {
+            /* the rows left split evenly over the tiles they need: 16 (conv_winograd's) as 6, 5, 5 */
+            const int tiles = (n - r0 + ROWS - 1) / ROWS;
+            rows = (n - r0 + tiles - 1) / tiles;
+            const int R = rows < 4 ? ROWS : rows; /* the tile's rows: 4, 5 or 6 (fewer rows repeat one) */
+            const float *rp[ROWS];
+            for (int r = 0; r < ROWS; r++)
+                rp[r] = a + (size_t)(r0 + (r < rows ? r : 0)) * kdim;
+            for (int m = 0; m < np; m += DENSE_MAXV * VW) {
+                int nv = (np - m) / VW < DENSE_MAXV ? (np - m) / VW : DENSE_MAXV;
+                float *o = out + (size_t)r0 * np + m;
+#define TILE(n, r) case (n) * 8 + (r): dense_tile(n, r, rp, rows, k0, k1, b + m, np, o, np, first, last_relu); break
+#define TILES(n) TILE(n, 4); TILE(n, 5); TILE(n, 6)
+                switch (nv * 8 + R) {
+                    TILES(1); TILES(2);
+#if DENSE_MAXV >= 4
+                    TILES(3); TILES(4);
+#endif
+                }
+#undef TILES
+#undef TILE
+            }
+        }
+    }
+}
+
+/* Winograd's F(2x2, 5x5) (infer/winograd.py): o[i t] = (B^T d)[i] for d[0], d[s], ..., d[5 s] */
+static inline __attribute__((always_inline)) void winograd_bt(const vf *d, size_t s, vf *o, size_t t)
+{
+    const vf d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s], d4 = d[4 * s], d5 = d[5 * s];
+    const vf four = splat(4.0f), five = splat(5.0f), two = splat(2.0f);
+    const vf p = d4 - d2, q = d3 - d1; /* rows 1-4 share them: +-4 (d1 + d2), +-2 (d3 - d1) */
+    o[0] = (d4 + four * d0) - five * d2;
+    o[t] = (d3 + d4) - four * (d1 + d2);
+    o[2 * t] = (d4 - d3) + four * (d1 - d2);
+    o[3 * t] = p + two * q;
+    o[4 * t] = p - two * q;
+    o[5 * t] = (d5 + four * d1) - five * d3;
+}
+
+/* (A^T m)[0] and [1] for m[0], m[s], ..., m[5 s] */
+static inline __attribute__((always_inline)) void winograd_at(const vf *m, size_t s, vf *y0, vf *y1)
+{
+    const vf a = m[s] + m[2 * s], b = m[3 * s] + m[4 * s];
+    *y0 = (m[0] + a) + b;
+    *y1 = ((m[s] - m[2 * s]) + splat(2.0f) * (m[3 * s] - m[4 * s])) + m[5 * s];
+}
+
+/* conv_relu_pool's body for a 5x5 layer of whole vectors of channels, one pool window (a 2x2 output
+ * block) per 6x6 input block: each live window's block through B^T . B (36 vectors a channel
+ * vector), then per position of the 6x6 a (windows, c) x (c, mp) product by dense's tiles (the
+ * weights' 8 KB per position for the ECE408 conv2 stay in L1), then A^T . A, ReLU and the pool.
+ * 36 products per channel pair where the direct tiles take 100: the ECE408 conv2's 3.3M FMAs an
+ * image become 1.2M, plus the two transforms' ~0.1M vector operations. */
+static void conv_winograd(const struct conv *L, int live)
+{
+    /* the 36 positions' slices WINO_SKEW floats apart past their size: at sizes of 4 KB multiples
+     * the transforms' 36 loads or stores a vector fall in one L1 set (16 windows x 64 channels) */
+    const size_t c = L->c, mp = L->mp, T = (size_t)live, vs = T * c + WINO_SKEW, ms = T * mp + WINO_SKEW;
+    for (size_t t = 0; t < T; t++) {
+        const float *blk = L->in + L->live[2 * t];
+        for (size_t ci = 0; ci < c; ci += VW) {
+            vf d[36], e[36];
+            for (int y = 0; y < 6; y++)
+                for (int x = 0; x < 6; x++)
+                    d[y * 6 + x] = load(blk + ((size_t)y * L->w + x) * c + ci);
+            for (int x = 0; x < 6; x++)
+                winograd_bt(d + x, 6, e + x, 6);
+            for (int a = 0; a < 6; a++)
+                winograd_bt(e + a * 6, 1, d + a * 6, 1);
+            for (int p = 0; p < 36; p++)
+                store(L->v + p * vs + t * c + ci, d[p]);
+        }
+    }
+    for (int p = 0; p < 36; p++)
+        dense(L->v + p * vs, live, (int)c, L->u + p * c * mp, (int)mp, L->mm + p * ms, 0);
+    for (size_t t = 0; t < T; t++)
+        for (size_t mo = 0; mo < mp; mo += VW) {
+            vf m[36], s0[6], s1[6];
+            for (int p = 0; p < 36; p++)
+                m[p] = load(L->mm + p * ms + t * mp + mo);
+            for (int b = 0; b < 6; b++)
+                winograd_at(m + b, 6, &s0[b], &s1[b]);
+            vf y00, y01, y10, y11;
+            winograd_at(s0, 1, &y00, &y01);
+            winograd_at(s1, 1, &y10, &y11);
+            const vf sum = ((relu(y00) + relu(y01)) + relu(y10)) + relu(y11);
+            store(L->out + L->live[2 * t + 1] + mo, sum * 0.25f);
+        }
+}
+
 /* Returns 0 where L->check finds an input value that is not finite (the images are checked here, on
  * the way), else 1. */
 static int conv_relu_pool(const struct conv *L)
 {
     int finite, blank;
     const int live = live_windows(L, &finite, &blank);
+    if (L->u) {
+        conv_winograd(L, live);
+        return finite;
+    }
 #if !defined(__AVX512F__) /* (AVX-512 builds keep their tiles as measured: 86% of peak) */
     /* tap by tap where an eighth of the input pixels or more are 0 (MNIST's conv2: 37%; random
      * images: none), as the split loop costs more than the dense tile's where few taps are skipped */
@@ -351,63 +487,6 @@ static int conv_relu_pool(const struct conv *L)
         }
     }
     return finite;
-}
-
-/* out[r] (+)= a[r][k0:k1] x b[k0:k1] for the rows given (rows <= ROWS; missing rows repeat row 0 and
- * are not stored): the sum starts at 0 for the first block of k, ReLU applied after the last. */
-static inline __attribute__((always_inline)) void dense_tile(const int nv, const float *const *a, int rows, int k0,
-                                                              int k1, const float *b, int ldb, float *out, int ldo,
-                                                              int first, int last_relu)
-{
-    vf acc[ROWS][DENSE_MAXV];
-    for (int r = 0; r < ROWS; r++)
-        for (int v = 0; v < nv; v++)
-            acc[r][v] = first || r >= rows ? (vf){0} : load(out + (size_t)r * ldo + v * VW);
-    b += (size_t)k0 * ldb;
-    for (int i = k0; i < k1; i++, b += ldb) {
-        vf wv[DENSE_MAXV];
-        for (int v = 0; v < nv; v++)
-            wv[v] = load(b + v * VW);
-        for (int r = 0; r < ROWS; r++) {
-            vf x = splat(a[r][i]);
-            for (int v = 0; v < nv; v++)
-                acc[r][v] += x * wv[v];
-        }
-    }
-    for (int r = 0; r < rows; r++)
-        for (int v = 0; v < nv; v++)
-            store(out + (size_t)r * ldo + v * VW, last_relu ? relu(acc[r][v]) : acc[r][v]);
-}
-
-/* (n, kdim) x (kdim, np) -> (n, np), ReLU optional. The weights go in panels of rows that stay in
- * L2 while every row of a passes them: each weight is read from memory once per call (fc1 of a
- * 64x64 image is 11 MB). */
-static void dense(const float *a, int n, int kdim, const float *b, int np, float *out, int do_relu)
-{
-    int panel = PANEL_BUDGET / (np * (int)sizeof(float));
-    if (panel < 1)
-        panel = 1;
-    for (int k0 = 0; k0 < kdim; k0 += panel) {
-        int k1 = k0 + panel < kdim ? k0 + panel : kdim, first = k0 == 0, last_relu = do_relu && k1 == kdim;
-        for (int r0 = 0; r0 < n; r0 += ROWS) {
-            int rows = n - r0 < ROWS ? n - r0 : ROWS;
-            const float *rp[ROWS];
-            for (int r = 0; r < ROWS; r++)
-                rp[r] = a + (size_t)(r0 + (r < rows ? r : 0)) * kdim;
-            for (int m = 0; m < np; m += DENSE_MAXV * VW) {
-                int nv = (np - m) / VW < DENSE_MAXV ? (np - m) / VW : DENSE_MAXV;
-                float *o = out + (size_t)r0 * np + m;
-#define TILE(n) case n: dense_tile(n, rp, rows, k0, k1, b + m, np, o, np, first, last_relu); break
-                switch (nv) {
-                    TILE(1); TILE(2);
-#if DENSE_MAXV >= 4
-                    TILE(3); TILE(4);
-#endif
-                }
-#undef TILE
-            }
-        }
-    }
 }
 
 int cn_vector_width(void) { return VW; }
@@ -454,22 +533,25 @@ static float *scratch_get(size_t bytes)
 }
 
 /* Geometry g: h, w, c, k1, c1p, k2, c2p, flat_p (= h2 * w2 * c2p), hidden_p, classes, classes_p; w2 is
- * (k2, k2, c1p, c2p): conv2 reads pool1's padded channels too, so each kernel row is one run.
+ * (k2, k2, c1p, c2p): conv2 reads pool1's padded channels too, so each kernel row is one run. u2:
+ * for k2 = 5 w2 as Winograd's (36, c1p, c2p) (infer/winograd.py), conv2 then by conv_winograd; or NULL.
  * Returns -1 when every image and score is finite; else the first image whose scores are not
  * finite (image i returned as i), or that holds a value that is not finite (returned as -3 - i),
  * nothing after it guaranteed; or -2 when scratch memory cannot be had. */
-long long cn_forward(const float *x, long long n, const int *g, const float *w1, const float *w2, const float *f1,
-                     const float *f2, float *scores, long long *labels)
+long long cn_forward(const float *x, long long n, const int *g, const float *w1, const float *w2, const float *u2,
+                     const float *f1, const float *f2, float *scores, long long *labels)
 {
     const int h = g[0], w = g[1], c = g[2], k1 = g[3], c1p = g[4], k2 = g[5], c2p = g[6];
     const int flat = g[7], hidden = g[8], classes = g[9], classes_p = g[10];
     const int h1 = (h - k1 + 1) / 2, w1p = (w - k1 + 1) / 2;
     const size_t windows = (size_t)h1 * w1p; /* more than conv2's */
+    const size_t windows2 = u2 ? (size_t)((h1 - k2 + 1) / 2) * ((w1p - k2 + 1) / 2) : 0; /* conv_winograd's */
     long long block = FEATURE_BUDGET / ((long long)flat * (long long)sizeof(float));
     block = block < hidden ? hidden : block;
     block = block < ROWS ? ROWS : block > n ? n : block;
     const size_t need = windows * c1p + windows * 4 * MAXV * VW + (size_t)block * (flat + hidden + classes_p)
-                        + windows * 2 * sizeof(size_t) / sizeof(float) + ((size_t)h * w + 1) / 2; /* live, lit, quad */
+                        + windows * 2 * sizeof(size_t) / sizeof(float) + ((size_t)h * w + 1) / 2 /* live, lit, quad */
+                        + 36 * (windows2 * (c1p + c2p) + 2 * WINO_SKEW);
     float *scratch = scratch_get(need * sizeof(float));
     if (!scratch)
         return -2;
@@ -477,16 +559,19 @@ long long cn_forward(const float *x, long long n, const int *g, const float *w1,
     float *hid = feat + (size_t)block * flat, *out = hid + (size_t)block * hidden;
     size_t *live = (size_t *)(out + (size_t)block * classes_p);
     unsigned char *lit = (unsigned char *)(live + 2 * windows), *quad = lit + (size_t)h * w;
+    float *wv = scratch + need - 36 * (windows2 * (c1p + c2p) + 2 * WINO_SKEW), *wm = wv + 36 * (windows2 * c1p + WINO_SKEW);
     long long bad = -1;
     for (long long i0 = 0; i0 < n && bad == -1; i0 += block) {
         int count = n - i0 < block ? (int)(n - i0) : block;
         for (int j = 0; j < count; j++) {
-            struct conv a = {x + (size_t)(i0 + j) * h * w * c, h, w, c, w1, k1, c1p, pool1, part, live, lit, quad, 1};
+            struct conv a = {x + (size_t)(i0 + j) * h * w * c, h, w, c, w1, k1, c1p, pool1, part, live, lit, quad, 1,
+                             NULL, NULL, NULL};
             if (!conv_relu_pool(&a)) {
                 bad = -3 - (i0 + j);
                 break;
             }
-            struct conv b = {pool1, h1, w1p, c1p, w2, k2, c2p, feat + (size_t)j * flat, part, live, lit, quad, 0};
+            struct conv b = {pool1, h1, w1p, c1p, w2, k2, c2p, feat + (size_t)j * flat, part, live, lit, quad, 0,
+                             u2, wv, wm};
             conv_relu_pool(&b);
         }
         if (bad != -1)

@@ -240,7 +240,7 @@ def load_net(flags):
         return None
     p, i64 = ctypes.c_void_p, ctypes.c_longlong
     lib.cn_vector_width.argtypes, lib.cn_vector_width.restype = [], ctypes.c_int
-    lib.cn_forward.argtypes, lib.cn_forward.restype = [p, i64, p, p, p, p, p, p, p], i64
+    lib.cn_forward.argtypes, lib.cn_forward.restype = [p, i64, p, p, p, p, p, p, p, p], i64
     return lib
 
 

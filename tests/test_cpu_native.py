@@ -4,7 +4,7 @@ overflow, and the NumPy fallback."""
 import numpy as np
 import pytest
 
-from infer import native, reference
+from infer import native, reference, winograd
 from infer.cpu import CpuBackend, NativeNet
 from infer.errors import BadValue, InputError, ScoresOverflow
 from infer.loader import Model
@@ -16,6 +16,7 @@ GEOMETRIES = [
     (32, 32, 3, 5, 32, 5, 64, 256, 10),
     (13, 11, 2, 2, 5, 2, 17, 9, 3),
     (30, 26, 1, 7, 48, 3, 80, 70, 12),    # three vectors of channels, conv1 tiles of two windows
+    (21, 19, 2, 3, 12, 5, 20, 30, 5),     # conv2 5x5 (Winograd's) on padded channels, its pool floored
 ]
 
 
@@ -220,3 +221,32 @@ def test_the_real_files_get_the_references_predictions(lib, ece408, data, model)
     backend.close()
     expected = np.concatenate([reference.forward(x[i:i + 1000], m) for i in range(0, len(x), 1000)])
     assert (labels == expected).all()
+
+
+def test_winograds_transforms_give_the_valid_correlation(rng):
+    """A^T [(G g G^T) * (B^T d B)] A is the 2x2 valid correlation of a 6x6 block with a 5x5 kernel."""
+    for _ in range(20):
+        d, g = rng.standard_normal((6, 6)), rng.standard_normal((5, 5))
+        y = winograd.AT @ ((winograd.G @ g @ winograd.G.T) * (winograd.BT @ d @ winograd.BT.T)) @ winograd.AT.T
+        direct = [[(d[i:i + 5, j:j + 5] * g).sum() for j in range(2)] for i in range(2)]
+        np.testing.assert_allclose(y, direct, rtol=0, atol=1e-12 * np.abs(d).max() * np.abs(g).sum())
+
+
+@pytest.mark.parametrize("g", [g for g in GEOMETRIES if g[5] == winograd.K], ids=lambda g: "x".join(map(str, g)))
+def test_winograds_conv2_agrees_with_the_direct_tiles(lib, rng, g):
+    """5x5 conv2s run by Winograd's F(2x2, 5x5); the direct tiles (u2 left out) give the same answers
+    within float32's rounding, in other bits (so the two are different paths)."""
+    model, x = random_model(rng, g), images(rng, 40, g)
+    x[:, 1::2] = 0  # blank pixels in conv2's input too: skipped windows and blank blocks
+    out = []
+    for wino in (True, False):
+        net = NativeNet(lib, model, x.shape[1:])
+        assert (net.u2 is not None) and net.u2.shape == (36, *net.w2.shape[2:])
+        if not wino:
+            net.u2 = None
+        labels, scores = np.empty(len(x), np.int64), np.empty((len(x), g[-1]), np.float32)
+        assert net(x, labels, scores) == -1
+        assert_same_answers(labels, scores, x, model)
+        out.append(scores)
+    np.testing.assert_allclose(out[0], out[1], rtol=0, atol=2e-5 * np.abs(out[1]).max())
+    assert not np.array_equal(out[0], out[1])
