@@ -12,10 +12,13 @@
  *   one FMA per input channel, tap and tile element. Kernel rows go in blocks whose weights stay
  *   in L1 (TILE_BUDGET), partial sums parked in a per-image buffer between blocks; windows whose
  *   input is all zero, and pixels that the floored pool drops, are never computed; the images
- *   are checked for values that are not finite on the way. conv2 of the ECE408 model: 3.3M FMAs
- *   per image, 85% of the network. Builds with 16 vector registers run a layer whose input pixels
- *   are an eighth or more all 0 tap by tap (conv_tile_taps), each tap only for the window's pixels
- *   with a non-zero input there: MNIST's conv2, 8% faster on 2 Zen 3 cores, the same bits.
+ *   are checked for values that are not finite on the way. Builds with 16 vector registers run a
+ *   layer whose input pixels are an eighth or more all 0 tap by tap (conv_tile_taps), each tap only
+ *   for the window's pixels with a non-zero input there (MNIST's conv2 when it ran here: 8% faster
+ *   on 2 Zen 3 cores, the same bits).
+ * conv_winograd: conv_relu_pool for a 5x5 layer of whole vectors of channels (conv2; not the
+ *   images' conv1) by Winograd's F(2x2, 5x5), a pool window a tile: the ECE408 conv2's 3.3M FMAs
+ *   an image, 85% of the network, become 1.2M.
  * dense: (rows, K) x (K, Np), ReLU optional; register tile 4 to 6 rows (the rows split evenly) x up to
  *   DENSE_MAXV vectors.
  * cn_forward: n images -> scores (n, classes) and labels (first maximum), in blocks of images whose
@@ -50,6 +53,7 @@
 #define PANEL_BUDGET (256 * 1024) /* bytes of fc weights per panel: they stay in L2 */
 #define FEATURE_BUDGET (1 << 20)  /* bytes of conv2 outputs per fc pass (L2), unless fc1 is larger */
 #define WINO_SKEW 16              /* floats between conv_winograd's slices, past their size */
+#define WINO_BUDGET (192 * 1024)  /* bytes of conv_winograd's inputs and products per group of windows */
 
 typedef float vf __attribute__((vector_size(VW * sizeof(float))));
 typedef int32_t vi __attribute__((vector_size(VW * sizeof(float))));
@@ -409,41 +413,54 @@ static inline __attribute__((always_inline)) void winograd_at(const vf *m, size_
  * weights' 8 KB per position for the ECE408 conv2 stay in L1), then A^T . A, ReLU and the pool.
  * 36 products per channel pair where the direct tiles take 100: the ECE408 conv2's 3.3M FMAs an
  * image become 1.2M, plus the two transforms' ~0.1M vector operations. */
+/* conv_winograd's windows a group: their inputs and products (36 (c + mp) floats a window) stay in
+ * L2 beside the weights (a 96x96 image's 441 windows at once: 6 MB); a multiple of dense's 6 rows */
+static size_t winograd_group(size_t c, size_t mp)
+{
+    const size_t group = WINO_BUDGET / (36 * (c + mp) * sizeof(float)) / 6 * 6;
+    return group < 6 ? 6 : group;
+}
+
 static void conv_winograd(const struct conv *L, int live)
 {
-    /* the 36 positions' slices WINO_SKEW floats apart past their size: at sizes of 4 KB multiples
-     * the transforms' 36 loads or stores a vector fall in one L1 set (16 windows x 64 channels) */
-    const size_t c = L->c, mp = L->mp, T = (size_t)live, vs = T * c + WINO_SKEW, ms = T * mp + WINO_SKEW;
-    for (size_t t = 0; t < T; t++) {
-        const float *blk = L->in + L->live[2 * t];
-        for (size_t ci = 0; ci < c; ci += VW) {
-            vf d[36], e[36];
-            for (int y = 0; y < 6; y++)
+    const size_t c = L->c, mp = L->mp, group = winograd_group(c, mp);
+    for (size_t t0 = 0; t0 < (size_t)live; t0 += group) {
+        const size_t T = (size_t)live - t0 < group ? (size_t)live - t0 : group;
+        /* the 36 positions' slices WINO_SKEW floats apart past their size: at sizes of 4 KB multiples
+         * the transforms' 36 loads or stores a vector fall in one L1 set (16 windows x 64 channels) */
+        const size_t vs = T * c + WINO_SKEW, ms = T * mp + WINO_SKEW;
+        const size_t *at = L->live + 2 * t0;
+        for (size_t t = 0; t < T; t++) {
+            const float *blk = L->in + at[2 * t];
+            for (size_t ci = 0; ci < c; ci += VW) {
+                vf d[36], e[36];
+                for (int y = 0; y < 6; y++)
+                    for (int x = 0; x < 6; x++)
+                        d[y * 6 + x] = load(blk + ((size_t)y * L->w + x) * c + ci);
                 for (int x = 0; x < 6; x++)
-                    d[y * 6 + x] = load(blk + ((size_t)y * L->w + x) * c + ci);
-            for (int x = 0; x < 6; x++)
-                winograd_bt(d + x, 6, e + x, 6);
-            for (int a = 0; a < 6; a++)
-                winograd_bt(e + a * 6, 1, d + a * 6, 1);
-            for (int p = 0; p < 36; p++)
-                store(L->v + p * vs + t * c + ci, d[p]);
+                    winograd_bt(d + x, 6, e + x, 6);
+                for (int a = 0; a < 6; a++)
+                    winograd_bt(e + a * 6, 1, d + a * 6, 1);
+                for (int p = 0; p < 36; p++)
+                    store(L->v + p * vs + t * c + ci, d[p]);
+            }
         }
+        for (int p = 0; p < 36; p++)
+            dense(L->v + p * vs, (int)T, (int)c, L->u + p * c * mp, (int)mp, L->mm + p * ms, 0);
+        for (size_t t = 0; t < T; t++)
+            for (size_t mo = 0; mo < mp; mo += VW) {
+                vf m[36], s0[6], s1[6];
+                for (int p = 0; p < 36; p++)
+                    m[p] = load(L->mm + p * ms + t * mp + mo);
+                for (int b = 0; b < 6; b++)
+                    winograd_at(m + b, 6, &s0[b], &s1[b]);
+                vf y00, y01, y10, y11;
+                winograd_at(s0, 1, &y00, &y01);
+                winograd_at(s1, 1, &y10, &y11);
+                const vf sum = ((relu(y00) + relu(y01)) + relu(y10)) + relu(y11);
+                store(L->out + at[2 * t + 1] + mo, sum * 0.25f);
+            }
     }
-    for (int p = 0; p < 36; p++)
-        dense(L->v + p * vs, live, (int)c, L->u + p * c * mp, (int)mp, L->mm + p * ms, 0);
-    for (size_t t = 0; t < T; t++)
-        for (size_t mo = 0; mo < mp; mo += VW) {
-            vf m[36], s0[6], s1[6];
-            for (int p = 0; p < 36; p++)
-                m[p] = load(L->mm + p * ms + t * mp + mo);
-            for (int b = 0; b < 6; b++)
-                winograd_at(m + b, 6, &s0[b], &s1[b]);
-            vf y00, y01, y10, y11;
-            winograd_at(s0, 1, &y00, &y01);
-            winograd_at(s1, 1, &y10, &y11);
-            const vf sum = ((relu(y00) + relu(y01)) + relu(y10)) + relu(y11);
-            store(L->out + L->live[2 * t + 1] + mo, sum * 0.25f);
-        }
 }
 
 /* Returns 0 where L->check finds an input value that is not finite (the images are checked here, on
@@ -545,7 +562,8 @@ long long cn_forward(const float *x, long long n, const int *g, const float *w1,
     const int flat = g[7], hidden = g[8], classes = g[9], classes_p = g[10];
     const int h1 = (h - k1 + 1) / 2, w1p = (w - k1 + 1) / 2;
     const size_t windows = (size_t)h1 * w1p; /* more than conv2's */
-    const size_t windows2 = u2 ? (size_t)((h1 - k2 + 1) / 2) * ((w1p - k2 + 1) / 2) : 0; /* conv_winograd's */
+    size_t windows2 = u2 ? (size_t)((h1 - k2 + 1) / 2) * ((w1p - k2 + 1) / 2) : 0; /* conv_winograd's group */
+    windows2 = windows2 < winograd_group(c1p, c2p) ? windows2 : winograd_group(c1p, c2p);
     long long block = FEATURE_BUDGET / ((long long)flat * (long long)sizeof(float));
     block = block < hidden ? hidden : block;
     block = block < ROWS ? ROWS : block > n ? n : block;

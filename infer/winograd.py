@@ -7,9 +7,10 @@ B^T and A^T have small integer entries, and the 1/f factors all sit in G.
 
 cpu_net.c applies B^T and A^T with these coefficients written out; G is applied here, once per
 model, in float64 and rounded to float32 (the weights' own rounding, as the direct path has none:
-~1/4 ulp more error per product). On testfull this path's pooled conv2 outputs are within 5.8e-6
-of exact arithmetic against the direct float32 sum's 1.2e-6 (scale 3.7), against a smallest top-2
-margin of 7.8e-5, and its 10,000 labels are the reference's."""
+~1/4 ulp more error per product). In a float32 NumPy emulation of this path, testfull's pooled
+conv2 outputs are within 5.8e-6 of exact arithmetic against the direct float32 sums' 1.2e-6 (their
+largest: 3.7), against a smallest top-2 margin of 7.8e-5; cpu_net.c's 10,000 labels are the
+reference's (docs/performance.md)."""
 import numpy as np
 
 K = 5  # the kernel size it serves
