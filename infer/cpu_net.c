@@ -390,7 +390,7 @@ static inline __attribute__((always_inline)) void winograd_bt(const vf *d, size_
 {
     const vf d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s], d4 = d[4 * s], d5 = d[5 * s];
     const vf four = splat(4.0f), five = splat(5.0f), two = splat(2.0f);
-    const vf p = d4 - d2, q = d3 - d1; /* rows 1-4 share them: +-4 (d1 + d2), +-2 (d3 - d1) */
+    const vf p = d4 - d2, q = d3 - d1; /* rows 3 and 4: p +- 2 q */
     o[0] = (d4 + four * d0) - five * d2;
     o[t] = (d3 + d4) - four * (d1 + d2);
     o[2 * t] = (d4 - d3) + four * (d1 - d2);
@@ -407,12 +407,6 @@ static inline __attribute__((always_inline)) void winograd_at(const vf *m, size_
     *y1 = ((m[s] - m[2 * s]) + splat(2.0f) * (m[3 * s] - m[4 * s])) + m[5 * s];
 }
 
-/* conv_relu_pool's body for a 5x5 layer of whole vectors of channels, one pool window (a 2x2 output
- * block) per 6x6 input block: each live window's block through B^T . B (36 vectors a channel
- * vector), then per position of the 6x6 a (windows, c) x (c, mp) product by dense's tiles (the
- * weights' 8 KB per position for the ECE408 conv2 stay in L1), then A^T . A, ReLU and the pool.
- * 36 products per channel pair where the direct tiles take 100: the ECE408 conv2's 3.3M FMAs an
- * image become 1.2M, plus the two transforms' ~0.1M vector operations. */
 /* conv_winograd's windows a group: their inputs and products (36 (c + mp) floats a window) stay in
  * L2 beside the weights (a 96x96 image's 441 windows at once: 6 MB); a multiple of dense's 6 rows */
 static size_t winograd_group(size_t c, size_t mp)
@@ -421,6 +415,12 @@ static size_t winograd_group(size_t c, size_t mp)
     return group < 6 ? 6 : group;
 }
 
+/* conv_relu_pool's body for a 5x5 layer of whole vectors of channels, one pool window (a 2x2 output
+ * block) per 6x6 input block: each live window's block through B^T . B (36 vectors a channel
+ * vector), then per position of the 6x6 a (windows, c) x (c, mp) product by dense's tiles (the
+ * weights' 8 KB per position for the ECE408 conv2 stay in L1), then A^T . A, ReLU and the pool.
+ * 36 products per channel pair where the direct tiles take 100: the ECE408 conv2's 3.3M FMAs an
+ * image become 1.2M, plus the two transforms' ~0.1M vector operations. */
 static void conv_winograd(const struct conv *L, int live)
 {
     const size_t c = L->c, mp = L->mp, group = winograd_group(c, mp);
