@@ -306,13 +306,26 @@ static int live_windows(const struct conv *L, int *finite, int *blank)
     *blank = 0;
     for (int i = 0; i < L->h * L->w; i++)
         *blank += !L->lit[i];
+    /* run[y w + x]: whether lit[y][x, x + side) has one (a count slid along each row; in quad's
+     * bytes, which conv_relu_pool fills after this), so a window is side bytes, not side^2 */
+    unsigned char *run = L->quad;
+    for (int y = 0; y < L->h; y++) {
+        const unsigned char *l = L->lit + y * L->w;
+        int count = 0;
+        for (int x = 0; x < side - 1; x++)
+            count += l[x];
+        for (int x = 0; x + side <= L->w; x++) {
+            count += l[x + side - 1];
+            run[y * L->w + x] = (unsigned char)(count != 0);
+            count -= l[x];
+        }
+    }
     int live = 0;
     for (int py = 0; py < hp; py++)
         for (int px = 0; px < wp; px++) {
             int any = 0;
-            for (int y = 2 * py; y < 2 * py + side && !any; y++)
-                for (int x = 2 * px; x < 2 * px + side; x++)
-                    any |= L->lit[y * L->w + x];
+            for (int y = 2 * py; y < 2 * py + side; y++)
+                any |= run[y * L->w + 2 * px];
             if (any) {
                 L->live[2 * live] = (2 * (size_t)py * L->w + 2 * (size_t)px) * L->c;
                 L->live[2 * live++ + 1] = ((size_t)py * wp + px) * L->mp;
