@@ -89,6 +89,9 @@ static inline vf relu(vf v)
     return (vf)(~not_positive & (vi)v);
 }
 
+/* ReLU, then the 2x2 average pool in the reference's order: ((a + b) + c) + d, times 0.25 */
+static inline vf relu_pool(vf a, vf b, vf c, vf d) { return (((relu(a) + relu(b)) + relu(c)) + relu(d)) * 0.25f; }
+
 struct conv {
     const float *in;  /* the input image (h, w, c) */
     int h, w, c;
@@ -158,8 +161,7 @@ static inline __attribute__((always_inline)) void conv_tile(const struct conv *L
     for (int w = 0; w < pw; w++)
         for (int v = 0; v < nv; v++) {
             const vf *a = &acc[4 * w][v];
-            vf s = ((relu(a[0]) + relu(a[MAXV])) + relu(a[2 * MAXV])) + relu(a[3 * MAXV]);
-            store(L->out + L->live[2 * (j + w) + 1] + m + v * VW, s * 0.25f);
+            store(L->out + L->live[2 * (j + w) + 1] + m + v * VW, relu_pool(a[0], a[MAXV], a[2 * MAXV], a[3 * MAXV]));
         }
 }
 
@@ -219,8 +221,7 @@ static inline __attribute__((always_inline)) void conv_tile_taps(const struct co
         return;
     }
     for (int v = 0; v < nv; v++) {
-        vf s = ((relu(acc[0][v]) + relu(acc[1][v])) + relu(acc[2][v])) + relu(acc[3][v]);
-        store(L->out + L->live[2 * j + 1] + m + v * VW, s * 0.25f);
+        store(L->out + L->live[2 * j + 1] + m + v * VW, relu_pool(acc[0][v], acc[1][v], acc[2][v], acc[3][v]));
     }
 }
 
@@ -338,9 +339,8 @@ static int live_windows(const struct conv *L, int *finite, int *blank)
 /* out[r] (+)= a[r][k0:k1] x b[k0:k1] for the rows given (rows <= R <= ROWS; missing rows repeat row 0
  * and are not stored): the sum starts at 0 for the first block of k, ReLU applied after the last. */
 static inline __attribute__((always_inline)) void dense_tile(const int nv, const int R, const float *const *a, int rows,
-                                                              int k0,
-                                                              int k1, const float *b, int ldb, float *out, int ldo,
-                                                              int first, int last_relu)
+                                                              int k0, int k1, const float *b, int ldb, float *out,
+                                                              int ldo, int first, int last_relu)
 {
     vf acc[ROWS][DENSE_MAXV];
     for (int r = 0; r < R; r++)
@@ -470,8 +470,7 @@ static void conv_winograd(const struct conv *L, int live)
                 vf y00, y01, y10, y11;
                 winograd_at(s0, 1, &y00, &y01);
                 winograd_at(s1, 1, &y10, &y11);
-                const vf sum = ((relu(y00) + relu(y01)) + relu(y10)) + relu(y11);
-                store(L->out + at[2 * t + 1] + mo, sum * 0.25f);
+                store(L->out + at[2 * t + 1] + mo, relu_pool(y00, y01, y10, y11));
             }
     }
 }
@@ -575,14 +574,16 @@ long long cn_forward(const float *x, long long n, const int *g, const float *w1,
     const int flat = g[7], hidden = g[8], classes = g[9], classes_p = g[10];
     const int h1 = (h - k1 + 1) / 2, w1p = (w - k1 + 1) / 2;
     const size_t windows = (size_t)h1 * w1p; /* more than conv2's */
-    size_t windows2 = u2 ? (size_t)((h1 - k2 + 1) / 2) * ((w1p - k2 + 1) / 2) : 0; /* conv_winograd's group */
-    windows2 = windows2 < winograd_group(c1p, c2p) ? windows2 : winograd_group(c1p, c2p);
+    /* conv_winograd's inputs and products: a group of conv2's windows (all of them where fewer) */
+    const size_t windows2 = (size_t)((h1 - k2 + 1) / 2) * ((w1p - k2 + 1) / 2), group = winograd_group(c1p, c2p);
+    const size_t held = u2 ? (windows2 < group ? windows2 : group) : 0, wino_v = 36 * (held * c1p + WINO_SKEW);
+    const size_t wino = u2 ? wino_v + 36 * (held * c2p + WINO_SKEW) : 0;
     long long block = FEATURE_BUDGET / ((long long)flat * (long long)sizeof(float));
     block = block < hidden ? hidden : block;
     block = block < ROWS ? ROWS : block > n ? n : block;
     const size_t need = windows * c1p + windows * 4 * MAXV * VW + (size_t)block * (flat + hidden + classes_p)
                         + windows * 2 * sizeof(size_t) / sizeof(float) + ((size_t)h * w + 1) / 2 /* live, lit, quad */
-                        + 36 * (windows2 * (c1p + c2p) + 2 * WINO_SKEW);
+                        + wino;
     float *scratch = scratch_get(need * sizeof(float));
     if (!scratch)
         return -2;
@@ -590,7 +591,7 @@ long long cn_forward(const float *x, long long n, const int *g, const float *w1,
     float *hid = feat + (size_t)block * flat, *out = hid + (size_t)block * hidden;
     size_t *live = (size_t *)(out + (size_t)block * classes_p);
     unsigned char *lit = (unsigned char *)(live + 2 * windows), *quad = lit + (size_t)h * w;
-    float *wv = scratch + need - 36 * (windows2 * (c1p + c2p) + 2 * WINO_SKEW), *wm = wv + 36 * (windows2 * c1p + WINO_SKEW);
+    float *wv = scratch + need - wino, *wm = wv + wino_v;
     long long bad = -1;
     for (long long i0 = 0; i0 < n && bad == -1; i0 += block) {
         int count = n - i0 < block ? (int)(n - i0) : block;

@@ -38,4 +38,3 @@ def weights(w):
     assert w.shape[:2] == (K, K)
     u = np.einsum("ak,klcm,bl->abcm", G, w.astype(np.float64), G)
     return np.ascontiguousarray(u.reshape(TILE * TILE, *w.shape[2:]), dtype=np.float32)
-
