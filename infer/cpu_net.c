@@ -576,8 +576,8 @@ long long cn_forward(const float *x, long long n, const int *g, const float *w1,
     const size_t windows = (size_t)h1 * w1p; /* more than conv2's */
     /* conv_winograd's inputs and products: a group of conv2's windows (all of them where fewer) */
     const size_t windows2 = (size_t)((h1 - k2 + 1) / 2) * ((w1p - k2 + 1) / 2), group = winograd_group(c1p, c2p);
-    const size_t held = u2 ? (windows2 < group ? windows2 : group) : 0, wino_v = 36 * (held * c1p + WINO_SKEW);
-    const size_t wino = u2 ? wino_v + 36 * (held * c2p + WINO_SKEW) : 0;
+    const size_t held = windows2 < group ? windows2 : group;
+    const size_t wino_v = u2 ? 36 * (held * c1p + WINO_SKEW) : 0, wino = u2 ? wino_v + 36 * (held * c2p + WINO_SKEW) : 0;
     long long block = FEATURE_BUDGET / ((long long)flat * (long long)sizeof(float));
     block = block < hidden ? hidden : block;
     block = block < ROWS ? ROWS : block > n ? n : block;
