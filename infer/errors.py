@@ -46,3 +46,8 @@ class BadValue(Exception):
 
     def shifted(self, offset):
         return BadValue(self.image + offset)
+
+
+class ForkedSession(RuntimeError):
+    """A GPU Session used in a process forked from the one that made it (CUDA does not survive
+    fork): the child must make its own."""

@@ -11,15 +11,17 @@ Session may be shared by any number of threads, each call getting the answers it
 (see Session).
 """
 import os
+import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import weakref
 
 import numpy as np
 
 from . import backends, codes, defaults, env, loader, network
 from .dataset import DataSet, expand
 from .errors import BadValue, InputError
+from .home import Holder, Home
 from .options import Options
 from .reader import INLINE_BYTES, Inline, wait
 from .result import Result
@@ -74,10 +76,15 @@ def _model(model):
     raise TypeError(f"model must be a path, a mapping of weight arrays or a loaded Model, not {type(model).__name__}")
 
 
-def _notice(line):
-    import sys
+_said = set()
 
-    print(line, file=sys.stderr)
+
+def _notice(line):
+    """The default notice: on stderr, each line once a process (every Session of a machine
+    without a GPU would say the same)."""
+    if line not in _said:
+        _said.add(line)
+        print(line, file=sys.stderr)
 
 
 class Session:
@@ -96,6 +103,11 @@ class Session:
     session's own, which holds the CUDA context from its creation to close(), so any thread may
     call or close; the CPU backend's in-memory calls run at once on its shared compute threads
     (see _forward).
+
+    close() (or `with`) releases it at once; a Session dropped, or alive at interpreter exit, is
+    released then, quietly (home.py). In a process forked from the one that made it, a GPU
+    Session raises ForkedSession (a RuntimeError: make the Session in the child); a CPU Session
+    starts a backend of the child's own.
     """
 
     def __init__(self, model=None, backend="auto", *, notice=_notice, **options):
@@ -107,19 +119,34 @@ class Session:
         self.model = _model(model)
         self.load_ms = _ms(t)  # counted in the first call's timing, as one run of the command line does
         self.setup_ms = 0.0
-        self.backend, self.closed = None, False
+        self.closed = False
+        self.backend_name = backend
+        self._notice = notice
+        self._own()
+
+    def _own(self):
+        """What this process's Session holds: the backend's holder (with, for a GPU, the thread
+        the backend lives on: a CUDA context stays current in the thread that made it), its
+        release, the locks. The backend (for CUDA: the context, kernels, weights) starts with the
+        first call, after that call's input has been checked: a bad file costs no GPU start-up."""
+        self._holder = Holder(None if self.backend_name == "cpu" else Home())
+        self._release = weakref.finalize(self, self._holder.release)
         self.lock = threading.RLock()  # one call at a time on the backend and its buffers
         self._calls = threading.Condition()  # calls running outside the lock (see _forward)
         self._running = 0
-        # A CUDA context stays current in the thread that made it: the backend lives on this one
-        self._home = None if backend == "cpu" else ThreadPoolExecutor(1, thread_name_prefix="cnninfer-session",
-                                                                        initializer=self._at_home_thread)
-        self._home_ident = None
-        # The backend (for CUDA: the context, kernels, weights) starts with the first call, after
-        # that call's input has been checked: a bad file costs no GPU start-up.
-        self.backend_name = backend
-        self._create = lambda decode: backends.create(backend, notice, **dict(self.options.backend_kwargs(),
-                                                                             decode=decode))
+
+    @property
+    def backend(self):
+        return self._holder.backend
+
+    def _here(self):
+        """Refuse (GPU) or start afresh (CPU: the parent's threads are not in this process) in a
+        process forked after the Session was made."""
+        if not self._holder.forked:
+            return
+        self._holder.check()
+        self._release()  # leaves the parent's backend untouched
+        self._own()
 
     def __enter__(self):
         return self
@@ -130,15 +157,15 @@ class Session:
     def close(self):
         """Release the backend: device memory, page-locked buffers, the CUDA context, threads.
         Waits for a call in progress on another thread; later calls raise InputError."""
+        if self._holder.forked:  # the parent's locks may be held by threads this process lacks
+            self.closed = True
+            self._release()
+            return
         with self.lock:
             with self._calls:
                 self.closed = True
                 self._calls.wait_for(lambda: self._running == 0)
-            if self.backend is not None:
-                self._at_home(self.backend.close)
-            self.backend = None
-            if self._home is not None:
-                self._home.shutdown()
+            self._release()
 
     @property
     def classes(self):
@@ -150,7 +177,8 @@ class Session:
             raise InputError("this session is closed")
         if self.backend is None:
             t = time.perf_counter()
-            self.backend = self._at_home(self._create, self._decode(data))
+            kwargs = dict(self.options.backend_kwargs(), decode=self._decode(data))
+            self._holder.backend = self._at_home(backends.create, self.backend_name, self._notice, **kwargs)
             self.setup_ms += _ms(t)
         return self.backend
 
@@ -169,20 +197,15 @@ class Session:
         wire = plan.wire_dtype(data.dtype)
         return "auto" if streams(data, wire) and chunk_decode.unsupported(data, wire) is None else "host"
 
-    def _at_home_thread(self):
-        self._home_ident = threading.get_ident()
-
     @property
     def executor(self):
         """The backend's own thread (None where calls run on the caller's): a caller that drives
         the session from one thread of its own (the server's batches) can use this one instead."""
-        return self._home
+        return self._holder.home
 
-    def _at_home(self, fn, *args):
-        """fn(*args) on the backend's own thread (where there is one), whoever calls."""
-        if self._home is None or threading.get_ident() == self._home_ident:
-            return fn(*args)
-        return self._home.submit(fn, *args).result()
+    def _at_home(self, fn, *args, **kwargs):
+        """fn(*args, **kwargs) on the backend's own thread (where there is one), whoever calls."""
+        return self._holder.call(lambda: fn(*args, **kwargs))
 
     @property
     def device(self):
@@ -200,6 +223,7 @@ class Session:
     def classify(self, x, scores=False):
         """(predicted classes int64 (N,), scores float32 (N, classes) or None) of x's images, both
         from one forward pass."""
+        self._here()
         x = np.asarray(x)
         if x.dtype.kind not in "iuf":
             raise InputError(f"x: type {x.dtype} is not a number type (integer or float)")
@@ -215,6 +239,7 @@ class Session:
     def evaluate(self, data, n=None, *, scores=False, progress=False):
         """Classify the first n images (all by default) of one data file, or of several taken as
         one data set (a list of paths, glob patterns allowed): a Result (see `as_dict`)."""
+        self._here()
         t = time.perf_counter()
         paths = expand([data] if isinstance(data, (str, os.PathLike)) else list(data))
         if not paths:

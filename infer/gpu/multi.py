@@ -1,11 +1,10 @@
 """Several GPUs: the images split into contiguous ranges, one per GPU, each GPU with its own
 context, streams and host thread (a context stays current in the thread that made it). The
 per-image computation does not depend on the batch, so predictions equal one GPU's."""
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
 
 from ..errors import BadValue, ScoresOverflow
+from ..home import Home, close_boxed
 from .backend import CudaBackend
 from .plan import split
 
@@ -21,7 +20,7 @@ class MultiGpuBackend:
 
     def __init__(self, devices, **options):
         self._reader_threads = None
-        self.workers = [ThreadPoolExecutor(1, thread_name_prefix=f"cnninfer-gpu{d}") for d in devices]
+        self.workers = [Home(f"cnninfer-gpu{d}") for d in devices]  # not stopped before atexit (home.py)
         self.gpus = []
         try:
             for d, w in zip(devices, self.workers):
@@ -101,8 +100,10 @@ class MultiGpuBackend:
         return out + (max(read_s), max(wait_s))
 
     def close(self):
-        for g, w in zip(self.gpus, self.workers):
-            w.submit(g.close).result()
+        """Each GPU's backend closed and dropped on its own thread, then the threads ended."""
+        boxes, self.gpus = [[g] for g in self.gpus], []
+        for box, w in zip(boxes, self.workers):
+            w.submit(close_boxed, box).result()
         for w in self.workers:
             w.shutdown()
-        self.gpus, self.workers = [], []
+        self.workers = []
