@@ -94,6 +94,8 @@ def test_a_gpu_session_is_released_quietly(ece408, expected, case):
 
 
 FORKED = """
+import warnings  # Python 3.12 warns of any fork in a process with threads: this script forks on purpose
+warnings.filterwarnings("ignore", "This process .* is multi-threaded", DeprecationWarning)
 s = cnninfer.Session(model, backend)
 print(s.predict(x).tolist() == expected)
 pid = os.fork()
