@@ -9,8 +9,11 @@ have waited already. One forward pass at a time, on one thread that owns the ses
 
 With pad_to (the CUDA backend: a new batch size costs it new device and page-locked buffers and
 a new CUDA graph, ~10 ms), every pass is exactly pad_to images, zeros filling the rest, and a
-request larger than max_batch is split into passes of max_batch. A failing pass is run again request by request, so a bad request fails
-alone; a request whose caller went away is skipped.
+request larger than max_batch is split into passes of max_batch. A pass that fails on a
+request's input (InputError: values that overflow, say) is run again request by request, so a
+bad request fails alone; a pass that fails otherwise (the device) fails every request in it
+once, not replayed. A request whose caller went away, or whose deadline passed while it
+waited (Expired), is skipped.
 """
 import asyncio
 import time
@@ -18,12 +21,22 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .errors import InputError
+
 
 STOP = object()  # queued by stop(): the requests before it are answered first
 
 
 class Busy(Exception):
     """More images wait than the queue holds (HTTP 503)."""
+
+
+class Expired(Exception):
+    """A request not answered within its deadline (HTTP 504)."""
+
+
+class Draining(Exception):
+    """The server stopped waiting for this request's pass as it shut down (HTTP 503)."""
 
 
 class Pending:
@@ -50,14 +63,23 @@ class Batcher:
         self.owns_thread = thread is None
         self.thread = thread or ThreadPoolExecutor(1, thread_name_prefix="cnninfer-batch")
         self.task = None
+        self.running = []  # the requests of the pass in progress
 
     def start(self):
         self.task = asyncio.get_running_loop().create_task(self._loop())
 
-    async def submit(self, x, scores=False):
-        """(labels, scores or None) of images x (at least one), computed in some batch."""
+    async def submit(self, x, scores=False, timeout=None):
+        """(labels, scores or None) of images x (at least one), computed in some batch; Expired
+        when that takes longer than timeout seconds (None: no limit)."""
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._submit(x, scores)
+        except TimeoutError:
+            raise Expired(f"not answered within {timeout:g} s") from None
+
+    async def _submit(self, x, scores):
         if self.pad_to and len(x) > self.max_batch:
-            parts = await asyncio.gather(*(self.submit(x[i:i + self.max_batch], scores)
+            parts = await asyncio.gather(*(self._submit(x[i:i + self.max_batch], scores)
                                            for i in range(0, len(x), self.max_batch)))
             labels, kept = zip(*parts)
             return np.concatenate(labels), np.concatenate(kept) if scores else None
@@ -66,7 +88,7 @@ class Batcher:
         future = asyncio.get_running_loop().create_future()
         self._count(len(x))
         await self.queue.put(Pending(x, scores, future))
-        return await future  # cancelled with the request: the batch skips it
+        return await future  # cancelled with the request (or its deadline): the batch skips it
 
     def _count(self, images):
         self.queued += images
@@ -118,15 +140,19 @@ class Batcher:
         x = batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch])
         if self.pad_to and images < self.pad_to:
             x = np.concatenate([x, np.zeros((self.pad_to - images,) + x.shape[1:], x.dtype)])
+        self.running = batch
         try:
             labels, kept = await loop.run_in_executor(self.thread, self.classify, x, scores)
         except Exception as e:
-            if len(batch) == 1:
-                _settle(batch[0], exception=e)
+            self.running = []
+            if len(batch) == 1 or not isinstance(e, InputError):
+                for p in batch:
+                    _settle(p, exception=e)
                 return
             for p in batch:  # each alone: only the bad one fails
                 await self._run(loop, [p], len(p.x))
             return
+        self.running = []
         if self.metrics is not None:
             self.metrics.batch(images, len(batch))
         at = 0
@@ -134,6 +160,13 @@ class Batcher:
             n = len(p.x)
             _settle(p, result=(labels[at:at + n], kept[at:at + n] if p.scores else None))
             at += n
+
+    def abandon(self):
+        """Fail every request waiting, or in the pass in progress, with Draining (a drain's end):
+        the passes still run, their answers unused."""
+        waiting = [p for p in self.queue._queue if p is not STOP] + [self.held] * (self.held not in (None, STOP))
+        for p in waiting + self.running:
+            _settle(p, exception=Draining())
 
     async def stop(self):
         """Answer every request already queued, then stop taking more."""

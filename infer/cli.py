@@ -328,8 +328,28 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Processes sharing the port, each with its own session and batching (one handles "
                    "~3,000-4,000 requests/s; /metrics then counts per worker).")
+@click.option("--model-sha256", metavar="HEX", help="Refuse to start unless the model file's sha256 is HEX "
+              "(pins what is served; /v1/model reports it).")
+@click.option("--max-connections", type=click.IntRange(1), default=2048, show_default=True,
+              help="Connections open at once; more are closed as they are accepted.")
+@click.option("--header-timeout-s", type=click.FloatRange(0, min_open=True), default=10, show_default=True,
+              help="A connection that has not sent a request's headers within this is closed.")
+@click.option("--body-timeout-s", type=click.FloatRange(0, min_open=True), default=10, show_default=True,
+              help="A body that sends nothing for this long is answered 408.")
+@click.option("--max-buffered-mb", type=click.FloatRange(0, min_open=True), default=512, show_default=True,
+              help="Request bodies held at once, all connections together; past it 503.")
+@click.option("--max-pixels", type=click.IntRange(1), default=16 << 20, show_default=True,
+              help="A PNG or JPEG with more pixels (read from its header) is refused (413) undecoded.")
+@click.option("--decoders", type=click.IntRange(1, 64), default=2, show_default=True,
+              help="Bodies decoded at once, on threads of their own (never on the event loop).")
+@click.option("--request-timeout-s", type=click.FloatRange(0, min_open=True), default=30, show_default=True,
+              help="A request not answered this long after its images were queued gets 504.")
+@click.option("--drain-s", type=click.FloatRange(0, 600), default=5, show_default=True,
+              help="On SIGTERM or Ctrl-C: in-flight requests answered within this; the rest get 503.")
 def serve(model, backend, chunk, streams, tile_width, gemm_algo, conv_algo, precision, device_ordinal, devices,
-          fast_math, host, port, max_batch, max_delay_ms, token, max_body_mb, workers):
+          fast_math, host, port, max_batch, max_delay_ms, token, max_body_mb, workers, model_sha256,
+          max_connections, header_timeout_s, body_timeout_s, max_buffered_mb, max_pixels, decoders,
+          request_timeout_s, drain_s):
     """Serve MODEL (default: the bundled one) over HTTP with dynamic batching, until SIGTERM or
     Ctrl-C (in-flight requests are answered first). Prints one line with the URL once it accepts
     connections. POST /v1/predict takes an .npy array of (N, H, W, C) images or one PNG / JPEG;
@@ -339,12 +359,19 @@ def serve(model, backend, chunk, streams, tile_width, gemm_algo, conv_algo, prec
 
     server.require()
     settings = server.Settings(max_batch=max_batch, max_delay_ms=max_delay_ms, token=token or None,
-                               max_body_bytes=int(max_body_mb * 2**20))
+                               max_body_bytes=int(max_body_mb * 2**20), max_buffered_bytes=int(max_buffered_mb * 2**20),
+                               max_pixels=max_pixels, decoders=decoders, max_connections=max_connections,
+                               header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
+                               request_timeout_s=request_timeout_s, drain_s=drain_s)
     options = dict(chunk=chunk, streams=streams, tile_width=tile_width and int(tile_width), gemm_algo=gemm_algo,
                    conv_algo=conv_algo, precision=precision, devices=devices or [device_ordinal], fast_math=fast_math)
     Options.of(**options)  # bad options, variables and model files: one line before any worker starts
     env.check()
-    spec = server.Spec(loader.load_model(model or defaults.model()), backend, options)
+    path = model or defaults.model()
+    digest = loader.sha256(path)
+    if model_sha256 is not None and model_sha256.strip().lower() != digest:
+        raise InputError(f"{path}: its sha256 is {digest}, not {model_sha256.strip()} (--model-sha256)")
+    spec = server.Spec(loader.load_model(path), backend, options, digest)
     server.serve(spec, settings, host, port, workers,
                  announce=lambda line: click.echo(line))
 

@@ -1,7 +1,10 @@
 """Request bodies to images, checked as the command line checks files: an .npy array of (N, H, W, C)
 images of any integer or float type, or one PNG / JPEG picture brought to the model's (H, W, C)
-the way MNIST's digits were made. Every problem is an InputError with one line."""
+the way MNIST's digits were made. Every problem is an InputError with one line about the body
+(no server paths, no Python reprs); a picture past the pixel limit is TooManyPixels (HTTP 413),
+refused from its header, before it is decoded."""
 import io
+import math
 
 import numpy as np
 
@@ -10,9 +13,15 @@ from .errors import InputError
 from .reader import check_finite
 
 NPY = "application/x-npy"
-PICTURES = ("image/png", "image/jpeg")
+PICTURES = {"image/png": "PNG", "image/jpeg": "JPEG"}  # media type -> the one decoder Pillow may use
 CONTENT_TYPES = (NPY, *PICTURES)
 LABEL = "body"
+MAX_PIXELS = 16 << 20  # serve --max-pixels' default: a 16-megapixel photo (4096 x 4096)
+WORK_SIDE = 1024  # larger pictures are shrunk to about this side first (JPEG as it decodes): memory
+
+
+class TooManyPixels(InputError):
+    """A picture whose header gives more pixels than the limit (HTTP 413)."""
 
 
 def media_type(header):
@@ -20,22 +29,39 @@ def media_type(header):
     return (header or "").split(";")[0].strip().lower()
 
 
-def from_npy(body, model):
-    """The images of an .npy body, shapes checked against the model and values checked finite
-    (integer arrays as they are: they travel in their own type)."""
+def npy_header(body):
+    """(shape, Fortran order, dtype, offset of the data) of an .npy body, or InputError."""
     if not body.startswith(b"\x93NUMPY"):
         raise InputError(f"{LABEL}: not an .npy array (it does not start with .npy's magic string)")
+    f = io.BytesIO(body)
     try:
-        x = np.load(io.BytesIO(body), allow_pickle=False)
-    except Exception as e:  # NumPy raises ValueError, OSError, EOFError... on what is not an .npy file
-        raise InputError(f"{LABEL}: not an .npy array ({' '.join(str(e).split()) or type(e).__name__})") from None
-    if not isinstance(x, np.ndarray):
-        raise InputError(f"{LABEL}: not an .npy array")
-    if x.dtype.kind not in "iuf" or x.dtype.subdtype is not None:
-        raise InputError(f"{LABEL}: type {x.dtype} is not a number type (integer or float)")
-    if x.ndim != 4:
-        raise InputError(f"{LABEL}: shape {x.shape}, expected (N, H, W, C) images")
-    network.geometry(model, (max(len(x), 1),) + x.shape[1:], LABEL)
+        version = np.lib.format.read_magic(f)
+        read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+        if read is None:
+            raise ValueError
+        shape, fortran, dtype = read(f, max_header_size=10_000)
+    except Exception:  # NumPy raises ValueError, OSError, EOFError... on a header it cannot read
+        raise InputError(f"{LABEL}: not an .npy array (its header cannot be read)") from None
+    return shape, fortran, dtype, f.tell()
+
+
+def from_npy(body, model):
+    """The images of an .npy body, shapes checked against the model and values checked finite
+    (integer arrays as they are: they travel in their own type). The body holds the array and
+    nothing else."""
+    shape, fortran, dtype, offset = npy_header(body)
+    if dtype.kind not in "iuf" or dtype.subdtype is not None or dtype.hasobject:
+        raise InputError(f"{LABEL}: type {dtype} is not a number type (integer or float)")
+    if len(shape) != 4:
+        raise InputError(f"{LABEL}: shape {shape}, expected (N, H, W, C) images")
+    expected = math.prod(shape) * dtype.itemsize
+    if len(body) - offset != expected:
+        how = "more" if len(body) - offset > expected else "fewer"
+        raise InputError(f"{LABEL}: {len(body) - offset} bytes of data where the header's {dtype} array of "
+                         f"shape {shape} has {expected} ({how} bytes than the array)")
+    network.geometry(model, (max(shape[0], 1),) + shape[1:], LABEL, None)
+    x = np.frombuffer(body, dtype, math.prod(shape), offset)
+    x = x.reshape(shape[::-1]).transpose() if fortran else x.reshape(shape)
     if x.dtype.kind == "f":
         with np.errstate(over="ignore", invalid="ignore"):
             as32 = x.astype(np.float32, copy=False)
@@ -43,21 +69,38 @@ def from_npy(body, model):
     return x
 
 
-def from_picture(body, model):
+def from_picture(body, model, kind="image/png", max_pixels=MAX_PIXELS):
     """One picture as MNIST made its digits: grayscale, a dark digit on light paper inverted to
     white on black, cropped to the digit, its longer side scaled to 20/28 of the model's, placed
     by its centre of mass in the middle, values in [0, 1]: float32 (1, H, W, C). A picture of the
     model's size with a dark border is taken as it is (an MNIST digit saved as PNG gives the
-    array's answer)."""
+    array's answer). Only the decoder of `kind` reads it (its bytes must be that format); its
+    size is checked from its header before decoding; EXIF orientation is applied."""
     try:
-        from PIL import Image, UnidentifiedImageError
+        from PIL import Image, ImageOps, UnidentifiedImageError
     except ImportError:
         raise InputError(f"{LABEL}: reading PNG or JPEG needs Pillow: pip install 'cnninfer[serve]'") from None
+    fmt = PICTURES[kind]
     try:
-        picture = Image.open(io.BytesIO(body))
+        picture = Image.open(io.BytesIO(body), formats=[fmt])
+    except Image.DecompressionBombError:  # Pillow's own limit, past twice Image.MAX_IMAGE_PIXELS
+        raise TooManyPixels(f"{LABEL}: a picture of more pixels than the server's limit of {max_pixels}") from None
+    except (UnidentifiedImageError, OSError, ValueError):
+        raise InputError(f"{LABEL}: not a readable {fmt} picture (its Content-Type is {kind})") from None
+    pixels = picture.size[0] * picture.size[1]
+    if pixels > max_pixels:
+        raise TooManyPixels(f"{LABEL}: a picture of {picture.size[0]}x{picture.size[1]} = {pixels} pixels, "
+                            f"more than the server's limit of {max_pixels}")
+    try:
+        if fmt == "JPEG":  # decoded at 1/2, 1/4 or 1/8 scale where that stays above WORK_SIDE
+            picture.draft("L", (WORK_SIDE, WORK_SIDE))
         picture.load()
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as e:
-        raise InputError(f"{LABEL}: not a PNG or JPEG picture ({' '.join(str(e).split())})") from None
+        picture = ImageOps.exif_transpose(picture)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, EOFError):
+        raise InputError(f"{LABEL}: not a whole {fmt} picture (its data cannot be decoded)") from None
+    side = max(picture.size)
+    if side > 2 * WORK_SIDE:  # a box filter down to about WORK_SIDE: the digit is later 20 pixels high
+        picture = picture.reduce(side // WORK_SIDE)
     if picture.mode in ("RGBA", "LA", "PA") or "transparency" in picture.info:
         # Transparent pixels are paper: flatten onto white
         rgba = picture.convert("RGBA")
@@ -126,10 +169,10 @@ def readable(content_type):
     return kind
 
 
-def decode(content_type, body, model):
+def decode(content_type, body, model, max_pixels=MAX_PIXELS):
     """The images of a request body by its Content-Type (see readable)."""
     kind = readable(content_type)
-    return from_npy(body, model) if kind == NPY else from_picture(body, model)
+    return from_npy(body, model) if kind == NPY else from_picture(body, model, kind, max_pixels)
 
 
 class UnsupportedType(InputError):

@@ -57,6 +57,22 @@ def _reading(path, name=None):
         raise InputError(f"{where(path, name)}: cannot read: {' '.join(str(e).split()) or type(e).__name__}") from None
 
 
+def sha256(path):
+    """The hex sha256 of a model file's bytes (serve --model-sha256 pins it)."""
+    import hashlib
+
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: no such file" if not os.path.exists(path) else f"{path}: is a folder, not an HDF5 file")
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as e:
+        raise InputError(f"{path}: cannot read: {e.strerror}") from None
+    return digest.hexdigest()
+
+
 def _open(path):
     import h5py
 

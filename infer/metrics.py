@@ -3,6 +3,8 @@ Updated from the event loop's thread and the batch thread: one lock."""
 import bisect
 import threading
 
+REFUSALS = ("connections", "header_timeout", "body_timeout", "body_size", "buffered", "pixels", "busy",
+            "deadline", "draining")  # the reasons a bound refused or cut a connection or request
 LATENCY_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
@@ -40,8 +42,13 @@ class Histogram:
 
 
 class Metrics:
-    def __init__(self, max_batch):
+    def __init__(self, max_batch, limits=None):
+        """limits: the server's bounds by name (serve's flags), shown as gauges."""
         self.lock = threading.Lock()
+        self.limits = dict(limits or {})
+        self.refusals = dict.fromkeys(REFUSALS, 0)
+        self.open_connections = lambda: 0  # the server's count, set once it runs
+        self.decoding = 0  # bodies being decoded now
         self.requests = {}  # status code -> requests answered
         self.images = {}  # status code -> images in them
         self.latency = Histogram(LATENCY_S)  # seconds from the request's arrival to its answer
@@ -54,6 +61,10 @@ class Metrics:
             self.requests[status] = self.requests.get(status, 0) + 1
             self.images[status] = self.images.get(status, 0) + images
             self.latency.observe(seconds)
+
+    def refused(self, reason):
+        with self.lock:
+            self.refusals[reason] += 1
 
     def batch(self, images, requests):
         with self.lock:
@@ -79,4 +90,14 @@ class Metrics:
             lines += self.batch_requests.lines("cnninfer_batch_requests")
             lines += ["# HELP cnninfer_queued_images Images waiting for a forward pass.",
                       "# TYPE cnninfer_queued_images gauge", f"cnninfer_queued_images {self.queued}"]
+            lines += ["# HELP cnninfer_refused_total Connections and requests refused or cut short by a bound, by reason.",
+                      "# TYPE cnninfer_refused_total counter"]
+            lines += [f'cnninfer_refused_total{{reason="{r}"}} {n}' for r, n in self.refusals.items()]
+            lines += ["# HELP cnninfer_limit The server's bounds (serve's options), by name.",
+                      "# TYPE cnninfer_limit gauge"]
+            lines += [f'cnninfer_limit{{name="{k}"}} {v:g}' for k, v in self.limits.items()]
+            lines += ["# HELP cnninfer_open_connections HTTP connections open now.",
+                      "# TYPE cnninfer_open_connections gauge", f"cnninfer_open_connections {self.open_connections()}",
+                      "# HELP cnninfer_decoding Request bodies being decoded now.",
+                      "# TYPE cnninfer_decoding gauge", f"cnninfer_decoding {self.decoding}"]
         return "\n".join(lines) + "\n"

@@ -62,23 +62,24 @@ class Geometry:
                     + self.flat * self.hidden + self.hidden * self.classes)
 
 
-def geometry(model, x_shape, path="data"):
-    """The network's layer sizes for images of `x_shape` (N, H, W, C), checked to fit the model."""
+def geometry(model, x_shape, path="data", dataset="x"):
+    """The network's layer sizes for images of `x_shape` (N, H, W, C), checked to fit the model;
+    messages name `path` and `dataset` (None: a request body, no dataset)."""
     _, h, w, c = x_shape
     k1, _, cin, c1 = model.conv1.shape
     k2, _, _, c2 = model.conv2.shape
     g = Geometry(h=h, w=w, c=c, k1=k1, c1=c1, k2=k2, c2=c2,
                  hidden=model.fc1.shape[1], classes=model.fc2.shape[1])
     if h > MAX_SIDE or w > MAX_SIDE:
-        raise InputError(f"{where(path, 'x')}: images of {h}x{w} are larger than cnninfer supports ({MAX_SIDE})")
+        raise InputError(f"{where(path, dataset)}: images of {h}x{w} are larger than cnninfer supports ({MAX_SIDE})")
     if c != cin:
-        raise InputError(f"{where(path, 'x')}: images have {c} channels but the model's conv1 takes {cin}")
+        raise InputError(f"{where(path, dataset)}: images have {c} channels but the model's conv1 takes {cin}")
     p1 = g.pool1_out
     p2 = g.pool2_out
     if min(g.conv1_out) < 2 or min(p1) < k2 or min(p2) < 1:
-        raise InputError(f"{where(path, 'x')}: images of {h}x{w} are too small for the model's "
+        raise InputError(f"{where(path, dataset)}: images of {h}x{w} are too small for the model's "
                          f"{k1}x{k1} and {k2}x{k2} convolutions with 2x2 pooling")
     if g.flat != model.fc1.shape[0]:
-        raise InputError(f"{where(path, 'x')}: images of {h}x{w} flatten to {p2[0]}x{p2[1]}x{c2} = {g.flat} "
+        raise InputError(f"{where(path, dataset)}: images of {h}x{w} flatten to {p2[0]}x{p2[1]}x{c2} = {g.flat} "
                          f"values before fc1, but the model's fc1 takes {model.fc1.shape[0]}")
     return g

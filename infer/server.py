@@ -3,11 +3,19 @@ requests that arrive together merged into one forward pass (batcher.py).
 
     POST /v1/predict   .npy (N, H, W, C) images of any integer or float type, or one PNG / JPEG
                        -> {"labels": [...]} (?scores=1 adds "scores"); 400 bad body, 401 token,
-                       413 too large, 415 other Content-Type, 503 queue full
+                       408 body too slow, 413 too large, 415 other Content-Type, 500 failed,
+                       503 busy or shutting down, 504 not answered within --request-timeout-s
     GET  /healthz      {"status": "ok"}
-    GET  /v1/model     input shape, classes, backend, device, batching settings
-    GET  /metrics      Prometheus text: requests and images by status, latency and batch histograms
+    GET  /v1/model     input shape, classes, the model file's name and sha256, backend, device, batching
+    GET  /metrics      Prometheus text: requests and images by status, latency and batch histograms,
+                       refusals by bound, the bounds
     GET  /             a page: draw a digit, see its class and the ten scores
+
+Every resource a client can make the server spend is bounded (Settings): connections and the
+time to send headers (guard.py), body size, time between body bytes and all bodies held at once,
+picture pixels (read from the header, before decoding), decoders at once (never on the event
+loop, but for .npy bodies of up to INLINE_BYTES), images queued, a request's time in the queue,
+and the drain on SIGTERM.
 """
 import asyncio
 import contextlib
@@ -16,31 +24,48 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
 from . import images
-from .batcher import Batcher, Busy
-from .errors import InputError
+from .batcher import Batcher, Busy, Draining, Expired
+from .errors import InputError, ScoresOverflow
 from .metrics import Metrics
 
 PAGE = Path(__file__).with_name("page.html")
-INLINE_BYTES = 1 << 20  # bodies decoded on the event loop's thread; larger ones on a worker thread
+INLINE_BYTES = 64 << 10  # .npy bodies up to this size are parsed on the event loop (microseconds)
 SWITCH_INTERVAL_S = 0.0002
+GIVE_UP_MARGIN_S = 0.5  # stalled uploads are answered 503 this long before the drain's end
 
 
 @dataclass(frozen=True)
 class Settings:
+    """The server's settings: batching, the token, and its bounds (each a `serve` option)."""
     max_batch: int = 256  # images merged into one forward pass at most
     max_delay_ms: float = 2.0  # how long a batch waits for more requests after its first arrived
     token: str = None  # bearer token required on /v1/* and /metrics
     max_body_bytes: int = 64 << 20
+    max_buffered_bytes: int = 512 << 20  # request bodies held at once, all connections together
+    max_pixels: int = images.MAX_PIXELS
+    decoders: int = 2  # bodies decoded at once, on threads of their own
+    max_connections: int = 2048
+    header_timeout_s: float = 10.0  # to send a request's line and headers
+    body_timeout_s: float = 10.0  # between two parts of a body
+    request_timeout_s: float = 30.0  # from a request's images queued to its answer
+    drain_s: float = 5.0  # SIGTERM: in-flight requests answered within this, the rest 503
+
+    def limits(self):
+        """The bounds, by name, for /metrics."""
+        return {k: v for k, v in asdict(self).items() if k not in ("token", "max_delay_ms")}
 
 
 def require():
-    """InputError unless the serve extra is installed."""
+    """InputError unless the serve extra is installed (and Python has asyncio.timeout)."""
+    if sys.version_info < (3, 11):
+        raise InputError("cnninfer serve needs Python 3.11 or later")
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
@@ -48,47 +73,63 @@ def require():
         raise InputError(f"cnninfer serve needs Starlette and uvicorn ({e}): pip install 'cnninfer[serve]'") from None
 
 
-class TooLarge(Exception):
-    pass
-
-
 class _Refused(Exception):
     def __init__(self, response):
         self.response = response
 
 
-async def read_body(request, limit):
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > limit:
-        raise TooLarge()
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise TooLarge()
-        chunks.append(chunk)
-    return b"".join(chunks)
+class Drain:
+    """The app's state as SIGTERM drains it: bodies being read can be cut short."""
+
+    def __init__(self):
+        self.draining = self.gave_up = False
+        self.reading = set()  # the asyncio.timeout of every body read in progress
+        self.buffered = 0  # bytes of request bodies held now
+
+    def give_up(self):
+        """Stalled uploads end now (answered 503)."""
+        self.gave_up = True
+        now = asyncio.get_running_loop().time()
+        for deadline in list(self.reading):
+            deadline.reschedule(now)
 
 
-def make_app(session, settings, batcher):
+def request_message(e):
+    """An InputError from a forward pass, as one line about the request: no server paths."""
+    if isinstance(e, ScoresOverflow):
+        return (f"{images.LABEL}: the scores of image {e.image} are not finite (float32 overflow): its values "
+                f"are too large for the model")
+    return e.message
+
+
+def make_app(session, settings, batcher, sha256=None):
     """The ASGI app over a Session whose forward passes the batcher runs; the caller closes the
-    session once the app has shut down."""
+    session once the app has shut down. Its `state.drain` is the Drain the server's shutdown uses."""
     from starlette.applications import Starlette
     from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse
     from starlette.routing import Route
 
-    metrics = Metrics(settings.max_batch)
+    metrics = Metrics(settings.max_batch, settings.limits())
     batcher.metrics = metrics
     h, w, c = images.image_shape(session.model)
-    expected = f"Bearer {settings.token}".encode() if settings.token else None
+    token = settings.token.encode() if settings.token else None
+    drain = Drain()
+    decode_pool = ThreadPoolExecutor(settings.decoders, thread_name_prefix="cnninfer-decode")
+    decode_slots = asyncio.Semaphore(settings.decoders)
 
     def error(status, message, headers=None):
         return JSONResponse({"error": message}, status_code=status, headers=headers)
 
+    def refused(reason, status, message, close=False):
+        metrics.refused(reason)
+        return _Refused(error(status, message, {"Connection": "close"} if close else None))
+
     def authorized(request):
-        if expected is None:
+        """Authorization: Bearer TOKEN, the scheme in any case (RFC 7235)."""
+        if token is None:
             return True
-        return hmac.compare_digest(request.headers.get("authorization", "").encode(), expected)
+        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token)
 
     def unauthorized():
         return error(401, "a valid bearer token is required (Authorization: Bearer TOKEN)",
@@ -96,60 +137,125 @@ def make_app(session, settings, batcher):
 
     async def predict(request):
         started = time.perf_counter()
-        response, count = await _predict(request)
+        try:
+            response, count = await _predict(request)
+        except Exception as e:  # a defect: one line on stderr, a JSON 500, counted like any answer
+            print(f"cnninfer serve: a request failed: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
+            response, count = error(500, "the server failed to answer this request"), 0
         metrics.answered(response.status_code, count, time.perf_counter() - started)
         return response
 
     async def _predict(request):
         if not authorized(request):
             return unauthorized(), 0
+        held = [0]  # bytes of this request's body counted in drain.buffered
         batcher.expecting += 1  # a batch forming now may wait for this one
         try:
-            x, want_scores = await _receive(request)
-        except _Refused as e:
-            return e.response, 0
+            try:
+                x, want_scores = await _receive(request, held)
+            except _Refused as e:
+                return e.response, 0
+            finally:
+                batcher.expecting -= 1
+            if len(x) == 0:
+                answer = {"labels": []}
+                if want_scores:
+                    answer["scores"] = []
+                return JSONResponse(answer), 0
+            try:
+                labels, scores = await batcher.submit(x, want_scores, settings.request_timeout_s)
+            except Busy as e:
+                metrics.refused("busy")
+                return error(503, f"server busy: {e}; try again"), len(x)
+            except Expired as e:
+                metrics.refused("deadline")
+                return error(504, f"{images.LABEL}: {e} (the server's --request-timeout-s)"), len(x)
+            except Draining:
+                metrics.refused("draining")
+                return error(503, "the server is shutting down; try again", {"Connection": "close"}), len(x)
+            except InputError as e:
+                return error(400, request_message(e)), len(x)
+            except Exception as e:  # the pass failed (the device): every request in it, once
+                print(f"cnninfer serve: a forward pass failed: {type(e).__name__}: {' '.join(str(e).split())}",
+                      file=sys.stderr)
+                return error(500, "the forward pass failed on the server"), len(x)
         finally:
-            batcher.expecting -= 1
-        if len(x) == 0:
-            answer = {"labels": []}
-            if want_scores:
-                answer["scores"] = []
-            return JSONResponse(answer), 0
-        try:
-            labels, scores = await batcher.submit(x, want_scores)
-        except Busy as e:
-            return error(503, f"server busy: {e}; try again"), len(x)
-        except InputError as e:
-            return error(400, e.message), len(x)
+            drain.buffered -= held[0]
         answer = {"labels": labels.tolist()}
         if want_scores:
             answer["scores"] = scores.tolist()
         return JSONResponse(answer), len(x)
 
-    async def _receive(request):
+    async def _receive(request, held):
         """(images, scores wanted) of a request, or _Refused with the response to give."""
         try:
             kind = images.readable(request.headers.get("content-type"))
         except images.UnsupportedType as e:
             raise _Refused(error(415, e.message)) from None
+        body = await read_body(request, held)
         try:
-            body = await read_body(request, settings.max_body_bytes)
-        except TooLarge:
-            raise _Refused(error(413, f"body: larger than the server's limit of {settings.max_body_bytes} bytes"))
-        try:
-            if len(body) > INLINE_BYTES:
-                x = await asyncio.get_running_loop().run_in_executor(None, images.decode, kind, body, session.model)
-            else:
+            if kind == images.NPY and len(body) <= INLINE_BYTES:
                 x = images.decode(kind, body, session.model)
+            else:
+                async with decode_slots:
+                    metrics.decoding += 1
+                    try:
+                        x = await asyncio.get_running_loop().run_in_executor(
+                            decode_pool, images.decode, kind, body, session.model, settings.max_pixels)
+                    finally:
+                        metrics.decoding -= 1
+        except images.TooManyPixels as e:
+            raise refused("pixels", 413, e.message) from None
         except InputError as e:
             raise _Refused(error(400, e.message)) from None
         return x, request.query_params.get("scores", "0").lower() in ("1", "true", "yes")
+
+    async def read_body(request, held):
+        """The whole body: at most max_body_bytes, no more than body_timeout_s between its parts,
+        within the bytes all bodies may hold at once, cut short (503) as a drain gives up."""
+        limit = settings.max_body_bytes
+        length = request.headers.get("content-length")
+        too_large = f"body: larger than the server's limit of {limit} bytes"
+        if length is not None and length.isdigit() and int(length) > limit:
+            raise refused("body_size", 413, too_large, close=True)
+        chunks, size = [], 0
+        while True:
+            if drain.gave_up:
+                raise refused("draining", 503, "the server is shutting down; try again", close=True)
+            try:
+                async with asyncio.timeout(settings.body_timeout_s) as deadline:
+                    drain.reading.add(deadline)
+                    try:
+                        message = await request.receive()
+                    finally:
+                        drain.reading.discard(deadline)
+            except TimeoutError:
+                if drain.gave_up:
+                    raise refused("draining", 503, "the server is shutting down; try again", close=True) from None
+                raise refused("body_timeout", 408, f"body: no data for {settings.body_timeout_s:g} s (the server's "
+                              f"--body-timeout-s)", close=True) from None
+            if message["type"] == "http.disconnect":
+                raise _Refused(error(400, "body: the client went away"))
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise refused("body_size", 413, too_large, close=True)
+            if drain.buffered + len(chunk) > settings.max_buffered_bytes:
+                raise refused("buffered", 503, f"server busy: request bodies fill its "
+                              f"{settings.max_buffered_bytes} bytes (--max-buffered-mb); try again", close=True)
+            drain.buffered += len(chunk)
+            held[0] += len(chunk)
+            if chunk:
+                chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     async def model(request):
         if not authorized(request):
             return unauthorized()
         return JSONResponse({
-            "model": session.model.path, "input_shape": [h, w, c], "classes": session.classes,
+            "model": Path(session.model.path).name if session.model.path else None, "sha256": sha256,
+            "input_shape": [h, w, c], "classes": session.classes,
             "backend": session.backend.name if session.backend else None, "device": session.device,
             "max_batch": settings.max_batch, "max_delay_ms": settings.max_delay_ms,
             "content_types": list(images.CONTENT_TYPES)})
@@ -173,13 +279,16 @@ def make_app(session, settings, batcher):
         try:
             yield
         finally:
-            await batcher.stop()  # what was queued is answered
+            await batcher.stop()  # what was queued is answered (or was failed with Draining)
             batcher.close()
+            decode_pool.shutdown()
 
-    return Starlette(routes=[
+    app = Starlette(routes=[
         Route("/", index), Route("/healthz", healthz), Route("/v1/model", model),
         Route("/v1/predict", predict, methods=["POST"]), Route("/metrics", metrics_text),
     ], lifespan=lifespan)
+    app.state.drain, app.state.metrics = drain, metrics
+    return app
 
 
 def bind(host, port):
@@ -211,6 +320,7 @@ class Spec:
     model: object  # a loader.Model
     backend: str
     options: dict
+    sha256: str = None  # of the model file, reported by /v1/model
 
 
 def serve(spec, settings, host="127.0.0.1", port=8000, workers=1, announce=print):
@@ -224,16 +334,26 @@ def serve(spec, settings, host="127.0.0.1", port=8000, workers=1, announce=print
     try:
         if workers == 1:
             with Session(spec.model, spec.backend, **spec.options) as session:
-                run_one(session, settings, sock, announce)
+                run_one(session, settings, sock, announce, spec.sha256)
         else:
             supervise(spec, settings, sock, workers, announce)
     finally:
         sock.close()
 
 
-def run_one(session, settings, sock, announce, quiet_signals=True):
-    """One event loop serving on sock until SIGTERM or SIGINT."""
+def run_one(session, settings, sock, announce, sha256=None):
+    """One event loop serving on sock until SIGTERM or SIGINT, then draining: in-flight requests
+    are answered within settings.drain_s, stalled uploads and passes not done by then get a
+    JSON 503."""
+    import warnings
+
     import uvicorn
+    from PIL import Image
+
+    from . import guard
+
+    # Pillow warns of pictures past its own pixel limit; the server's (--max-pixels) refuses them
+    warnings.simplefilter("ignore", Image.DecompressionBombWarning)
 
     # The GIL passes between the event loop and the batch thread several times a pass: at the
     # default 5 ms switch interval a busy loop held each pass up for milliseconds
@@ -251,17 +371,30 @@ def run_one(session, settings, sock, announce, quiet_signals=True):
     except BaseException:
         batcher.close()
         raise
-    app = make_app(session, settings, batcher)
+    app = make_app(session, settings, batcher, sha256)
+    drain = app.state.drain
+    cap = guard.connection_cap(settings.max_connections)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None):
             await super().startup(sockets)
             if self.started:
+                app.state.metrics.open_connections = lambda: len(self.server_state.connections)
                 announce(f"cnninfer serve: listening on {url_of(sock)} (backend {session.backend.name}: "
                          f"{session.device}; max batch {settings.max_batch}, max delay {settings.max_delay_ms:g} ms)")
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=30, timeout_keep_alive=30)
+        async def shutdown(self, sockets=None):
+            def give_up():
+                drain.give_up()
+                batcher.abandon()
+
+            drain.draining = True
+            asyncio.get_running_loop().call_later(max(settings.drain_s - GIVE_UP_MARGIN_S, 0), give_up)
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(app, log_level="error", access_log=False, lifespan="on",
+                            http=guard.protocol(cap, settings.header_timeout_s, app.state.metrics),
+                            timeout_graceful_shutdown=settings.drain_s, timeout_keep_alive=30)
     # uvicorn sends a captured signal on to the previous handler after its graceful shutdown; with
     # these, a drained server exits 0 rather than dying of that signal
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
@@ -281,7 +414,7 @@ def _worker(spec, settings, sock, ready):
 
     try:
         with Session(spec.model, spec.backend, **spec.options) as session:
-            run_one(session, settings, sock, ready.put)
+            run_one(session, settings, sock, ready.put, spec.sha256)
     except InputError as e:
         ready.put(f"error: {e.message}")
         sys.exit(2)
@@ -320,7 +453,7 @@ def supervise(spec, settings, sock, workers, announce):
             if p.is_alive():
                 p.terminate()  # SIGTERM: the worker drains
         for p in procs:
-            p.join(60)
+            p.join(settings.drain_s + 10)
             if p.is_alive():
                 p.kill()
                 p.join()

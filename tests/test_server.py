@@ -113,7 +113,7 @@ def test_concurrent_single_image_requests_are_batched_and_all_correct(server, da
     (npy(np.array(["a", "b"])), NPY, 400, "is not a number type"),
     (npy(np.zeros((1, 28, 28, 1), np.complex64)), NPY, 400, "is not a number type"),
     (npy(np.zeros((1, 28, 28, 1), np.float64) + 1e300), NPY, 400, "not a finite float32 number"),
-    (b"\x89PNG\r\n\x1a\n broken", {"Content-Type": "image/png"}, 400, "body: not a PNG or JPEG picture"),
+    (b"\x89PNG\r\n\x1a\n broken", {"Content-Type": "image/png"}, 400, "body: not a readable PNG picture"),
     (b"{}", {"Content-Type": "application/json"}, 415, "Content-Type 'application/json' is not one of"),
     (b"x" * (3 << 20), NPY, 413, "larger than the server's limit"),
 ])
