@@ -95,7 +95,7 @@ class Metrics:
             lines += [f'cnninfer_refused_total{{reason="{r}"}} {n}' for r, n in self.refusals.items()]
             lines += ["# HELP cnninfer_limit The server's bounds (serve's options), by name.",
                       "# TYPE cnninfer_limit gauge"]
-            lines += [f'cnninfer_limit{{name="{k}"}} {v:g}' for k, v in self.limits.items()]
+            lines += [f'cnninfer_limit{{name="{k}"}} {v:.15g}' for k, v in self.limits.items()]
             lines += ["# HELP cnninfer_open_connections HTTP connections open now.",
                       "# TYPE cnninfer_open_connections gauge", f"cnninfer_open_connections {self.open_connections()}",
                       "# HELP cnninfer_decoding Request bodies being decoded now.",

@@ -121,3 +121,67 @@ def test_padded_passes_are_all_one_size_and_large_requests_are_split():
     assert out[0][0].tolist() == [1]
     labels, scores = out[1]
     assert labels.tolist() == list(range(10, 19)) and scores.shape == (9, 3)
+
+
+def test_a_pass_that_fails_on_the_device_fails_its_requests_once_not_replayed():
+    """Not an InputError (the device, say): every request of the pass gets it, in one pass."""
+    calls = []
+
+    def broken(x, scores):
+        calls.append(len(x))
+        raise RuntimeError("device lost")
+
+    b = Batcher(broken, max_batch=100, max_delay_s=0.05)
+    out = run(b, lambda: [b.submit(images([i])) for i in range(5)])
+    assert calls == [5]
+    assert all(isinstance(e, RuntimeError) for e in out)
+
+
+def test_a_request_past_its_deadline_is_expired_and_skipped():
+    """The first pass blocks until released; the request behind it expires, and its pass never runs."""
+    import threading
+
+    from infer.batcher import Expired
+
+    release, seen = threading.Event(), []
+
+    def slow(x, scores):
+        seen.append(x.reshape(len(x), -1)[:, 0].tolist())
+        release.wait(10)
+        return np.zeros(len(x), np.int64), None
+
+    b = Batcher(slow, max_batch=1, max_delay_s=0)
+
+    async def second():
+        try:
+            return await b.submit(images([2]), timeout=0.2)
+        finally:
+            release.set()
+
+    out = run(b, lambda: [b.submit(images([1])), second()])
+    assert out[0][0].tolist() == [0]
+    assert isinstance(out[1], Expired) and "0.2 s" in str(out[1])
+    assert seen == [[1.0]], "the expired request's pass was skipped"
+
+
+def test_abandon_fails_what_waits_and_what_runs_with_draining():
+    import threading
+
+    from infer.batcher import Draining
+
+    started, release = threading.Event(), threading.Event()
+
+    def held(x, scores):
+        started.set()
+        release.wait(10)
+        return np.zeros(len(x), np.int64), None
+
+    b = Batcher(held, max_batch=1, max_delay_s=0)
+
+    async def abandon_once_running():
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        b.abandon()
+        release.set()
+
+    out = run(b, lambda: [b.submit(images([1])), b.submit(images([2])), abandon_once_running()])
+    assert isinstance(out[0], Draining) and isinstance(out[1], Draining)

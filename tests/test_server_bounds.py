@@ -1,0 +1,281 @@
+"""`cnninfer serve` against hostile clients, as they would meet it: a real server process on
+127.0.0.1 (CPU backend), raw sockets where a well-behaved client library would not misbehave.
+Each bound refuses what passes it, in bounded time, while other clients keep being served, the
+server's memory stays under 1 GB, and nothing wrong is answered."""
+import io
+import json
+import re
+import signal
+import socket
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+import infer
+from tests.serving import NPY, Server, npy, png, wait_for
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("starlette")
+Image = pytest.importorskip("PIL.Image")
+
+RSS_LIMIT = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def data(ece408):
+    with h5py.File(ece408 / "test100.hdf5") as f:
+        x = f["x"][()]
+    cli = infer.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu", scores=True)
+    return x, cli.predictions, cli.scores
+
+
+@pytest.fixture(scope="module")
+def server(ece408):
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--max-connections", "24", "--header-timeout-s", "1",
+               "--body-timeout-s", "1", "--max-pixels", "4000000", "--token", "t0ken")
+    yield s
+    assert s.stop() == 0, "".join(s.stderr)
+
+
+AUTH = {"Authorization": "Bearer t0ken"}
+
+
+def post(server, body, headers=NPY, query="", **kw):
+    return httpx.post(f"{server.url}/v1/predict{query}", content=body, headers=dict(headers, **AUTH), timeout=30, **kw)
+
+
+def served_correctly(server, data):
+    x, expected, _ = data
+    r = post(server, npy(x[:7]))
+    return r.status_code == 200 and r.json()["labels"] == expected[:7].tolist()
+
+
+def peak_rss(server):
+    status = open(f"/proc/{server.proc.pid}/status").read()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
+
+
+def refusals(server):
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    return {m[0]: int(m[1]) for m in re.findall(r'^cnninfer_refused_total\{reason="(\w+)"\} (\d+)$', text, re.M)}
+
+
+def address(server):
+    host, port = server.url.split("//")[1].rsplit(":", 1)
+    return host, int(port)
+
+
+def picture(gray, fmt, **save):
+    b = io.BytesIO()
+    Image.fromarray(gray).save(b, fmt, **save)
+    return b.getvalue()
+
+
+def test_a_picture_past_the_pixel_limit_is_refused_from_its_header(server, data):
+    """A 194 KB PNG of 13000 x 13000 pixels: 413 at once, undecoded; /healthz answers meanwhile."""
+    body = picture(np.zeros((13000, 13000), np.uint8), "PNG", optimize=True)
+    assert len(body) < 1 << 20
+    before = refusals(server)["pixels"]
+    t = time.monotonic()
+    r = post(server, body, {"Content-Type": "image/png"})
+    assert r.status_code == 413 and "169000000 pixels" in r.json()["error"] and "4000000" in r.json()["error"]
+    assert time.monotonic() - t < 2
+    assert refusals(server)["pixels"] == before + 1
+    assert httpx.get(server.url + "/healthz", timeout=2).status_code == 200
+    assert served_correctly(server, data)
+    assert peak_rss(server) < RSS_LIMIT
+
+
+@pytest.mark.parametrize("fmt", ["GIF", "BMP", "TIFF", "WEBP", "JPEG"])
+def test_only_the_declared_format_is_decoded(server, data, fmt):
+    """GIF, BMP, TIFF, WebP and JPEG bytes sent as image/png: 400, no other decoder runs."""
+    body = picture(np.round(data[0][0, :, :, 0] * 255).astype(np.uint8), fmt)
+    r = post(server, body, {"Content-Type": "image/png"})
+    assert r.status_code == 400 and r.json()["error"] == "body: not a readable PNG picture (its Content-Type is image/png)"
+    if fmt == "JPEG":
+        assert post(server, body, {"Content-Type": "image/jpeg"}).status_code == 200
+
+
+def test_exif_orientation_is_applied(server, data):
+    """A photo stored rotated with EXIF orientation 6 (shown turned 90 degrees clockwise) gets the
+    upright picture's answer."""
+    x, expected, _ = data
+    from PIL import Image as PIL
+
+    for i in range(100):
+        digit = np.round(x[i, :, :, 0] * 255).astype(np.uint8)
+        paper = PIL.new("L", (280, 280), 240)
+        paper.paste(PIL.fromarray(255 - digit).resize((200, 200), PIL.BILINEAR), (40, 40))
+        upright = post(server, picture(np.asarray(paper), "JPEG", quality=95), {"Content-Type": "image/jpeg"}).json()
+        stored = paper.transpose(PIL.Transpose.ROTATE_90)  # orientation 6 turns this back upright
+        sideways = post(server, picture(np.asarray(stored), "JPEG", quality=95), {"Content-Type": "image/jpeg"}).json()
+        if upright == {"labels": [int(expected[i])]} and sideways != upright:
+            break
+    else:
+        pytest.fail("no digit of test100 whose sideways picture changes its answer")
+    exif = PIL.Exif()
+    exif[0x0112] = 6
+    b = io.BytesIO()
+    stored.save(b, "JPEG", quality=95, exif=exif)
+    assert post(server, b.getvalue(), {"Content-Type": "image/jpeg"}).json() == upright
+
+
+def test_half_headers_are_cut_and_connections_are_capped(server, data):
+    """40 connections sending half a request line against a cap of 24: those past the cap are
+    closed at once, the rest after the 1 s header timeout; the server keeps answering."""
+    before = refusals(server)
+    socks = []
+    try:
+        for _ in range(40):
+            s = socket.create_connection(address(server), timeout=5)
+            s.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-")
+            socks.append(s)
+        closed_at = {}
+        t = time.monotonic()
+        while len(closed_at) < len(socks) and time.monotonic() - t < 8:
+            for i, s in enumerate(socks):
+                if i not in closed_at:
+                    s.settimeout(0.05)
+                    try:
+                        if s.recv(1024) == b"":
+                            closed_at[i] = time.monotonic() - t
+                    except socket.timeout:
+                        pass
+                    except OSError:
+                        closed_at[i] = time.monotonic() - t
+        assert len(closed_at) == 40, "every half-header connection is closed"
+        assert max(closed_at.values()) < 4
+    finally:
+        for s in socks:
+            s.close()
+    after = refusals(server)
+    assert after["connections"] - before["connections"] >= 16
+    assert after["header_timeout"] - before["header_timeout"] >= 1
+    assert (after["connections"] - before["connections"]) + (after["header_timeout"] - before["header_timeout"]) == 40
+    assert served_correctly(server, data)
+
+
+def test_a_body_shorter_than_its_length_is_answered_408(server, data):
+    with socket.create_connection(address(server), timeout=10) as s:
+        s.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0ken\r\n"
+                  b"Content-Type: application/x-npy\r\nContent-Length: 5000\r\n\r\n" + npy(data[0][:1])[:100])
+        t = time.monotonic()
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.rstrip().endswith(b"}"):
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+        assert time.monotonic() - t < 5
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head.lower()
+    assert json.loads(body)["error"] == "body: no data for 1 s (the server's --body-timeout-s)"
+    assert served_correctly(server, data)
+
+
+@pytest.mark.parametrize("body,words", [
+    (npy(np.zeros((2, 28, 28, 1), np.float32)) + b"garbage", "bytes of data where the header's float32 array"),
+    (npy(np.zeros((2, 28, 28, 1), np.float32))[:-8], "fewer bytes than the array"),
+    (b"\x93NUMPY\x01\x00\x10\x00{'descr': <f4", "body: not an .npy array (its header cannot be read)"),
+    (npy(np.zeros((1, 27, 28, 1), np.float32)), "body: images of 27x28 flatten to"),
+])
+def test_error_bodies_are_one_line_about_the_request(server, body, words):
+    r = post(server, body)
+    message = r.json()["error"]
+    assert r.status_code == 400 and words in message
+    for leak in ("<", "0x", "/", "dataset", ".hdf5", "Traceback"):
+        assert leak not in message.replace("--", ""), (leak, message)
+
+
+def test_the_scheme_of_a_bearer_token_is_case_insensitive(server, data):
+    body = npy(data[0][:2])
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        r = httpx.post(server.url + "/v1/predict", content=body, headers=dict(NPY, Authorization=f"{scheme} t0ken"))
+        assert r.status_code == 200 and r.json()["labels"] == data[1][:2].tolist()
+    assert httpx.post(server.url + "/v1/predict", content=body,
+                      headers=dict(NPY, Authorization="Basic t0ken")).status_code == 401
+
+
+def test_scores_equal_the_command_line_s(server, data):
+    """Scores, not only labels (a bias-free network keeps its labels under any rescaling): the
+    .npy path within float32's tolerance, a uint8 PNG of a data file's image bit for bit with
+    its float32 array."""
+    x, expected, scores = data
+    r = post(server, npy(x[:20]), query="?scores=1").json()
+    np.testing.assert_allclose(np.array(r["scores"], np.float32), scores[:20], rtol=1e-5, atol=1e-5)
+    for i in (0, 13):
+        as_png = post(server, png(np.round(x[i, :, :, 0] * 255).astype(np.uint8)), {"Content-Type": "image/png"},
+                      query="?scores=1").json()
+        as_npy = post(server, npy(x[i:i + 1]), query="?scores=1").json()
+        assert as_png == as_npy
+
+
+def test_limits_and_refusals_are_in_metrics(server):
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    for name, value in (("max_connections", 24), ("header_timeout_s", 1), ("body_timeout_s", 1),
+                        ("max_pixels", 4000000), ("decoders", 2), ("request_timeout_s", 30), ("drain_s", 5)):
+        assert f'cnninfer_limit{{name="{name}"}} {value}\n' in text, name
+    assert re.search(r"^cnninfer_open_connections [1-9]\d*$", text, re.M)
+
+
+def test_a_request_queued_past_its_deadline_gets_504(ece408, data):
+    x, expected, _ = data
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--request-timeout-s", "0.01", "--max-batch", "64")
+    try:
+        big = np.tile(x, (100, 1, 1, 1))  # 10,000 images: far more than 10 ms on a CPU
+        r = httpx.post(s.url + "/v1/predict", content=npy(big), headers=NPY, timeout=60)
+        assert r.status_code == 504 and "not answered within 0.01 s" in r.json()["error"]
+        assert refusals(s)["deadline"] == 1
+        text = httpx.get(s.url + "/metrics").text
+        assert 'cnninfer_requests_total{status="504"} 1' in text
+    finally:
+        assert s.stop() == 0, "".join(s.stderr)
+
+
+def test_sigterm_with_a_stalled_upload_answers_json_503_and_exits_0_within_the_drain(ece408, data):
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--drain-s", "2", "--body-timeout-s", "60")
+    stalled = socket.create_connection(address(s), timeout=20)
+    try:
+        stalled.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-npy\r\n"
+                        b"Content-Length: 100000\r\n\r\n" + b"\x93NUMPY")
+        assert wait_for(lambda: served_correctly_plain(s, data))
+        t = time.monotonic()
+        s.signal(signal.SIGTERM)
+        answer = b""
+        while True:
+            chunk = stalled.recv(4096)
+            if not chunk:
+                break
+            answer += chunk
+        assert s.proc.wait(20) == 0
+        assert time.monotonic() - t < 4
+    finally:
+        stalled.close()
+        s.stop()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503") and b"application/json" in head
+    assert json.loads(body) == {"error": "the server is shutting down; try again"}
+    assert "".join(s.stderr) == ""
+
+
+def served_correctly_plain(s, data):
+    r = httpx.post(s.url + "/v1/predict", content=npy(data[0][:3]), headers=NPY, timeout=30)
+    return r.status_code == 200 and r.json()["labels"] == data[1][:3].tolist()
+
+
+def test_the_model_is_pinned_by_its_sha256(ece408, data):
+    from tests.conftest import invoke
+
+    r = invoke("serve", ece408 / "model.hdf5", "--backend", "cpu", "--model-sha256", "00" * 32)
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "--model-sha256" in r.stderr
+    import hashlib
+
+    digest = hashlib.sha256((ece408 / "model.hdf5").read_bytes()).hexdigest()
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--model-sha256", digest.upper())
+    try:
+        m = httpx.get(s.url + "/v1/model").json()
+        assert m["sha256"] == digest and m["model"] == "model.hdf5"
+    finally:
+        assert s.stop() == 0
