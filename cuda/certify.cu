@@ -70,6 +70,12 @@
     !defined(SHARED_PAIRS)
 #error "certify needs -DSHARED_V1 .. V5 and -DSHARED_PAIRS: each kernel's shared floats (launch.Certify.defines)"
 #endif
+// CERTIFY_VERSION: the one certify_kernel built, with its pair kernel (a run compiles only what it
+// launches: version 5 alone builds in 1.7 s, all five in 3.9)
+#if !defined(CERTIFY_VERSION) || CERTIFY_VERSION < 1 || CERTIFY_VERSION > 5
+#error "certify needs -DCERTIFY_VERSION=1..5 (launch.Certify.defines)"
+#endif
+#pragma nv_diag_suppress 177  // the other versions' constants go unused
 #define CERT_THREADS 256
 namespace v1 {  // version 1's tiles and shared-memory layout (floats)
 constexpr int IMGS = 32;
@@ -268,6 +274,7 @@ __device__ __forceinline__ void store_fc_terms(float (&Ac)[CLASSES], float (&Bc)
         }
 }
 
+#if CERTIFY_VERSION == 1
 extern "C" __global__ void __launch_bounds__(CERT_THREADS, 1)
 certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, const float* __restrict__ z,
                 const float* __restrict__ scores, const int* __restrict__ labels, const float4* __restrict__ w1abs,
@@ -423,6 +430,7 @@ certify_kernel1(const float* __restrict__ feat, const float* __restrict__ dp, co
         ok[img0 + i] = sure && isfinite(s[tc]);
     }
 }
+#endif
 
 // Version 2's layout (floats): region 1 = phase A's two stages, then Q, then phase B's two stages;
 // region 2 = both warpgroups' B operands; the per-image terms; the warps' P sums.
@@ -447,6 +455,7 @@ static_assert((R1 + R2 + SMALL + PW) * 4 <= 113 * 1024, "certify v2: two blocks 
 static_assert(R1 + R2 + SMALL + PW <= SHARED_V2, "certify v2: the shared memory launch.Certify.shared gives it");
 }  // namespace v2
 
+#if CERTIFY_VERSION == 2
 extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
 certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, const float* __restrict__ z,
                 const float* __restrict__ scores, const int* __restrict__ labels, const float4* __restrict__ w1abs,
@@ -574,6 +583,7 @@ certify_kernel2(const float* __restrict__ feat, const float* __restrict__ dp, co
         ok[img0 + i] = sure && isfinite(s[tc]);
     }
 }
+#endif
 
 // Versions 3 and 4's phase A rows: thread t copies one 16-byte piece of image t / (KT / 4)'s dp row
 // into stage row i and the same piece of its p row into row IMGS + i (rows A_ROW floats apart), a
@@ -685,6 +695,7 @@ static_assert((R1 + IMGS * HIDDEN + 2 * IMGS) * 4 <= 113 * 1024, "certify v3: tw
 static_assert(R1 + IMGS * HIDDEN + 2 * IMGS <= SHARED_V3, "certify v3: the shared memory launch.Certify.shared gives it");
 }  // namespace v3
 
+#if CERTIFY_VERSION == 3
 extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
 certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, const float* __restrict__ z,
                 const float* __restrict__ scores, const int* __restrict__ labels, const float4* __restrict__ w1abs,
@@ -753,6 +764,7 @@ certify_kernel3(const float* __restrict__ feat, const float* __restrict__ dp, co
     stage_one(i, part, img0, imgs, tc, [&](int c) { return sp[c]; }, D[i], Ac, Bc, Tc, Rc, qact, slopes, w2, ok, pairs,
               columns, npairs);
 }
+#endif
 
 // Version 5's phase A rows, from float16 inputs (fused_kernel6 with FEAT_HALVES): thread t copies one
 // 16-byte piece (8 features) of row t / (KT / 8), rows 0-31 image r's dp times 2^DSCALE_LOG2 (rounded
@@ -921,6 +933,7 @@ __device__ __forceinline__ void certify_fc1(const T* __restrict__ feat, const T*
               columns, npairs);
 }
 
+#if CERTIFY_VERSION == 4
 extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
 certify_kernel4(const float* __restrict__ feat, const float* __restrict__ dp, float* __restrict__ scores,
                 int* __restrict__ labels, const float4* __restrict__ w1abs, const float4* __restrict__ w1near,
@@ -929,7 +942,9 @@ certify_kernel4(const float* __restrict__ feat, const float* __restrict__ dp, fl
     extern __shared__ float4 smem4[];
     certify_fc1(feat, dp, scores, labels, w1abs, w1near, w2, ok, pairs, columns, npairs, n, reinterpret_cast<float*>(smem4));
 }
+#endif
 
+#if CERTIFY_VERSION == 5
 extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
 certify_kernel5(const __half* __restrict__ feat, const __half* __restrict__ dp, float* __restrict__ scores,
                 int* __restrict__ labels, const float4* __restrict__ w1abs, const float4* __restrict__ w1near,
@@ -938,6 +953,7 @@ certify_kernel5(const __half* __restrict__ feat, const __half* __restrict__ dp, 
     extern __shared__ float4 smem4[];
     certify_fc1(feat, dp, scores, labels, w1abs, w1near, w2, ok, pairs, columns, npairs, n, reinterpret_cast<float*>(smem4));
 }
+#endif
 
 // The pair kernels' layout (floats): two stages of both warpgroups' fc1 slab and its dp per pair (T:
 // pair_kernel1's float, pair_kernel2's __half, a row padded by 16 bytes); the round's columns as wgmma's
@@ -1028,19 +1044,23 @@ __device__ __forceinline__ void pairs_round(const float4* __restrict__ pairs, co
     }
 }
 
+#if CERTIFY_VERSION < 5
 extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
 pair_kernel1(const float4* __restrict__ pairs, const float4* __restrict__ columns, const int* __restrict__ npairs,
              const float* __restrict__ dp, const float4* __restrict__ w1h, int* __restrict__ ok) {
     extern __shared__ float4 smem4[];
     pairs_round(pairs, columns, npairs, dp, w1h, ok, reinterpret_cast<float*>(smem4));
 }
+#endif
 
+#if CERTIFY_VERSION == 5
 extern "C" __global__ void __launch_bounds__(CERT_THREADS, 2)
 pair_kernel2(const float4* __restrict__ pairs, const float4* __restrict__ columns, const int* __restrict__ npairs,
              const __half* __restrict__ dp, const float4* __restrict__ w1h, int* __restrict__ ok) {
     extern __shared__ float4 smem4[];
     pairs_round(pairs, columns, npairs, dp, w1h, ok, reinterpret_cast<float*>(smem4));
 }
+#endif
 
 extern "C" __global__ void __launch_bounds__(1024)
 compact_kernel1(const int* __restrict__ ok, int n, int* __restrict__ idx, int* __restrict__ count, int* __restrict__ fb_overflow,

@@ -57,3 +57,55 @@ def test_the_api_refuses_one_gpu_twice(ece408):
     with pytest.raises(InputError, match=r"distinct, got \[1, 0, 1\]"):
         with Session(ece408 / "model.hdf5", backend="cuda", devices=[1, 0, 1]) as s:
             s.predict(np.zeros((2, 28, 28, 1), np.float32))
+
+
+class _AnyCuda:
+    """pycuda.driver on a machine without it: every name a stand-in (constructors only read its
+    constants; prefetch loads no module)."""
+
+    def __getattr__(self, name):
+        return _AnyCuda()
+
+    def __call__(self, *args, **kwargs):
+        return _AnyCuda()
+
+
+@needs_nvcc
+@pytest.mark.slow
+@pytest.mark.parametrize("arch,expected", [
+    ("sm_90", ["certify", "fc", "fc6", "fused3", "fused3", "fused6"]),  # H100 / H200: the default, certified
+    ("sm_80", ["fc", "fused2"]),  # A100: the fused float32 kernel (fused_kernel2)
+])
+def test_a_run_builds_only_the_kernels_its_pipeline_loads_and_at_once(tmp_path, monkeypatch, arch, expected):
+    """prefetch lists a pipeline's cubins by making it with stand-in modules, then builds just those,
+    in parallel: testfull's default pipeline on a Hopper GPU (version 5 of certify.cu alone)."""
+    import sys
+    import threading
+
+    from infer.gpu import launch, pipelines
+    from infer.gpu.profile import NullProfiler
+    from infer.network import Geometry
+
+    try:
+        import pycuda.driver  # noqa: F401
+    except ImportError:  # the constructors' own imports of it, inside them, get the stand-in
+        monkeypatch.setitem(sys.modules, "pycuda", _AnyCuda())
+        monkeypatch.setitem(sys.modules, "pycuda.driver", _AnyCuda())
+    monkeypatch.setenv("CNNINFER_CACHE", str(tmp_path))
+    launch._cubin.cache_clear()
+    threads, nvcc = set(), compiler.cubin
+
+    def watched(*args, **kwargs):
+        threads.add(threading.current_thread().name)
+        return nvcc(*args, **kwargs)
+
+    monkeypatch.setattr(compiler, "cubin", watched)
+    g = Geometry(h=28, w=28, c=1, k1=5, c1=32, k2=5, c2=64, hidden=128, classes=10)
+    algo, _ = pipelines.choose(pipelines.AUTO, g, arch, None)
+    build = launch.Build(arch, False, None, NullProfiler())
+    launch.prefetch(build, lambda b: algo(b, g))
+    built = sorted(p.name.split("-")[0] for p in (tmp_path / "kernels").glob("*.cubin"))
+    assert built == expected
+    assert len(threads) == len(expected) and all(t.startswith("cnninfer-nvcc") for t in threads)
+    assert not build.modules, "prefetch loads nothing"
+    launch._cubin.cache_clear()

@@ -57,7 +57,8 @@ HOPPER = ([("fused3", Fused.defines(g, 3)) for g in (MNIST, Geometry(27, 29, 3, 
              ("fused4", Fused.defines(Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7), 4)), ("fused6", Fused.defines(Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7), 6)),
              ("fc6", FullyConnectedWarpgroup.defines(MNIST)), ("fc6", FullyConnectedWarpgroup.defines(Geometry(28, 28, 1, 3, 16, 3, 20, 64, 7))),
              ("fc6", FullyConnectedWarpgroup.defines(WIDE_FC)),
-             ("certify", Certify.defines(MNIST)), ("certify", Certify.defines(SimpleNamespace(flat=320, hidden=128, classes=10)))]
+             *[("certify", Certify.defines(MNIST, v)) for v in Certify.KERNELS],
+             ("certify", Certify.defines(SimpleNamespace(flat=320, hidden=128, classes=10), 5))]
           + [conv(c, version=2) for c in HOPPER_CONVS] + [conv(c, version=3) for c in WHOLE_CONVS]
           + [conv(c, version=4) for c in STAGED_CONVS]
           + [gemm(4, 128, GEMM_BN=bn) for bn in (16, 32, 64)])

@@ -2,7 +2,6 @@
 once, the batch's memory planned (plan.memory) and allocated with fallbacks, then images run by the
 executor (chunks over several streams, CUDA graphs) or streamed block by block (streamer)."""
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 import pycuda.driver as cuda
@@ -14,21 +13,9 @@ from ..options import STREAMS
 from . import chunk_decode, graph, launch, pipelines, plan, shuffled
 from .device import DECODE_QUEUES, Device
 from .executor import Executor
+from .launch import Build
 from .profile import NullProfiler, Profiler
 from .streamer import forward_stream
-
-
-@dataclass
-class Build:
-    """What every kernel of one run is compiled and launched with."""
-    arch: str
-    fast_math: bool
-    tile_width: object  # --tile-width, or None for each GEMM's own choice
-    profiler: object
-    gemm: str = "auto"  # --gemm-algo
-    l2_bytes: int = 32 << 20
-    sms: int = 108
-    modules: dict = field(default_factory=dict)  # loaded modules of this context, by (source, defines)
 
 
 class CudaBackend(HostSide):
@@ -149,6 +136,7 @@ class CudaBackend(HostSide):
                         self.notice(f"cnninfer: {name} {value} has no effect: --conv-algo {algo.NAME} has no "
                                     f"tiled GEMM (it shapes --conv-algo unroll's)")
             try:
+                launch.prefetch(self.build, lambda build: algo(build, g))
                 pipeline = algo(self.build, g)
                 if algo is pipelines.FusedCertified and self.precision is None and self.algo == pipelines.AUTO:
                     pipeline.by_default()
