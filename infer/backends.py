@@ -5,10 +5,8 @@ stream(data, start, stop, progress), close().
 
 `auto` takes CUDA when it is usable here, else the CPU with one notice line.
 """
-from .cpu import CpuBackend
 from .errors import BackendUnavailable, InputError
-
-NAMES = ("auto", "cuda", "cpu")
+from .options import BACKENDS as NAMES  # noqa: F401
 
 
 def create_cuda(devices=None, **options):
@@ -48,6 +46,8 @@ def once(notice):
 def create(name, notice, chunk=None, readers=None, **cuda_options):
     """A ready backend by name; `notice` takes the one-line notices: when `auto` falls back to the
     CPU, when an option has no effect on the algorithm that runs."""
+    from .cpu import CpuBackend
+
     if name == "cpu":
         if cuda_options.get("decode") == "gpu":
             raise InputError("--decode gpu needs the CUDA backend")

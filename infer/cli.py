@@ -1,16 +1,16 @@
-"""The command line: thin click commands over the library (session, loader, mnist, bench)."""
+"""The command line: thin click commands over the library (session, loader, mnist, bench). Each
+command imports what it uses: `--help` and the option checks import no engine (NumPy, the GPU
+package, the CPU library)."""
 import glob
 import json
 import os
 
 import click
 
-from . import __version__, backends, defaults, mnist, predictions, reference, session
+from . import __version__, defaults
 from .errors import InputError
-from .gpu import compiler
-from .gpu.launch import GEMMS, TILE_WIDTHS
-from .gpu.pipelines import ALGORITHMS, AUTO, PRECISIONS, FusedCertified
-from .options import DECODE_MODES, STREAMS
+from .options import (ALGORITHMS, AUTO, BACKENDS, CERTIFY_FROM, DECODE_MODES, GEMMS, PRECISIONS, STREAMS,
+                      TILE_WIDTHS)
 
 
 def parse_devices(ctx, param, value):
@@ -54,7 +54,7 @@ def cuda_options(f):
                           "does not prove are recomputed exactly, so the answers are the exact path's (sm_90, "
                           "32 -> 64 channels, 128 hidden units, 10 classes; elsewhere the exact path runs, with "
                           "a notice). exact: never float16. Default: certified for runs of "
-                          f"{FusedCertified.CERTIFY_FROM} images or more (a GPU's share) uploaded a byte a pixel "
+                          f"{CERTIFY_FROM} images or more (a GPU's share) uploaded a byte a pixel "
                           "(uint8 files, float32 files of 8-bit codes) that write no --scores (there it is "
                           "faster: docs/certified.md), exact for the rest."),
         click.option("--device", "device_ordinal", type=click.IntRange(0), default=0, show_default=True,
@@ -116,7 +116,7 @@ def resolve(args):
 
 @cli.command()
 @click.argument("args", nargs=-1, metavar="[DATA]... [MODEL] [N]")
-@click.option("--backend", type=click.Choice(backends.NAMES), default="auto", show_default=True,
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
               help="auto: CUDA when usable here, else the CPU.")
 @click.option("--chunk", type=click.IntRange(1), help="Images per chunk (default: the backend's).")
 @click.option("--readers", type=click.IntRange(1, 256), help="Threads reading the data files (default: one per "
@@ -153,6 +153,8 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
     MNIST) is used; without DATA, its bundled sample of 1,000 MNIST test images.
     `elapsed` is the forward pass from images in host memory to labels in host memory.
     """
+    from . import predictions, reference, session
+
     data, model, n = resolve(args)
     if predictions_path:
         predictions.check_path(predictions_path)
@@ -226,7 +228,7 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
               help="--serve: seconds per measurement.")
 @click.option("--soak", type=click.FloatRange(10, 36000), metavar="SECONDS",
               help="--serve: instead hold about half the peak rate this long; errors, answers and RSS.")
-@click.option("--backend", type=click.Choice(backends.NAMES), default="auto", show_default=True,
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
               help="--serve: the server's backend. Without --serve, cpu compares cnninfer's CPU path with "
                    "onnxruntime and the NumPy reference (use --repeats 5: a round takes seconds).")
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
@@ -311,7 +313,7 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
 
 @cli.command()
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
-@click.option("--backend", type=click.Choice(backends.NAMES), default="auto", show_default=True,
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
               help="auto: CUDA when usable here, else the CPU.")
 @click.option("--chunk", type=click.IntRange(1), help="Images per chunk (default: the backend's).")
 @cuda_options
@@ -384,7 +386,7 @@ def export_onnx(model, out):
     (N, classes) and labels (N,) int64. H and W are fixed to the square size fc1 implies (28 for
     MNIST); the batch is free. onnxruntime (or any ONNX runtime) then runs the network without
     cnninfer: other languages, other runtimes. Needs: pip install 'cnninfer[onnx]'."""
-    from . import images, loader, onnx_export
+    from . import images, loader, onnx_export, predictions
 
     predictions.check_path(out, formats=(".onnx",))
     m = loader.load_model(model)
@@ -406,6 +408,8 @@ def export_onnx(model, out):
 def convert_mnist(images, labels, out, limit, compress):
     """Convert MNIST IDX files (gzip or raw) to cnninfer's HDF5 data format: x = pixels * float32(1/255),
     NHWC (N, 28, 28, 1); y one-hot float64 (N, 10). OUT is written whole."""
+    from . import mnist
+
     n = mnist.convert(images, labels, out, limit=limit, compress=compress)
     click.echo(f"wrote {n} images to {out}", err=True)
 
@@ -419,6 +423,9 @@ def info():
 
     import h5py
     import numpy
+
+    from . import backends
+    from .gpu import compiler
 
     click.echo(f"cnninfer {__version__}; Python {platform.python_version()}, NumPy {numpy.__version__}, h5py {h5py.__version__}")
     try:

@@ -4,13 +4,31 @@ import dataclasses
 from dataclasses import dataclass
 
 from .errors import InputError
-from .gpu.launch import GEMMS, TILE_WIDTHS
-from .gpu.pipelines import ALGORITHMS, AUTO, PRECISIONS, precision_conflict
 
+# The names the command line offers, here so that naming them imports no engine (NumPy, the GPU
+# package): the GPU package's registries hold the same names (tests/test_cli.py checks).
+AUTO = "auto"  # --conv-algo: the first of ALGORITHMS that can run the model on the GPU at hand
+ALGORITHMS = ("fused-wgmma", "fused-tc", "implicit-wgmma", "implicit-tc", "fused", "unroll",
+              "fused-certified")  # pipelines.ALGORITHMS, in auto's order of preference
+CERTIFIED = "fused-certified"  # --precision certified's path
+GEMMS = ("wgmma", "tf32x3", "blocked", "tiled")  # launch.GEMMS
+TILE_WIDTHS = (8, 16, 32, 64, 128)  # every tile width of launch.GEMMS
+PRECISIONS = ("exact", "certified")  # --precision; not given: by the run where --conv-algo is auto (pipelines.choose)
+CERTIFY_FROM = 5120  # the default certifies runs of this many images or more (pipelines.FusedCertified)
+BACKENDS = ("auto", "cuda", "cpu")
 DECODE_MODES = ("auto", "host", "gpu")
 # CUDA streams by default: testfull's 10,000 images run as 8 chunks of 1,250 all at once (H100: 0.71 ms
 # GPU, 0.86-0.90 end to end; on 4 streams the fifth chunk of 2,048 was a tail: 0.75 / 0.89-0.93 ms).
 STREAMS = 8
+
+
+def precision_conflict(name, precision):
+    """Why --conv-algo name contradicts --precision, or None."""
+    if precision == "exact" and name == CERTIFIED:
+        return f"--precision exact: --conv-algo {name} is the certified float16 path; leave --conv-algo at auto"
+    if precision == "certified" and name not in (AUTO, CERTIFIED):
+        return f"--precision certified runs --conv-algo {CERTIFIED}; --conv-algo {name} computes exactly"
+    return None
 
 
 @dataclass(frozen=True)

@@ -163,3 +163,30 @@ def test_the_library_is_free_of_click():
             "e = InputError('x.h5: bad'); assert isinstance(e, ValueError) and e.message == str(e) == 'x.h5: bad'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_option_names_are_the_registries_names():
+    """options.py names what the GPU package registers, without importing it (the command line's --help)."""
+    from infer import backends, options
+    from infer.gpu import launch, pipelines
+
+    assert options.ALGORITHMS == tuple(pipelines.ALGORITHMS)
+    assert options.CERTIFIED == pipelines.FusedCertified.NAME
+    assert options.GEMMS == tuple(launch.GEMMS) and options.TILE_WIDTHS == launch.TILE_WIDTHS
+    assert options.CERTIFY_FROM == pipelines.FusedCertified.CERTIFY_FROM
+    assert options.BACKENDS == backends.NAMES
+
+
+def test_help_imports_no_engine():
+    """`cnninfer --help` and a command's --help import neither NumPy nor the GPU package nor h5py."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    code = ("import sys\nfrom infer.cli import main\nsys.argv = ['cnninfer'] + sys.argv[1:]\ntry:\n    main()\n"
+            "except SystemExit:\n    pass\nheavy = sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'h5py', 'pycuda')"
+            " or m.startswith(('infer.gpu', 'infer.cpu', 'infer.session')))\nprint('HEAVY', heavy, file=sys.stderr)")
+    for args in ([], ["--help"], ["run", "--help"], ["serve", "--help"], ["bench", "--help"]):
+        p = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert "HEAVY []" in p.stderr, (args, p.stderr)

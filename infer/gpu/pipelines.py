@@ -10,6 +10,7 @@ check the images as they stage them, the other pipelines run check_kernel2 first
 import numpy as np
 
 from .. import certify, codes
+from ..options import AUTO, CERTIFY_FROM, PRECISIONS, precision_conflict  # noqa: F401 (names of the registry)
 from . import launch
 from .operands import scaled_halves, tf32, wgmma_column_blocks, wgmma_halves, wgmma_operand
 
@@ -382,7 +383,7 @@ class FusedCertified(FusedWarpgroup):
     # chunk end sooner than the eight). Float32 uploads stay exact: their upload bounds both paths end
     # to end, and the certified chain's tail ends them later (8,192-65,536 images measured). With
     # certify_kernel5: 5,120 codes ahead in GPU time (7%) and level to ahead end to end, 4,096 level
-    CERTIFY_FROM = 5120
+    CERTIFY_FROM = CERTIFY_FROM
     RECOMPUTE_IMGS = 2  # fused_kernel3's images a block when it recomputes a chunk's list
 
     @classmethod
@@ -531,19 +532,6 @@ class ImplicitWarpgroup(Hopper, Implicit):
 
 ALGORITHMS = {algo.NAME: algo for algo in (FusedWarpgroup, FusedTensorCores, ImplicitWarpgroup, Implicit, Fused, Unroll,
                                            FusedCertified)}  # auto's order of preference
-AUTO = "auto"  # the first of ALGORITHMS that can run the model on the GPU at hand
-
-
-PRECISIONS = ("exact", "certified")  # --precision; not given: by the run where --conv-algo is auto (choose)
-
-
-def precision_conflict(name, precision):
-    """Why --conv-algo name contradicts --precision, or None."""
-    if precision == "exact" and name == FusedCertified.NAME:
-        return f"--precision exact: --conv-algo {name} is the certified float16 path; leave --conv-algo at auto"
-    if precision == "certified" and name not in (AUTO, FusedCertified.NAME):
-        return f"--precision certified runs --conv-algo {FusedCertified.NAME}; --conv-algo {name} computes exactly"
-    return None
 
 
 def choose(name, g, arch, precision=None):
