@@ -85,9 +85,9 @@ def cpu_bench(data_path, model_path, n=None, warmup=1, repeats=5, random=None, s
         session.close()
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     peer = next((m for name, m in medians.items() if name.startswith("onnxruntime")), None)
-    rows = [dict(name=name, median_s=medians[name], min_s=min(times[name]), images_per_s=len(x) / medians[name],
-                 vs_onnxruntime=peer / medians[name] if peer else None, identical=same.get(name))
-            for name, _ in runs]
+    rows = [dict(name=name, median_s=medians[name], min_s=min(times[name]), max_s=max(times[name]),
+                 images_per_s=len(x) / medians[name], vs_onnxruntime=peer / medians[name] if peer else None,
+                 identical=same.get(name)) for name, _ in runs]
     return dict(n=len(x), geometry="x".join(map(str, x.shape[1:])) + f",{model.conv1.shape[0]}:{model.conv1.shape[3]},"
                 f"{model.conv2.shape[0]}:{model.conv2.shape[3]},{model.fc1.shape[1]},{model.fc2.shape[1]}",
                 device=f"{platform.machine()}, {env.cores()} cores, NumPy {np.__version__}", repeats=repeats,
@@ -97,12 +97,23 @@ def cpu_bench(data_path, model_path, n=None, warmup=1, repeats=5, random=None, s
 def table(result):
     lines = [f"{result['n']} images ({result['geometry']}) on the CPU ({result['device']}); median of "
              f"{result['repeats']} alternated rounds after {result['warmup']} warm-up",
-             f"{'':52} {'median s':>9} {'min s':>7} {'images/s':>9} {'x onnxrt':>9} {'same':>6}"]
+             f"{'':52} {'median s':>9} {'min s':>7} {'max s':>7} {'images/s':>9} {'x onnxrt':>9} {'same':>6}"]
     for r in result["rows"]:
         ratio = f"{r['vs_onnxruntime']:9.2f}" if r["vs_onnxruntime"] else f"{'-':>9}"
-        lines.append(f"{r['name']:52} {r['median_s']:9.3f} {r['min_s']:7.3f} {r['images_per_s']:9.0f} {ratio} "
-                     f"{r['identical']:6d}")
-    return lines
+        lines.append(f"{r['name']:52} {r['median_s']:9.3f} {r['min_s']:7.3f} {r['max_s']:7.3f} "
+                     f"{r['images_per_s']:9.0f} {ratio} {r['identical']:6d}")
+    return lines + spread_notes(result["rows"])
+
+
+SPREAD = 0.10  # rounds further apart than this (max / min - 1) are said to disagree
+
+
+def spread_notes(rows):
+    """A line for each row whose rounds disagree by more than SPREAD: its ratio is then as
+    uncertain as that (a shared machine's other load moves them)."""
+    return [f"note: {r['name']}'s rounds disagree by {r['max_s'] / r['min_s'] - 1:.0%} (min {r['min_s']:.3f} s, "
+            f"max {r['max_s']:.3f} s): more --repeats, or a quieter machine, for a firm ratio"
+            for r in rows if r["max_s"] > r["min_s"] * (1 + SPREAD)]
 
 
 # What a user of onnxruntime writes to do what `cnninfer run` does: read the file, run, count.
@@ -156,14 +167,15 @@ def cold_bench(data_path, model_path, repeats=5):
                     times[name].append(took)
     medians = {name: statistics.median(ts) for name, ts in times.items()}
     peer = medians[runs[1][0]]
-    rows = [dict(name=name, median_s=medians[name], min_s=min(times[name]), vs_onnxruntime=peer / medians[name],
-                 correct=correct[name]) for name, _, _ in runs]
+    rows = [dict(name=name, median_s=medians[name], min_s=min(times[name]), max_s=max(times[name]),
+                 vs_onnxruntime=peer / medians[name], correct=correct[name]) for name, _, _ in runs]
     return dict(data=str(data_path), device=f"{platform.machine()}, {env.cores()} cores", repeats=repeats, rows=rows)
 
 
 def cold_table(result):
     lines = [f"cold processes on {result['data']} ({result['device']}); median of {result['repeats']} alternated rounds "
-             "after 1 warm-up", f"{'':40} {'median s':>9} {'min s':>7} {'x onnxrt':>9} {'correct':>8}"]
+             "after 1 warm-up", f"{'':40} {'median s':>9} {'min s':>7} {'max s':>7} {'x onnxrt':>9} {'correct':>8}"]
     for r in result["rows"]:
-        lines.append(f"{r['name']:40} {r['median_s']:9.3f} {r['min_s']:7.3f} {r['vs_onnxruntime']:9.2f} {r['correct']:8d}")
-    return lines
+        lines.append(f"{r['name']:40} {r['median_s']:9.3f} {r['min_s']:7.3f} {r['max_s']:7.3f} "
+                     f"{r['vs_onnxruntime']:9.2f} {r['correct']:8d}")
+    return lines + spread_notes(result["rows"])

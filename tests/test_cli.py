@@ -190,3 +190,16 @@ def test_help_imports_no_engine():
     for args in ([], ["--help"], ["run", "--help"], ["serve", "--help"], ["bench", "--help"]):
         p = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert "HEAVY []" in p.stderr, (args, p.stderr)
+
+
+def test_the_cpu_bench_says_when_its_rounds_disagree():
+    from infer.bench_cpu import spread_notes, table
+
+    steady = dict(name="cnninfer", median_s=1.0, min_s=0.98, max_s=1.05, images_per_s=1e4, vs_onnxruntime=1.5,
+                  identical=10)
+    swinging = dict(steady, name="onnxruntime", min_s=0.9, max_s=1.2)
+    assert spread_notes([steady]) == []
+    [note] = spread_notes([steady, swinging])
+    assert note.startswith("note: onnxruntime's rounds disagree by 33% (min 0.900 s, max 1.200 s)")
+    lines = table(dict(n=10, geometry="28x28x1", device="x86_64", repeats=5, warmup=1, rows=[steady, swinging]))
+    assert "max s" in lines[1] and lines[-1] == note
