@@ -16,6 +16,7 @@ import ctypes
 import os
 import queue
 import threading
+import traceback
 from concurrent.futures import Executor, Future
 
 from .errors import ForkedSession
@@ -66,8 +67,19 @@ def _serve(jobs):
             try:
                 future.set_result(fn(*args, **kwargs))
             except BaseException as e:
+                _clear_locals(e)
                 future.set_exception(e)
         del future, fn, args, kwargs  # what the job held is freed here, on the context's thread
+
+
+def _clear_locals(error):
+    """Drop the local variables of the frames an exception (and those it chains) carries, here:
+    raised again on the caller's thread, their CUDA objects would be freed there."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        traceback.clear_frames(error.__traceback__)
+        error = error.__cause__ or error.__context__
 
 
 class Holder:
