@@ -435,6 +435,9 @@ def info():
     except Exception as e:  # info reports what it can, never fails on a missing piece
         click.echo(f"CUDA toolkit: not usable ({getattr(e, 'message', e)})")
     click.echo(f"kernel cache: {compiler.cache_dir()}")
+    from . import native
+
+    click.echo(f"CPU backend: {native.net_status()}")
     try:
         import pycuda
         import pycuda.driver as cuda

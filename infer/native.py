@@ -55,11 +55,15 @@ def cpu_identity():
     return "\n".join(dict.fromkeys(wanted)) or platform.processor() or platform.machine()
 
 
+FAILED = {}  # infer/{name}.c -> why its last build failed (the compiler's first error line)
+
+
 def build(name, flags=FLAGS, machine_specific=False):
     """The shared library built from infer/{name}.c (compiled now if not cached), or None with no
-    working compiler."""
+    working compiler (FAILED[name] says why it did not build)."""
     cc, source = compiler(), HERE / f"{name}.c"
     if cc is None or not source.is_file():
+        FAILED[name] = "no C compiler ($CC, cc or gcc) on the PATH" if cc is None else f"{source} is missing"
         return None
     what = (source.read_bytes(), flags, os.uname().machine, cpu_identity() if machine_specific else "")
     path = env.cache_root() / "native" / f"{name}-{hashlib.sha256(repr(what).encode()).hexdigest()[:20]}.so"
@@ -68,9 +72,15 @@ def build(name, flags=FLAGS, machine_specific=False):
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with replacing(path) as tmp:
-            subprocess.run([cc, *flags, "-o", str(tmp), str(source)], check=True, capture_output=True)
-    except (OSError, subprocess.CalledProcessError):
+            subprocess.run([cc, *flags, "-o", str(tmp), str(source)], check=True, capture_output=True, text=True)
+    except subprocess.CalledProcessError as e:
+        errors = [line for line in (e.stderr or "").splitlines() if "error" in line] or ["(no message)"]
+        FAILED[name] = f"{name}.c did not build with {Path(cc).name} {' '.join(flags[:1])}: {errors[0].strip()}"
         return None
+    except OSError as e:
+        FAILED[name] = f"{name}.c did not build: {e}"
+        return None
+    FAILED.pop(name, None)
     return path
 
 
@@ -230,6 +240,18 @@ def net_library():
         if lib:
             return lib
     return None
+
+
+def net_status():
+    """The CPU backend's kind, in one line: the native network (its vectors, its library) or the
+    NumPy fallback and why."""
+    if not env.native():
+        return "NumPy layers (CNNINFER_NATIVE=0)"
+    lib = net_library()
+    if lib is None:
+        return f"NumPy layers, the fallback: {FAILED.get('cpu_net', 'the native network did not load')}"
+    return (f"native C (infer/cpu_net.c), {lib.cn_vector_width() * 32}-bit vectors, library "
+            f"{Path(lib._name).parent}")
 
 
 def load_net(flags):

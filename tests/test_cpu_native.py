@@ -253,3 +253,34 @@ def test_winograds_conv2_agrees_with_the_direct_tiles(lib, rng, g):
         out.append(scores)
     np.testing.assert_allclose(out[0], out[1], rtol=0, atol=2e-5 * np.abs(out[1]).max())
     assert not np.array_equal(out[0], out[1])
+
+
+def test_the_native_network_builds_wherever_there_is_a_compiler():
+    """A compile error in cpu_net.c would otherwise turn the native tests into skips and the CPU
+    backend into the NumPy fallback, silently."""
+    from infer import native
+
+    if native.compiler() is None:
+        pytest.skip("no C compiler here")
+    assert native.net_library() is not None, native.FAILED.get("cpu_net")
+    assert native.net_status().startswith("native C (infer/cpu_net.c), ")
+
+
+def test_a_network_that_does_not_build_is_the_numpy_fallback_and_info_says_why(tmp_path, monkeypatch):
+    from infer import native
+    from tests.conftest import invoke
+
+    if native.compiler() is None:
+        pytest.skip("no C compiler here")
+    (tmp_path / "cpu_net.c").write_text("int cn_vector_width(void) { return undeclared_thing; }\n")
+    monkeypatch.setattr(native, "HERE", tmp_path)
+    monkeypatch.setenv("CNNINFER_CACHE", str(tmp_path / "cache"))
+    native.net_library.cache_clear()
+    try:
+        status = native.net_status()
+        assert status.startswith("NumPy layers, the fallback: cpu_net.c did not build with ")
+        assert "undeclared_thing" in status and "\n" not in status
+        r = invoke("info")
+        assert r.exit_code == 0 and f"CPU backend: {status}" in r.stdout
+    finally:
+        native.net_library.cache_clear()
