@@ -330,6 +330,10 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
 @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Processes sharing the port, each with its own session and batching (one handles "
                    "~3,000-4,000 requests/s; /metrics then counts per worker).")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=8001, show_default=True,
+              help="Port of the KServe v2 gRPC service on --host (0: a free one); its address is printed "
+                   "under the HTTP one.")
+@click.option("--no-grpc", is_flag=True, help="Serve no gRPC (HTTP only).")
 @click.option("--model-sha256", metavar="HEX", help="Refuse to start unless the model file's sha256 is HEX "
               "(pins what is served; /v1/model reports it).")
 @click.option("--max-connections", type=click.IntRange(1), default=2048, show_default=True,
@@ -351,7 +355,7 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
 def serve(model, backend, chunk, streams, tile_width, gemm_algo, conv_algo, precision, device_ordinal, devices,
           fast_math, host, port, max_batch, max_delay_ms, token, max_body_mb, workers, model_sha256,
           max_connections, header_timeout_s, body_timeout_s, max_buffered_mb, max_pixels, decoders,
-          request_timeout_s, drain_s):
+          request_timeout_s, drain_s, grpc_port, no_grpc):
     """Serve MODEL (default: the bundled one) over HTTP with dynamic batching, until SIGTERM or
     Ctrl-C (in-flight requests are answered first). Prints one line with the URL once it accepts
     connections. POST /v1/predict takes an .npy array of (N, H, W, C) images or one PNG / JPEG;
@@ -364,7 +368,8 @@ def serve(model, backend, chunk, streams, tile_width, gemm_algo, conv_algo, prec
                                max_body_bytes=int(max_body_mb * 2**20), max_buffered_bytes=int(max_buffered_mb * 2**20),
                                max_pixels=max_pixels, decoders=decoders, max_connections=max_connections,
                                header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,
-                               request_timeout_s=request_timeout_s, drain_s=drain_s)
+                               request_timeout_s=request_timeout_s, drain_s=drain_s,
+                               grpc=None if no_grpc or not server.grpc_available() else f"{host}:{grpc_port}")
     options = dict(chunk=chunk, streams=streams, tile_width=tile_width and int(tile_width), gemm_algo=gemm_algo,
                    conv_algo=conv_algo, precision=precision, devices=devices or [device_ordinal], fast_math=fast_math)
     Options.of(**options)  # bad options, variables and model files: one line before any worker starts

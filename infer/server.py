@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import images
+from . import __version__, images, kserve
 from .batcher import Batcher, Busy, Draining, Expired
 from .errors import InputError, ScoresOverflow
 from .metrics import Metrics
@@ -56,10 +56,11 @@ class Settings:
     body_timeout_s: float = 10.0  # between two parts of a body
     request_timeout_s: float = 30.0  # from a request's images queued to its answer
     drain_s: float = 5.0  # SIGTERM: in-flight requests answered within this, the rest 503
+    grpc: str = None  # "host:port" of the KServe v2 gRPC service (port 0: a free one), or None
 
     def limits(self):
         """The bounds, by name, for /metrics."""
-        return {k: v for k, v in asdict(self).items() if k not in ("token", "max_delay_ms")}
+        return {k: v for k, v in asdict(self).items() if k not in ("token", "max_delay_ms", "grpc")}
 
 
 def require():
@@ -73,9 +74,22 @@ def require():
         raise InputError(f"cnninfer serve needs Starlette and uvicorn ({e}): pip install 'cnninfer[serve]'") from None
 
 
-class _Refused(Exception):
-    def __init__(self, response):
-        self.response = response
+def grpc_available():
+    """Whether grpcio and tritonclient's service definitions are installed (the serve extra)."""
+    try:
+        import grpc  # noqa: F401
+        from tritonclient.grpc import service_pb2_grpc  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class Refused(Exception):
+    """A request answered with an error: its HTTP status, one line, and headers (gRPC maps the status)."""
+
+    def __init__(self, status, message, headers=None):
+        super().__init__(message)
+        self.status, self.message, self.headers = status, message, headers
 
 
 class Drain:
@@ -106,7 +120,7 @@ def make_app(session, settings, batcher, sha256=None):
     """The ASGI app over a Session whose forward passes the batcher runs; the caller closes the
     session once the app has shut down. Its `state.drain` is the Drain the server's shutdown uses."""
     from starlette.applications import Starlette
-    from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse
+    from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
 
     metrics = Metrics(settings.max_batch, settings.limits())
@@ -122,93 +136,158 @@ def make_app(session, settings, batcher, sha256=None):
 
     def refused(reason, status, message, close=False):
         metrics.refused(reason)
-        return _Refused(error(status, message, {"Connection": "close"} if close else None))
+        return Refused(status, message, {"Connection": "close"} if close else None)
 
     def authorized(request):
-        """Authorization: Bearer TOKEN, the scheme in any case (RFC 7235)."""
+        return bearer(request.headers.get("authorization"))
+
+    def bearer(value):
+        """Authorization: Bearer TOKEN, the scheme in any case (RFC 7235); HTTP's and gRPC's."""
         if token is None:
             return True
-        scheme, _, given = request.headers.get("authorization", "").strip().partition(" ")
+        scheme, _, given = (value or "").strip().partition(" ")
         return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), token)
 
     def unauthorized():
         return error(401, "a valid bearer token is required (Authorization: Bearer TOKEN)",
                      {"WWW-Authenticate": 'Bearer realm="cnninfer"'})
 
-    async def predict(request):
-        started = time.perf_counter()
-        try:
-            response, count = await _predict(request)
-        except Exception as e:  # a defect: one line on stderr, a JSON 500, counted like any answer
-            print(f"cnninfer serve: a request failed: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
-            response, count = error(500, "the server failed to answer this request"), 0
-        metrics.answered(response.status_code, count, time.perf_counter() - started)
-        return response
+    def counted(handle):
+        """An endpoint answering through handle(request) -> (response, images): counted in /metrics
+        whatever it answers, a defect a JSON 500 and one line on stderr."""
+        async def endpoint(request):
+            started = time.perf_counter()
+            try:
+                response, count = await handle(request)
+            except Exception as e:
+                print(f"cnninfer serve: a request failed: {type(e).__name__}: {' '.join(str(e).split())}",
+                      file=sys.stderr)
+                response, count = error(500, "the server failed to answer this request"), 0
+            metrics.answered(response.status_code, count, time.perf_counter() - started)
+            return response
+        return endpoint
 
-    async def _predict(request):
+    async def infer(request, decode, inline, answer):
+        """The path every inference request takes: the token, the body (read_body's bounds), its
+        decoding (decode(body) -> (images, context), on the decoder threads unless inline(body)),
+        one batch, then answer(labels, scores or None, context) -> response. (response, images)."""
         if not authorized(request):
             return unauthorized(), 0
         held = [0]  # bytes of this request's body counted in drain.buffered
         batcher.expecting += 1  # a batch forming now may wait for this one
         try:
             try:
-                x, want_scores = await _receive(request, held)
-            except _Refused as e:
-                return e.response, 0
+                body = await read_body(request, held)
+                x, context = await decoded(decode, body, inline(body))
+            except Refused as e:
+                return error(e.status, e.message, e.headers), 0
             finally:
                 batcher.expecting -= 1
             if len(x) == 0:
-                answer = {"labels": []}
-                if want_scores:
-                    answer["scores"] = []
-                return JSONResponse(answer), 0
+                return answer(np.empty(0, np.int64), np.empty((0, session.classes), np.float32), context), 0
             try:
-                labels, scores = await batcher.submit(x, want_scores, settings.request_timeout_s)
-            except Busy as e:
-                metrics.refused("busy")
-                return error(503, f"server busy: {e}; try again"), len(x)
-            except Expired as e:
-                metrics.refused("deadline")
-                return error(504, f"{images.LABEL}: {e} (the server's --request-timeout-s)"), len(x)
-            except Draining:
-                metrics.refused("draining")
-                return error(503, "the server is shutting down; try again", {"Connection": "close"}), len(x)
-            except InputError as e:
-                return error(400, request_message(e)), len(x)
-            except Exception as e:  # the pass failed (the device): every request in it, once
-                print(f"cnninfer serve: a forward pass failed: {type(e).__name__}: {' '.join(str(e).split())}",
-                      file=sys.stderr)
-                return error(500, "the forward pass failed on the server"), len(x)
+                labels, scores = await batch(x, context["scores"])
+            except Refused as e:
+                return error(e.status, e.message, e.headers), len(x)
         finally:
             drain.buffered -= held[0]
-        answer = {"labels": labels.tolist()}
-        if want_scores:
-            answer["scores"] = scores.tolist()
-        return JSONResponse(answer), len(x)
+        return answer(labels, scores, context), len(x)
 
-    async def _receive(request, held):
-        """(images, scores wanted) of a request, or _Refused with the response to give."""
+    async def batch(x, want_scores):
+        """(labels, scores or None) of images x from one batch, or Refused saying why not."""
         try:
-            kind = images.readable(request.headers.get("content-type"))
-        except images.UnsupportedType as e:
-            raise _Refused(error(415, e.message)) from None
-        body = await read_body(request, held)
+            return await batcher.submit(x, want_scores, settings.request_timeout_s)
+        except Busy as e:
+            metrics.refused("busy")
+            raise Refused(503, f"server busy: {e}; try again") from None
+        except Expired as e:
+            metrics.refused("deadline")
+            raise Refused(504, f"{images.LABEL}: {e} (the server's --request-timeout-s)") from None
+        except Draining:
+            metrics.refused("draining")
+            raise Refused(503, "the server is shutting down; try again", {"Connection": "close"}) from None
+        except InputError as e:
+            raise Refused(400, request_message(e)) from None
+        except Exception as e:  # the pass failed (the device): every request in it, once
+            print(f"cnninfer serve: a forward pass failed: {type(e).__name__}: {' '.join(str(e).split())}",
+                  file=sys.stderr)
+            raise Refused(500, "the forward pass failed on the server") from None
+
+    async def decoded(decode, body, inline):
+        """decode(body), at once or on a decoder thread; its InputErrors as responses."""
         try:
-            if kind == images.NPY and len(body) <= INLINE_BYTES:
-                x = images.decode(kind, body, session.model)
-            else:
-                async with decode_slots:
-                    metrics.decoding += 1
-                    try:
-                        x = await asyncio.get_running_loop().run_in_executor(
-                            decode_pool, images.decode, kind, body, session.model, settings.max_pixels)
-                    finally:
-                        metrics.decoding -= 1
+            if inline:
+                return decode(body)
+            async with decode_slots:
+                metrics.decoding += 1
+                try:
+                    return await asyncio.get_running_loop().run_in_executor(decode_pool, decode, body)
+                finally:
+                    metrics.decoding -= 1
         except images.TooManyPixels as e:
             raise refused("pixels", 413, e.message) from None
         except InputError as e:
-            raise _Refused(error(400, e.message)) from None
-        return x, request.query_params.get("scores", "0").lower() in ("1", "true", "yes")
+            raise Refused(400, e.message) from None
+
+    async def v1_predict(request):
+        if not authorized(request):
+            return unauthorized(), 0
+        try:
+            kind = images.readable(request.headers.get("content-type"))
+        except images.UnsupportedType as e:
+            return error(415, e.message), 0
+        context = {"scores": request.query_params.get("scores", "0").lower() in ("1", "true", "yes")}
+
+        def decode(body):
+            return images.decode(kind, body, session.model, settings.max_pixels), context
+
+        def answer(labels, scores, context):
+            out = {"labels": labels.tolist()}
+            if context["scores"]:
+                out["scores"] = scores.tolist()
+            return JSONResponse(out)
+
+        return await infer(request, decode, lambda body: kind == images.NPY and len(body) <= INLINE_BYTES, answer)
+
+    async def v2_infer(request):
+        if request.headers.get("content-encoding", "identity").lower() != "identity":
+            return error(415, f"body: Content-Encoding {request.headers['content-encoding']!r} is not read "
+                              "(send it uncompressed)"), 0
+        header_length = request.headers.get(kserve.HEADER_LENGTH)
+
+        def decode(body):
+            req, given, raw, wanted = kserve.parse_rest(body, header_length)
+            x = kserve.tensor(given.get("name"), given.get("datatype"), given.get("shape") or [], session.model,
+                              raw, given.get("data"))
+            return x, {"scores": "scores" in wanted, "wanted": wanted, "id": req.get("id")}
+
+        def answer(labels, scores, context):
+            body, headers = kserve.rest_answer(labels, scores if scores is not None else np.empty((len(labels), 0)),
+                                               context["wanted"], context["id"])
+            return Response(body, headers=headers)
+
+        return await infer(request, decode, lambda body: len(body) <= INLINE_BYTES, answer)
+
+    async def v2_get(request):
+        if not authorized(request):
+            return unauthorized()
+        path = request.url.path.rstrip("/")
+        if path in ("/v2/health/live", "/v2/health/ready"):
+            return JSONResponse({path.rsplit("/", 1)[1]: True})
+        if path == "/v2":
+            return JSONResponse(kserve.server_metadata(__version__))
+        name = request.path_params.get("model")
+        if name != kserve.MODEL or request.path_params.get("version", kserve.VERSION) != kserve.VERSION:
+            return error(404, f"model {name!r}: this server serves {kserve.MODEL!r}, version {kserve.VERSION}")
+        if path.endswith("/ready"):
+            return JSONResponse({"name": kserve.MODEL, "ready": True})
+        return JSONResponse(kserve.model_metadata(session.model, sha256))
+
+    async def v2_infer_route(request):
+        name = request.path_params.get("model")
+        if name != kserve.MODEL or request.path_params.get("version", kserve.VERSION) != kserve.VERSION:
+            return error(404, f"model {name!r}: this server serves {kserve.MODEL!r}, version {kserve.VERSION}"), 0
+        return await v2_infer(request)
 
     async def read_body(request, held):
         """The whole body: at most max_body_bytes, no more than body_timeout_s between its parts,
@@ -235,7 +314,7 @@ def make_app(session, settings, batcher, sha256=None):
                 raise refused("body_timeout", 408, f"body: no data for {settings.body_timeout_s:g} s (the server's "
                               f"--body-timeout-s)", close=True) from None
             if message["type"] == "http.disconnect":
-                raise _Refused(error(400, "body: the client went away"))
+                raise Refused(400, "body: the client went away")
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
@@ -273,21 +352,61 @@ def make_app(session, settings, batcher, sha256=None):
     async def index(request):
         return HTMLResponse(page)
 
+    class Face:
+        """What the gRPC service needs of the server (kserve.grpc_servicer)."""
+        Refused = Refused
+        model, version = session.model, __version__
+        authorized = staticmethod(bearer)
+        answered = staticmethod(metrics.answered)
+
+        @staticmethod
+        async def decode(fn, nbytes):
+            return (await decoded(lambda body: (fn(), None), None, nbytes <= INLINE_BYTES))[0]
+
+    Face.sha256, Face.batch = sha256, staticmethod(batch)
+
+    async def start_grpc():
+        """The gRPC server on settings.grpc ("host:port"), in this event loop; its port."""
+        import grpc
+
+        limit = settings.max_body_bytes + (1 << 16)
+        server = grpc.aio.server(maximum_concurrent_rpcs=settings.max_connections,
+                                 options=[("grpc.max_receive_message_length", limit),
+                                          ("grpc.max_send_message_length", limit)])
+        servicer, add = kserve.grpc_servicer(Face)
+        add(servicer, server)
+        port = server.add_insecure_port(settings.grpc)
+        if not port:
+            raise InputError(f"--grpc-port: cannot listen on {settings.grpc}")
+        await server.start()
+        app.state.grpc, app.state.grpc_port = server, port
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         batcher.start()
+        if settings.grpc:
+            await start_grpc()
         try:
             yield
         finally:
+            if app.state.grpc is not None:
+                await app.state.grpc.stop(GIVE_UP_MARGIN_S)  # its drain ran beside HTTP's (run_one)
             await batcher.stop()  # what was queued is answered (or was failed with Draining)
             batcher.close()
             decode_pool.shutdown()
 
     app = Starlette(routes=[
         Route("/", index), Route("/healthz", healthz), Route("/v1/model", model),
-        Route("/v1/predict", predict, methods=["POST"]), Route("/metrics", metrics_text),
+        Route("/v1/predict", counted(v1_predict), methods=["POST"]), Route("/metrics", metrics_text),
+        Route("/v2", v2_get), Route("/v2/health/live", v2_get), Route("/v2/health/ready", v2_get),
+        Route("/v2/models/{model}", v2_get), Route("/v2/models/{model}/ready", v2_get),
+        Route("/v2/models/{model}/versions/{version}", v2_get),
+        Route("/v2/models/{model}/versions/{version}/ready", v2_get),
+        Route("/v2/models/{model}/infer", counted(v2_infer_route), methods=["POST"]),
+        Route("/v2/models/{model}/versions/{version}/infer", counted(v2_infer_route), methods=["POST"]),
     ], lifespan=lifespan)
     app.state.drain, app.state.metrics = drain, metrics
+    app.state.grpc, app.state.grpc_port = None, None
     return app
 
 
@@ -307,6 +426,15 @@ def bind(host, port):
         sock.close()
         raise InputError(f"--host {host} --port {port}: cannot listen there ({e.strerror})") from None
     return sock
+
+
+def free_port(host):
+    """A port free on host now (the workers' shared gRPC port, bound by each with SO_REUSEPORT)."""
+    probe = bind(host, 0)
+    try:
+        return probe.getsockname()[1]
+    finally:
+        probe.close()
 
 
 def url_of(sock):
@@ -331,6 +459,10 @@ def serve(spec, settings, host="127.0.0.1", port=8000, workers=1, announce=print
     from .session import Session
 
     sock = bind(host, port)
+    if settings.grpc and workers > 1 and settings.grpc.endswith(":0"):  # one port for every worker
+        import dataclasses
+
+        settings = dataclasses.replace(settings, grpc=f"{settings.grpc[:-2]}:{free_port(host)}")
     try:
         if workers == 1:
             with Session(spec.model, spec.backend, **spec.options) as session:
@@ -382,6 +514,9 @@ def run_one(session, settings, sock, announce, sha256=None):
                 app.state.metrics.open_connections = lambda: len(self.server_state.connections)
                 announce(f"cnninfer serve: listening on {url_of(sock)} (backend {session.backend.name}: "
                          f"{session.device}; max batch {settings.max_batch}, max delay {settings.max_delay_ms:g} ms)")
+                if app.state.grpc_port:
+                    host = settings.grpc.rsplit(":", 1)[0]
+                    announce(f"cnninfer serve: gRPC (KServe v2) on grpc://{host}:{app.state.grpc_port}")
 
         async def shutdown(self, sockets=None):
             def give_up():
@@ -390,6 +525,8 @@ def run_one(session, settings, sock, announce, sha256=None):
 
             drain.draining = True
             asyncio.get_running_loop().call_later(max(settings.drain_s - GIVE_UP_MARGIN_S, 0), give_up)
+            if app.state.grpc is not None:  # in-flight calls get the same drain; new ones are refused
+                asyncio.get_running_loop().create_task(app.state.grpc.stop(max(settings.drain_s - GIVE_UP_MARGIN_S, 0)))
             await super().shutdown(sockets)
 
     config = uvicorn.Config(app, log_level="error", access_log=False, lifespan="on",
@@ -434,17 +571,23 @@ def supervise(spec, settings, sock, workers, announce):
     try:
         for p in procs:
             p.start()
-        first = None
-        while first is None and not stop:
+        lines = {}  # the first worker's lines to announce: HTTP's, then gRPC's where it runs
+        wanted = ("listening on", "gRPC") if settings.grpc else ("listening on",)
+        while len(lines) < len(wanted) and not stop:
             try:
-                first = ready.get(timeout=0.2)
+                line = ready.get(timeout=0.2)
             except Exception:  # queue.Empty
                 if any(p.exitcode not in (None, 0) for p in procs):
-                    first = "error: a worker exited while starting"
-        if first is not None and first.startswith("error: "):
-            raise InputError(first[len("error: "):])
-        if first is not None:
-            announce(first.replace(" (backend", f" ({workers} workers; backend", 1))
+                    line = "error: a worker exited while starting"
+                else:
+                    continue
+            if line.startswith("error: "):
+                raise InputError(line[len("error: "):])
+            lines.setdefault(next(w for w in wanted if w in line), line)
+        if len(lines) == len(wanted):
+            announce(lines["listening on"].replace(" (backend", f" ({workers} workers; backend", 1))
+            if settings.grpc:
+                announce(lines["gRPC"])
         while not stop and all(p.is_alive() for p in procs):
             time.sleep(0.2)
         failed = [p for p in procs if p.exitcode not in (None, 0)]

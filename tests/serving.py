@@ -17,7 +17,8 @@ STARTUP_S = 60
 class Server:
     def __init__(self, model, *options):
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "infer", "serve", str(model), "--port", "0", *options],
+        grpc = [] if "--grpc-port" in options or "--no-grpc" in options else ["--grpc-port", "0"]
+        self.proc = subprocess.Popen([sys.executable, "-m", "infer", "serve", str(model), "--port", "0", *grpc, *options],
                                      cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.stderr = []
         lines = queue.Queue()
@@ -32,6 +33,17 @@ class Server:
             self.stop()
             raise RuntimeError(f"the server did not start: {self.first_line!r} {''.join(self.stderr)}")
         self.url = self.first_line.split("listening on ")[1].split()[0]
+        self.grpc = None  # host:port of the gRPC service, from the line under the HTTP one
+        from infer.server import grpc_available
+
+        if "--no-grpc" not in options and grpc_available():
+            try:
+                second = lines.get(timeout=STARTUP_S)
+            except queue.Empty:
+                second = ""
+            if "grpc://" in second:
+                self.grpc = second.split("grpc://")[1].split()[0]
+            self.second_line = second
 
     @staticmethod
     def _pump(stream, sink):

@@ -1,0 +1,273 @@
+"""The KServe v2 (Open Inference Protocol) face of `cnninfer serve`, so that standard clients
+(tritonclient.http, tritonclient.grpc, perf_analyzer) work unmodified.
+
+REST, beside /v1:
+    GET  /v2, /v2/health/live, /v2/health/ready, /v2/models/cnninfer[/ready]
+    POST /v2/models/cnninfer[/versions/1]/infer   JSON tensors, or the binary tensor data extension
+                                                  (Inference-Header-Content-Length)
+gRPC: inference.GRPCInferenceService (the service definitions tritonclient[grpc] ships):
+    ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer
+
+The model is `cnninfer`, version 1: input `x` (N, H, W, C), FP32 or UINT8 (any other number type
+is taken too and converted as the command line converts files); outputs `labels` INT64 (N) and
+`scores` FP32 (N, classes), export-onnx's names. Requests go through the same checks, bounds and
+batcher as /v1/predict; errors are one line about the request.
+"""
+import json
+import math
+
+import numpy as np
+
+from . import images, network
+from .errors import InputError
+from .reader import check_finite
+
+MODEL = "cnninfer"
+VERSION = "1"
+INPUT = "x"
+OUTPUTS = ("labels", "scores")
+HEADER_LENGTH = "inference-header-content-length"
+DATATYPES = {"FP32": np.float32, "UINT8": np.uint8, "FP16": np.float16, "FP64": np.float64, "INT8": np.int8,
+             "INT16": np.int16, "INT32": np.int32, "INT64": np.int64, "UINT16": np.uint16, "UINT32": np.uint32,
+             "UINT64": np.uint64}
+NAMES = {np.dtype(v): k for k, v in DATATYPES.items()}
+
+
+class Refused(InputError):
+    """A v2 request that does not follow the protocol or the model (HTTP 400, gRPC INVALID_ARGUMENT)."""
+
+
+def server_metadata(version):
+    return {"name": MODEL, "version": version, "extensions": ["binary_tensor_data"]}
+
+
+def model_metadata(model, sha256):
+    h, w, c = images.image_shape(model)
+    classes = model.fc2.shape[1]
+    out = {"name": MODEL, "versions": [VERSION], "platform": "cnninfer",
+           "inputs": [{"name": INPUT, "datatype": "FP32", "shape": [-1, h, w, c]}],
+           "outputs": [{"name": "labels", "datatype": "INT64", "shape": [-1]},
+                       {"name": "scores", "datatype": "FP32", "shape": [-1, classes]}]}
+    if sha256:
+        out["parameters"] = {"sha256": sha256}
+    return out
+
+
+def tensor(name, datatype, shape, model, raw=None, data=None):
+    """The images of input `name` (N, H, W, C), from its raw little-endian bytes or its JSON data,
+    checked as a .npy body is (shape against the model, values finite)."""
+    if name != INPUT:
+        raise Refused(f"input {name!r}: the model's one input is {INPUT!r}")
+    dtype = DATATYPES.get(datatype)
+    if dtype is None:
+        raise Refused(f"input {INPUT!r}: datatype {datatype!r} is not a number type ({', '.join(DATATYPES)})")
+    shape = tuple(shape)
+    if len(shape) != 4 or any(not isinstance(d, int) or d < 0 for d in shape):
+        raise Refused(f"input {INPUT!r}: shape {list(shape)}, expected (N, H, W, C) images")
+    network.geometry(model, (max(shape[0], 1),) + shape[1:], f"input {INPUT!r}", None)
+    count = math.prod(shape)
+    if raw is not None:
+        dtype = np.dtype(dtype).newbyteorder("<")
+        if len(raw) != count * dtype.itemsize:
+            raise Refused(f"input {INPUT!r}: {len(raw)} bytes of data for a {datatype} tensor of shape "
+                          f"{list(shape)} ({count * dtype.itemsize} bytes)")
+        x = np.frombuffer(raw, dtype, count).reshape(shape)
+    else:
+        try:
+            x = np.asarray(data, dtype=dtype)
+        except (TypeError, ValueError, OverflowError):
+            raise Refused(f"input {INPUT!r}: its data are not {datatype} numbers") from None
+        if x.size != count:
+            raise Refused(f"input {INPUT!r}: {x.size} values for a tensor of shape {list(shape)} ({count})")
+        x = x.reshape(shape)
+    if x.dtype.kind == "f":
+        with np.errstate(over="ignore", invalid="ignore"):
+            check_finite(x.astype(np.float32, copy=False), x, f"input {INPUT!r}", 0)
+    return x
+
+
+def parse_rest(body, header_length):
+    """(images, outputs wanted {name: binary}, request id) of a v2 REST infer body, read by `model`
+    later (tensor): (JSON request, raw bytes of the input or None)."""
+    if header_length is not None:
+        if not header_length.isdigit() or int(header_length) > len(body):
+            raise Refused(f"Inference-Header-Content-Length {header_length!r}: not a length within the body's "
+                          f"{len(body)} bytes")
+        head, tail = body[:int(header_length)], body[int(header_length):]
+    else:
+        head, tail = body, b""
+    try:
+        request = json.loads(head)
+    except (ValueError, UnicodeDecodeError):
+        raise Refused("body: its inference header is not JSON") from None
+    if not isinstance(request, dict) or not isinstance(request.get("inputs"), list) or len(request["inputs"]) != 1:
+        raise Refused(f"body: an inference request has one input, {INPUT!r}")
+    given = request["inputs"][0]
+    if not isinstance(given, dict):
+        raise Refused(f"body: input {INPUT!r} is not an object")
+    size = (given.get("parameters") or {}).get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or size != len(tail):
+            raise Refused(f"input {INPUT!r}: binary_data_size {size!r}, but {len(tail)} bytes follow the header")
+        raw = tail
+    else:
+        if tail:
+            raise Refused(f"body: {len(tail)} bytes after the inference header that no input claims")
+        raw = None
+        if "data" not in given:
+            raise Refused(f"input {INPUT!r}: no data and no binary_data_size")
+    wanted = outputs_wanted(request)
+    return request, given, raw, wanted
+
+
+def outputs_wanted(request):
+    """{output name: binary wanted} of a v2 request (all outputs where it names none)."""
+    binary_all = bool((request.get("parameters") or {}).get("binary_data_output", False))
+    named = request.get("outputs")
+    if not named:
+        return {name: binary_all for name in OUTPUTS}
+    wanted = {}
+    for out in named:
+        name = out.get("name") if isinstance(out, dict) else None
+        if name not in OUTPUTS:
+            raise Refused(f"output {name!r}: the model's outputs are {', '.join(OUTPUTS)}")
+        wanted[name] = bool((out.get("parameters") or {}).get("binary_data", binary_all))
+    return wanted
+
+
+def rest_answer(labels, scores, wanted, request_id=None):
+    """(body, headers) of a v2 REST answer: JSON, with the binary outputs appended after it."""
+    arrays = {"labels": np.ascontiguousarray(labels, "<i8"), "scores": np.ascontiguousarray(scores, "<f4")}
+    outputs, blobs = [], []
+    for name, binary in wanted.items():
+        a = arrays[name]
+        out = {"name": name, "datatype": NAMES[np.dtype(a.dtype.type)], "shape": list(a.shape)}
+        if binary:
+            blobs.append(a.tobytes())
+            out["parameters"] = {"binary_data_size": len(blobs[-1])}
+        else:
+            out["data"] = a.ravel().tolist()
+        outputs.append(out)
+    answer = {"model_name": MODEL, "model_version": VERSION, "outputs": outputs}
+    if request_id is not None:
+        answer["id"] = request_id
+    head = json.dumps(answer, separators=(",", ":")).encode()
+    if not blobs:
+        return head, {"content-type": "application/json"}
+    return head + b"".join(blobs), {"content-type": "application/octet-stream",
+                                    "inference-header-content-length": str(len(head))}
+
+
+# gRPC: the status an HTTP status maps to (grpc.StatusCode names)
+GRPC_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 408: "DEADLINE_EXCEEDED",
+              413: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT8": "int_contents", "INT16": "int_contents",
+            "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
+            "UINT32": "uint_contents", "UINT64": "uint64_contents"}
+
+
+def grpc_servicer(face):
+    """A GRPCInferenceService servicer over `face`, the server's side of a request: face.model,
+    face.sha256, face.authorized(token or None), async face.decode(fn, nbytes) (fn() on a decoder
+    thread where large), async face.batch(x, scores) -> (labels, scores) (both raise
+    face.Refused(status, message)), face.answered(status, images, seconds)."""
+    import time
+
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as rpc
+
+    def token(context):
+        for key, value in context.invocation_metadata() or ():
+            if key.lower() == "authorization":
+                return value
+        return None
+
+    async def refuse(context, status, message):
+        await context.abort(getattr(grpc.StatusCode, GRPC_CODES.get(status, "INTERNAL")), message)
+
+    def admitted(context, name=None, version=None):
+        if not face.authorized(token(context)):
+            raise face.Refused(401, "a valid bearer token is required (authorization: Bearer TOKEN)")
+        if name is not None and (name != MODEL or version not in ("", VERSION)):
+            raise face.Refused(404, f"model {name!r}: this server serves {MODEL!r}, version {VERSION}")
+
+    async def answer(context, make, name=None, version=None):
+        try:
+            admitted(context, name, version)
+        except face.Refused as e:
+            await refuse(context, e.status, e.message)
+        return make()
+
+    def tensors(ts):
+        return [pb.ModelMetadataResponse.TensorMetadata(name=t["name"], datatype=t["datatype"], shape=t["shape"])
+                for t in ts]
+
+    class Servicer(rpc.GRPCInferenceServiceServicer):
+        async def ServerLive(self, request, context):
+            return await answer(context, lambda: pb.ServerLiveResponse(live=True))
+
+        async def ServerReady(self, request, context):
+            return await answer(context, lambda: pb.ServerReadyResponse(ready=True))
+
+        async def ModelReady(self, request, context):
+            return await answer(context, lambda: pb.ModelReadyResponse(
+                ready=request.name == MODEL and request.version in ("", VERSION)))
+
+        async def ServerMetadata(self, request, context):
+            meta = server_metadata(face.version)
+            return await answer(context, lambda: pb.ServerMetadataResponse(
+                name=meta["name"], version=meta["version"], extensions=meta["extensions"]))
+
+        async def ModelMetadata(self, request, context):
+            meta = model_metadata(face.model, face.sha256)
+            return await answer(context, lambda: pb.ModelMetadataResponse(
+                name=meta["name"], versions=meta["versions"], platform=meta["platform"],
+                inputs=tensors(meta["inputs"]), outputs=tensors(meta["outputs"])), request.name, request.version)
+
+        async def ModelInfer(self, request, context):
+            started, count, status, refused = time.perf_counter(), 0, 200, None
+            try:
+                admitted(context, request.model_name, request.model_version)
+                response, count = await self._infer(request)
+            except face.Refused as e:
+                status, refused = e.status, e
+            except InputError as e:
+                status, refused = 400, face.Refused(400, e.message)
+            except Exception as e:  # a defect: one line on stderr, INTERNAL, counted
+                import sys
+
+                print(f"cnninfer serve: a gRPC request failed: {type(e).__name__}: {' '.join(str(e).split())}",
+                      file=sys.stderr)
+                status, refused = 500, face.Refused(500, "the server failed to answer this request")
+            face.answered(status, count, time.perf_counter() - started)
+            if refused is not None:
+                await refuse(context, refused.status, refused.message)
+            return response
+
+        async def _infer(self, request):
+            if len(request.inputs) != 1:
+                raise face.Refused(400, f"an inference request has one input, {INPUT!r}")
+            given = request.inputs[0]
+            raw = request.raw_input_contents[0] if request.raw_input_contents else None
+            field = CONTENTS.get(given.datatype)
+            data = None if raw is not None or field is None else list(getattr(given.contents, field))
+            wanted = [o.name for o in request.outputs] or list(OUTPUTS)
+            for name in wanted:
+                if name not in OUTPUTS:
+                    raise face.Refused(400, f"output {name!r}: the model's outputs are {', '.join(OUTPUTS)}")
+            x = await face.decode(lambda: tensor(given.name, given.datatype, list(given.shape), face.model, raw, data),
+                                  len(raw) if raw is not None else 8 * len(data or ()))
+            labels, scores = (np.empty(0, np.int64), np.empty((0, face.model.fc2.shape[1]), np.float32)) if len(x) == 0 \
+                else await face.batch(x, "scores" in wanted)
+            arrays = {"labels": np.ascontiguousarray(labels, "<i8"), "scores": scores}
+            response = pb.ModelInferResponse(model_name=MODEL, model_version=VERSION, id=request.id)
+            for name in wanted:
+                a = np.ascontiguousarray(arrays[name], "<i8" if name == "labels" else "<f4")
+                out = response.outputs.add()
+                out.name, out.datatype = name, NAMES[np.dtype(a.dtype.type)]
+                out.shape.extend(a.shape)
+                response.raw_output_contents.append(a.tobytes())
+            return response, len(x)
+
+    return Servicer(), rpc.add_GRPCInferenceServiceServicer_to_server

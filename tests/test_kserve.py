@@ -1,0 +1,152 @@
+"""The KServe v2 protocol as standard clients speak it: tritonclient.http and tritonclient.grpc
+against a real `cnninfer serve` on 127.0.0.1 (CPU backend). Each input type's expected answer is
+the command line's on a file of that type; scores are compared, not only labels."""
+import hashlib
+
+import h5py
+import numpy as np
+import pytest
+
+import infer
+from tests.serving import Server
+
+httpclient = pytest.importorskip("tritonclient.http")
+grpcclient = pytest.importorskip("tritonclient.grpc")
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+TOKEN = "k5erve"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+GAUTH = {"authorization": f"Bearer {TOKEN}"}  # gRPC metadata keys are lower case
+
+
+@pytest.fixture(scope="module")
+def expected(ece408, tmp_path_factory):
+    """{dtype: (images, labels, scores)} from `run` on a float32 file and on a uint8 file."""
+    with h5py.File(ece408 / "test100.hdf5") as f:
+        x, y = f["x"][:37], f["y"][:37]
+    u8 = np.round(x * 255).astype(np.uint8)
+    path = tmp_path_factory.mktemp("kserve") / "u8.h5"
+    with h5py.File(path, "w") as f:
+        f["x"], f["y"] = u8, y
+    out = {}
+    for dtype, data in ((np.float32, ece408 / "test100.hdf5"), (np.uint8, path)):
+        r = infer.run(data, ece408 / "model.hdf5", 37, backend="cpu", scores=True)
+        out[np.dtype(dtype).name] = (x if dtype == np.float32 else u8, r.predictions, r.scores)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(ece408):
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--token", TOKEN)
+    assert s.grpc and s.second_line.startswith("cnninfer serve: gRPC (KServe v2) on grpc://127.0.0.1:")
+    yield s
+    assert s.stop() == 0, "".join(s.stderr)
+
+
+def http_client(server):
+    return httpclient.InferenceServerClient(server.url.split("//")[1])
+
+
+def grpc_client(server):
+    return grpcclient.InferenceServerClient(server.grpc)
+
+
+def test_health_and_metadata(server, ece408):
+    digest = hashlib.sha256((ece408 / "model.hdf5").read_bytes()).hexdigest()
+    h, g = http_client(server), grpc_client(server)
+    assert h.is_server_live(headers=AUTH) and h.is_server_ready(headers=AUTH) and h.is_model_ready("cnninfer", headers=AUTH)
+    assert g.is_server_live(headers=GAUTH) and g.is_server_ready(headers=GAUTH)
+    assert g.is_model_ready("cnninfer", headers=GAUTH)
+    meta = h.get_model_metadata("cnninfer", headers=AUTH)
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 28, 28, 1]}]
+    assert meta["outputs"] == [{"name": "labels", "datatype": "INT64", "shape": [-1]},
+                               {"name": "scores", "datatype": "FP32", "shape": [-1, 10]}]
+    assert meta["parameters"]["sha256"] == digest
+    gmeta = g.get_model_metadata("cnninfer", headers=GAUTH, as_json=True)
+    assert gmeta["inputs"][0]["name"] == "x" and gmeta["outputs"][1]["shape"] == ["-1", "10"]
+    assert h.get_server_metadata(headers=AUTH)["extensions"] == ["binary_tensor_data"]
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+@pytest.mark.parametrize("dtype", ["float32", "uint8"])
+def test_http_infer_equals_the_command_line(server, expected, dtype, binary):
+    x, labels, scores = expected[dtype]
+    inp = httpclient.InferInput("x", list(x.shape), "FP32" if dtype == "float32" else "UINT8")
+    inp.set_data_from_numpy(x, binary_data=binary)
+    outputs = [httpclient.InferRequestedOutput(n, binary_data=binary) for n in ("labels", "scores")]
+    # tritonclient writes Inference-Header-Content-Length into the headers it is given: a copy each call
+    r = http_client(server).infer("cnninfer", [inp], outputs=outputs, headers=dict(AUTH), request_id="r1")
+    assert (r.as_numpy("labels") == labels).all() and r.as_numpy("labels").dtype == np.int64
+    np.testing.assert_allclose(r.as_numpy("scores"), scores, rtol=1e-5, atol=1e-5)
+    assert r.get_response()["id"] == "r1"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "uint8"])
+def test_grpc_infer_equals_the_command_line(server, expected, dtype):
+    x, labels, scores = expected[dtype]
+    inp = grpcclient.InferInput("x", list(x.shape), "FP32" if dtype == "float32" else "UINT8")
+    inp.set_data_from_numpy(x)
+    r = grpc_client(server).infer("cnninfer", [inp], headers=GAUTH)
+    assert (r.as_numpy("labels") == labels).all()
+    np.testing.assert_allclose(r.as_numpy("scores"), scores, rtol=1e-5, atol=1e-5)
+    only = grpc_client(server).infer("cnninfer", [inp], outputs=[grpcclient.InferRequestedOutput("labels")],
+                                     headers=GAUTH)
+    assert only.as_numpy("scores") is None and (only.as_numpy("labels") == labels).all()
+
+
+def test_the_token_applies_to_both(server, expected):
+    import httpx
+
+    x = expected["float32"][0][:2]
+    assert httpx.get(server.url + "/v2/health/live").status_code == 401
+    assert httpx.get(server.url + "/v2/health/live", headers={"Authorization": "bearer " + TOKEN}).json() == {"live": True}
+    inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    with pytest.raises(InferenceServerException) as e:
+        grpc_client(server).infer("cnninfer", [inp])
+    assert "UNAUTHENTICATED" in str(e.value.status()) and "bearer token" in e.value.message()
+    r = grpc_client(server).infer("cnninfer", [inp], headers={"authorization": f"bearer {TOKEN}"})
+    assert (r.as_numpy("labels") == expected["float32"][1][:2]).all()
+
+
+@pytest.mark.parametrize("client", ["http", "grpc"])
+def test_bad_requests_are_one_line_and_the_server_stays_up(server, expected, client):
+    module, make = (httpclient, http_client) if client == "http" else (grpcclient, grpc_client)
+    auth = AUTH if client == "http" else GAUTH
+    x = expected["float32"][0]
+    bad = np.zeros((2, 27, 28, 1), np.float32)
+    inp = module.InferInput("x", list(bad.shape), "FP32")
+    inp.set_data_from_numpy(bad)
+    with pytest.raises(InferenceServerException) as e:
+        make(server).infer("cnninfer", [inp], headers=dict(auth))
+    assert "images of 27x28 flatten to" in e.value.message() and "\n" not in e.value.message()
+    assert "dataset" not in e.value.message() and "/" not in e.value.message()
+    inp = module.InferInput("x", list(x[:3].shape), "FP32")
+    inp.set_data_from_numpy(x[:3])
+    with pytest.raises(InferenceServerException) as e:
+        make(server).infer("mnist", [inp], headers=dict(auth))
+    assert "this server serves 'cnninfer'" in e.value.message()
+    assert (make(server).infer("cnninfer", [inp], headers=dict(auth)).as_numpy("labels") == expected["float32"][1][:3]).all()
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda x: (b'{"inputs":[{"name":"x","shape":[2,28,28,1],"datatype":"FP32","parameters":{"binary_data_size":6272}}]}',
+                x[:2].tobytes() + b"extra"), "binary_data_size 6272, but 6277 bytes follow the header"),
+    (lambda x: (b'{"inputs":[{"name":"x","shape":[2,28,28,1],"datatype":"BYTES","data":[1]}]}', b""),
+     "datatype 'BYTES' is not a number type"),
+    (lambda x: (b'{"inputs":[{"name":"y","shape":[2,28,28,1],"datatype":"FP32","data":[1]}]}', b""),
+     "input 'y': the model's one input is 'x'"),
+    (lambda x: (b'{"inputs":[{"name":"x","shape":[2,28,28,1],"datatype":"FP32","data":[1, 2]}]}', b""),
+     "2 values for a tensor of shape [2, 28, 28, 1] (1568)"),
+    (lambda x: (b'{"inputs":[{"name":"x","shape":[1,28,28,1],"datatype":"FP32","data":[1]}],'
+                b'"outputs":[{"name":"probabilities"}]}', b""), "output 'probabilities': the model's outputs are"),
+])
+def test_bad_v2_bodies_are_400_with_one_line(server, expected, make, words):
+    import httpx
+
+    head, tail = make(expected["float32"][0])
+    headers = dict(AUTH, **({"Inference-Header-Content-Length": str(len(head))} if tail else {}))
+    r = httpx.post(server.url + "/v2/models/cnninfer/infer", content=head + tail, headers=headers)
+    assert r.status_code == 400 and words in r.json()["error"], r.text
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    assert 'cnninfer_requests_total{status="400"}' in text
