@@ -440,6 +440,11 @@ def info():
     except Exception as e:  # info reports what it can, never fails on a missing piece
         click.echo(f"CUDA toolkit: not usable ({getattr(e, 'message', e)})")
     click.echo(f"kernel cache: {compiler.cache_dir()}")
+    from .gpu import prebuilt
+
+    shipped = prebuilt.arches()
+    click.echo(f"prebuilt kernels: {', '.join(shipped)}" if shipped else
+               "prebuilt kernels: none (an editable install, or a wheel built without nvcc: kernels compile on first use)")
     from . import native
 
     click.echo(f"CPU backend: {native.net_status()}")

@@ -31,7 +31,10 @@ def test_cache_hit_does_not_run_nvcc(tmp_path, monkeypatch):
     monkeypatch.setenv("CNNINFER_CACHE", str(tmp_path))
     first = compiler.cubin("argmax", "sm_80", {})
     monkeypatch.setattr(compiler.subprocess, "run", lambda *a, **k: pytest.fail("nvcc ran on a cache hit"))
+    assert compiler.cubin("argmax", "sm_80", {}) == first
+    # No nvcc at all any more: a cubin built from these very sources is still used
     monkeypatch.setenv("PATH", "")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no-cuda"))
     assert compiler.cubin("argmax", "sm_80", {}) == first
 
 
@@ -109,3 +112,63 @@ def test_a_run_builds_only_the_kernels_its_pipeline_loads_and_at_once(tmp_path, 
     assert len(threads) == len(expected) and all(t.startswith("cnninfer-nvcc") for t in threads)
     assert not build.modules, "prefetch loads nothing"
     launch._cubin.cache_clear()
+
+
+@needs_nvcc
+@pytest.mark.slow
+def test_prebuilt_kernels_are_used_when_their_hash_matches_and_rebuilt_when_not(tmp_path, monkeypatch):
+    """The prebuilt cubins for sm_90 (what a wheel built here carries): a run's cubins come from
+    them without nvcc; one whose bytes no longer have the manifest's sha256 is built again; info
+    names the architectures."""
+    import hashlib
+    import json
+    import subprocess
+
+    from infer.gpu import prebuilt
+
+    out = tmp_path / "prebuilt"
+    cubins = prebuilt.build_all(out, arches=("sm_90",))
+    assert prebuilt.arches(out) == ["sm_90", "sm_90a"]
+    assert sorted(name.split("-")[0] for name in cubins) == ["certify", "fc", "fc6", "fused3", "fused3", "fused6"]
+    for name, digest in cubins.items():
+        assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest
+    monkeypatch.setattr(prebuilt, "folder", lambda: out)
+    monkeypatch.setenv("CNNINFER_CACHE", str(tmp_path / "cache"))
+    runs = []
+    real_run = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: ("-cubin" in a[0] and runs.append(a)) or real_run(*a, **k))
+    for key in prebuilt._listed("sm_90"):
+        name, arch, defines, fast_math = key
+        assert compiler.cubin(name, arch, dict(defines), fast_math) == (out / compiler.cache_name(*key[:2], dict(defines), fast_math)).read_bytes()
+    assert runs == [], "no nvcc for prebuilt kernels"
+    # A prebuilt file altered after the manifest: not loaded, built again (and the same as built before)
+    name, arch, defines, fast_math = next(k for k in prebuilt._listed("sm_90") if k[0] == "fc6")
+    path = out / compiler.cache_name(name, arch, dict(defines), fast_math)
+    good = path.read_bytes()
+    path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+    assert compiler.cubin(name, arch, dict(defines), fast_math) == good and len(runs) == 1
+    assert json.loads((out / prebuilt.MANIFEST).read_text())["nvcc"].startswith("Build cuda_")
+    r = invoke("info")
+    assert "prebuilt kernels: sm_90, sm_90a" in r.stdout
+
+
+def test_info_says_when_there_are_no_prebuilt_kernels(tmp_path, monkeypatch):
+    from infer.gpu import prebuilt
+
+    monkeypatch.setattr(prebuilt, "folder", lambda: tmp_path)
+    r = invoke("info")
+    assert "prebuilt kernels: none (an editable install, or a wheel built without nvcc" in r.stdout
+
+
+@needs_nvcc
+def test_the_cache_is_kept_per_nvcc(tmp_path, monkeypatch):
+    """Another nvcc (a toolkit upgrade) builds afresh instead of reusing the old one's cubin."""
+    monkeypatch.setenv("CNNINFER_CACHE", str(tmp_path))
+    compiler.cubin("argmax", "sm_80", {})
+    monkeypatch.setattr(compiler, "nvcc_version", lambda: "Build cuda_99.9")
+    (tmp_path / "kernels" / "nvcc-versions.json").unlink()
+    runs = []
+    real = compiler.subprocess.run
+    monkeypatch.setattr(compiler.subprocess, "run", lambda *a, **k: ("-cubin" in a[0] and runs.append(a)) or real(*a, **k))
+    compiler.cubin("argmax", "sm_80", {})
+    assert len(runs) == 1 and len(list((tmp_path / "kernels").glob("argmax-sm_80-*.cubin"))) == 2

@@ -1,6 +1,7 @@
 """`pip wheel .` gives a wheel that carries the kernels, the default model and the sample; in a
 fresh virtual environment, run from another folder, `cnninfer run` works on the CPU backend."""
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -21,6 +22,13 @@ def test_wheel_installs_and_runs_anywhere(tmp_path):
     for name in ("infer/kernels/fused3.cu", "infer/kernels/gemm1.cu", "infer/kernels/common.cuh", "infer/models/cnninfer-mnist.hdf5",
                  "infer/models/mnist-sample.hdf5", "infer/gpu/backend.py", "infer/read_pool.c", "infer/cpu_net.c"):
         assert name in names
+    # Built where nvcc is: the bundled geometry's kernels for sm_80, sm_86, sm_89 and sm_90, prebuilt
+    prebuilt = sorted(n.split("/")[-1].split("-")[1] for n in names if n.startswith("infer/kernels/prebuilt/") and n.endswith(".cubin"))
+    if shutil.which("nvcc"):
+        assert "infer/kernels/prebuilt/MANIFEST.json" in names
+        assert sorted(set(prebuilt)) == ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"]
+    else:
+        assert prebuilt == []
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
@@ -34,3 +42,6 @@ def test_wheel_installs_and_runs_anywhere(tmp_path):
     assert r.stdout.splitlines()[0] == "input dimensions = 1000 x 28 x 28 x 1"
     assert float(r.stdout.split("Correctness: ")[1]) >= 0.98
     assert not Path(elsewhere).joinpath("infer").exists()
+    info = subprocess.run([env_dir / "bin" / "cnninfer", "info"], cwd=elsewhere, env=env, capture_output=True, text=True)
+    assert ("prebuilt kernels: sm_80, sm_86, sm_89, sm_90, sm_90a" if shutil.which("nvcc") else
+            "prebuilt kernels: none") in info.stdout

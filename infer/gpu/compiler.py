@@ -4,9 +4,11 @@ A cache hit reads the cubin and never runs nvcc (PyCUDA's own cache runs `nvcc -
 lookup); PyCUDA loads it with module_from_buffer. Importable without PyCUDA, so CI compiles too.
 """
 import hashlib
+import json
 import os
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from .. import env
@@ -53,20 +55,74 @@ def command(name, arch, defines, fast_math=False, output="-", extra=()):
     return cmd + [str(kernel_dir() / f"{name}.cu")]
 
 
-def cubin(name, arch, defines, fast_math=False):
-    """The cubin of cuda/NAME.cu built with -D defines, from the disk cache or from nvcc."""
+def cache_name(name, arch, defines, fast_math=False):
+    """The file name of cuda/NAME.cu's cubin for `arch` and `defines`: it carries a hash of the
+    sources (NAME.cu and every .cuh), the architecture, the defines and the flags, so a cubin is
+    found only for the sources it was built from. Prebuilt cubins (prebuilt.py) are named so."""
     folder = kernel_dir()
     sources = [(folder / f"{name}.cu").read_bytes()] + [h.read_bytes() for h in sorted(folder.glob("*.cuh"))]
     key = hashlib.sha256(repr((sources, arch, sorted(defines.items()), fast_math, NVCC_FLAGS)).encode()).hexdigest()[:20]
-    cached = cache_dir() / f"{name}-{arch}-{key}.cubin"
+    return f"{name}-{arch}-{key}.cubin"
+
+
+def nvcc_tag():
+    """A short hash of the version of the nvcc found: the disk cache's cubins are kept per nvcc
+    release, so a toolkit upgrade builds afresh. `nvcc --version` runs once per nvcc binary (its
+    path, size and time), remembered in the cache's nvcc-versions.json: a cache hit runs nothing."""
+    path = nvcc()
+    st = os.stat(path)
+    ident = f"{os.path.realpath(path)}:{st.st_size}:{st.st_mtime_ns}"
+    known = cache_dir() / "nvcc-versions.json"
+    try:
+        versions = json.loads(known.read_text())
+    except (OSError, ValueError):
+        versions = {}
+    if not isinstance(versions, dict) or ident not in versions:
+        versions = dict(versions if isinstance(versions, dict) else {}, **{ident: nvcc_version()})
+        known.parent.mkdir(parents=True, exist_ok=True)
+        with replacing(known) as tmp:
+            Path(tmp).write_text(json.dumps(versions, indent=1) + "\n")
+    return hashlib.sha256(versions[ident].encode()).hexdigest()[:8]
+
+
+def nvcc_version():
+    r = subprocess.run([nvcc(), "--version"], capture_output=True, text=True)
+    return (r.stdout.strip().splitlines() or ["unknown"])[-1]
+
+
+def build(name, arch, defines, fast_math=False):
+    """nvcc's cubin of cuda/NAME.cu (KernelCompileError naming the file and quoting nvcc)."""
+    with tempfile.TemporaryDirectory(prefix="cnninfer-nvcc-") as tmp:
+        out = Path(tmp) / f"{name}.cubin"
+        r = subprocess.run(command(name, arch, defines, fast_math, out), capture_output=True, text=True)
+        if r.returncode != 0:
+            quoted = " | ".join(line.strip() for line in (r.stderr or r.stdout).splitlines() if line.strip())[:600]
+            raise KernelCompileError(f"cuda/{name}.cu: nvcc failed to compile it for {arch}: {quoted}")
+        return out.read_bytes()
+
+
+def cubin(name, arch, defines, fast_math=False):
+    """The cubin of cuda/NAME.cu built with -D defines: prebuilt in the package (its sha256 checked),
+    else from the disk cache (kept per nvcc), else built by nvcc now and cached."""
+    from . import prebuilt
+
+    filename = cache_name(name, arch, defines, fast_math)
+    shipped = prebuilt.lookup(filename)
+    if shipped is not None:
+        return shipped
+    try:
+        tag = nvcc_tag()
+    except BackendUnavailable:  # no nvcc now: a cubin some nvcc built from these sources will do
+        for found in sorted(cache_dir().glob(filename.replace(".cubin", "-*.cubin")), key=os.path.getmtime)[::-1]:
+            return found.read_bytes()
+        raise
+    cached = cache_dir() / filename.replace(".cubin", f"-{tag}.cubin")
     try:
         return cached.read_bytes()
     except OSError:
         pass
+    data = build(name, arch, defines, fast_math)
     cached.parent.mkdir(parents=True, exist_ok=True)
     with replacing(cached) as tmp:
-        r = subprocess.run(command(name, arch, defines, fast_math, tmp), capture_output=True, text=True)
-        if r.returncode != 0:
-            quoted = " | ".join(line.strip() for line in (r.stderr or r.stdout).splitlines() if line.strip())[:600]
-            raise KernelCompileError(f"cuda/{name}.cu: nvcc failed to compile it for {arch}: {quoted}")
-    return cached.read_bytes()
+        Path(tmp).write_bytes(data)
+    return data
