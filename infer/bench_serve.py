@@ -191,7 +191,8 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
                 r.update(server=name, request_images=1, connections=c)
                 if before is not None:
                     after = metric_sum(url, "cnninfer_batch_images")
-                    r["mean_batch"] = (after[0] - before[0]) / max(1, after[1] - before[1])
+                    if after[1] > before[1]:  # a single process's passes (front ends count none)
+                        r["mean_batch"] = (after[0] - before[0]) / (after[1] - before[1])
                 rows.append(r)
             if not name.endswith("--max-batch 1"):  # one image a pass: no figure worth a row
                 r = load(url, npy(u8), 4, seconds)

@@ -13,6 +13,15 @@ from .options import (ALGORITHMS, AUTO, BACKENDS, CERTIFY_FROM, DECODE_MODES, GE
                       TILE_WIDTHS)
 
 
+def parse_workers(value):
+    """--workers: 'auto' or a whole number from 1 to 64."""
+    if value == "auto":
+        return value
+    if not value.isdigit() or not 1 <= int(value) <= 64:
+        raise click.BadParameter(f"'auto' or a whole number from 1 to 64, not {value!r}")
+    return int(value)
+
+
 def parse_devices(ctx, param, value):
     if value is None or value == "all":
         return value
@@ -327,9 +336,11 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
               "and /metrics (or set CNNINFER_SERVE_TOKEN).")
 @click.option("--max-body-mb", type=click.FloatRange(0, min_open=True), default=64, show_default=True,
               help="Larger request bodies are refused (413).")
-@click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Processes sharing the port, each with its own session and batching (one handles "
-                   "~3,000-4,000 requests/s; /metrics then counts per worker).")
+@click.option("--workers", default="auto", show_default=True, callback=lambda ctx, p, v: parse_workers(v),
+              help="HTTP front ends: 1, one process with its own session; N > 1, N front-end processes "
+                   "sharing the port that hand their requests to one engine process (one session, so one "
+                   "CUDA context, batching every front end's requests together); auto: 1 on the CPU "
+                   "backend, else half the cores, 2 to 8. One front end handles ~3,000-4,000 requests/s.")
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=8001, show_default=True,
               help="Port of the KServe v2 gRPC service on --host (0: a free one); its address is printed "
                    "under the HTTP one.")
@@ -379,6 +390,8 @@ def serve(model, backend, chunk, streams, tile_width, gemm_algo, conv_algo, prec
     if model_sha256 is not None and model_sha256.strip().lower() != digest:
         raise InputError(f"{path}: its sha256 is {digest}, not {model_sha256.strip()} (--model-sha256)")
     spec = server.Spec(loader.load_model(path), backend, options, digest)
+    if workers == "auto":
+        workers = server.auto_workers(backend)
     server.serve(spec, settings, host, port, workers,
                  announce=lambda line: click.echo(line))
 

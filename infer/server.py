@@ -74,6 +74,26 @@ def require():
         raise InputError(f"cnninfer serve needs Starlette and uvicorn ({e}): pip install 'cnninfer[serve]'") from None
 
 
+def auto_workers(backend):
+    """serve --workers auto: one process on the CPU backend (its cores compute); on a GPU, front
+    ends on half the cores (2 to 8) around one engine."""
+    import os
+
+    if backend == "cpu" or (backend == "auto" and not cuda_usable()):
+        return 1
+    return min(8, max(2, (os.cpu_count() or 2) // 2))
+
+
+def cuda_usable():
+    """Whether a CUDA GPU is usable here (the driver started, no context made)."""
+    try:
+        from .gpu.device import visible_devices
+
+        return visible_devices() > 0
+    except Exception:  # no PyCUDA, no driver, no device
+        return False
+
+
 def grpc_available():
     """Whether grpcio and tritonclient's service definitions are installed (the serve extra)."""
     try:
@@ -383,7 +403,9 @@ def make_app(session, settings, batcher, sha256=None):
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
-        batcher.start()
+        started = batcher.start()
+        if started is not None:  # a front end's RemoteBatcher connects to the engine
+            await started
         if settings.grpc:
             await start_grpc()
         try:
@@ -473,10 +495,40 @@ def serve(spec, settings, host="127.0.0.1", port=8000, workers=1, announce=print
         sock.close()
 
 
+def warm_up(session, settings):
+    """Start the backend and run a first pass (for CUDA: the context made current on the session's
+    thread, the kernels compiled or loaded) before the first request; the batch size every pass is
+    padded to (CUDA: --max-batch, see batcher.py), or None."""
+    h, w, c = images.image_shape(session.model)
+    run = session.executor.submit if session.executor is not None else (lambda fn, *a: _done(fn(*a)))
+    run(session.classify, np.zeros((1, h, w, c), np.float32), True).result()
+    if session.backend.name != "cuda":
+        return None
+    run(session.classify, np.zeros((settings.max_batch, h, w, c), np.float32), True).result()
+    return settings.max_batch
+
+
+def _done(value):
+    from concurrent.futures import Future
+
+    f = Future()
+    f.set_result(value)
+    return f
+
+
 def run_one(session, settings, sock, announce, sha256=None):
-    """One event loop serving on sock until SIGTERM or SIGINT, then draining: in-flight requests
-    are answered within settings.drain_s, stalled uploads and passes not done by then get a
-    JSON 503."""
+    """One process serving on sock with its own Session until SIGTERM or SIGINT (run_app)."""
+    pad_to = warm_up(session, settings)
+    # Passes run on the session's own thread where it has one (no hop from a batch thread to it)
+    batcher = Batcher(session.classify, settings.max_batch, settings.max_delay_ms / 1e3, thread=session.executor,
+                      pad_to=pad_to)
+    run_app(session, settings, sock, announce, batcher, sha256)
+
+
+def run_app(session, settings, sock, announce, batcher, sha256=None):
+    """One event loop serving the app on sock until SIGTERM or SIGINT, then draining: in-flight
+    requests are answered within settings.drain_s, stalled uploads and passes not done by then get
+    a JSON 503. `session`: a Session, or a front end's EngineFace."""
     import warnings
 
     import uvicorn
@@ -486,23 +538,9 @@ def run_one(session, settings, sock, announce, sha256=None):
 
     # Pillow warns of pictures past its own pixel limit; the server's (--max-pixels) refuses them
     warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-
     # The GIL passes between the event loop and the batch thread several times a pass: at the
     # default 5 ms switch interval a busy loop held each pass up for milliseconds
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    # Passes run on the session's own thread where it has one (no hop from a batch thread to it)
-    batcher = Batcher(session.classify, settings.max_batch, settings.max_delay_ms / 1e3, thread=session.executor)
-    # The backend starts on the batch thread (for CUDA: its context is made current there), and a
-    # first pass compiles or loads the kernels before the first request
-    h, w, c = images.image_shape(session.model)
-    try:
-        batcher.thread.submit(session.classify, np.zeros((1, h, w, c), np.float32), True).result()
-        if session.backend.name == "cuda":  # one batch size: see batcher.py
-            batcher.pad_to = settings.max_batch
-            batcher.thread.submit(session.classify, np.zeros((settings.max_batch, h, w, c), np.float32), True).result()
-    except BaseException:
-        batcher.close()
-        raise
     app = make_app(session, settings, batcher, sha256)
     drain = app.state.drain
     cap = guard.connection_cap(settings.max_connections)
@@ -545,62 +583,135 @@ def run_one(session, settings, sock, announce, sha256=None):
         raise InputError("cnninfer serve: the server did not start (see the lines above)")
 
 
-def _worker(spec, settings, sock, ready):
-    """A spawned worker: its own Session, serving on the parent's socket; tells `ready` its line."""
+def _engine(spec, settings, path, ready):
+    """The spawned engine: the one Session, warmed up, serving its batcher on the Unix socket
+    `path` (engine.py) until SIGTERM; tells `ready` when it listens."""
+    from .engine import Engine
     from .session import Session
+
+    async def main(session, pad_to):
+        engine = Engine(session, settings, session.backend.name, session.device, pad_to)
+        await engine.start(path)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        ready.put("engine ready")
+        await stop.wait()
+        await engine.stop()
 
     try:
         with Session(spec.model, spec.backend, **spec.options) as session:
-            run_one(session, settings, sock, ready.put, spec.sha256)
+            asyncio.run(main(session, warm_up(session, settings)))
+    except InputError as e:
+        ready.put(f"error: {e.message}")
+        sys.exit(2)
+
+
+class EngineFace:
+    """What the app reads of a Session, in a front end: the model here, the backend's name and
+    device from the engine's hello."""
+    executor = None
+
+    def __init__(self, model, batcher):
+        self.model, self.batcher = model, batcher
+
+    @property
+    def classes(self):
+        return self.model.fc2.shape[1]
+
+    @property
+    def backend(self):
+        hello = self.batcher.hello
+        return None if hello is None else type("Backend", (), {"name": hello["backend"]})()
+
+    @property
+    def device(self):
+        return None if self.batcher.hello is None else self.batcher.hello["device"]
+
+
+def _front(spec, settings, sock, path, ready):
+    """A spawned front end: the app on the parent's socket, its batches the engine's."""
+    from .engine import RemoteBatcher
+
+    try:
+        batcher = RemoteBatcher(path)
+        run_app(EngineFace(spec.model, batcher), settings, sock, ready.put, batcher, spec.sha256)
     except InputError as e:
         ready.put(f"error: {e.message}")
         sys.exit(2)
 
 
 def supervise(spec, settings, sock, workers, announce):
-    """Spawn the workers; announce once the first accepts; on SIGTERM/SIGINT pass SIGTERM on to
-    every worker (each drains what it has) and wait for them. A worker that fails stops them all."""
+    """The engine first (one Session), then `workers` front ends sharing the listening socket, each
+    handing its requests' images to the engine; announce once the first front end accepts. On
+    SIGTERM/SIGINT the front ends drain (SIGTERM each), then the engine stops. A process that fails
+    stops them all."""
     import multiprocessing
+    import tempfile
 
     ctx = multiprocessing.get_context("spawn")  # CUDA does not survive fork
     ready = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(spec, settings, sock, ready), name=f"cnninfer-worker{i}")
-             for i in range(workers)]
+    folder = tempfile.mkdtemp(prefix="cnninfer-engine-")
+    path = str(Path(folder) / "engine.sock")
+    engine = ctx.Process(target=_engine, args=(spec, settings, path, ready), name="cnninfer-engine")
+    fronts = [ctx.Process(target=_front, args=(spec, settings, sock, path, ready), name=f"cnninfer-front{i}")
+              for i in range(workers)]
     stop = []
     previous = {sig: signal.signal(sig, lambda sig, _: stop.append(sig)) for sig in (signal.SIGTERM, signal.SIGINT)}
+    failed = []
     try:
-        for p in procs:
+        engine.start()
+        if _wait_for(ready, [engine], ("engine ready",), stop) is None:
+            return
+        for p in fronts:
             p.start()
-        lines = {}  # the first worker's lines to announce: HTTP's, then gRPC's where it runs
         wanted = ("listening on", "gRPC") if settings.grpc else ("listening on",)
-        while len(lines) < len(wanted) and not stop:
-            try:
-                line = ready.get(timeout=0.2)
-            except Exception:  # queue.Empty
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    line = "error: a worker exited while starting"
-                else:
-                    continue
-            if line.startswith("error: "):
-                raise InputError(line[len("error: "):])
-            lines.setdefault(next(w for w in wanted if w in line), line)
-        if len(lines) == len(wanted):
-            announce(lines["listening on"].replace(" (backend", f" ({workers} workers; backend", 1))
+        lines = _wait_for(ready, fronts + [engine], wanted, stop)
+        if lines is not None:
+            announce(lines["listening on"].replace(" (backend", f" ({workers} front ends, one engine; backend", 1))
             if settings.grpc:
                 announce(lines["gRPC"])
-        while not stop and all(p.is_alive() for p in procs):
+        while not stop and all(p.is_alive() for p in fronts + [engine]):
             time.sleep(0.2)
-        failed = [p for p in procs if p.exitcode not in (None, 0)]
+        failed = [p for p in fronts + [engine] if p.exitcode not in (None, 0)]
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()  # SIGTERM: the worker drains
-        for p in procs:
-            p.join(settings.drain_s + 10)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        for group in (fronts, [engine]):  # the front ends drain into a live engine, then it stops
+            for p in group:
+                if p.is_alive():
+                    p.terminate()
+            for p in group:
+                if p.pid is None:
+                    continue
+                p.join(settings.drain_s + 10)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
     if failed and not stop:
-        raise InputError(f"cnninfer serve: worker {failed[0].name} exited with code {failed[0].exitcode}")
+        raise InputError(f"cnninfer serve: {failed[0].name} exited with code {failed[0].exitcode}")
+
+
+def _wait_for(ready, procs, wanted, stop):
+    """{each of `wanted`: the first line from `ready` holding it}, or None when stopped first;
+    InputError with a process's error line, or when one exits first."""
+    lines = {}
+    while len(lines) < len(wanted):
+        if stop:
+            return None
+        try:
+            line = ready.get(timeout=0.2)
+        except Exception:  # queue.Empty
+            if any(p.exitcode not in (None, 0) for p in procs):
+                raise InputError("cnninfer serve: a process exited while starting") from None
+            continue
+        if line.startswith("error: "):
+            raise InputError(line[len("error: "):])
+        for w in wanted:
+            if w in line:
+                lines.setdefault(w, line)
+    return lines

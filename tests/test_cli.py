@@ -203,3 +203,16 @@ def test_the_cpu_bench_says_when_its_rounds_disagree():
     assert note.startswith("note: onnxruntime's rounds disagree by 33% (min 0.900 s, max 1.200 s)")
     lines = table(dict(n=10, geometry="28x28x1", device="x86_64", repeats=5, warmup=1, rows=[steady, swinging]))
     assert "max s" in lines[1] and lines[-1] == note
+
+
+def test_serve_workers_auto_is_one_process_on_the_cpu_and_front_ends_on_a_gpu(monkeypatch):
+    from infer import server
+
+    assert server.auto_workers("cpu") == 1
+    monkeypatch.setattr(server, "cuda_usable", lambda: False)
+    assert server.auto_workers("auto") == 1
+    monkeypatch.setattr(server, "cuda_usable", lambda: True)
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert server.auto_workers("auto") == 8 and server.auto_workers("cuda") == 8
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert server.auto_workers("cuda") == 2
