@@ -589,6 +589,8 @@ def _engine(spec, settings, path, ready):
     from .engine import Engine
     from .session import Session
 
+    name_process("cnninfer-engine")
+
     async def main(session, pad_to):
         engine = Engine(session, settings, session.backend.name, session.device, pad_to)
         await engine.start(path)
@@ -634,6 +636,7 @@ def _front(spec, settings, sock, path, ready):
     """A spawned front end: the app on the parent's socket, its batches the engine's."""
     from .engine import RemoteBatcher
 
+    name_process("cnninfer-front")
     try:
         batcher = RemoteBatcher(path)
         run_app(EngineFace(spec.model, batcher), settings, sock, ready.put, batcher, spec.sha256)
@@ -694,6 +697,15 @@ def supervise(spec, settings, sock, workers, announce):
         shutil.rmtree(folder, ignore_errors=True)
     if failed and not stop:
         raise InputError(f"cnninfer serve: {failed[0].name} exited with code {failed[0].exitcode}")
+
+
+def name_process(name):
+    """The name ps and top show for this process (Linux; 15 characters at most)."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name[:15])
+    except OSError:
+        pass
 
 
 def _wait_for(ready, procs, wanted, stop):

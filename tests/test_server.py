@@ -254,3 +254,27 @@ def test_several_workers_share_the_port_answer_alike_and_drain(ece408, data):
         assert post(s, npy(x)).json()["labels"] == expected.tolist()
     finally:
         assert s.stop() == 0, "".join(s.stderr)
+
+
+def test_front_ends_answer_at_once_when_the_engine_dies_and_the_server_stops(ece408, data):
+    """The engine process killed under a waiting request: the request gets a JSON 500 at once (no
+    hang), and the supervisor stops the front ends and exits non-zero with one line."""
+    import os
+    import time
+
+    from infer.bench_serve import tree
+
+    x, expected, _ = data
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--workers", "2")
+    try:
+        assert post(s, npy(x[:3])).json()["labels"] == expected[:3].tolist()
+        engine = [p for p in tree(s.proc.pid)[1:] if open(f"/proc/{p}/comm").read().strip() == "cnninfer-engine"]
+        assert len(engine) == 1, tree(s.proc.pid)
+        os.kill(engine[0], signal.SIGKILL)
+        t = time.monotonic()
+        r = post(s, npy(x[:3]))
+        assert r.status_code in (500, 503) and "error" in r.json() and time.monotonic() - t < 10
+        assert s.proc.wait(30) != 0
+        assert "exited with code" in "".join(s.stderr)
+    finally:
+        s.stop()
