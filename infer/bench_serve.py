@@ -26,7 +26,8 @@ local f = assert(io.open(os.getenv("CNNINFER_BENCH_BODY"), "rb"))
 wrk.method = "POST"
 wrk.body = f:read("*a")
 f:close()
-wrk.headers["Content-Type"] = "application/x-npy"
+local kind = os.getenv("CNNINFER_BENCH_TYPE") or ""
+wrk.headers["Content-Type"] = kind ~= "" and kind or "application/x-npy"
 local pause = tonumber(os.getenv("CNNINFER_BENCH_DELAY_MS") or "0")
 if pause > 0 then function delay() return pause end end
 function done(summary, latency, requests)
@@ -108,16 +109,17 @@ def metric_sum(url, name):
     return (float(s.group(1)) if s else 0.0), (int(c.group(1)) if c else 0)
 
 
-def load(url, body, connections, seconds, delay_ms=0, threads=None):
-    """wrk's figures for `connections` connections posting `body` for `seconds`."""
+def load(url, body, connections, seconds, delay_ms=0, threads=None, path="/v1/predict", content_type=None):
+    """wrk's figures for `connections` connections posting `body` (to url + path) for `seconds`."""
     with tempfile.TemporaryDirectory() as d:
         script, data = Path(d) / "post.lua", Path(d) / "body.npy"
         script.write_text(WRK_SCRIPT)
         data.write_bytes(body)
         threads = threads or max(1, min(connections, 4))
         out = subprocess.run([wrk(), "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(seconds))}s", "--timeout", "30s",
-                              "-s", str(script), url + "/v1/predict"], capture_output=True, text=True,
-                             env=dict(os.environ, CNNINFER_BENCH_BODY=str(data), CNNINFER_BENCH_DELAY_MS=str(delay_ms)))
+                              "-s", str(script), url + path], capture_output=True, text=True,
+                             env=dict(os.environ, CNNINFER_BENCH_BODY=str(data), CNNINFER_BENCH_DELAY_MS=str(delay_ms),
+                                      CNNINFER_BENCH_TYPE=content_type or ""))
     line = next((ln for ln in out.stdout.splitlines() if ln.startswith("CNNINFER ")), None)
     if line is None:
         raise InputError(f"wrk failed: {out.stdout.strip()[-300:]} {out.stderr.strip()[-300:]}")
@@ -146,7 +148,26 @@ def servers(model, backend, peer, workers=1, max_batch=None):
     out.append(("cnninfer serve --max-batch 1", me + ["--max-batch", "1"]))
     if peer:
         out.append(("Starlette + PyTorch per request", [sys.executable, "-m", "infer.bench_serve", "peer", str(model)]))
+        if litserve_available():
+            from .server import free_port
+
+            for workers_per_device, api_servers, batch in LITSERVE:
+                out.append((f"LitServe {workers_per_device} worker, {api_servers} API servers, batch {batch}",
+                            [sys.executable, "-m", "infer.bench_litserve", str(model), str(free_port("127.0.0.1")),
+                             str(workers_per_device), str(api_servers), str(batch)]))
     return out
+
+
+# LitServe's configurations measured: (inference workers on the GPU, HTTP processes, max batch)
+LITSERVE = ((1, 4, 64), (2, 8, 256))
+
+
+def litserve_available():
+    try:
+        import litserve  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def peer_available():
@@ -178,16 +199,30 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
     rows = []
     for name, argv in servers(model, backend, peer, workers, max_batch):
         proc, url = start(argv)
+        lit = name.startswith("LitServe")
+        if lit:  # its own protocol: JSON with a base64 .npy, on /predict
+            from .bench_litserve import body
+
+            encode, where = body, dict(path="/predict", content_type="application/json")
+        else:
+            encode, where = npy, {}
         try:
-            check_answers(url, x, expected)
-            if post(url, npy(u8))["labels"] != expected_u8.tolist():
-                raise InputError(f"{name}: uint8 answers differ from the local Session's")
-            single = npy(x[:1])
+            if lit:
+                answers = [json.loads(urllib.request.urlopen(urllib.request.Request(
+                    url + "/predict", data=body(x[i:i + 1]), headers={"Content-Type": "application/json"})).read())
+                    for i in range(64)]
+                if [a["labels"] for a in answers] != [[int(e)] for e in expected[:64]]:
+                    raise InputError(f"{name}: answers differ from the local Session's")
+            else:
+                check_answers(url, x, expected)
+                if post(url, npy(u8))["labels"] != expected_u8.tolist():
+                    raise InputError(f"{name}: uint8 answers differ from the local Session's")
+            single = encode(x[:1])
             for c in clients:
                 # (with several workers each counts its own: no mean batch)
                 before = metric_sum(url, "cnninfer_batch_images") if name.startswith("cnninfer serve") \
                     and "--workers" not in name else None
-                r = load(url, single, c, seconds)
+                r = load(url, single, c, seconds, **where)
                 r.update(server=name, request_images=1, connections=c)
                 if before is not None:
                     after = metric_sum(url, "cnninfer_batch_images")
@@ -195,7 +230,7 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
                         r["mean_batch"] = (after[0] - before[0]) / (after[1] - before[1])
                 rows.append(r)
             if not name.endswith("--max-batch 1"):  # one image a pass: no figure worth a row
-                r = load(url, npy(u8), 4, seconds)
+                r = load(url, encode(u8), 4, seconds, **where)
                 r.update(server=name, request_images=big, connections=4)
                 rows.append(r)
         finally:
@@ -275,6 +310,13 @@ def peer_app(model_path):
     return Starlette(routes=[Route("/v1/predict", predict, methods=["POST"])])
 
 
+def litserve_body(x):
+    """A LitServe request's JSON body: the images as a base64 .npy, as a LitServe user sends arrays."""
+    import base64
+
+    return json.dumps({"x": base64.b64encode(npy(x)).decode()}).encode()
+
+
 def run_peer(model_path):
     import uvicorn
 
@@ -288,5 +330,5 @@ def run_peer(model_path):
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "peer":
-        sys.exit("usage: python -m infer.bench_serve peer MODEL")
+        sys.exit("usage: python -m infer.bench_serve peer MODEL (LitServe's: python -m infer.bench_litserve)")
     run_peer(sys.argv[2])
