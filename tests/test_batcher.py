@@ -185,3 +185,105 @@ def test_abandon_fails_what_waits_and_what_runs_with_draining():
 
     out = run(b, lambda: [b.submit(images([1])), b.submit(images([2])), abandon_once_running()])
     assert isinstance(out[0], Draining) and isinstance(out[1], Draining)
+
+
+async def taken(batcher):
+    """Until the batcher has taken every queued request into the batch it is forming (its state,
+    not a time: a bounded number of turns of the event loop)."""
+    for _ in range(10_000):  # the request counted as queued...
+        if batcher.queued:
+            break
+        await asyncio.sleep(0)
+    for _ in range(10_000):  # ...then taken by the batch
+        if batcher.queued == 0:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("the batcher never took the queued request")
+
+
+def test_a_batch_waits_for_requests_still_being_received_and_a_lone_request_does_not_wait():
+    """With a request being received (expecting), the batch opened by the first waits for it (one
+    pass of two); with none, a lone request is passed at once, not after max_delay."""
+    import time
+
+    rec = Recorder()
+    b = Batcher(rec, max_batch=100, max_delay_s=1.0)
+
+    async def main():
+        b.start()
+        b.expecting = 1  # the second request is still being received when the first is queued
+        first = asyncio.ensure_future(b.submit(images([1])))
+        await taken(b)  # the batch has opened with the first request
+        second = asyncio.ensure_future(b.submit(images([2])))
+        merged = await asyncio.gather(first, second)
+        b.expecting = 0
+        t = time.perf_counter()
+        lone = await b.submit(images([3]))
+        lone_s = time.perf_counter() - t
+        await b.stop()
+        b.close()
+        return merged, lone, lone_s
+
+    merged, lone, lone_s = asyncio.run(main())
+    assert [m[0].tolist() for m in merged] == [[1], [2]] and lone[0].tolist() == [3]
+    assert [n for n, _ in rec.batches] == [2, 1], "the first two in one pass, the lone one alone"
+    assert lone_s < 0.5, f"a lone request waited {lone_s:.3f} s of the 1 s max_delay"
+
+
+def test_a_batch_waits_no_longer_than_max_delay():
+    import time
+
+    rec = Recorder()
+    b = Batcher(rec, max_batch=100, max_delay_s=0.3)
+
+    async def main():
+        b.start()
+        b.expecting = 1  # a request that never arrives
+        t = time.perf_counter()
+        out = await b.submit(images([5]))
+        took = time.perf_counter() - t
+        await b.stop()
+        b.close()
+        return out, took
+
+    out, took = asyncio.run(main())
+    assert out[0].tolist() == [5] and 0.25 <= took < 5
+
+
+def test_a_request_cancelled_during_its_pass_leaves_the_others_answered():
+    """The pass is held inside classify (an event); the first request is cancelled meanwhile; the
+    pass ends and the second gets its rows; the batcher goes on (a third request answered)."""
+    import threading
+
+    entered, release = threading.Event(), threading.Event()
+    seen = []
+
+    def held(x, scores):
+        seen.append(len(x))
+        if len(seen) == 1:
+            entered.set()
+            assert release.wait(10)
+        first = x.reshape(len(x), -1)[:, 0]
+        return first.astype(np.int64), None
+
+    b = Batcher(held, max_batch=100, max_delay_s=0.5)
+
+    async def main():
+        b.start()
+        b.expecting = 1
+        a = asyncio.ensure_future(b.submit(images([1])))
+        await taken(b)
+        c = asyncio.ensure_future(b.submit(images([2])))
+        await asyncio.get_running_loop().run_in_executor(None, entered.wait, 10)
+        b.expecting = 0
+        a.cancel()
+        release.set()
+        results = await asyncio.gather(a, c, return_exceptions=True)
+        third = await b.submit(images([3]))
+        await b.stop()
+        b.close()
+        return results, third
+
+    (a, c), third = asyncio.run(main())
+    assert isinstance(a, asyncio.CancelledError) and c[0].tolist() == [2] and third[0].tolist() == [3]
+    assert seen == [2, 1], "the cancelled request's pass ran once, with both"

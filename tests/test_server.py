@@ -67,8 +67,10 @@ def test_png_requests_equal_the_command_line(server, data):
         assert r.status_code == 200 and r.json() == {"labels": [int(expected[i])]}, i
 
 
-def test_a_photo_like_picture_is_brought_to_mnist_form(server, data):
-    """Dark ink on light paper, larger and off-centre, as JPEG and PNG: the digit's class."""
+@pytest.mark.parametrize("shade", [235, 180], ids=["white paper", "grey paper"])
+def test_a_photo_like_picture_is_brought_to_mnist_form(server, data, shade):
+    """Dark ink on light paper (white, or a grey one of 180/255), larger and off-centre, as JPEG
+    and PNG: the digit's class."""
     import io
 
     from PIL import Image
@@ -76,8 +78,9 @@ def test_a_photo_like_picture_is_brought_to_mnist_form(server, data):
     x, expected, _ = data
     for i in (0, 1, 2, 3):  # digits the model gets right
         ink = np.round(x[i, :, :, 0] * 255).astype(np.uint8)
-        paper = Image.new("L", (300, 220), 235)
-        paper.paste(Image.fromarray(255 - ink).resize((150, 150), Image.BILINEAR), (120, 40))
+        paper = Image.new("L", (300, 220), shade)
+        digit = Image.fromarray(np.minimum(255 - ink, shade).astype(np.uint8)).resize((150, 150), Image.BILINEAR)
+        paper.paste(digit, (120, 40))
         for fmt, kind in (("PNG", "image/png"), ("JPEG", "image/jpeg")):
             b = io.BytesIO()
             paper.convert("RGB").save(b, fmt)
@@ -122,6 +125,7 @@ def test_bad_bodies_get_their_status_and_one_line_and_the_server_stays_up(server
     assert r.status_code == status, r.text
     message = r.json()["error"]
     assert words in message and "\n" not in message and "Traceback" not in message
+    assert message.startswith("body: "), "refused by the body's checks, about the body"
     assert post(server, npy(data[0][:3])).json()["labels"] == data[1][:3].tolist()
 
 

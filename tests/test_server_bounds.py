@@ -88,6 +88,14 @@ def test_a_picture_past_the_pixel_limit_is_refused_from_its_header(server, data)
     assert peak_rss(server) < RSS_LIMIT
 
 
+def test_the_pixel_limit_is_the_limit(server):
+    """Just past the limit (4,000,000 here) refused, just within it decoded."""
+    over = post(server, picture(np.zeros((2000, 2001), np.uint8), "PNG"), {"Content-Type": "image/png"})
+    assert over.status_code == 413 and "2001x2000 = 4002000 pixels" in over.json()["error"]
+    within = post(server, picture(np.zeros((2000, 1999), np.uint8), "PNG"), {"Content-Type": "image/png"})
+    assert within.status_code == 200 and len(within.json()["labels"]) == 1
+
+
 @pytest.mark.parametrize("fmt", ["GIF", "BMP", "TIFF", "WEBP", "JPEG"])
 def test_only_the_declared_format_is_decoded(server, data, fmt):
     """GIF, BMP, TIFF, WebP and JPEG bytes sent as image/png: 400, no other decoder runs."""

@@ -90,24 +90,47 @@ def test_threads_mixing_evaluate_predict_and_dtypes(ece408, testfull, rng):
                 np.testing.assert_array_equal(r, alone[i])
 
 
-def test_a_session_closed_while_others_call_fails_them_cleanly(ece408, testfull):
+def test_close_waits_for_the_call_in_flight_then_refuses_calls(ece408, testfull):
+    """The interleaving forced: a call is held inside the backend's forward pass; close() must wait
+    for it (it is still running while the call is held), a call made meanwhile is refused, and the
+    held call then finishes with the answers it would have had alone."""
     s = cnninfer.Session(ece408 / "model.hdf5", backend="cpu")
-    s.predict(testfull[:10])
+    alone = s.predict(testfull[:300])
+    entered, release = threading.Event(), threading.Event()
+    real = s.backend.forward
+
+    def held(x, progress):
+        entered.set()
+        assert release.wait(30)
+        return real(x, progress)
+
+    s.backend.forward = held
     outcomes = []
+    caller = threading.Thread(target=lambda: outcomes.append(s.predict(testfull[:300])))
+    caller.start()
+    assert entered.wait(30), "the call reached the forward pass"
+    closer = threading.Thread(target=s.close)
+    closer.start()
+    closer.join(0.5)
+    assert closer.is_alive(), "close() returned while a call was in flight"
+    late = []
 
-    def call():
+    def late_call():
         try:
-            outcomes.append(s.predict(testfull[:300]).shape)
+            late.append(s.predict(testfull[:5]))
         except InputError as e:
-            outcomes.append(str(e))
+            late.append(e)
 
-    threads = [threading.Thread(target=call) for _ in range(4)]
-    for t in threads:
-        t.start()
-    s.close()
-    for t in threads:
-        t.join()
-    assert all(o == (300,) or "closed" in o for o in outcomes), outcomes
+    latecomer = threading.Thread(target=late_call)  # made while close waits: refused once it is closed
+    latecomer.start()
+    release.set()
+    for t in (caller, closer, latecomer):
+        t.join(30)
+        assert not t.is_alive()
+    assert len(outcomes) == 1 and (outcomes[0] == alone).all()
+    assert len(late) == 1 and isinstance(late[0], InputError) and "closed" in str(late[0])
+    with pytest.raises(InputError, match="closed"):
+        s.predict(testfull[:5])
 
 
 @pytest.mark.parametrize("options,words", [

@@ -1,0 +1,111 @@
+"""Mutation testing: does the test suite fail when the code is wrong?
+
+Each line of tools/mutations.txt names a file, an exact piece of its text, what to put there
+instead, and the tests that cover it:
+
+    infer/images.py | np.float32(1 / 255) | np.float32(1 / 97) | tests/test_server.py tests/test_page.py
+
+The piece must occur exactly once. Each mutation is applied alone, in a scratch copy of the
+checkout (tracked and untracked files, `../shared` beside it as in CI), the named tests run there
+(`python -m pytest -q -x`, a time limit each), and the mutation is caught when they fail. A report
+of every mutation, caught or survived, is printed and written whole to --report.
+
+    python tools/mutate.py                          # every mutation (about 10 minutes on 2 cores)
+    python tools/mutate.py --only server --report /tmp/mutations.txt
+
+Survivors are either killed by a new test or written in tools/mutations.txt's comments with the
+reason they cannot matter.
+"""
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+LIST = REPO / "tools" / "mutations.txt"
+
+
+def mutations(path=LIST):
+    """[(line number, file, pattern, replacement, tests)] from the list; a line starting with '#' is a
+    comment, and ' ## ' starts a note after the tests."""
+    out = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split(" ## ", 1)[0].strip() if not line.lstrip().startswith("#") else ""
+        if not line:
+            continue
+        parts = [p.strip() for p in line.split(" | ")]
+        if len(parts) != 4:
+            sys.exit(f"{path}:{number}: expected 'file | pattern | replacement | tests', got {line!r}")
+        out.append((number, *parts))
+    return out
+
+
+def scratch_copy(into):
+    """The checkout's files (tracked and untracked, not ignored) copied into `into`/main, with a
+    link to ../shared beside it."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    root = Path(into) / "main"
+    for f in files:
+        src = REPO / f
+        if src.is_file():
+            (root / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, root / f)
+    shared = REPO.parent / "shared"
+    if shared.exists():
+        (Path(into) / "shared").symlink_to(shared)
+    return root
+
+
+def run_one(root, file, pattern, replacement, tests, timeout):
+    """('caught' | 'survived' | 'not found' | 'ambiguous' | 'timeout', seconds)."""
+    path = root / file
+    original = path.read_text()
+    count = original.count(pattern)
+    if count != 1:
+        return ("not found" if count == 0 else "ambiguous"), 0.0
+    path.write_text(original.replace(pattern, replacement))
+    t = time.perf_counter()
+    env = dict(os.environ, PYTHONPATH=str(root), CNNINFER_CACHE=str(root.parent / "cache"))
+    try:
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests.split()],
+                           cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+        verdict = "survived" if r.returncode == 0 else "caught" if r.returncode == 1 else f"error {r.returncode}"
+    except subprocess.TimeoutExpired:
+        verdict = "timeout"
+    finally:
+        path.write_text(original)
+    return verdict, time.perf_counter() - t
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", help="only the mutations whose line holds this text")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds for one mutation's tests")
+    ap.add_argument("--report", help="also write the report to this file (whole)")
+    args = ap.parse_args()
+    todo = [m for m in mutations() if not args.only or args.only in " | ".join(m[1:])]
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="cnninfer-mutate-") as tmp:
+        root = scratch_copy(tmp)
+        for number, file, pattern, replacement, tests in todo:
+            verdict, seconds = run_one(root, file, pattern, replacement, tests, args.timeout)
+            lines.append(f"{verdict:9} {seconds:6.1f} s  mutations.txt:{number}  {file}: {pattern!r} -> {replacement!r}")
+            print(lines[-1], flush=True)
+    caught = sum(line.startswith("caught") for line in lines)
+    survived = [line for line in lines if not line.startswith("caught")]
+    summary = [f"{len(lines)} mutations: {caught} caught, {len(survived)} not caught"] + [f"  {s}" for s in survived]
+    print("\n".join(summary))
+    if args.report:
+        tmp = Path(args.report).with_suffix(".tmp")
+        tmp.write_text("\n".join(lines + [""] + summary) + "\n")
+        os.replace(tmp, args.report)
+    return 0 if not survived else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
