@@ -1,4 +1,4 @@
-"""cnninfer: a GPU inference engine for the ECE408 CNN (PyCUDA), with a NumPy CPU backend.
+"""cnninfer: a GPU inference engine for the ECE408 CNN (PyCUDA), with a native C CPU backend.
 
 The Python API is `Session` and `run` (see infer.session); importing the package needs no GPU."""
 __version__ = "0.2.0"

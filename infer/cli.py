@@ -102,7 +102,8 @@ class Commands(click.Group):
 @click.group(cls=Commands, context_settings=dict(help_option_names=["-h", "--help"]))
 @click.version_option(__version__, prog_name="cnninfer")
 def cli():
-    """cnninfer: inference of the ECE408 CNN on HDF5 data, on the GPU (PyCUDA) or the CPU (NumPy)."""
+    """cnninfer: inference of the ECE408 CNN on HDF5 data, on the GPU (PyCUDA) or the CPU (native C;
+    NumPy where no C compiler builds it)."""
 
 
 def resolve(args):
