@@ -287,3 +287,16 @@ def test_the_model_is_pinned_by_its_sha256(ece408, data):
         assert m["sha256"] == digest and m["model"] == "model.hdf5"
     finally:
         assert s.stop() == 0
+
+
+def test_a_declared_length_past_the_limit_is_refused_before_any_body_is_read(server, data):
+    """Content-Length of 1 GB and no body: 413 at once (the body is not awaited: no 408 after the
+    1 s body timeout), and the connection closed."""
+    with socket.create_connection(address(server), timeout=10) as s:
+        s.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0ken\r\n"
+                  b"Content-Type: application/x-npy\r\nContent-Length: 1000000000\r\n\r\n")
+        t = time.monotonic()
+        answer = s.recv(65536)
+        took = time.monotonic() - t
+    assert answer.startswith(b"HTTP/1.1 413") and took < 0.9, (answer[:80], took)
+    assert served_correctly(server, data)
