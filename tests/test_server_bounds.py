@@ -300,3 +300,35 @@ def test_a_declared_length_past_the_limit_is_refused_before_any_body_is_read(ser
         took = time.monotonic() - t
     assert answer.startswith(b"HTTP/1.1 413") and took < 0.9, (answer[:80], took)
     assert served_correctly(server, data)
+
+
+def test_bodies_held_at_once_are_bounded(ece408, data):
+    """--max-buffered-mb 1: a first upload holds 0.9 MB (stalled mid-body); a second body of 0.3 MB
+    would pass the limit: 503 at once; the first, completed, is answered."""
+    x, expected, _ = data
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--max-buffered-mb", "1", "--body-timeout-s", "30")
+    try:
+        big = npy(np.tile(x, (3, 1, 1, 1))[:290])  # 290 images: 909 KB
+        with socket.create_connection(address(s), timeout=20) as first:
+            first.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-npy\r\n"
+                          + f"Content-Length: {len(big)}\r\n\r\n".encode() + big[:-100])
+            assert wait_for(lambda: 'cnninfer_limit{name="max_buffered_bytes"}' in httpx.get(s.url + "/metrics").text)
+            second = None
+            for _ in range(50):  # until the first's bytes are counted as held (the server reads them)
+                second = httpx.post(s.url + "/v1/predict", content=npy(x[:97]), headers=NPY, timeout=20)
+                if second.status_code == 503:
+                    break
+            assert second.status_code == 503 and "request bodies fill" in second.json()["error"]
+            first.sendall(big[-100:])
+            answer = b""
+            while b'"labels"' not in answer or not answer.endswith(b"}"):
+                chunk = first.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 200")
+        labels = json.loads(answer.split(b"\r\n\r\n", 1)[1])["labels"]
+        assert labels == np.tile(expected, 3)[:290].tolist()
+        assert refusals(s)["buffered"] >= 1
+    finally:
+        assert s.stop() == 0
