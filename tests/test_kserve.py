@@ -150,3 +150,22 @@ def test_bad_v2_bodies_are_400_with_one_line(server, expected, make, words):
     assert r.status_code == 400 and words in r.json()["error"], r.text
     text = httpx.get(server.url + "/metrics", headers=AUTH).text
     assert 'cnninfer_requests_total{status="400"}' in text
+
+
+def test_grpc_messages_past_the_body_limit_are_refused(ece408, expected):
+    """--max-body-mb bounds gRPC's messages too: a 1.2 MB tensor against 1 MB, RESOURCE_EXHAUSTED;
+    the server goes on answering."""
+    x = np.tile(expected["float32"][0], (10, 1, 1, 1))[:370]  # 370 float32 images: 1.16 MB
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--max-body-mb", "1")
+    try:
+        client = grpcclient.InferenceServerClient(s.grpc)
+        inp = grpcclient.InferInput("x", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("cnninfer", [inp])
+        assert "RESOURCE_EXHAUSTED" in str(e.value.status())
+        small = grpcclient.InferInput("x", [3, 28, 28, 1], "FP32")
+        small.set_data_from_numpy(x[:3])
+        assert (client.infer("cnninfer", [small]).as_numpy("labels") == expected["float32"][1][:3]).all()
+    finally:
+        assert s.stop() == 0
