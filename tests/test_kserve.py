@@ -169,3 +169,25 @@ def test_grpc_messages_past_the_body_limit_are_refused(ece408, expected):
         assert (client.infer("cnninfer", [small]).as_numpy("labels") == expected["float32"][1][:3]).all()
     finally:
         assert s.stop() == 0
+
+
+def test_binary_data_output_asks_every_output_in_binary(server, expected):
+    """No outputs named and parameters.binary_data_output: both outputs after the JSON header, in
+    binary, their sizes in binary_data_size; the bytes are the labels and scores."""
+    import json
+
+    import httpx
+
+    x, labels, scores = expected["float32"]
+    head = json.dumps({"inputs": [{"name": "x", "shape": list(x[:4].shape), "datatype": "FP32",
+                                   "parameters": {"binary_data_size": x[:4].nbytes}}],
+                       "parameters": {"binary_data_output": True}}).encode()
+    r = httpx.post(server.url + "/v2/models/cnninfer/infer", content=head + x[:4].tobytes(),
+                   headers=dict(AUTH, **{"Inference-Header-Content-Length": str(len(head))}))
+    assert r.status_code == 200 and r.headers["content-type"] == "application/octet-stream"
+    n = int(r.headers["inference-header-content-length"])
+    answer = json.loads(r.content[:n])
+    sizes = [o["parameters"]["binary_data_size"] for o in answer["outputs"]]
+    assert [o["name"] for o in answer["outputs"]] == ["labels", "scores"] and sizes == [4 * 8, 4 * 10 * 4]
+    assert (np.frombuffer(r.content[n:n + 32], "<i8") == labels[:4]).all()
+    np.testing.assert_allclose(np.frombuffer(r.content[n + 32:], "<f4").reshape(4, 10), scores[:4], rtol=1e-5, atol=1e-5)
