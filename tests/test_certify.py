@@ -209,3 +209,16 @@ def test_certify_kernel5s_sums_from_float16_bound_the_float32_sums():
     dp = (rng.random((5, feat)) * scale * 1e-3).astype(np.float32)
     scaled = certify.half_up(dp * np.float32(2.0**certify.DSCALE_LOG2)).astype(np.float64)
     assert (2.0**-certify.DSCALE_LOG2 * scaled.sum(axis=1) >= dp.astype(np.float64).sum(axis=1)).all()
+
+
+def test_a_margin_of_exactly_the_bound_is_not_certified():
+    """certified() needs the top score to beat every other by more than the gap: a tie with the
+    bound (the other class could reach it, and the first maximum could change) is left out, and a
+    top class ahead of both others by more than their gaps is certified."""
+    from infer.certify import certified
+
+    scores = np.array([[3.0, 1.0, 2.0], [3.0, 1.0, 2.0], [2.0, 2.0, 0.0]], np.float32)
+    gap = np.array([[0.0, 0.5, 1.0],    # class 2 is exactly at the bound: not certified
+                    [0.0, 0.5, 0.999],  # ahead of both by more than their gaps: certified
+                    [0.0, 0.0, 0.0]])   # a tie in the scores: the first maximum is not proven
+    assert certified(scores, gap).tolist() == [False, True, False]

@@ -144,3 +144,25 @@ def test_the_cpu_fallback_notice_is_said_once_a_process(ece408, expected):
     rc, out, err = run_script(script(ece408, "auto", body, expected))
     assert rc == 0 and out.split() == ["True"] * 3, (rc, out, err)
     assert err.splitlines() == ["cnninfer: CUDA backend not usable (no CUDA GPU is visible); using the CPU backend"]
+
+
+def test_a_dropped_cpu_session_releases_its_threads(ece408, expected):
+    """Dropped without close() and collected, a Session's backend is closed (weakref.finalize): its
+    compute and reader threads end, here and not only at exit."""
+    body = """
+    def live():
+        return sorted(t.name.rsplit("_", 1)[0] for t in threading.enumerate() if t.name.startswith("cnninfer-"))
+    s = cnninfer.Session(model, backend)
+    print(s.evaluate(os.path.join(os.path.dirname(model), "test100.hdf5")).correct)
+    print("open", bool(live()))
+    del s
+    gc.collect()
+    for _ in range(200):
+        if not live():
+            break
+        threading.Event().wait(0.01)
+    print("after", live())
+    """
+    rc, out, err = run_script(script(ece408, "cpu", body, expected))
+    assert rc == 0 and err == "", (rc, err)
+    assert out.splitlines() == ["95", "open True", "after []"], out
