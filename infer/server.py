@@ -116,7 +116,7 @@ class Drain:
     """The app's state as SIGTERM drains it: bodies being read can be cut short."""
 
     def __init__(self):
-        self.draining = self.gave_up = False
+        self.gave_up = False
         self.reading = set()  # the asyncio.timeout of every body read in progress
         self.buffered = 0  # bytes of request bodies held now
 
@@ -561,7 +561,6 @@ def run_app(session, settings, sock, announce, batcher, sha256=None):
                 drain.give_up()
                 batcher.abandon()
 
-            drain.draining = True
             asyncio.get_running_loop().call_later(max(settings.drain_s - GIVE_UP_MARGIN_S, 0), give_up)
             if app.state.grpc is not None:  # in-flight calls get the same drain; new ones are refused
                 asyncio.get_running_loop().create_task(app.state.grpc.stop(max(settings.drain_s - GIVE_UP_MARGIN_S, 0)))

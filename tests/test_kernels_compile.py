@@ -118,3 +118,15 @@ def compile_without_spills(tmp_path, name, defines, arch):
     # ptxas serializes the wgmma (one in flight) where registers run short (C7512) or for other
     # reasons (C75xx "Potential Performance Loss"); a kernel that did so was dropped (docs/performance.md).
     assert "Potential Performance Loss" not in r.stderr, f"{name} on {arch}: {r.stderr}"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+def test_certify_builds_the_one_version_asked_for(tmp_path, monkeypatch):
+    """CERTIFY_VERSION: a run's cubin holds its certify_kernel version (and pair kernel) alone."""
+    monkeypatch.setenv("CNNINFER_CACHE", str(tmp_path))
+    for version, pair in ((3, b"pair_kernel1"), (5, b"pair_kernel2")):
+        cubin = compiler.cubin("certify", "sm_90a", Certify.defines(MNIST, version))
+        names = {v: f"certify_kernel{v}".encode() in cubin for v in Certify.KERNELS}
+        assert names == {v: v == version for v in Certify.KERNELS}
+        assert pair in cubin and b"compact_kernel1" in cubin and b"scatter_kernel1" in cubin

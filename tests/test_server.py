@@ -23,7 +23,7 @@ pytest.importorskip("PIL")
 def data(ece408):
     with h5py.File(ece408 / "test100.hdf5") as f:
         x = f["x"][()]
-    cli = infer.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu")
+    cli = infer.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu", scores=True)
     return x, cli.predictions, cli
 
 
@@ -256,6 +256,9 @@ def test_several_workers_share_the_port_answer_alike_and_drain(ece408, data):
         answers = asyncio.run(main())
         assert [r.json()["labels"][0] for r in answers] == expected.tolist()
         assert post(s, npy(x)).json()["labels"] == expected.tolist()
+        # Scores come back from the engine too: the command line's, within float32's tolerance
+        scored = post(s, npy(x[:20]), query="?scores=1").json()
+        np.testing.assert_allclose(np.array(scored["scores"], np.float32), data[2].scores[:20], rtol=1e-5, atol=1e-5)
     finally:
         assert s.stop() == 0, "".join(s.stderr)
 

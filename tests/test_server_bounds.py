@@ -332,3 +332,17 @@ def test_bodies_held_at_once_are_bounded(ece408, data):
         assert refusals(s)["buffered"] >= 1
     finally:
         assert s.stop() == 0
+
+
+def test_half_a_header_after_a_kept_alive_request_is_cut_too(server, data):
+    """The header timeout holds for every request of a kept-alive connection, not only its first."""
+    with socket.create_connection(address(server), timeout=10) as s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while b'"ok"' not in answer:
+            answer += s.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 200")
+        s.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-")
+        t = time.monotonic()
+        assert s.recv(4096) == b"" and time.monotonic() - t < 5, "closed after the 1 s header timeout"
+    assert served_correctly(server, data)

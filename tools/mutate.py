@@ -85,10 +85,13 @@ def run_one(root, file, pattern, replacement, tests, timeout):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", help="only the mutations whose line holds this text")
+    ap.add_argument("--lines", help="only the mutations on these lines of mutations.txt (e.g. 7,11,12)")
     ap.add_argument("--timeout", type=float, default=300, help="seconds for one mutation's tests")
     ap.add_argument("--report", help="also write the report to this file (whole)")
     args = ap.parse_args()
-    todo = [m for m in mutations() if not args.only or args.only in " | ".join(m[1:])]
+    lines_wanted = {int(n) for n in args.lines.split(",")} if args.lines else None
+    todo = [m for m in mutations() if (not args.only or args.only in " | ".join(m[1:]))
+            and (lines_wanted is None or m[0] in lines_wanted)]
     lines = []
     with tempfile.TemporaryDirectory(prefix="cnninfer-mutate-") as tmp:
         root = scratch_copy(tmp)
