@@ -106,6 +106,7 @@ class RemoteBatcher:
         self.reader = self.writer = self.task = None
         self.pending = {}
         self.ids = itertools.count()
+        self.gone = None  # the error every request gets once the engine's connection has ended
 
     async def start(self):
         self.reader, self.writer = await asyncio.open_unix_connection(self.path)
@@ -114,6 +115,8 @@ class RemoteBatcher:
         self.task = asyncio.get_running_loop().create_task(self._read())
 
     async def submit(self, x, scores=False, timeout=None):
+        if self.gone is not None:
+            raise self.gone
         x = np.ascontiguousarray(x, np.dtype(x.dtype).newbyteorder("<"))
         rid = next(self.ids)
         future = asyncio.get_running_loop().create_future()
@@ -145,7 +148,8 @@ class RemoteBatcher:
                 if entry is not None and not entry[0].done():
                     entry[0].set_result((labels, kept))
         except (asyncio.IncompleteReadError, ConnectionError):
-            self.abandon(RuntimeError("the engine process went away"))
+            self.gone = RuntimeError("the engine process went away")
+            self.abandon(self.gone)
 
     def abandon(self, error=None):
         """Fail every request waiting for the engine (Draining: the server is shutting down)."""

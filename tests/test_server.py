@@ -280,7 +280,11 @@ def test_front_ends_answer_at_once_when_the_engine_dies_and_the_server_stops(ece
         os.kill(engine[0], signal.SIGKILL)
         t = time.monotonic()
         r = post(s, npy(x[:3]))
-        assert r.status_code in (500, 503) and "error" in r.json() and time.monotonic() - t < 10
+        # 500 from the front end that saw the engine go; 503 where the supervisor's stop came first.
+        # Either at once: a request must not wait for the drain's end (4.5 s) or its deadline (30 s)
+        assert (r.status_code, r.json()) in ((500, {"error": "the forward pass failed on the server"}),
+                                             (503, {"error": "the server is shutting down; try again"}))
+        assert time.monotonic() - t < 2.5
         assert s.proc.wait(30) != 0
         assert "exited with code" in "".join(s.stderr)
     finally:
