@@ -50,7 +50,7 @@ def wrk():
 def start(argv):
     """A server process printing 'listening on URL' on its first line: (process, URL)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                            env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
     line = proc.stdout.readline()  # the server's first line, or '' once it has exited
     if "listening on " not in line:
         proc.kill()
@@ -59,12 +59,21 @@ def start(argv):
 
 
 def stop(proc):
+    """SIGTERM to the server (it drains), then whatever of its process group is left is killed:
+    LitServe's workers outlive their parent otherwise, and would load the next rows' machine."""
+    import signal
+
     proc.terminate()
     try:
-        return proc.wait(60)
+        code = proc.wait(60)
     except subprocess.TimeoutExpired:
         proc.kill()
-        return proc.wait()
+        code = proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:  # nothing left
+        pass
+    return code
 
 
 def post(url, body, timeout=120):

@@ -172,3 +172,14 @@ def test_the_cache_is_kept_per_nvcc(tmp_path, monkeypatch):
     monkeypatch.setattr(compiler.subprocess, "run", lambda *a, **k: ("-cubin" in a[0] and runs.append(a)) or real(*a, **k))
     compiler.cubin("argmax", "sm_80", {})
     assert len(runs) == 1 and len(list((tmp_path / "kernels").glob("argmax-sm_80-*.cubin"))) == 2
+
+
+def test_listing_the_prebuilt_kernels_leaves_no_stand_in_behind():
+    """Listing with stand-ins for PyCUDA (where it is not installed) restores sys.modules after."""
+    import sys
+
+    from infer.gpu import prebuilt
+
+    before = {name: sys.modules.get(name) for name in ("pycuda", "pycuda.driver")}
+    assert prebuilt._listed("sm_80")
+    assert {name: sys.modules.get(name) for name in before} == before

@@ -100,6 +100,9 @@ class _StandIn:
     def __getitem__(self, index):
         return _StandIn()
 
+    def __iter__(self):  # iterated (as by tools walking sys.modules), it holds nothing
+        return iter(())
+
 
 def prefetch(build, make):
     """Build at once, in parallel, the cubins that make(build) loads (a pipeline's constructor):

@@ -104,14 +104,23 @@ def build_all(out, arches=ARCHES):
 
 
 def _listed(arch):
-    """wanted(arch), with stand-ins for PyCUDA where it is not installed (a build machine has none)."""
+    """wanted(arch), with stand-ins for PyCUDA while it runs where PyCUDA is not installed (a build
+    machine has none); sys.modules is left as it was."""
     try:
         import pycuda.driver  # noqa: F401
     except ImportError:
         from .launch import _StandIn
 
-        sys.modules.setdefault("pycuda", _StandIn())
-        sys.modules.setdefault("pycuda.driver", _StandIn())
+        saved = {name: sys.modules.get(name) for name in ("pycuda", "pycuda.driver")}
+        sys.modules.update({name: _StandIn() for name in saved})
+        try:
+            return wanted(arch)
+        finally:
+            for name, module in saved.items():
+                if module is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = module
     return wanted(arch)
 
 
