@@ -277,7 +277,24 @@ def test_front_ends_answer_at_once_when_the_engine_dies_and_the_server_stops(ece
         assert post(s, npy(x[:3])).json()["labels"] == expected[:3].tolist()
         engine = [p for p in tree(s.proc.pid)[1:] if open(f"/proc/{p}/comm").read().strip() == "cnninfer-engine"]
         assert len(engine) == 1, tree(s.proc.pid)
+
+        def cpu_ticks():
+            return sum(map(int, open(f"/proc/{engine[0]}/stat").read().rsplit(")", 1)[1].split()[11:13]))
+
+        # A large request in flight in the engine's pass (its CPU time rising) when the engine dies
+        in_flight = []
+        big = np.tile(np.round(x * 255).astype(np.uint8), (300, 1, 1, 1))  # 30,000 images
+        sender = threading.Thread(target=lambda: in_flight.append(post(s, npy(big))))
+        ticks = cpu_ticks()
+        sender.start()
+        for _ in range(500):
+            if cpu_ticks() - ticks >= 30:  # 0.3 s of the engine's CPU: the pass is running
+                break
+            time.sleep(0.01)
         os.kill(engine[0], signal.SIGKILL)
+        t = time.monotonic()
+        sender.join(10)
+        assert in_flight and in_flight[0].status_code == 500 and time.monotonic() - t < 2.5, "answered, not held"
         t = time.monotonic()
         r = post(s, npy(x[:3]))
         # 500 from the front end that saw the engine go; 503 where the supervisor's stop came first.
