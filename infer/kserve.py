@@ -33,7 +33,7 @@ DATATYPES = {"FP32": np.float32, "UINT8": np.uint8, "FP16": np.float16, "FP64": 
 NAMES = {np.dtype(v): k for k, v in DATATYPES.items()}
 
 
-class Refused(InputError):
+class BadRequest(InputError):
     """A v2 request that does not follow the protocol or the model (HTTP 400, gRPC INVALID_ARGUMENT)."""
 
 
@@ -57,28 +57,28 @@ def tensor(name, datatype, shape, model, raw=None, data=None):
     """The images of input `name` (N, H, W, C), from its raw little-endian bytes or its JSON data,
     checked as a .npy body is (shape against the model, values finite)."""
     if name != INPUT:
-        raise Refused(f"input {name!r}: the model's one input is {INPUT!r}")
+        raise BadRequest(f"input {name!r}: the model's one input is {INPUT!r}")
     dtype = DATATYPES.get(datatype)
     if dtype is None:
-        raise Refused(f"input {INPUT!r}: datatype {datatype!r} is not a number type ({', '.join(DATATYPES)})")
+        raise BadRequest(f"input {INPUT!r}: datatype {datatype!r} is not a number type ({', '.join(DATATYPES)})")
     shape = tuple(shape)
     if len(shape) != 4 or any(not isinstance(d, int) or d < 0 for d in shape):
-        raise Refused(f"input {INPUT!r}: shape {list(shape)}, expected (N, H, W, C) images")
+        raise BadRequest(f"input {INPUT!r}: shape {list(shape)}, expected (N, H, W, C) images")
     network.geometry(model, (max(shape[0], 1),) + shape[1:], f"input {INPUT!r}", None)
     count = math.prod(shape)
     if raw is not None:
         dtype = np.dtype(dtype).newbyteorder("<")
         if len(raw) != count * dtype.itemsize:
-            raise Refused(f"input {INPUT!r}: {len(raw)} bytes of data for a {datatype} tensor of shape "
+            raise BadRequest(f"input {INPUT!r}: {len(raw)} bytes of data for a {datatype} tensor of shape "
                           f"{list(shape)} ({count * dtype.itemsize} bytes)")
         x = np.frombuffer(raw, dtype, count).reshape(shape)
     else:
         try:
             x = np.asarray(data, dtype=dtype)
         except (TypeError, ValueError, OverflowError):
-            raise Refused(f"input {INPUT!r}: its data are not {datatype} numbers") from None
+            raise BadRequest(f"input {INPUT!r}: its data are not {datatype} numbers") from None
         if x.size != count:
-            raise Refused(f"input {INPUT!r}: {x.size} values for a tensor of shape {list(shape)} ({count})")
+            raise BadRequest(f"input {INPUT!r}: {x.size} values for a tensor of shape {list(shape)} ({count})")
         x = x.reshape(shape)
     if x.dtype.kind == "f":
         with np.errstate(over="ignore", invalid="ignore"):
@@ -91,7 +91,7 @@ def parse_rest(body, header_length):
     later (tensor): (JSON request, raw bytes of the input or None)."""
     if header_length is not None:
         if not header_length.isdigit() or int(header_length) > len(body):
-            raise Refused(f"Inference-Header-Content-Length {header_length!r}: not a length within the body's "
+            raise BadRequest(f"Inference-Header-Content-Length {header_length!r}: not a length within the body's "
                           f"{len(body)} bytes")
         head, tail = body[:int(header_length)], body[int(header_length):]
     else:
@@ -99,23 +99,23 @@ def parse_rest(body, header_length):
     try:
         request = json.loads(head)
     except (ValueError, UnicodeDecodeError):
-        raise Refused("body: its inference header is not JSON") from None
+        raise BadRequest("body: its inference header is not JSON") from None
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list) or len(request["inputs"]) != 1:
-        raise Refused(f"body: an inference request has one input, {INPUT!r}")
+        raise BadRequest(f"body: an inference request has one input, {INPUT!r}")
     given = request["inputs"][0]
     if not isinstance(given, dict):
-        raise Refused(f"body: input {INPUT!r} is not an object")
+        raise BadRequest(f"body: input {INPUT!r} is not an object")
     size = (given.get("parameters") or {}).get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or size != len(tail):
-            raise Refused(f"input {INPUT!r}: binary_data_size {size!r}, but {len(tail)} bytes follow the header")
+            raise BadRequest(f"input {INPUT!r}: binary_data_size {size!r}, but {len(tail)} bytes follow the header")
         raw = tail
     else:
         if tail:
-            raise Refused(f"body: {len(tail)} bytes after the inference header that no input claims")
+            raise BadRequest(f"body: {len(tail)} bytes after the inference header that no input claims")
         raw = None
         if "data" not in given:
-            raise Refused(f"input {INPUT!r}: no data and no binary_data_size")
+            raise BadRequest(f"input {INPUT!r}: no data and no binary_data_size")
     wanted = outputs_wanted(request)
     return request, given, raw, wanted
 
@@ -130,7 +130,7 @@ def outputs_wanted(request):
     for out in named:
         name = out.get("name") if isinstance(out, dict) else None
         if name not in OUTPUTS:
-            raise Refused(f"output {name!r}: the model's outputs are {', '.join(OUTPUTS)}")
+            raise BadRequest(f"output {name!r}: the model's outputs are {', '.join(OUTPUTS)}")
         wanted[name] = bool((out.get("parameters") or {}).get("binary_data", binary_all))
     return wanted
 
