@@ -9,7 +9,8 @@ each) across cores; the engine keeps the GPU's batches as large as the waiting r
 Frames on a front end's connection, little-endian:
     engine -> front end, once:  u32 length, then JSON {classes, backend, device, max_batch}
     front end -> engine:        REQUEST (id, dtype code, scores wanted, N, H, W, C, timeout s),
-                                then the images' bytes (C order)
+                                then the images' bytes (C order); dtype code STATS (no images):
+                                the engine's batch metrics, answered with kind STATS and the text
     engine -> front end:        ANSWER (id, kind, N, bytes after the labels), then the labels
                                 (int64, N) and the scores where asked (float32, N x classes); or,
                                 for a failure, its one-line message
@@ -28,7 +29,8 @@ REQUEST = struct.Struct("<QBBIIIId")
 ANSWER = struct.Struct("<QBII")
 DTYPES = tuple(np.dtype(t).newbyteorder("<") for t in ("u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f2", "f4", "f8"))
 CODES = {d: i for i, d in enumerate(DTYPES)}
-OK, INPUT, BUSY, EXPIRED, DRAINING, FAILED = range(6)
+STATS_CODE = 255
+OK, INPUT, BUSY, EXPIRED, DRAINING, FAILED, STATS = range(7)
 
 
 class Engine:
@@ -37,8 +39,11 @@ class Engine:
     def __init__(self, session, settings, backend_name, device, pad_to=None):
         self.session, self.settings = session, settings
         self.classes = session.classes
+        from .metrics import Metrics
+
+        self.metrics = Metrics(settings.max_batch)  # the batches', reported to the front ends' /metrics
         self.batcher = Batcher(session.classify, settings.max_batch, settings.max_delay_ms / 1e3,
-                               thread=session.executor, pad_to=pad_to)
+                               metrics=self.metrics, thread=session.executor, pad_to=pad_to)
         self.hello = json.dumps(dict(classes=self.classes, backend=backend_name, device=device,
                                      max_batch=settings.max_batch)).encode()
         self.server = None
@@ -67,6 +72,10 @@ class Engine:
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 rid, code, scores, n, h, w, c, timeout = REQUEST.unpack(head)
+                if code == STATS_CODE:
+                    text = self.metrics.batch_text().encode()
+                    writer.write(ANSWER.pack(rid, STATS, 0, len(text)) + text)
+                    continue
                 dtype = DTYPES[code]
                 body = await reader.readexactly(n * h * w * c * dtype.itemsize)
                 x = np.frombuffer(body, dtype).reshape(n, h, w, c)
@@ -132,12 +141,31 @@ class RemoteBatcher:
         finally:
             self.pending.pop(rid, None)
 
+    async def stats(self):
+        """The engine's batch metrics, as Prometheus text."""
+        if self.gone is not None:
+            raise self.gone
+        rid = next(self.ids)
+        future = asyncio.get_running_loop().create_future()
+        self.pending[rid] = future, 0, False
+        self.writer.write(REQUEST.pack(rid, STATS_CODE, 0, 0, 0, 0, 0, 0.0))
+        try:
+            async with asyncio.timeout(10):
+                return await future
+        finally:
+            self.pending.pop(rid, None)
+
     async def _read(self):
         classes = self.hello["classes"]
         try:
             while True:
                 rid, kind, n, size = ANSWER.unpack(await self.reader.readexactly(ANSWER.size))
                 entry = self.pending.get(rid)
+                if kind == STATS:
+                    text = (await self.reader.readexactly(size)).decode()
+                    if entry is not None and not entry[0].done():
+                        entry[0].set_result(text)
+                    continue
                 if kind != OK:
                     message = (await self.reader.readexactly(size)).decode()
                     if entry is not None and not entry[0].done():

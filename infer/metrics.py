@@ -71,7 +71,9 @@ class Metrics:
             self.batches.observe(images)
             self.batch_requests.observe(requests)
 
-    def text(self):
+    def text(self, engine=None):
+        """The Prometheus text; `engine`: the batches' part from an engine process (a front end's
+        own batches are none), in place of this process's."""
         with self.lock:
             lines = ["# HELP cnninfer_requests_total HTTP requests to /v1/predict answered, by status.",
                      "# TYPE cnninfer_requests_total counter"]
@@ -82,14 +84,7 @@ class Metrics:
             lines += ["# HELP cnninfer_request_seconds Time from a request's arrival to its answer.",
                       "# TYPE cnninfer_request_seconds histogram"]
             lines += self.latency.lines("cnninfer_request_seconds")
-            lines += ["# HELP cnninfer_batch_images Images per forward pass (requests merged).",
-                      "# TYPE cnninfer_batch_images histogram"]
-            lines += self.batches.lines("cnninfer_batch_images")
-            lines += ["# HELP cnninfer_batch_requests Requests merged into one forward pass.",
-                      "# TYPE cnninfer_batch_requests histogram"]
-            lines += self.batch_requests.lines("cnninfer_batch_requests")
-            lines += ["# HELP cnninfer_queued_images Images waiting for a forward pass.",
-                      "# TYPE cnninfer_queued_images gauge", f"cnninfer_queued_images {self.queued}"]
+            lines += self._batch_lines() if engine is None else [line for line in engine.splitlines() if line]
             lines += ["# HELP cnninfer_refused_total Connections and requests refused or cut short by a bound, by reason.",
                       "# TYPE cnninfer_refused_total counter"]
             lines += [f'cnninfer_refused_total{{reason="{r}"}} {n}' for r, n in self.refusals.items()]
@@ -101,3 +96,19 @@ class Metrics:
                       "# HELP cnninfer_decoding Request bodies being decoded now.",
                       "# TYPE cnninfer_decoding gauge", f"cnninfer_decoding {self.decoding}"]
         return "\n".join(lines) + "\n"
+
+    def batch_text(self):
+        """The batches' part alone (what an engine process reports to its front ends)."""
+        with self.lock:
+            return "\n".join(self._batch_lines()) + "\n"
+
+    def _batch_lines(self):
+        lines = ["# HELP cnninfer_batch_images Images per forward pass (requests merged).",
+                 "# TYPE cnninfer_batch_images histogram"]
+        lines += self.batches.lines("cnninfer_batch_images")
+        lines += ["# HELP cnninfer_batch_requests Requests merged into one forward pass.",
+                  "# TYPE cnninfer_batch_requests histogram"]
+        lines += self.batch_requests.lines("cnninfer_batch_requests")
+        lines += ["# HELP cnninfer_queued_images Images waiting for a forward pass.",
+                  "# TYPE cnninfer_queued_images gauge", f"cnninfer_queued_images {self.queued}"]
+        return lines

@@ -256,6 +256,12 @@ def test_several_workers_share_the_port_answer_alike_and_drain(ece408, data):
         answers = asyncio.run(main())
         assert [r.json()["labels"][0] for r in answers] == expected.tolist()
         assert post(s, npy(x)).json()["labels"] == expected.tolist()
+        # The engine's batches, in either front end's /metrics: the 100 requests of two front ends
+        # went through fewer passes than requests
+        text = httpx.get(s.url + "/metrics").text
+        merged = int(float(re.search(r"^cnninfer_batch_requests_sum (\S+)$", text, re.M).group(1)))
+        passes = int(re.search(r"^cnninfer_batch_requests_count (\d+)$", text, re.M).group(1))
+        assert merged >= 101 and passes < merged and text.count("# TYPE cnninfer_batch_images histogram") == 1
         # Scores come back from the engine too: the command line's, within float32's tolerance
         scored = post(s, npy(x[:20]), query="?scores=1").json()
         np.testing.assert_allclose(np.array(scored["scores"], np.float32), data[2].scores[:20], rtol=1e-5, atol=1e-5)
