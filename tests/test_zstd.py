@@ -85,8 +85,22 @@ def test_frames_it_does_not_take_are_bad(lib, data, host_decoder):
     frame = compress(lib, raw, 3)
     for name, bad in [("magic", mended(frame, 0, 0x29)), ("reserved bit", mended(frame, 4, frame[4] | 8)),
                       ("bytes after the frame", frame + b"\0"), ("truncated", frame[:-1]), ("empty", b""),
-                      ("a second frame", frame + frame)]:
+                      ("a second frame", frame + frame), ("a dictionary", with_dictionary_id(frame)),
+                      ("a skippable frame first", skippable(b"cnninfer") + frame)]:
         assert host_decoder(bad, len(raw))[0] == BAD, name
+
+
+def with_dictionary_id(frame):
+    """The frame with a 1-byte Dictionary_ID (7) in its header (RFC 8878 3.1.1.1): its blocks need
+    a dictionary no HDF5 chunk carries, so the decoder must refuse it, not decode without."""
+    fhd = frame[4]
+    at = 5 + (0 if fhd & 0x20 else 1)  # after the Window_Descriptor, present unless Single_Segment
+    return frame[:4] + bytes([fhd | 1]) + frame[5:at] + b"\x07" + frame[at:]
+
+
+def skippable(payload):
+    """A skippable frame (RFC 8878 3.1.2): magic 0x184D2A50, a 4-byte size, the payload."""
+    return (0x184D2A50).to_bytes(4, "little") + len(payload).to_bytes(4, "little") + payload
 
 
 def damaged(lib, data, rng, count):
