@@ -5,5 +5,5 @@
         labels = s.predict(images)
 """
 from infer import __version__  # noqa: F401
-from infer.errors import InputError  # noqa: F401
+from infer.errors import ForkedSession, InputError  # noqa: F401
 from infer.session import Session  # noqa: F401

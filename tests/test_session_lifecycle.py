@@ -17,7 +17,7 @@ PRELUDE = """
 import gc, os, sys, threading
 import h5py, numpy as np
 import cnninfer
-from infer.errors import ForkedSession
+from cnninfer import ForkedSession
 x = h5py.File(os.path.join({data!r}, "test100.hdf5"))["x"][:37]
 model = os.path.join({data!r}, "model.hdf5")
 expected = {expected!r}
