@@ -23,7 +23,7 @@ import struct
 import numpy as np
 
 from .batcher import Batcher, Busy, Draining, Expired
-from .errors import InputError
+from .errors import InputError, about_request
 
 REQUEST = struct.Struct("<QBBIIIId")
 ANSWER = struct.Struct("<QBII")
@@ -36,7 +36,7 @@ OK, INPUT, BUSY, EXPIRED, DRAINING, FAILED, STATS = range(7)
 class Engine:
     """The engine's side: a Batcher over the session, served on a Unix socket."""
 
-    def __init__(self, session, settings, backend_name, device, pad_to=None):
+    def __init__(self, session, settings, pad_to=None):
         self.session, self.settings = session, settings
         self.classes = session.classes
         from .metrics import Metrics
@@ -44,8 +44,8 @@ class Engine:
         self.metrics = Metrics(settings.max_batch)  # the batches', reported to the front ends' /metrics
         self.batcher = Batcher(session.classify, settings.max_batch, settings.max_delay_ms / 1e3,
                                metrics=self.metrics, thread=session.executor, pad_to=pad_to)
-        self.hello = json.dumps(dict(classes=self.classes, backend=backend_name, device=device,
-                                     max_batch=settings.max_batch)).encode()
+        self.hello = json.dumps(dict(classes=self.classes, backend=session.backend.name,
+                                     device=session.device)).encode()
         self.server = None
         self.connections = set()
 
@@ -91,9 +91,7 @@ class Engine:
         except Exception as e:
             kind = (INPUT if isinstance(e, InputError) else BUSY if isinstance(e, Busy) else
                     EXPIRED if isinstance(e, Expired) else DRAINING if isinstance(e, Draining) else FAILED)
-            from .server import request_message
-
-            message = (request_message(e) if isinstance(e, InputError) else
+            message = (about_request(e) if isinstance(e, InputError) else
                        " ".join(f"{type(e).__name__}: {e}".split())).encode()
             writer.write(ANSWER.pack(rid, kind, 0, len(message)) + message)
             return
@@ -124,33 +122,27 @@ class RemoteBatcher:
         self.task = asyncio.get_running_loop().create_task(self._read())
 
     async def submit(self, x, scores=False, timeout=None):
-        if self.gone is not None:
-            raise self.gone
         x = np.ascontiguousarray(x, np.dtype(x.dtype).newbyteorder("<"))
-        rid = next(self.ids)
-        future = asyncio.get_running_loop().create_future()
-        self.pending[rid] = future, len(x), scores
-        n, h, w, c = x.shape
-        self.writer.write(REQUEST.pack(rid, CODES[x.dtype], int(scores), n, h, w, c, timeout or 0.0))
-        self.writer.write(memoryview(x).cast("B"))
         try:
-            async with asyncio.timeout(timeout):
-                return await future
+            return await self._ask(CODES[x.dtype], x.shape, scores, timeout, memoryview(x).cast("B"))
         except TimeoutError:
             raise Expired(f"not answered within {timeout:g} s") from None
-        finally:
-            self.pending.pop(rid, None)
 
     async def stats(self):
         """The engine's batch metrics, as Prometheus text."""
+        return await self._ask(STATS_CODE, timeout=10)
+
+    async def _ask(self, code, shape=(0, 0, 0, 0), scores=False, timeout=None, payload=None):
+        """Send one request (its images after it) and wait for its answer (TimeoutError past timeout)."""
         if self.gone is not None:
             raise self.gone
         rid = next(self.ids)
-        future = asyncio.get_running_loop().create_future()
-        self.pending[rid] = future, 0, False
-        self.writer.write(REQUEST.pack(rid, STATS_CODE, 0, 0, 0, 0, 0, 0.0))
+        future = self.pending[rid] = asyncio.get_running_loop().create_future()
+        self.writer.write(REQUEST.pack(rid, code, int(scores), *shape, timeout or 0.0))
+        if payload is not None:
+            self.writer.write(payload)
         try:
-            async with asyncio.timeout(10):
+            async with asyncio.timeout(timeout):
                 return await future
         finally:
             self.pending.pop(rid, None)
@@ -160,28 +152,24 @@ class RemoteBatcher:
         try:
             while True:
                 rid, kind, n, size = ANSWER.unpack(await self.reader.readexactly(ANSWER.size))
-                entry = self.pending.get(rid)
                 if kind == STATS:
-                    text = (await self.reader.readexactly(size)).decode()
-                    if entry is not None and not entry[0].done():
-                        entry[0].set_result(text)
-                    continue
-                if kind != OK:
-                    message = (await self.reader.readexactly(size)).decode()
-                    if entry is not None and not entry[0].done():
-                        entry[0].set_exception(_error(kind, message))
-                    continue
-                labels = np.frombuffer(await self.reader.readexactly(8 * n), "<i8")
-                kept = np.frombuffer(await self.reader.readexactly(size), "<f4").reshape(n, classes) if size else None
-                if entry is not None and not entry[0].done():
-                    entry[0].set_result((labels, kept))
+                    outcome = (await self.reader.readexactly(size)).decode()
+                elif kind != OK:
+                    outcome = _error(kind, (await self.reader.readexactly(size)).decode())
+                else:
+                    labels = np.frombuffer(await self.reader.readexactly(8 * n), "<i8")
+                    kept = np.frombuffer(await self.reader.readexactly(size), "<f4").reshape(n, classes) if size else None
+                    outcome = labels, kept
+                future = self.pending.get(rid)  # None where its caller stopped waiting
+                if future is not None and not future.done():
+                    (future.set_exception if isinstance(outcome, Exception) else future.set_result)(outcome)
         except (asyncio.IncompleteReadError, ConnectionError):
             self.gone = RuntimeError("the engine process went away")
             self.abandon(self.gone)
 
     def abandon(self, error=None):
         """Fail every request waiting for the engine (Draining: the server is shutting down)."""
-        for future, _, _ in list(self.pending.values()):
+        for future in list(self.pending.values()):
             if not future.done():
                 future.set_exception(error or Draining())
 

@@ -30,6 +30,14 @@ class ScoresOverflow(InputError):
         return ScoresOverflow(self.model_path, self.image + offset)
 
 
+def about_request(e, label="body"):
+    """An InputError from a forward pass, as one line about a request's `label`: no server paths."""
+    if isinstance(e, ScoresOverflow):
+        return (f"{label}: the scores of image {e.image} are not finite (float32 overflow): its values are too "
+                f"large for the model")
+    return e.message
+
+
 def where(path, dataset=None):
     """The prefix every loader message starts with: the file, then the dataset."""
     return f"{path}: dataset '{dataset}'" if dataset else f"{path}"

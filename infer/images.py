@@ -62,10 +62,16 @@ def from_npy(body, model):
     network.geometry(model, (max(shape[0], 1),) + shape[1:], LABEL, None)
     x = np.frombuffer(body, dtype, math.prod(shape), offset)
     x = x.reshape(shape[::-1]).transpose() if fortran else x.reshape(shape)
+    return checked(x, LABEL)
+
+
+def checked(x, label):
+    """x, once its float values are all finite float32 numbers (InputError naming the first that is
+    not); integer arrays as they are."""
     if x.dtype.kind == "f":
         with np.errstate(over="ignore", invalid="ignore"):
             as32 = x.astype(np.float32, copy=False)
-        check_finite(as32, x, LABEL, 0)
+        check_finite(as32, x, label, 0)
     return x
 
 

@@ -20,7 +20,6 @@ import numpy as np
 
 from . import images, network
 from .errors import InputError
-from .reader import check_finite
 
 MODEL = "cnninfer"
 VERSION = "1"
@@ -35,6 +34,13 @@ NAMES = {np.dtype(v): k for k, v in DATATYPES.items()}
 
 class BadRequest(InputError):
     """A v2 request that does not follow the protocol or the model (HTTP 400, gRPC INVALID_ARGUMENT)."""
+
+
+def unknown_model(name, version=""):
+    """Why model `name` at `version` ("" any) is not served here, or None."""
+    if name == MODEL and version in ("", VERSION):
+        return None
+    return f"model {name!r}: this server serves {MODEL!r}, version {VERSION}"
 
 
 def server_metadata(version):
@@ -80,10 +86,7 @@ def tensor(name, datatype, shape, model, raw=None, data=None):
         if x.size != count:
             raise BadRequest(f"input {INPUT!r}: {x.size} values for a tensor of shape {list(shape)} ({count})")
         x = x.reshape(shape)
-    if x.dtype.kind == "f":
-        with np.errstate(over="ignore", invalid="ignore"):
-            check_finite(x.astype(np.float32, copy=False), x, f"input {INPUT!r}", 0)
-    return x
+    return images.checked(x, f"input {INPUT!r}")
 
 
 def parse_rest(body, header_length):
@@ -137,10 +140,9 @@ def outputs_wanted(request):
 
 def rest_answer(labels, scores, wanted, request_id=None):
     """(body, headers) of a v2 REST answer: JSON, with the binary outputs appended after it."""
-    arrays = {"labels": np.ascontiguousarray(labels, "<i8"), "scores": np.ascontiguousarray(scores, "<f4")}
     outputs, blobs = [], []
     for name, binary in wanted.items():
-        a = arrays[name]
+        a = np.ascontiguousarray(labels, "<i8") if name == "labels" else np.ascontiguousarray(scores, "<f4")
         out = {"name": name, "datatype": NAMES[np.dtype(a.dtype.type)], "shape": list(a.shape)}
         if binary:
             blobs.append(a.tobytes())
@@ -170,7 +172,7 @@ def grpc_servicer(face):
     """A GRPCInferenceService servicer over `face`, the server's side of a request: face.model,
     face.sha256, face.authorized(token or None), async face.decode(fn, nbytes) (fn() on a decoder
     thread where large), async face.batch(x, scores) -> (labels, scores) (both raise
-    face.Refused(status, message)), face.answered(status, images, seconds)."""
+    face.Refused(status, message)), face.answered(status, images, seconds), face.failed(what, error)."""
     import time
 
     import grpc
@@ -189,8 +191,8 @@ def grpc_servicer(face):
     def admitted(context, name=None, version=None):
         if not face.authorized(token(context)):
             raise face.Refused(401, "a valid bearer token is required (authorization: Bearer TOKEN)")
-        if name is not None and (name != MODEL or version not in ("", VERSION)):
-            raise face.Refused(404, f"model {name!r}: this server serves {MODEL!r}, version {VERSION}")
+        if name is not None and unknown_model(name, version):
+            raise face.Refused(404, unknown_model(name, version))
 
     async def answer(context, make, name=None, version=None):
         try:
@@ -235,10 +237,7 @@ def grpc_servicer(face):
             except InputError as e:
                 status, refused = 400, face.Refused(400, e.message)
             except Exception as e:  # a defect: one line on stderr, INTERNAL, counted
-                import sys
-
-                print(f"cnninfer serve: a gRPC request failed: {type(e).__name__}: {' '.join(str(e).split())}",
-                      file=sys.stderr)
+                face.failed("a gRPC request", e)
                 status, refused = 500, face.Refused(500, "the server failed to answer this request")
             face.answered(status, count, time.perf_counter() - started)
             if refused is not None:

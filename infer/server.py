@@ -27,12 +27,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
 from . import __version__, images, kserve
 from .batcher import Batcher, Busy, Draining, Expired
-from .errors import InputError, ScoresOverflow
+from .errors import InputError, about_request
 from .metrics import Metrics
 
 PAGE = Path(__file__).with_name("page.html")
@@ -128,12 +129,9 @@ class Drain:
             deadline.reschedule(now)
 
 
-def request_message(e):
-    """An InputError from a forward pass, as one line about the request: no server paths."""
-    if isinstance(e, ScoresOverflow):
-        return (f"{images.LABEL}: the scores of image {e.image} are not finite (float32 overflow): its values "
-                f"are too large for the model")
-    return e.message
+def failed(what, e):
+    """A defect's one line on stderr (the client gets a JSON 500 without it)."""
+    print(f"cnninfer serve: {what} failed: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
 
 
 def make_app(session, settings, batcher, sha256=None):
@@ -180,8 +178,7 @@ def make_app(session, settings, batcher, sha256=None):
             try:
                 response, count = await handle(request)
             except Exception as e:
-                print(f"cnninfer serve: a request failed: {type(e).__name__}: {' '.join(str(e).split())}",
-                      file=sys.stderr)
+                failed("a request", e)
                 response, count = error(500, "the server failed to answer this request"), 0
             metrics.answered(response.status_code, count, time.perf_counter() - started)
             return response
@@ -227,10 +224,9 @@ def make_app(session, settings, batcher, sha256=None):
             metrics.refused("draining")
             raise Refused(503, "the server is shutting down; try again", {"Connection": "close"}) from None
         except InputError as e:
-            raise Refused(400, request_message(e)) from None
+            raise Refused(400, about_request(e, images.LABEL)) from None
         except Exception as e:  # the pass failed (the device): every request in it, once
-            print(f"cnninfer serve: a forward pass failed: {type(e).__name__}: {' '.join(str(e).split())}",
-                  file=sys.stderr)
+            failed("a forward pass", e)
             raise Refused(500, "the forward pass failed on the server") from None
 
     async def decoded(decode, body, inline):
@@ -282,8 +278,7 @@ def make_app(session, settings, batcher, sha256=None):
             return x, {"scores": "scores" in wanted, "wanted": wanted, "id": req.get("id")}
 
         def answer(labels, scores, context):
-            body, headers = kserve.rest_answer(labels, scores if scores is not None else np.empty((len(labels), 0)),
-                                               context["wanted"], context["id"])
+            body, headers = kserve.rest_answer(labels, scores, context["wanted"], context["id"])
             return Response(body, headers=headers)
 
         return await infer(request, decode, lambda body: len(body) <= INLINE_BYTES, answer)
@@ -296,17 +291,17 @@ def make_app(session, settings, batcher, sha256=None):
             return JSONResponse({path.rsplit("/", 1)[1]: True})
         if path == "/v2":
             return JSONResponse(kserve.server_metadata(__version__))
-        name = request.path_params.get("model")
-        if name != kserve.MODEL or request.path_params.get("version", kserve.VERSION) != kserve.VERSION:
-            return error(404, f"model {name!r}: this server serves {kserve.MODEL!r}, version {kserve.VERSION}")
+        unknown = kserve.unknown_model(request.path_params.get("model"), request.path_params.get("version", ""))
+        if unknown:
+            return error(404, unknown)
         if path.endswith("/ready"):
             return JSONResponse({"name": kserve.MODEL, "ready": True})
         return JSONResponse(kserve.model_metadata(session.model, sha256))
 
     async def v2_infer_route(request):
-        name = request.path_params.get("model")
-        if name != kserve.MODEL or request.path_params.get("version", kserve.VERSION) != kserve.VERSION:
-            return error(404, f"model {name!r}: this server serves {kserve.MODEL!r}, version {kserve.VERSION}"), 0
+        unknown = kserve.unknown_model(request.path_params.get("model"), request.path_params.get("version", ""))
+        if unknown:
+            return error(404, unknown), 0
         return await v2_infer(request)
 
     async def read_body(request, held):
@@ -385,6 +380,7 @@ def make_app(session, settings, batcher, sha256=None):
         model, version = session.model, __version__
         authorized = staticmethod(bearer)
         answered = staticmethod(metrics.answered)
+        failed = staticmethod(failed)
 
         @staticmethod
         async def decode(fn, nbytes):
@@ -507,20 +503,11 @@ def warm_up(session, settings):
     thread, the kernels compiled or loaded) before the first request; the batch size every pass is
     padded to (CUDA: --max-batch, see batcher.py), or None."""
     h, w, c = images.image_shape(session.model)
-    run = session.executor.submit if session.executor is not None else (lambda fn, *a: _done(fn(*a)))
-    run(session.classify, np.zeros((1, h, w, c), np.float32), True).result()
+    session.classify(np.zeros((1, h, w, c), np.float32), True)
     if session.backend.name != "cuda":
         return None
-    run(session.classify, np.zeros((settings.max_batch, h, w, c), np.float32), True).result()
+    session.classify(np.zeros((settings.max_batch, h, w, c), np.float32), True)
     return settings.max_batch
-
-
-def _done(value):
-    from concurrent.futures import Future
-
-    f = Future()
-    f.set_result(value)
-    return f
 
 
 def run_one(session, settings, sock, announce, sha256=None):
@@ -598,7 +585,7 @@ def _engine(spec, settings, path, ready):
     name_process("cnninfer-engine")
 
     async def main(session, pad_to):
-        engine = Engine(session, settings, session.backend.name, session.device, pad_to)
+        engine = Engine(session, settings, pad_to)
         await engine.start(path)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -631,7 +618,7 @@ class EngineFace:
     @property
     def backend(self):
         hello = self.batcher.hello
-        return None if hello is None else type("Backend", (), {"name": hello["backend"]})()
+        return None if hello is None else SimpleNamespace(name=hello["backend"])
 
     @property
     def device(self):

@@ -65,13 +65,13 @@ def wanted(arch):
     8-bit codes and uint8 images into floats where that pipeline does not read them itself."""
     import numpy as np
 
-    from .. import codes, defaults, loader, network
+    from .. import codes, defaults, images, loader, network
     from ..options import AUTO
     from . import launch, pipelines
     from .profile import NullProfiler
 
     model = loader.load_model(defaults.model())
-    g = network.geometry(model, (1, 28, 28, model.conv1.shape[2]))
+    g = network.geometry(model, (1,) + images.image_shape(model))
     algo, _ = pipelines.choose(AUTO, g, arch, None)
     build = launch.Build(arch, False, None, NullProfiler(), modules=launch._Recording())
     pipeline = algo(build, g)
