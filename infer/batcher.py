@@ -7,15 +7,17 @@ only while requests are being received (`expecting`), and at most max_delay afte
 request arrived: a lone client never waits, and requests that queued during the previous pass
 have waited already. One forward pass at a time, on one thread that owns the session.
 
-With pad_to (the CUDA backend: a new batch size costs it new device and page-locked buffers and
-a new CUDA graph, ~10 ms), every pass is exactly pad_to images, zeros filling the rest, and a
-request larger than max_batch is split into passes of max_batch. A pass that fails on a
+With pad_to, a ladder of pass sizes (the CUDA backend: each batch size has its own device and
+page-locked buffers and CUDA graph, ~10 ms to make, kept once made), a pass is padded with zeros
+to the smallest size of the ladder that holds it, and a request larger than max_batch is split
+into passes of max_batch. A pass that fails on a
 request's input (InputError: values that overflow, say) is run again request by request, so a
 bad request fails alone; a pass that fails otherwise (the device) fails every request in it
 once, not replayed. A request whose caller went away, or whose deadline passed while it
 waited (Expired), is skipped.
 """
 import asyncio
+import bisect
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,6 +27,11 @@ from .errors import InputError
 
 
 STOP = object()  # queued by stop(): the requests before it are answered first
+
+
+def ladder(max_batch):
+    """The pass sizes a batch is padded to: the powers of two below max_batch, and max_batch."""
+    return tuple(1 << k for k in range(max_batch.bit_length()) if 1 << k < max_batch) + (max_batch,)
 
 
 class Busy(Exception):
@@ -40,10 +47,11 @@ class Draining(Exception):
 
 
 class Pending:
-    __slots__ = ("x", "scores", "future", "arrived")
+    __slots__ = ("x", "scores", "future", "arrived", "requests")
 
-    def __init__(self, x, scores, future):
+    def __init__(self, x, scores, future, requests=1):
         self.x, self.scores, self.future, self.arrived = x, scores, future, time.perf_counter()
+        self.requests = requests  # the clients' requests it stands for (a front end's group)
 
     def fits(self, other):
         return self.x.dtype == other.x.dtype and self.x.shape[1:] == other.x.shape[1:]
@@ -51,7 +59,9 @@ class Pending:
 
 class Batcher:
     def __init__(self, classify, max_batch, max_delay_s, metrics=None, max_queued=None, pad_to=None, thread=None):
-        """classify(x, scores) -> (labels, scores or None), called on the batch thread."""
+        """classify(x, scores) -> (labels, scores or None), called on the batch thread; pad_to: the
+        ladder of pass sizes (ascending, the last max_batch), or None."""
+        assert not pad_to or pad_to[-1] == max_batch, "the ladder ends at max_batch"
         self.classify, self.max_batch, self.max_delay_s = classify, max_batch, max_delay_s
         self.pad_to = pad_to
         self.metrics = metrics
@@ -68,18 +78,19 @@ class Batcher:
     def start(self):
         self.task = asyncio.get_running_loop().create_task(self._loop())
 
-    async def submit(self, x, scores=False, timeout=None):
+    async def submit(self, x, scores=False, timeout=None, requests=1):
         """(labels, scores or None) of images x (at least one), computed in some batch; Expired
-        when that takes longer than timeout seconds (None: no limit)."""
+        when that takes longer than timeout seconds (None: no limit). requests: how many clients'
+        requests x holds (the metrics count them)."""
         try:
             async with asyncio.timeout(timeout):
-                return await self._submit(x, scores)
+                return await self._submit(x, scores, requests)
         except TimeoutError:
             raise Expired(f"not answered within {timeout:g} s") from None
 
-    async def _submit(self, x, scores):
+    async def _submit(self, x, scores, requests=1):
         if self.pad_to and len(x) > self.max_batch:
-            parts = await asyncio.gather(*(self._submit(x[i:i + self.max_batch], scores)
+            parts = await asyncio.gather(*(self._submit(x[i:i + self.max_batch], scores, requests if i == 0 else 0)
                                            for i in range(0, len(x), self.max_batch)))
             labels, kept = zip(*parts)
             return np.concatenate(labels), np.concatenate(kept) if scores else None
@@ -87,7 +98,7 @@ class Batcher:
             raise Busy(f"{self.queued} images are waiting already (at most {self.max_queued})")
         future = asyncio.get_running_loop().create_future()
         self._count(len(x))
-        await self.queue.put(Pending(x, scores, future))
+        await self.queue.put(Pending(x, scores, future, requests))
         return await future  # cancelled with the request (or its deadline): the batch skips it
 
     def _count(self, images):
@@ -138,8 +149,10 @@ class Batcher:
     async def _run(self, loop, batch, images):
         scores = any(p.scores for p in batch)
         x = batch[0].x if len(batch) == 1 else np.concatenate([p.x for p in batch])
-        if self.pad_to and images < self.pad_to:
-            x = np.concatenate([x, np.zeros((self.pad_to - images,) + x.shape[1:], x.dtype)])
+        if self.pad_to:
+            size = self.pad_to[bisect.bisect_left(self.pad_to, images)]
+            if size > images:
+                x = np.concatenate([x, np.zeros((size - images,) + x.shape[1:], x.dtype)])
         self.running = batch
         try:
             labels, kept = await loop.run_in_executor(self.thread, self.classify, x, scores)
@@ -154,7 +167,7 @@ class Batcher:
             return
         self.running = []
         if self.metrics is not None:
-            self.metrics.batch(images, len(batch))
+            self.metrics.batch(images, sum(p.requests for p in batch))
         at = 0
         for p in batch:
             n = len(p.x)

@@ -137,6 +137,73 @@ def load(url, body, connections, seconds, delay_ms=0, threads=None, path="/v1/pr
     return r
 
 
+def _grpc_client(job):
+    """One client process of grpc_load: `channels` HTTP/2 connections, `per_channel` calls in flight
+    on each, ModelInfer with the tensor in raw_input_contents, until `seconds` have passed."""
+    import asyncio
+    import time
+
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as rpc
+
+    target, raw, shape, datatype, channels, per_channel, seconds = job
+    request = pb.ModelInferRequest(model_name="cnninfer")
+    given = request.inputs.add()
+    given.name, given.datatype = "x", datatype
+    given.shape.extend(shape)
+    request.raw_input_contents.append(raw)
+
+    async def main():
+        # a channel of its own per connection (else grpc shares one subchannel among them)
+        chans = [grpc.aio.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1)])
+                 for _ in range(channels)]
+        latencies, errors = [], 0
+        end = time.perf_counter() + seconds
+
+        async def loop(stub):
+            nonlocal errors
+            while (t := time.perf_counter()) < end:
+                try:
+                    await stub.ModelInfer(request)
+                except grpc.aio.AioRpcError:
+                    errors += 1
+                    continue
+                latencies.append(time.perf_counter() - t)
+
+        stubs = [rpc.GRPCInferenceServiceStub(c) for c in chans]
+        await asyncio.gather(*(loop(s) for s in stubs for _ in range(per_channel)))
+        for c in chans:
+            await c.close()
+        return latencies, errors
+
+    return asyncio.run(main())
+
+
+def grpc_load(target, x, concurrency, seconds, processes=4, channels=4):
+    """KServe v2 gRPC ModelInfer calls (tritonclient's service definitions, grpc.aio) from
+    `processes` client processes, `concurrency` calls in flight in all: requests/s (answered),
+    p50/p99 ms, errors. perf_analyzer has no pip package (PyPI's perf-analyzer is an empty
+    placeholder), so the client is Python's: where it saturates, the figure is the client's."""
+    import multiprocessing
+
+    procs = max(1, min(processes, concurrency))
+    chans = max(1, min(channels, concurrency // procs))
+    per = max(1, concurrency // (procs * chans))
+    job = (target, np.ascontiguousarray(x).tobytes(), list(x.shape), "UINT8" if x.dtype == np.uint8 else "FP32",
+           chans, per, seconds)
+    with multiprocessing.get_context("spawn").Pool(procs) as pool:
+        parts = pool.map(_grpc_client, [job] * procs)
+    latencies = np.sort(np.concatenate([np.asarray(p[0]) for p in parts])) if parts else np.empty(0)
+    errors = sum(p[1] for p in parts)
+    if not len(latencies):
+        raise InputError(f"grpc://{target}: no call was answered ({errors} errors)")
+    return dict(requests=len(latencies), rps=len(latencies) / seconds, errors=errors,
+                p50_ms=float(latencies[len(latencies) // 2] * 1e3),
+                p99_ms=float(latencies[int(len(latencies) * 0.99)] * 1e3),
+                connections=procs * chans, concurrency=procs * chans * per)
+
+
 def check_answers(url, x, expected):
     """The server's answers for 64 single-image requests and one large one equal `expected`."""
     for i in range(64):

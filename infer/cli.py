@@ -329,8 +329,10 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
 @cuda_options
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every one).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port (0: a free one).")
-@click.option("--max-batch", type=click.IntRange(1), default=256, show_default=True,
-              help="Images merged into one forward pass at most (1: no batching).")
+@click.option("--max-batch", type=click.IntRange(1),
+              help="Images merged into one forward pass at most (1: no batching). Default: 4096 on a GPU "
+                   "(passes are padded to the next power of two, each size's buffers made at start), "
+                   "256 on the CPU.")
 @click.option("--max-delay-ms", type=click.FloatRange(0, 10_000), default=2.0, show_default=True,
               help="How long a batch waits for more requests after its first one arrived.")
 @click.option("--token", envvar="CNNINFER_SERVE_TOKEN", help="Require 'Authorization: Bearer TOKEN' on /v1/* "
@@ -376,7 +378,7 @@ def serve(model, backend, chunk, streams, tile_width, gemm_algo, conv_algo, prec
     from .options import Options
 
     server.require()
-    settings = server.Settings(max_batch=max_batch, max_delay_ms=max_delay_ms, token=token or None,
+    settings = server.Settings(max_batch=max_batch or server.auto_max_batch(backend), max_delay_ms=max_delay_ms, token=token or None,
                                max_body_bytes=int(max_body_mb * 2**20), max_buffered_bytes=int(max_buffered_mb * 2**20),
                                max_pixels=max_pixels, decoders=decoders, max_connections=max_connections,
                                header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s,

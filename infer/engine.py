@@ -8,8 +8,9 @@ each) across cores; the engine keeps the GPU's batches as large as the waiting r
 
 Frames on a front end's connection, little-endian:
     engine -> front end, once:  u32 length, then JSON {classes, backend, device, max_batch}
-    front end -> engine:        REQUEST (id, dtype code, scores wanted, N, H, W, C, timeout s),
-                                then the images' bytes (C order); dtype code STATS (no images):
+    front end -> engine:        REQUEST (id, dtype code, scores wanted, N, H, W, C, timeout s,
+                                clients' requests merged in it), then the images' bytes (C
+                                order); dtype code STATS (no images):
                                 the engine's batch metrics, answered with kind STATS and the text
     engine -> front end:        ANSWER (id, kind, N, bytes after the labels), then the labels
                                 (int64, N) and the scores where asked (float32, N x classes); or,
@@ -25,7 +26,7 @@ import numpy as np
 from .batcher import Batcher, Busy, Draining, Expired
 from .errors import InputError, about_request
 
-REQUEST = struct.Struct("<QBBIIIId")
+REQUEST = struct.Struct("<QBBIIIIdI")
 ANSWER = struct.Struct("<QBII")
 DTYPES = tuple(np.dtype(t).newbyteorder("<") for t in ("u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f2", "f4", "f8"))
 CODES = {d: i for i, d in enumerate(DTYPES)}
@@ -71,7 +72,7 @@ class Engine:
                     head = await reader.readexactly(REQUEST.size)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
-                rid, code, scores, n, h, w, c, timeout = REQUEST.unpack(head)
+                rid, code, scores, n, h, w, c, timeout, requests = REQUEST.unpack(head)
                 if code == STATS_CODE:
                     text = self.metrics.batch_text().encode()
                     writer.write(ANSWER.pack(rid, STATS, 0, len(text)) + text)
@@ -79,15 +80,16 @@ class Engine:
                 dtype = DTYPES[code]
                 body = await reader.readexactly(n * h * w * c * dtype.itemsize)
                 x = np.frombuffer(body, dtype).reshape(n, h, w, c)
-                asyncio.get_running_loop().create_task(self._answer(writer, rid, x, bool(scores), timeout or None))
+                asyncio.get_running_loop().create_task(self._answer(writer, rid, x, bool(scores), timeout or None,
+                                                                    requests))
         except (asyncio.IncompleteReadError, ConnectionError):
             return
         finally:
             self.connections.discard(writer)
 
-    async def _answer(self, writer, rid, x, scores, timeout):
+    async def _answer(self, writer, rid, x, scores, timeout, requests):
         try:
-            labels, kept = await self.batcher.submit(x, scores, timeout)
+            labels, kept = await self.batcher.submit(x, scores, timeout, requests)
         except Exception as e:
             kind = (INPUT if isinstance(e, InputError) else BUSY if isinstance(e, Busy) else
                     EXPIRED if isinstance(e, Expired) else DRAINING if isinstance(e, Draining) else FAILED)
@@ -102,8 +104,16 @@ class Engine:
 
 
 class RemoteBatcher:
-    """A front end's stand-in for Batcher: submit() sends the images to the engine and waits for its
-    answer (Expired past the timeout, Draining once abandoned). Connects as the app starts."""
+    """A front end's stand-in for Batcher: submit() hands the images to the engine and waits for its
+    answer (Expired past the timeout, Draining once abandoned). Connects as the app starts.
+
+    Requests of one image type and shape go to the engine together, as one request of all their
+    images: while MAX_IN_FLIGHT of this front end's groups are in the engine, new ones wait in the
+    outbox and leave with the next answer. A lone request leaves at once; under load the engine's
+    work per request (its event loop is the server's narrowest point) is divided by the group's
+    size. A group refused for one request's input is sent again request by request, so only
+    that request fails."""
+    MAX_IN_FLIGHT = 2
 
     def __init__(self, path):
         self.path = path
@@ -111,7 +121,9 @@ class RemoteBatcher:
         self.metrics = None
         self.hello = None
         self.reader = self.writer = self.task = None
-        self.pending = {}
+        self.pending = {}  # id -> (its kind, or None for STATS; its members [(images, future)]), sent
+        self.outbox = {}  # (dtype code, image shape, scores) -> members not sent yet
+        self.flushing = False
         self.ids = itertools.count()
         self.gone = None  # the error every request gets once the engine's connection has ended
 
@@ -123,29 +135,57 @@ class RemoteBatcher:
 
     async def submit(self, x, scores=False, timeout=None):
         x = np.ascontiguousarray(x, np.dtype(x.dtype).newbyteorder("<"))
+        key = (CODES[x.dtype], x.shape[1:], bool(scores))
         try:
-            return await self._ask(CODES[x.dtype], x.shape, scores, timeout, memoryview(x).cast("B"))
+            return await self._wait(lambda future: self.outbox.setdefault(key, []).append((x, future, timeout)),
+                                    timeout)
         except TimeoutError:
             raise Expired(f"not answered within {timeout:g} s") from None
 
     async def stats(self):
         """The engine's batch metrics, as Prometheus text."""
-        return await self._ask(STATS_CODE, timeout=10)
+        return await self._wait(lambda future: self._send(None, 0, [(None, future)]), 10)
 
-    async def _ask(self, code, shape=(0, 0, 0, 0), scores=False, timeout=None, payload=None):
-        """Send one request (its images after it) and wait for its answer (TimeoutError past timeout)."""
+    async def _wait(self, queue, timeout):
+        """queue(future) files the request; its outcome (TimeoutError past timeout)."""
         if self.gone is not None:
             raise self.gone
+        future = asyncio.get_running_loop().create_future()
+        queue(future)
+        self._flush_soon()
+        async with asyncio.timeout(timeout):
+            return await future  # cancelled with its caller: the group's answer skips it
+
+    def _flush_soon(self):
+        if self.outbox and not self.flushing and self._in_flight() < self.MAX_IN_FLIGHT:
+            self.flushing = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _in_flight(self):
+        return sum(1 for kind, _ in self.pending.values() if kind is not None)
+
+    def _flush(self):
+        """Send each kind of waiting request as one group (its members still waited for)."""
+        self.flushing = False
+        outbox, self.outbox = self.outbox, {}
+        for kind, members in outbox.items():
+            members = [m for m in members if not m[1].done()]
+            if members:
+                timeouts = [m[2] for m in members]
+                self._send(kind, 0.0 if None in timeouts else max(timeouts), [m[:2] for m in members])
+
+    def _send(self, kind, timeout, members):
+        """One request to the engine: `members`' images as one (kind None: the STATS request)."""
         rid = next(self.ids)
-        future = self.pending[rid] = asyncio.get_running_loop().create_future()
-        self.writer.write(REQUEST.pack(rid, code, int(scores), *shape, timeout or 0.0))
-        if payload is not None:
-            self.writer.write(payload)
-        try:
-            async with asyncio.timeout(timeout):
-                return await future
-        finally:
-            self.pending.pop(rid, None)
+        self.pending[rid] = kind, members
+        if kind is None:
+            self.writer.write(REQUEST.pack(rid, STATS_CODE, 0, 0, 0, 0, 0, 0.0, 0))
+            return
+        code, image_shape, scores = kind
+        self.writer.write(REQUEST.pack(rid, code, int(scores), sum(len(x) for x, _ in members), *image_shape, timeout,
+                                       len(members)))
+        for x, _ in members:
+            self.writer.write(memoryview(x).cast("B"))
 
     async def _read(self):
         classes = self.hello["classes"]
@@ -160,18 +200,38 @@ class RemoteBatcher:
                     labels = np.frombuffer(await self.reader.readexactly(8 * n), "<i8")
                     kept = np.frombuffer(await self.reader.readexactly(size), "<f4").reshape(n, classes) if size else None
                     outcome = labels, kept
-                future = self.pending.get(rid)  # None where its caller stopped waiting
-                if future is not None and not future.done():
-                    (future.set_exception if isinstance(outcome, Exception) else future.set_result)(outcome)
+                self._settle(*self.pending.pop(rid, (None, ())), outcome)
+                self._flush_soon()
         except (asyncio.IncompleteReadError, ConnectionError):
             self.gone = RuntimeError("the engine process went away")
             self.abandon(self.gone)
 
+    def _settle(self, kind, members, outcome):
+        if isinstance(outcome, InputError) and len(members) > 1:  # which one? each again, alone
+            for x, future in members:
+                if not future.done():
+                    self._send(kind, 0.0, [(x, future)])
+            return
+        at = 0
+        for x, future in members:
+            if not future.done():
+                if isinstance(outcome, Exception):
+                    future.set_exception(outcome)
+                elif x is None:
+                    future.set_result(outcome)
+                else:
+                    labels, kept = outcome
+                    future.set_result((labels[at:at + len(x)], None if kept is None else kept[at:at + len(x)]))
+            if x is not None:
+                at += len(x)
+
     def abandon(self, error=None):
         """Fail every request waiting for the engine (Draining: the server is shutting down)."""
-        for future in list(self.pending.values()):
-            if not future.done():
-                future.set_exception(error or Draining())
+        waiting = [m for _, members in self.pending.values() for m in members] + \
+                  [m for members in self.outbox.values() for m in members]
+        for m in waiting:
+            if not m[1].done():
+                m[1].set_exception(error or Draining())
 
     async def stop(self):
         if self.writer is not None:

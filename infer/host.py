@@ -81,6 +81,10 @@ class Ring:
             f.exception()
 
 
+KEPT_BUFFERS = 32
+KEPT_BYTES = 256 << 20
+
+
 class HostSide:
     """What the CPU and CUDA backends share on the host: buffers kept for repeated runs of the same
     shape, a pool of reader threads, and streaming a data set through a ring of those buffers."""
@@ -91,12 +95,19 @@ class HostSide:
     takes_codes = False  # whether float32 files of 8-bit pixels may travel as their codes (codes.py)
 
     def host_buffers(self, shape, dtype, count=1):
-        """`count` host buffers of shape and dtype, the same ones again for the same request."""
+        """`count` host buffers of shape and dtype, the same ones again for the same request. The
+        sets of the latest requests are kept (a server's batch sizes each have theirs), at most
+        KEPT_BUFFERS sets and KEPT_BYTES, the least recently used freed first."""
         key = (tuple(shape), np.dtype(dtype).str, count)
-        cache = self.__dict__.get("_host_buffers", {})
-        if key not in cache:
-            self.free_host_buffers()  # one shape in use at a time
-            cache = self._host_buffers = {key: [self.new_host_buffer(shape, dtype) for _ in range(count)]}
+        cache = self.__dict__.setdefault("_host_buffers", {})
+        if key in cache:
+            cache[key] = cache.pop(key)  # the latest last
+        else:
+            cache[key] = [self.new_host_buffer(shape, dtype) for _ in range(count)]
+            while len(cache) > 1 and (len(cache) > KEPT_BUFFERS or
+                                      sum(b.nbytes for bufs in cache.values() for b in bufs) > KEPT_BYTES):
+                for b in cache.pop(next(iter(cache))):
+                    self.free_host_buffer(b)
         return cache[key]
 
     def free_host_buffers(self):

@@ -115,12 +115,38 @@ def test_a_full_queue_is_busy():
 
 def test_padded_passes_are_all_one_size_and_large_requests_are_split():
     rec = Recorder()
-    b = Batcher(rec, max_batch=4, max_delay_s=0.05, pad_to=4)
+    b = Batcher(rec, max_batch=4, max_delay_s=0.05, pad_to=(4,))
     out = run(b, lambda: [b.submit(images([1])), b.submit(images(range(10, 19)), scores=True)])
     assert {n for n, _ in rec.batches} == {4}
     assert out[0][0].tolist() == [1]
     labels, scores = out[1]
     assert labels.tolist() == list(range(10, 19)) and scores.shape == (9, 3)
+
+
+def test_the_ladder_is_the_powers_of_two_below_max_batch_then_max_batch():
+    from infer.batcher import ladder
+
+    assert ladder(1) == (1,)
+    assert ladder(4096) == tuple(1 << k for k in range(13))
+    assert ladder(100) == (1, 2, 4, 8, 16, 32, 64, 100)
+
+
+def test_a_pass_is_padded_to_the_smallest_rung_that_holds_it():
+    """A lone image runs in a pass of 1; 3 images waiting together in one of 4; 9 images in a pass of
+    16; a 40-image request (past max_batch 32) in passes of 32 and 8."""
+    from infer.batcher import ladder
+
+    rec = Recorder()
+
+    def served(*requests):
+        b = Batcher(rec, max_batch=32, max_delay_s=0.05, pad_to=ladder(32))
+        return [labels.tolist() for labels, _ in run(b, lambda: [b.submit(images(r)) for r in requests])]
+
+    assert served([7]) == [[7]]
+    assert served([1], [2, 3]) == [[1], [2, 3]]
+    assert served(range(9)) == [list(range(9))]
+    assert served(range(100, 140)) == [list(range(100, 140))]
+    assert [n for n, _ in rec.batches] == [1, 4, 16, 32, 8]
 
 
 def test_a_pass_that_fails_on_the_device_fails_its_requests_once_not_replayed():

@@ -123,6 +123,31 @@ def test_session_keeps_its_buffers_and_gives_the_references_scores(ece408, monke
     assert (again == first).all() and (labels == reference.argmax(expected)).all()
 
 
+def test_batch_sizes_seen_before_keep_their_runs_and_answer_alike(ece408, monkeypatch):
+    """A server's ladder: sizes alternating (and both wire types) allocate once each, then reuse
+    their buffers and graphs; every answer is the reference's."""
+    import pycuda.driver as cuda
+
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x = f["x"][:513]
+    u8 = np.rint(x * 255).astype(np.uint8)
+    from infer.loader import load_model
+
+    expected = reference.argmax(reference.scores(x, load_model(ece408 / "model.hdf5")))
+    sizes = (1, 513, 64, 7)
+    with Session(ece408 / "model.hdf5", backend="cuda") as s:
+        for n in sizes:
+            assert (s.predict(x[:n]) == expected[:n]).all() and (s.predict(u8[:n]) == expected[:n]).all()
+        assert len(s.backend.executor.kept) >= len(sizes) - 1
+        allocations = []
+        for name in ("mem_alloc", "pagelocked_empty"):
+            real = getattr(cuda, name)
+            monkeypatch.setattr(cuda, name, lambda *a, _real=real, **k: allocations.append(a) or _real(*a, **k))
+        for n in reversed(sizes):
+            assert (s.predict(u8[:n]) == expected[:n]).all() and (s.classify(x[:n], True)[0] == expected[:n]).all()
+        assert allocations == []
+
+
 def test_session_refuses_a_nan_naming_the_array_index(ece408):
     x = np.ones((50, 28, 28, 1), np.float32)
     x[42, 1, 2, 0] = np.nan

@@ -162,7 +162,7 @@ class CudaBackend(HostSide):
         decoding = (chunk_decode.plan(source.parts[0][1]) if streamed and source is not None
                     and self._gpu_decodes(source, wire) else ())
         key = (x_shape[0], tuple(x_shape[1:]), wire.str, bool(streamed), align if streamed else 1, decoding)
-        if ex.run is None or ex.run.key != key:
+        if (ex.run is None or ex.run.key != key) and not ex.use_run(key):
             self._allocate(key)
             ex.warm_up()
             if decoding:
@@ -206,7 +206,7 @@ class CudaBackend(HostSide):
         elems = int(np.prod(image_shape))
         self._free_decoder()
         self._free_placer()
-        ex.free_run()
+        ex.put_aside(keep=not ex.run.key[3] if ex.run is not None else False)  # streamed runs are not kept
         best = self.pipeline.CHUNK
         if streamed and hasattr(self.pipeline, "STREAM_CHUNK"):  # a host block per launch
             best = plan.streamed_chunk(self.pipeline.STREAM_CHUNK, elems * wire.itemsize, self.STREAM_BYTES)
@@ -225,7 +225,13 @@ class CudaBackend(HostSide):
                 ex.run = ex.allocate(key, n, elems, wire, chunk, resident, block, slots)
                 return
             except cuda.MemoryError:
-                if resident:
+                if ex.kept:  # the runs put aside go first
+                    ex.free_kept()
+                    chunk, resident = plan.memory(n, cuda.mem_get_info()[0], len(ex.streams), self.chunk,
+                                                  plan.aligned_chunk(best, align) if streamed else best,
+                                                  self.pipeline.scratch_floats, self.pipeline.g.classes,
+                                                  elems * wire.itemsize, 4 * elems, streamed, block_bytes, depth)
+                elif resident:
                     resident = False
                 elif chunk > 1:
                     chunk //= 2

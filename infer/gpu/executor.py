@@ -1,6 +1,7 @@
 """Running a prepared pipeline over one batch: the batch's device and page-locked buffers (a Run),
 chunk i on stream i mod S (upload, check or convert, the network, labels back), the whole queue
 recorded once as a CUDA graph and replayed, and the per-chunk flags that name a bad image."""
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
@@ -11,6 +12,10 @@ from . import graph
 from .launch import INT_MAX
 
 CLEAR = np.int32(INT_MAX).tobytes()  # a flag's bytes where nothing was found
+# Runs put aside for reuse (a server's ladder of batch sizes, per wire type): small ones only, so
+# what is kept never takes the device memory a large batch would be resident in
+KEPT_RUNS = 32
+KEPT_BYTES = 256 << 20
 
 
 @dataclass
@@ -40,6 +45,7 @@ class Run:
     flags_dev: object
     flags: np.ndarray
     buffers: list  # every device allocation above, freed when the run is replaced
+    nbytes: int = 0  # device bytes of the buffers
 
     @property
     def wire_bytes(self):
@@ -66,13 +72,15 @@ class Executor:
         self.pipeline, self.converters, self.keep_scores = None, {}, False
         self.run = None
         self.graphs = {}  # (x's address or None, scores kept) -> the run's recorded queue
+        self.kept = OrderedDict()  # key -> (run, graphs) put aside for reuse, the latest last
 
     def allocate(self, key, n, elems, wire, chunk, resident, block, slots):
         """A Run's buffers, all or none: on failure what was taken is given back."""
-        taken, pinned = [], []
+        taken, pinned, size = [], [], [0]
 
         def alloc(nbytes):
             taken.append(cuda.mem_alloc(max(nbytes, 4)))
+            size[0] += max(nbytes, 4)
             return taken[-1]
 
         def host(shape, dtype):
@@ -89,7 +97,8 @@ class Executor:
                        scratch=[alloc(4 * self.pipeline.scratch_floats(chunk)) for _ in self.streams],
                        labels_dev=alloc(4 * n), labels=host(n, np.int32),
                        scores_dev=alloc(4 * n * classes), scores=host((n, classes), np.float32),
-                       flags_dev=alloc(8 * chunks), flags=host((chunks, 2), np.int32), buffers=taken + pinned)
+                       flags_dev=alloc(8 * chunks), flags=host((chunks, 2), np.int32), buffers=taken + pinned,
+                       nbytes=size[0])
         except BaseException:
             for buf in taken:
                 buf.free()
@@ -97,21 +106,47 @@ class Executor:
                 buf.base.free()
             raise
 
-    def drop_graphs(self):
-        for g in self.graphs.values():
-            g.close()
-        self.graphs = {}
+    def put_aside(self, keep=True):
+        """The current run and its graphs kept for use_run (at most KEPT_RUNS, the least recently
+        used freed first), or freed (keep False: a streamed run's ring is used once)."""
+        if self.run is None:
+            return
+        if not keep or self.run.nbytes > KEPT_BYTES // 8:
+            self._free(self.run, self.graphs)
+        else:
+            self.kept[self.run.key] = (self.run, self.graphs)
+            while len(self.kept) > KEPT_RUNS or sum(r.nbytes for r, _ in self.kept.values()) > KEPT_BYTES:
+                self._free(*self.kept.popitem(last=False)[1])
+        self.run, self.graphs = None, {}
+
+    def use_run(self, key):
+        """Make the run put aside under key current again (the current one put aside): whether one was."""
+        if key not in self.kept:
+            return False
+        self.put_aside()
+        self.run, self.graphs = self.kept.pop(key)
+        return True
+
+    def free_kept(self):
+        """Free the runs put aside (the device ran short, or the model changed)."""
+        while self.kept:
+            self._free(*self.kept.popitem()[1])
 
     def free_run(self):
-        self.drop_graphs()
-        if self.run is not None:
-            cuda.Context.synchronize()
-            for buf in self.run.buffers:
-                if isinstance(buf, np.ndarray):
-                    buf.base.free()
-                else:
-                    buf.free()
-            self.run = None
+        """Free the current run and every run put aside."""
+        self.put_aside(keep=False)
+        self.free_kept()
+
+    @staticmethod
+    def _free(run, graphs):
+        for g in graphs.values():
+            g.close()
+        cuda.Context.synchronize()
+        for buf in run.buffers:
+            if isinstance(buf, np.ndarray):
+                buf.base.free()
+            else:
+                buf.free()
 
     def warm_up(self):
         """The network once over the run's first chunk of zeros: module loading and first-launch

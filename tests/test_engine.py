@@ -1,0 +1,128 @@
+"""The engine and a front end's RemoteBatcher over a real Unix socket, with a stub session: requests
+of one front end reach the engine as groups, each answered with its own rows; a bad request
+fails alone; a request given up while it waits is not sent."""
+import asyncio
+import threading
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from infer.batcher import Expired
+from infer.engine import Engine, RemoteBatcher
+from infer.errors import InputError
+
+
+class StubSession:
+    """classify: label = the image's first value; a first value of -1 is bad input. Records the
+    passes; `gate`, where set, holds each pass until released."""
+    classes, executor, device = 3, None, "stub"
+    backend = SimpleNamespace(name="stub")
+
+    def __init__(self, gate=None):
+        self.passes, self.gate = [], gate
+
+    def classify(self, x, scores):
+        if self.gate is not None:
+            self.gate.wait(10)
+        first = x.reshape(len(x), -1)[:, 0]
+        self.passes.append(first.tolist())
+        if (first == -1).any():
+            raise InputError(f"x: image {int(np.argmax(first == -1))} is bad")
+        return first.astype(np.int64), np.repeat(first[:, None].astype(np.float32), 3, 1) if scores else None
+
+
+def images(values, dtype=np.float32):
+    x = np.zeros((len(values), 2, 2, 1), dtype)
+    x[:, 0, 0, 0] = values
+    return x
+
+
+def served(tmp_path, session, body):
+    """body(front) with an engine over `session` and one front end connected to it."""
+    async def main():
+        engine = Engine(session, SimpleNamespace(max_batch=1000, max_delay_ms=0))
+        path = str(tmp_path / "engine.sock")
+        await engine.start(path)
+        front = RemoteBatcher(path)
+        await front.start()
+        try:
+            return await body(front, engine)
+        finally:
+            await front.stop()
+            await engine.stop()
+
+    return asyncio.run(main())
+
+
+def test_requests_that_wait_together_go_as_one_group_and_get_their_own_rows(tmp_path):
+    """The first request leaves alone and is held in the engine's pass; the next ten leave at once
+    as one group (two groups in flight at most); the 40 after them wait in the outbox, one group per
+    kind (with and without scores), until an answer comes. Each answer is its request's own rows."""
+    gate = threading.Event()
+    session = StubSession(gate)
+
+    async def body(front, engine):
+        first = asyncio.ensure_future(front.submit(images([5])))
+        while not engine.batcher.running:
+            await asyncio.sleep(0.001)
+        second = [asyncio.ensure_future(front.submit(images([100 + i]))) for i in range(10)]
+        await asyncio.sleep(0.02)
+        assert not front.outbox and front._in_flight() == 2
+        rest = [asyncio.ensure_future(front.submit(images([i, i + 1]), scores=i % 4 == 0)) for i in range(0, 80, 2)]
+        await asyncio.sleep(0.02)
+        assert sorted(len(m) for m in front.outbox.values()) == [20, 20]
+        gate.set()
+        return await first, await asyncio.gather(*second), await asyncio.gather(*rest)
+
+    (labels, kept), second, rest = served(tmp_path, session, body)
+    assert labels.tolist() == [5] and kept is None
+    assert [a[0].tolist() for a in second] == [[100 + i] for i in range(10)]
+    for i, (labels, kept) in zip(range(0, 80, 2), rest):
+        assert labels.tolist() == [i, i + 1]
+        assert (kept is None) == (i % 4 == 2)
+        if kept is not None:
+            assert kept[:, 0].tolist() == [i, i + 1]
+    assert session.passes[:2] == [[5], list(range(100, 110))] and sum(len(p) for p in session.passes) == 91
+    assert len(session.passes) <= 4
+
+
+def test_a_bad_request_in_a_group_fails_alone(tmp_path):
+    gate = threading.Event()
+    session = StubSession(gate)
+
+    async def body(front, engine):
+        held = asyncio.ensure_future(front.submit(images([1])))
+        while not engine.batcher.running:
+            await asyncio.sleep(0.001)
+        group = [asyncio.ensure_future(front.submit(images(v))) for v in ([2, 3], [4, -1], [6])]
+        await asyncio.sleep(0.02)
+        gate.set()
+        await held
+        return await asyncio.gather(*group, return_exceptions=True)
+
+    out = served(tmp_path, session, body)
+    assert out[0][0].tolist() == [2, 3] and out[2][0].tolist() == [6]
+    assert isinstance(out[1], InputError) and "image 1 is bad" in out[1].message
+
+
+def test_a_request_given_up_while_it_waits_is_not_sent(tmp_path):
+    gate = threading.Event()
+    session = StubSession(gate)
+
+    async def body(front, engine):
+        held = asyncio.ensure_future(front.submit(images([1])))
+        while not engine.batcher.running:
+            await asyncio.sleep(0.001)
+        behind = asyncio.ensure_future(front.submit(images([2])))  # the second group in flight
+        await asyncio.sleep(0.01)
+        early = asyncio.ensure_future(front.submit(images([7]), timeout=0.01))
+        kept = asyncio.ensure_future(front.submit(images([8])))
+        with pytest.raises(Expired):
+            await early
+        gate.set()
+        return await held, await behind, await kept
+
+    (first, _), (behind, _), (last, _) = served(tmp_path, session, body)
+    assert first.tolist() == [1] and behind.tolist() == [2] and last.tolist() == [8]
+    assert [7] not in session.passes and all(7 not in p for p in session.passes)
