@@ -32,6 +32,7 @@ DTYPES = tuple(np.dtype(t).newbyteorder("<") for t in ("u1", "i1", "u2", "i2", "
 CODES = {d: i for i, d in enumerate(DTYPES)}
 STATS_CODE = 255
 OK, INPUT, BUSY, EXPIRED, DRAINING, FAILED, STATS = range(7)
+READ_LIMIT = 64 << 20
 
 
 class Engine:
@@ -52,7 +53,9 @@ class Engine:
 
     async def start(self, path):
         self.batcher.start()
-        self.server = await asyncio.start_unix_server(self._serve, path=path)
+        # A stream's buffer past twice its limit pauses the socket: at asyncio's 64 KiB a large
+        # request's images were read in pauses and resumes, one per 128 KiB
+        self.server = await asyncio.start_unix_server(self._serve, path=path, limit=READ_LIMIT)
 
     async def stop(self):
         """Stop taking connections, answer what is queued, close."""
@@ -128,7 +131,7 @@ class RemoteBatcher:
         self.gone = None  # the error every request gets once the engine's connection has ended
 
     async def start(self):
-        self.reader, self.writer = await asyncio.open_unix_connection(self.path)
+        self.reader, self.writer = await asyncio.open_unix_connection(self.path, limit=READ_LIMIT)
         (size,) = struct.unpack("<I", await self.reader.readexactly(4))
         self.hello = json.loads(await self.reader.readexactly(size))
         self.task = asyncio.get_running_loop().create_task(self._read())

@@ -312,3 +312,41 @@ def test_front_ends_answer_at_once_when_the_engine_dies_and_the_server_stops(ece
         assert "exited with code" in "".join(s.stderr)
     finally:
         s.stop()
+
+
+def test_npy_headers_seen_before_are_reused_never_confused():
+    """The parsed-header cache: the same header with other data gives that data; another shape,
+    type or order is parsed afresh; a bad header is refused every time; bytes after the array are
+    still refused on a cached header."""
+    import io
+
+    from infer import images
+    from infer.errors import InputError
+    from infer.loader import Model
+
+    model = Model(None, np.zeros((5, 5, 1, 2), np.float32), np.zeros((5, 5, 2, 3), np.float32),
+                  np.zeros((4 * 4 * 3, 6), np.float32), np.zeros((6, 10), np.float32))
+
+    def body(x):
+        b = io.BytesIO()
+        np.save(b, x)
+        return b.getvalue()
+
+    rng = np.random.default_rng(7)
+    images.HEADERS.clear()
+    first, second = rng.random((3, 28, 28, 1), np.float32), rng.random((3, 28, 28, 1), np.float32)
+    assert (images.from_npy(body(first), model) == first).all()
+    assert len(images.HEADERS) == 1
+    assert (images.from_npy(body(second), model) == second).all()
+    assert len(images.HEADERS) == 1
+    u8 = rng.integers(0, 255, (2, 28, 28, 1), np.uint8)
+    assert (images.from_npy(body(u8), model) == u8).all() and images.from_npy(body(u8), model).dtype == np.uint8
+    fortran = np.asfortranarray(first)
+    assert (images.from_npy(body(fortran), model) == first).all()
+    assert len(images.HEADERS) == 3
+    with pytest.raises(InputError, match="more bytes than the array"):
+        images.from_npy(body(first) + b"\0" * 4, model)
+    bad = body(first).replace(b"'descr'", b"'dxscr'")
+    for _ in range(2):
+        with pytest.raises(InputError, match="header cannot be read"):
+            images.from_npy(bad, model)
