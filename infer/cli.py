@@ -343,7 +343,8 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
               help="HTTP front ends: 1, one process with its own session; N > 1, N front-end processes "
                    "sharing the port that hand their requests to one engine process (one session, so one "
                    "CUDA context, batching every front end's requests together); auto: 1 on the CPU "
-                   "backend, else half the cores, 2 to 8. One front end handles ~3,000-4,000 requests/s.")
+                   "backend, else three quarters of the cores, 2 to 12. One front end handles ~3,000-4,000 "
+                   "requests/s.")
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=8001, show_default=True,
               help="Port of the KServe v2 gRPC service on --host (0: a free one); its address is printed "
                    "under the HTTP one.")

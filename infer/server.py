@@ -77,12 +77,14 @@ def require():
 
 def auto_workers(backend):
     """serve --workers auto: one process on the CPU backend (its cores compute); on a GPU, front
-    ends on half the cores (2 to 8) around one engine."""
+    ends on three quarters of the cores (2 to 12) around one engine: the front ends' Python is
+    what a single-image load spends (16 cores, 256 connections: 8 front ends 28k requests/s,
+    12 front ends 39k)."""
     import os
 
     if backend == "cpu" or (backend == "auto" and not cuda_usable()):
         return 1
-    return min(8, max(2, (os.cpu_count() or 2) // 2))
+    return min(12, max(2, (os.cpu_count() or 2) * 3 // 4))
 
 
 def auto_max_batch(backend):

@@ -126,3 +126,24 @@ def test_a_request_given_up_while_it_waits_is_not_sent(tmp_path):
     (first, _), (behind, _), (last, _) = served(tmp_path, session, body)
     assert first.tolist() == [1] and behind.tolist() == [2] and last.tolist() == [8]
     assert [7] not in session.passes and all(7 not in p for p in session.passes)
+
+
+def test_requests_larger_than_the_staging_buffer_are_read_whole_between_small_ones(tmp_path):
+    """Images past the engine's 256 KiB staging buffer are read straight into their array; small
+    requests before and after them, in the same reads, are parsed from the staging buffer."""
+    rng = np.random.default_rng(3)
+    session = StubSession()
+    big = rng.random((70, 64, 64, 1), np.float32)  # 1.1 MiB
+    big[:, 0, 0, 0] = np.arange(70)
+
+    async def body(front, engine):
+        small = [images([i]) for i in range(5)]
+        asks = [front.submit(small[0]), front.submit(big), front.submit(small[1]), front.submit(big[:3], scores=True)]
+        out = await asyncio.gather(*asks)
+        more = await asyncio.gather(*(front.submit(x) for x in small[2:]))
+        return out, more
+
+    out, more = served(tmp_path, session, body)
+    assert out[0][0].tolist() == [0] and out[1][0].tolist() == list(range(70)) and out[2][0].tolist() == [1]
+    assert out[3][0].tolist() == [0, 1, 2] and out[3][1].shape == (3, 3)
+    assert [m[0].tolist() for m in more] == [[2], [3], [4]]
