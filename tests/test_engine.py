@@ -141,6 +141,11 @@ def test_requests_larger_than_the_staging_buffer_are_read_whole_between_small_on
         asks = [front.submit(small[0]), front.submit(big), front.submit(small[1]), front.submit(big[:3], scores=True)]
         out = await asyncio.gather(*asks)
         more = await asyncio.gather(*(front.submit(x) for x in small[2:]))
+        # the large request's buffer is reused for the next of its size, which gets its own answer
+        assert engine.spare_bytes == big.nbytes
+        again = big[::-1].copy()
+        assert (await front.submit(again))[0].tolist() == list(range(69, -1, -1))
+        assert engine.spare_bytes == big.nbytes
         return out, more
 
     out, more = served(tmp_path, session, body)
