@@ -1,6 +1,7 @@
 """`cnninfer bench --serve`: wrk (not ours; Debian: apt-get install wrk) against real servers on
 127.0.0.1, bounded in time: requests/s and p50/p99 latency for single-image .npy requests at
-1..256 concurrent connections and for large uint8 .npy requests, for `cnninfer serve`, the same
+1..256 concurrent connections, for large uint8 .npy requests, and KServe v2 gRPC calls at the
+most connections (grpc_load), for `cnninfer serve`, the same
 with --max-batch 1 (no batching), and the endpoint a user would write without us (Starlette
 calling PyTorch per request; where torch and a GPU are). Answers are checked against a local
 Session before any timing. `--soak S` instead holds about half the peak rate for S seconds and
@@ -47,14 +48,16 @@ def wrk():
     return found
 
 
-def start(argv):
-    """A server process printing 'listening on URL' on its first line: (process, URL)."""
+def start(argv, grpc=False):
+    """A server process printing 'listening on URL' on its first line: (process, URL); grpc: its
+    second line names its gRPC address, kept as process.grpc ("host:port")."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
     line = proc.stdout.readline()  # the server's first line, or '' once it has exited
     if "listening on " not in line:
         proc.kill()
         raise InputError(f"the server did not start: {line.strip()} {proc.stderr.read().strip()[-400:]}")
+    proc.grpc = proc.stdout.readline().split("grpc://")[-1].split()[0] if grpc else None
     return proc, line.split("listening on ")[1].split()[0]
 
 
@@ -215,7 +218,7 @@ def check_answers(url, x, expected):
 
 def servers(model, backend, peer, workers=1, max_batch=None):
     """(name, argv) of the servers compared."""
-    me = [sys.executable, "-m", "infer", "serve", str(model), "--backend", backend, "--port", "0"]
+    me = [sys.executable, "-m", "infer", "serve", str(model), "--backend", backend, "--port", "0", "--grpc-port", "0"]
     batch = ["--max-batch", str(max_batch)] if max_batch else []
     name = "cnninfer serve" + (f" --max-batch {max_batch}" if max_batch else "")
     out = [(name, me + batch)]
@@ -273,8 +276,10 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
         device = s.device
     peer = peer_available() if peer is None else peer
     rows = []
+    from .server import grpc_available
+
     for name, argv in servers(model, backend, peer, workers, max_batch):
-        proc, url = start(argv)
+        proc, url = start(argv, grpc=name.startswith("cnninfer serve") and grpc_available())
         lit = name.startswith("LitServe")
         if lit:  # its own protocol: JSON with a base64 .npy, on /predict
             from .bench_litserve import body
@@ -309,6 +314,11 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
                 r = load(url, encode(u8), 4, seconds, **where)
                 r.update(server=name, request_images=big, connections=4)
                 rows.append(r)
+                if proc.grpc:  # KServe v2 gRPC at the most clients
+                    r = grpc_load(proc.grpc, u8[:1], max(clients), seconds)
+                    r.update(server=name + " (gRPC)", request_images=1, connections=max(clients), non2xx=0,
+                             socket_errors=r["errors"])
+                    rows.append(r)
         finally:
             stop(proc)
     return dict(device=device, backend=backend, seconds=seconds, rows=rows)

@@ -213,6 +213,13 @@ def test_serve_workers_auto_is_one_process_on_the_cpu_and_front_ends_on_a_gpu(mo
     assert server.auto_workers("auto") == 1
     monkeypatch.setattr(server, "cuda_usable", lambda: True)
     monkeypatch.setattr("os.cpu_count", lambda: 16)
-    assert server.auto_workers("auto") == 8 and server.auto_workers("cuda") == 8
+    assert server.auto_workers("auto") == 12 and server.auto_workers("cuda") == 12
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    assert server.auto_workers("cuda") == 12
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     assert server.auto_workers("cuda") == 2
+    # --max-batch by default: 4096 where passes run on a GPU (padded to a ladder), 256 on the CPU
+    assert server.auto_max_batch("cuda") == server.auto_max_batch("auto") == 4096
+    assert server.auto_max_batch("cpu") == 256
+    monkeypatch.setattr(server, "cuda_usable", lambda: False)
+    assert server.auto_max_batch("auto") == 256

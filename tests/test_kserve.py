@@ -191,3 +191,21 @@ def test_binary_data_output_asks_every_output_in_binary(server, expected):
     assert [o["name"] for o in answer["outputs"]] == ["labels", "scores"] and sizes == [4 * 8, 4 * 10 * 4]
     assert (np.frombuffer(r.content[n:n + 32], "<i8") == labels[:4]).all()
     np.testing.assert_allclose(np.frombuffer(r.content[n + 32:], "<f4").reshape(4, 10), scores[:4], rtol=1e-5, atol=1e-5)
+
+
+def test_the_benchmarks_grpc_load_counts_answered_calls_only(ece408, server, expected):
+    """bench_serve.grpc_load (the gRPC rows of `bench --serve`): calls answered against a server
+    without a token; refused calls are errors, not requests (a server with a token: none answered)."""
+    from infer.bench_serve import grpc_load
+    from infer.errors import InputError
+
+    x = expected["uint8"][0][:1]
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu")
+    try:
+        r = grpc_load(s.grpc, x, 4, 1.0, processes=1, channels=2)
+        assert r["requests"] > 0 and r["errors"] == 0 and r["connections"] == 2 and r["concurrency"] == 4
+        assert 0 < r["p50_ms"] <= r["p99_ms"]
+    finally:
+        assert s.stop() == 0
+    with pytest.raises(InputError, match="no call was answered"):
+        grpc_load(server.grpc, x, 2, 0.5, processes=1, channels=1)
