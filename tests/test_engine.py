@@ -38,6 +38,13 @@ def images(values, dtype=np.float32):
     return x
 
 
+async def turns(n=3):
+    """A few turns of the event loop (no timed wait): tasks just made take their first steps and
+    the callbacks they schedule run."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
 def served(tmp_path, session, body):
     """body(front) with an engine over `session` and one front end connected to it."""
     async def main():
@@ -67,10 +74,10 @@ def test_requests_that_wait_together_go_as_one_group_and_get_their_own_rows(tmp_
         while not engine.batcher.running:
             await asyncio.sleep(0.001)
         second = [asyncio.ensure_future(front.submit(images([100 + i]))) for i in range(10)]
-        await asyncio.sleep(0.02)
+        await turns()  # the submits run, then the outbox's flush
         assert not front.outbox and front._in_flight() == 2
         rest = [asyncio.ensure_future(front.submit(images([i, i + 1]), scores=i % 4 == 0)) for i in range(0, 80, 2)]
-        await asyncio.sleep(0.02)
+        await turns()  # the submits run, then the outbox's flush
         assert sorted(len(m) for m in front.outbox.values()) == [20, 20]
         gate.set()
         return await first, await asyncio.gather(*second), await asyncio.gather(*rest)
@@ -96,7 +103,7 @@ def test_a_bad_request_in_a_group_fails_alone(tmp_path):
         while not engine.batcher.running:
             await asyncio.sleep(0.001)
         group = [asyncio.ensure_future(front.submit(images(v))) for v in ([2, 3], [4, -1], [6])]
-        await asyncio.sleep(0.02)
+        await turns()  # the submits run, then the outbox's flush
         gate.set()
         await held
         return await asyncio.gather(*group, return_exceptions=True)
@@ -115,7 +122,7 @@ def test_a_request_given_up_while_it_waits_is_not_sent(tmp_path):
         while not engine.batcher.running:
             await asyncio.sleep(0.001)
         behind = asyncio.ensure_future(front.submit(images([2])))  # the second group in flight
-        await asyncio.sleep(0.01)
+        await turns()  # the submits run, then the outbox's flush
         early = asyncio.ensure_future(front.submit(images([7]), timeout=0.01))
         kept = asyncio.ensure_future(front.submit(images([8])))
         with pytest.raises(Expired):
