@@ -45,6 +45,14 @@ async def turns(n=3):
         await asyncio.sleep(0)
 
 
+async def holding(front, engine, x):
+    """x submitted, once its pass is running in the engine (held there by the stub's gate)."""
+    held = asyncio.ensure_future(front.submit(x))
+    while not engine.batcher.running:
+        await asyncio.sleep(0.001)
+    return held
+
+
 def served(tmp_path, session, body):
     """body(front) with an engine over `session` and one front end connected to it."""
     async def main():
@@ -70,9 +78,7 @@ def test_requests_that_wait_together_go_as_one_group_and_get_their_own_rows(tmp_
     session = StubSession(gate)
 
     async def body(front, engine):
-        first = asyncio.ensure_future(front.submit(images([5])))
-        while not engine.batcher.running:
-            await asyncio.sleep(0.001)
+        first = await holding(front, engine, images([5]))
         second = [asyncio.ensure_future(front.submit(images([100 + i]))) for i in range(10)]
         await turns()  # the submits run, then the outbox's flush
         assert not front.outbox and front._in_flight() == 2
@@ -99,9 +105,7 @@ def test_a_bad_request_in_a_group_fails_alone(tmp_path):
     session = StubSession(gate)
 
     async def body(front, engine):
-        held = asyncio.ensure_future(front.submit(images([1])))
-        while not engine.batcher.running:
-            await asyncio.sleep(0.001)
+        held = await holding(front, engine, images([1]))
         group = [asyncio.ensure_future(front.submit(images(v))) for v in ([2, 3], [4, -1], [6])]
         await turns()  # the submits run, then the outbox's flush
         gate.set()
@@ -118,9 +122,7 @@ def test_a_request_given_up_while_it_waits_is_not_sent(tmp_path):
     session = StubSession(gate)
 
     async def body(front, engine):
-        held = asyncio.ensure_future(front.submit(images([1])))
-        while not engine.batcher.running:
-            await asyncio.sleep(0.001)
+        held = await holding(front, engine, images([1]))
         behind = asyncio.ensure_future(front.submit(images([2])))  # the second group in flight
         await turns()  # the submits run, then the outbox's flush
         early = asyncio.ensure_future(front.submit(images([7]), timeout=0.01))
