@@ -10,9 +10,12 @@ import pytest
 import infer
 from tests.serving import Server
 
-httpclient = pytest.importorskip("tritonclient.http")
-grpcclient = pytest.importorskip("tritonclient.grpc")
-from tritonclient.utils import InferenceServerException  # noqa: E402
+try:  # tritonclient without its http extra raises RuntimeError, not ImportError
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    from tritonclient.utils import InferenceServerException
+except (ImportError, RuntimeError) as e:
+    pytest.skip(f"tritonclient[http,grpc] is needed: {e}", allow_module_level=True)
 
 TOKEN = "k5erve"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
