@@ -396,13 +396,6 @@ def peer_app(model_path):
     return Starlette(routes=[Route("/v1/predict", predict, methods=["POST"])])
 
 
-def litserve_body(x):
-    """A LitServe request's JSON body: the images as a base64 .npy, as a LitServe user sends arrays."""
-    import base64
-
-    return json.dumps({"x": base64.b64encode(npy(x)).decode()}).encode()
-
-
 def run_peer(model_path):
     import uvicorn
 

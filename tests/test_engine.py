@@ -11,31 +11,24 @@ import pytest
 from infer.batcher import Expired
 from infer.engine import Engine, RemoteBatcher
 from infer.errors import InputError
+from tests.test_batcher import Recorder, images
 
 
-class StubSession:
-    """classify: label = the image's first value; a first value of -1 is bad input. Records the
-    passes; `gate`, where set, holds each pass until released."""
+class StubSession(Recorder):
+    """The batcher tests' Recorder as a session (label = the image's first value, -1 bad input),
+    also keeping each pass's first values; `gate`, where set, holds each pass until released."""
     classes, executor, device = 3, None, "stub"
     backend = SimpleNamespace(name="stub")
 
     def __init__(self, gate=None):
+        super().__init__()
         self.passes, self.gate = [], gate
 
     def classify(self, x, scores):
         if self.gate is not None:
             self.gate.wait(10)
-        first = x.reshape(len(x), -1)[:, 0]
-        self.passes.append(first.tolist())
-        if (first == -1).any():
-            raise InputError(f"x: image {int(np.argmax(first == -1))} is bad")
-        return first.astype(np.int64), np.repeat(first[:, None].astype(np.float32), 3, 1) if scores else None
-
-
-def images(values, dtype=np.float32):
-    x = np.zeros((len(values), 2, 2, 1), dtype)
-    x[:, 0, 0, 0] = values
-    return x
+        self.passes.append(x.reshape(len(x), -1)[:, 0].tolist())
+        return self(x, scores)
 
 
 async def turns(n=3):

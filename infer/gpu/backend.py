@@ -215,10 +215,13 @@ class CudaBackend(HostSide):
         free = cuda.mem_get_info()[0]
         block_bytes, depth = ((decoding.block_bytes, chunk_decode.slots(free, decoding)) if decoding
                               else (self.STREAM_BYTES, self.ring_depth))
-        chunk, resident = plan.memory(n, free, len(ex.streams), self.chunk,
-                                      plan.aligned_chunk(best, align) if streamed else best,
-                                      self.pipeline.scratch_floats, self.pipeline.g.classes, elems * wire.itemsize,
-                                      4 * elems, streamed, block_bytes, depth)
+
+        def planned(free):
+            return plan.memory(n, free, len(ex.streams), self.chunk, plan.aligned_chunk(best, align) if streamed else best,
+                               self.pipeline.scratch_floats, self.pipeline.g.classes, elems * wire.itemsize,
+                               4 * elems, streamed, block_bytes, depth)
+
+        chunk, resident = planned(free)
         while True:
             block, slots = plan.ring(n, chunk, streamed, elems * wire.itemsize, block_bytes, depth)
             try:
@@ -227,10 +230,7 @@ class CudaBackend(HostSide):
             except cuda.MemoryError:
                 if ex.kept:  # the runs put aside go first
                     ex.free_kept()
-                    chunk, resident = plan.memory(n, cuda.mem_get_info()[0], len(ex.streams), self.chunk,
-                                                  plan.aligned_chunk(best, align) if streamed else best,
-                                                  self.pipeline.scratch_floats, self.pipeline.g.classes,
-                                                  elems * wire.itemsize, 4 * elems, streamed, block_bytes, depth)
+                    chunk, resident = planned(cuda.mem_get_info()[0])
                 elif resident:
                     resident = False
                 elif chunk > 1:
