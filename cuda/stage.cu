@@ -4,7 +4,7 @@
 // convert_kernel1: n values of SRC_T (an integer type, -D SRC_T=...) -> float32, rounded to nearest
 //   even as NumPy's astype (integers are always finite in float32); grid-stride, one value per
 //   thread per step; reads n * sizeof(SRC_T) bytes, writes 4n.
-// convert_kernel2: n 8-bit codes of float32 images (infer/codes.py) -> by scaling 0 code * scale,
+// convert_kernel2: n 8-bit codes of float32 images (infer/data/codes.py) -> by scaling 0 code * scale,
 //   1 code / 255, 2 code, in float32 (one rounding at most, as NumPy's uint8 * np.float32(1/255),
 //   uint8.astype(float32) / 255 and astype: the values the file holds); reads n bytes, writes 4n.
 // check_kernel2: n images of `per_image` float32 values: *bad = min(*bad, i) for every image i

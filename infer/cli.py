@@ -7,10 +7,10 @@ import os
 
 import click
 
-from . import __version__, defaults
+from . import __version__
+from .data import defaults
 from .errors import InputError
-from .options import (ALGORITHMS, AUTO, BACKENDS, CERTIFY_FROM, DECODE_MODES, GEMMS, PRECISIONS, STREAMS,
-                      TILE_WIDTHS)
+from .options import ALGORITHMS, AUTO, BACKENDS, CERTIFY_FROM, DECODE_MODES, GEMMS, PRECISIONS, STREAMS, TILE_WIDTHS
 
 
 def parse_workers(value):
@@ -163,7 +163,8 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
     MNIST) is used; without DATA, its bundled sample of 1,000 MNIST test images.
     `elapsed` is the forward pass from images in host memory to labels in host memory.
     """
-    from . import predictions, reference, session
+    from .data import predictions
+    from . import reference, session
 
     data, model, n = resolve(args)
     if predictions_path:
@@ -253,12 +254,12 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
     eager and compiled, when importable) on the first N images of DATA: GPU time and end to end.
     With --stream, the streamed run's images/s beside its two ceilings; with --serve, the HTTP
     server under load."""
-    from .backends import create_cuda
+    from .backend import create_cuda
 
     if cold and (backend != "cpu" or served):
         raise InputError("bench --cold goes with --backend cpu (and no --serve)")
     if backend == "cpu" and not served:
-        from . import bench_cpu
+        from .bench import cpu as bench_cpu
 
         if streamed:
             raise InputError("bench --backend cpu takes DATA, MODEL and N, or --random and N (no --stream)")
@@ -280,7 +281,8 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
         click.echo(json.dumps(result) if as_json else "\n".join(bench_cpu.table(result)))
         return
     if served:
-        from . import bench_serve, server
+        from .bench import serve as bench_serve
+        from .serve import server
 
         server.require()
         paths, model, _ = resolve(args)
@@ -299,7 +301,7 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
     if random_geometry:
         if len(args) > 1 or (args and not args[0].isdigit()) or streamed:
             raise InputError("bench --random takes only N (no DATA, MODEL or --stream)")
-        from .bench import parse_geometry
+        from .bench.gpu import parse_geometry
 
         parse_geometry(random_geometry)
         data, model, n = None, None, int(args[0]) if args else None
@@ -309,11 +311,11 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
             raise InputError("bench takes one DATA file")
         data = paths[0]
     if streamed:
-        from . import bench_stream as benchmark
+        from .bench import stream as benchmark
 
         result = benchmark.stream_bench(data, model, readers=readers, devices=devices)
     else:
-        from . import bench as benchmark
+        from .bench import gpu as benchmark
 
         create_cuda(chunk=None).close()  # one clear line when there is no usable GPU
         result = benchmark.bench(data, model, n, streams=streams, warmup=warmup, repeats=repeats,
@@ -375,7 +377,9 @@ def serve(model, backend, chunk, streams, tile_width, gemm_algo, conv_algo, prec
     Ctrl-C (in-flight requests are answered first). Prints one line with the URL once it accepts
     connections. POST /v1/predict takes an .npy array of (N, H, W, C) images or one PNG / JPEG;
     / is a page to draw a digit on. Needs: pip install 'cnninfer[serve]'."""
-    from . import env, loader, server
+    from . import env
+    from .data import loader
+    from .serve import server
     from .options import Options
 
     server.require()
@@ -408,12 +412,13 @@ def export_onnx(model, out):
     (N, classes) and labels (N,) int64. H and W are fixed to the square size fc1 implies (28 for
     MNIST); the batch is free. onnxruntime (or any ONNX runtime) then runs the network without
     cnninfer: other languages, other runtimes. Needs: pip install 'cnninfer[onnx]'."""
-    from . import images, loader, onnx_export, predictions
+    from . import network, onnx_export
+    from .data import loader, predictions
 
     predictions.check_path(out, formats=(".onnx",))
     m = loader.load_model(model)
     try:
-        shape = images.image_shape(m)
+        shape = network.image_shape(m)
     except InputError:
         shape = None  # no square size fits: H and W stay free
     onnx_export.export(m, out, shape)
@@ -430,7 +435,7 @@ def export_onnx(model, out):
 def convert_mnist(images, labels, out, limit, compress):
     """Convert MNIST IDX files (gzip or raw) to cnninfer's HDF5 data format: x = pixels * float32(1/255),
     NHWC (N, 28, 28, 1); y one-hot float64 (N, 10). OUT is written whole."""
-    from . import mnist
+    from .data import mnist
 
     n = mnist.convert(images, labels, out, limit=limit, compress=compress)
     click.echo(f"wrote {n} images to {out}", err=True)
@@ -446,7 +451,7 @@ def info():
     import h5py
     import numpy
 
-    from . import backends
+    from . import backend as backends
     from .gpu import compiler
 
     click.echo(f"cnninfer {__version__}; Python {platform.python_version()}, NumPy {numpy.__version__}, h5py {h5py.__version__}")
@@ -457,14 +462,12 @@ def info():
     except Exception as e:  # info reports what it can, never fails on a missing piece
         click.echo(f"CUDA toolkit: not usable ({getattr(e, 'message', e)})")
     click.echo(f"kernel cache: {compiler.cache_dir()}")
-    from .gpu import prebuilt
-
-    shipped = prebuilt.arches()
+    shipped = compiler.prebuilt_arches()
     click.echo(f"prebuilt kernels: {', '.join(shipped)}" if shipped else
                "prebuilt kernels: none (an editable install, or a wheel built without nvcc: kernels compile on first use)")
-    from . import native
+    from .cpu import net
 
-    click.echo(f"CPU backend: {native.net_status()}")
+    click.echo(f"CPU backend: {net.net_status()}")
     try:
         import pycuda
         import pycuda.driver as cuda

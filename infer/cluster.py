@@ -53,7 +53,7 @@ def evaluate_shards(client, paths, model, backend="auto", **options):
     paths: one path or glob pattern, or a list of them (patterns expanded as on the command line).
     `model` is a path every worker can read. The Result's timing (ms): load and prepare summed
     over the shards, forward the wall-clock time from submitting the shards to the last gathered."""
-    from .dataset import expand
+    from .data.dataset import expand
 
     Options.of(**options)  # a misspelt or bad option fails here, not on every worker
     paths = expand([paths] if isinstance(paths, (str, os.PathLike)) else list(paths))

@@ -83,3 +83,15 @@ def geometry(model, x_shape, path="data", dataset="x"):
         raise InputError(f"{where(path, dataset)}: images of {h}x{w} flatten to {p2[0]}x{p2[1]}x{c2} = {g.flat} "
                          f"values before fc1, but the model's fc1 takes {model.fc1.shape[0]}")
     return g
+
+
+def image_shape(model):
+    """The (H, W, C) a model takes: C from conv1; H and W those of the model's training data,
+    square, found from fc1's inputs (MNIST: 28)."""
+    k1, _, c, _ = model.conv1.shape
+    k2, _, _, c2 = model.conv2.shape
+    for side in range(k1 + 2, 1025):
+        p2 = ((side - k1 + 1) // 2 - k2 + 1) // 2
+        if p2 >= 1 and p2 * p2 * c2 == model.fc1.shape[0]:
+            return side, side, c
+    raise InputError(f"{model.path}: no square image size fits its fc1 ({model.fc1.shape[0]} inputs)")

@@ -5,7 +5,7 @@ does not reach: input `x` float32 (N, H, W, C) NHWC as the data files hold it, o
 Transpose to NCHW, Conv (the weights as OIHW), Relu, AveragePool 2x2 stride 2 (odd sizes floored),
 twice; Transpose back to NHWC, so Flatten keeps the (h, w, c) order fc1 was trained on; MatMul,
 Relu, MatMul; ArgMax. No biases, as in the model file."""
-from . import atomic
+from .data import atomic
 from .errors import InputError
 
 OPSET = 13  # ArgMax's select_last_index (from 12) and every op here; onnxruntime runs it everywhere

@@ -18,12 +18,13 @@ import weakref
 
 import numpy as np
 
-from . import backends, codes, defaults, env, loader, network
-from .dataset import DataSet, expand
+from . import backend as backends, env, network
+from .data import codes, defaults, loader
+from .data.dataset import DataSet, expand
 from .errors import BadValue, InputError
-from .home import Holder, Home
+from .gpu.home import Holder, Home
 from .options import Options
-from .reader import INLINE_BYTES, Inline, wait
+from .data.reader import INLINE_BYTES, Inline, wait
 from .result import Result
 from .progress import NoProgress, Progress
 

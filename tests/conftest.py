@@ -33,7 +33,7 @@ def ece408():
 @pytest.fixture(params=["native", "python"])
 def pool(request):
     """A reader.Reader on the native pool's threads, then on Python's (skipped without a C compiler)."""
-    from infer import reader
+    from infer.data import reader
 
     p = reader.Reader(3, use_native=request.param == "native")
     if request.param == "native" and p.native is None:

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 
-from infer.bench_serve import npy  # noqa: F401  (the tests' .npy bodies, as the bench sends them)
+from infer.bench.serve import npy  # noqa: F401  (the tests' .npy bodies, as the bench sends them)
 from tests.conftest import REPO
 
 STARTUP_S = 60
@@ -34,7 +34,7 @@ class Server:
             raise RuntimeError(f"the server did not start: {self.first_line!r} {''.join(self.stderr)}")
         self.url = self.first_line.split("listening on ")[1].split()[0]
         self.grpc = None  # host:port of the gRPC service, from the line under the HTTP one
-        from infer.server import grpc_available
+        from infer.serve.server import grpc_available
 
         if "--no-grpc" not in options and grpc_available():
             try:

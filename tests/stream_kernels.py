@@ -7,7 +7,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from infer import native
+from infer.data import native
 from tests.conftest import REPO
 
 OK = 0  # a stream's status where it decoded (launch.FrameDecoder.OK)

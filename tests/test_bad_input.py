@@ -188,7 +188,7 @@ def test_overflowing_image_is_named(tmp_path, good, monkeypatch):
                                      dict(compression="lzf", fletcher32=True), dict(plugin="Blosc"), dict(plugin="Zstd")],
                          ids=["shuffle+gzip", "lzf", "lzf+fletcher32", "blosc", "zstd"])
 def test_a_damaged_chunk_stops_the_run_and_nothing_is_written(tmp_path, rng, good, options):
-    from infer import reader
+    from infer.data import reader
 
     if "plugin" in options:
         options = dict(compression=getattr(pytest.importorskip("hdf5plugin"), options["plugin"])())

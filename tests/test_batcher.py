@@ -5,7 +5,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from infer.batcher import Batcher, Busy
+from infer.serve.batcher import Batcher, Busy
 from infer.errors import InputError
 
 
@@ -124,7 +124,7 @@ def test_padded_passes_are_all_one_size_and_large_requests_are_split():
 
 
 def test_the_ladder_is_the_powers_of_two_below_max_batch_then_max_batch():
-    from infer.batcher import ladder
+    from infer.serve.batcher import ladder
 
     assert ladder(1) == (1,)
     assert ladder(4096) == tuple(1 << k for k in range(13))
@@ -134,7 +134,7 @@ def test_the_ladder_is_the_powers_of_two_below_max_batch_then_max_batch():
 def test_a_pass_is_padded_to_the_smallest_rung_that_holds_it():
     """A lone image runs in a pass of 1; 3 images waiting together in one of 4; 9 images in a pass of
     16; a 40-image request (past max_batch 32) in passes of 32 and 8."""
-    from infer.batcher import ladder
+    from infer.serve.batcher import ladder
 
     rec = Recorder()
 
@@ -167,7 +167,7 @@ def test_a_request_past_its_deadline_is_expired_and_skipped():
     """The first pass blocks until released; the request behind it expires, and its pass never runs."""
     import threading
 
-    from infer.batcher import Expired
+    from infer.serve.batcher import Expired
 
     release, seen = threading.Event(), []
 
@@ -193,7 +193,7 @@ def test_a_request_past_its_deadline_is_expired_and_skipped():
 def test_abandon_fails_what_waits_and_what_runs_with_draining():
     import threading
 
-    from infer.batcher import Draining
+    from infer.serve.batcher import Draining
 
     started, release = threading.Event(), threading.Event()
 

@@ -4,8 +4,8 @@ ties, where trusting the float16 pass alone (every image certified) changes labe
 import numpy as np
 import pytest
 
-from infer import loader
-from infer.bench import random_case, read_all
+from infer.data import loader
+from infer.bench.gpu import random_case, read_all
 from tests.conftest import REPO, invoke
 from tests.near_ties import near_ties
 
@@ -243,7 +243,7 @@ def test_the_default_runs_float32_uploads_and_score_requests_exactly(gpu, ece408
 def test_images_uploaded_a_byte_a_pixel_are_certified_from_certify_from(gpu, ece408):
     """8-bit codes (and uint8): the default certifies from CERTIFY_FROM images, with the exact path's
     labels (and counts what it recomputed); one fewer, or scores asked for, runs the exact path alone."""
-    from infer import codes
+    from infer.data import codes
     from infer.gpu.backend import CudaBackend
     from infer.gpu.pipelines import FusedCertified
 

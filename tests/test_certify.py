@@ -1,12 +1,14 @@
-"""The certificate's oracle (infer/certify.py): its bound holds against the exact path on random
+"""The certificate's oracle (infer/gpu/certify.py): its bound holds against the exact path on random
 networks, tiny values and huge ones, comes within 2x of an error built to reach it, and the
 certified answers equal the exact path's on near ties, where trusting float16 would not."""
 import h5py
 import numpy as np
 import pytest
 
-from infer import certify, defaults, loader, reference
-from infer.bench import random_case
+from infer.gpu import certify
+from infer.data import defaults, loader
+from infer import reference
+from infer.bench.gpu import random_case
 
 from tests.near_ties import near_ties
 
@@ -215,7 +217,7 @@ def test_a_margin_of_exactly_the_bound_is_not_certified():
     """certified() needs the top score to beat every other by more than the gap: a tie with the
     bound (the other class could reach it, and the first maximum could change) is left out, and a
     top class ahead of both others by more than their gaps is certified."""
-    from infer.certify import certified
+    from infer.gpu.certify import certified
 
     scores = np.array([[3.0, 1.0, 2.0], [3.0, 1.0, 2.0], [2.0, 2.0, 0.0]], np.float32)
     gap = np.array([[0.0, 0.5, 1.0],    # class 2 is exactly at the bound: not certified

@@ -53,7 +53,7 @@ def test_precision_takes_exact_or_certified(ece408):
 
 
 def test_auto_without_cuda_falls_back_with_one_notice(ece408, monkeypatch):
-    from infer import backends
+    from infer import backend as backends
     from infer.errors import BackendUnavailable
 
     def unavailable(**_):
@@ -143,7 +143,7 @@ def test_bench_random_geometry_is_checked_before_the_gpu(spec, message):
 
 def test_random_case_is_seeded_and_has_the_geometry():
     from infer import network
-    from infer.bench import random_case
+    from infer.bench.gpu import random_case
 
     model, x = random_case("29x31x3,7:12,3:20,50,7", 5)
     again, y = random_case("29x31x3,7:12,3:20,50,7", 5)
@@ -157,7 +157,7 @@ def test_the_library_is_free_of_click():
     import subprocess
     import sys
 
-    code = ("import sys\nimport infer, infer.session, infer.reader, infer.server, infer.certify\n"
+    code = ("import sys\nimport infer, infer.session, infer.data.reader, infer.serve.server, infer.gpu.certify\n"
             "from infer.errors import InputError\n"
             "assert 'click' not in sys.modules, 'click imported'\n"
             "e = InputError('x.h5: bad'); assert isinstance(e, ValueError) and e.message == str(e) == 'x.h5: bad'")
@@ -167,7 +167,7 @@ def test_the_library_is_free_of_click():
 
 def test_the_option_names_are_the_registries_names():
     """options.py names what the GPU package registers, without importing it (the command line's --help)."""
-    from infer import backends, options
+    from infer import backend as backends, options
     from infer.gpu import launch, pipelines
 
     assert options.ALGORITHMS == tuple(pipelines.ALGORITHMS)
@@ -186,14 +186,14 @@ def test_help_imports_no_engine():
 
     code = ("import sys\nfrom infer.cli import main\nsys.argv = ['cnninfer'] + sys.argv[1:]\ntry:\n    main()\n"
             "except SystemExit:\n    pass\nheavy = sorted(m for m in sys.modules if m.split('.')[0] in ('numpy', 'h5py', 'pycuda')"
-            " or m.startswith(('infer.gpu', 'infer.cpu', 'infer.session')))\nprint('HEAVY', heavy, file=sys.stderr)")
+            " or m.startswith(('infer.gpu', 'infer.cpu.backend', 'infer.session')))\nprint('HEAVY', heavy, file=sys.stderr)")
     for args in ([], ["--help"], ["run", "--help"], ["serve", "--help"], ["bench", "--help"]):
         p = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=60)
         assert "HEAVY []" in p.stderr, (args, p.stderr)
 
 
 def test_the_cpu_bench_says_when_its_rounds_disagree():
-    from infer.bench_cpu import spread_notes, table
+    from infer.bench.cpu import spread_notes, table
 
     steady = dict(name="cnninfer", median_s=1.0, min_s=0.98, max_s=1.05, images_per_s=1e4, vs_onnxruntime=1.5,
                   identical=10)
@@ -206,7 +206,7 @@ def test_the_cpu_bench_says_when_its_rounds_disagree():
 
 
 def test_serve_workers_auto_is_one_process_on_the_cpu_and_front_ends_on_a_gpu(monkeypatch):
-    from infer import server
+    from infer.serve import server
 
     assert server.auto_workers("cpu") == 1
     monkeypatch.setattr(server, "cuda_usable", lambda: False)

@@ -1,12 +1,12 @@
-"""float32 images of 8-bit pixels read as their codes (infer/codes.py), in every scaling: which
+"""float32 images of 8-bit pixels read as their codes (infer/data/codes.py), in every scaling: which
 values are codes, the native pool's packing paths against NumPy's, a value that is not failing the
 read, and which data sets are taken to hold codes of which scaling."""
 import h5py
 import numpy as np
 import pytest
 
-from infer import codes, dataset, native, reader
-from infer.loader import load_model
+from infer.data import codes, dataset, native, reader
+from infer.data.loader import load_model
 
 WIRES = pytest.mark.parametrize("wire", codes.WIRES, ids=["mul", "div", "one"])
 K = np.arange(256, dtype=np.uint8)

@@ -128,34 +128,32 @@ def test_prebuilt_kernels_are_used_when_their_hash_matches_and_rebuilt_when_not(
 
     out = tmp_path / "prebuilt"
     cubins = prebuilt.build_all(out, arches=("sm_90",))
-    assert prebuilt.arches(out) == ["sm_90", "sm_90a"]
+    assert compiler.prebuilt_arches(out) == ["sm_90", "sm_90a"]
     assert sorted(name.split("-")[0] for name in cubins) == ["certify", "fc", "fc6", "fused3", "fused3", "fused6"]
     for name, digest in cubins.items():
         assert hashlib.sha256((out / name).read_bytes()).hexdigest() == digest
-    monkeypatch.setattr(prebuilt, "folder", lambda: out)
+    monkeypatch.setattr(compiler, "prebuilt_folder", lambda: out)
     monkeypatch.setenv("CNNINFER_CACHE", str(tmp_path / "cache"))
     runs = []
     real_run = subprocess.run
     monkeypatch.setattr(subprocess, "run", lambda *a, **k: ("-cubin" in a[0] and runs.append(a)) or real_run(*a, **k))
-    for key in prebuilt._listed("sm_90"):
+    for key in prebuilt.wanted("sm_90"):
         name, arch, defines, fast_math = key
         assert compiler.cubin(name, arch, dict(defines), fast_math) == (out / compiler.cache_name(*key[:2], dict(defines), fast_math)).read_bytes()
     assert runs == [], "no nvcc for prebuilt kernels"
     # A prebuilt file altered after the manifest: not loaded, built again (and the same as built before)
-    name, arch, defines, fast_math = next(k for k in prebuilt._listed("sm_90") if k[0] == "fc6")
+    name, arch, defines, fast_math = next(k for k in prebuilt.wanted("sm_90") if k[0] == "fc6")
     path = out / compiler.cache_name(name, arch, dict(defines), fast_math)
     good = path.read_bytes()
     path.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
     assert compiler.cubin(name, arch, dict(defines), fast_math) == good and len(runs) == 1
-    assert json.loads((out / prebuilt.MANIFEST).read_text())["nvcc"].startswith("Build cuda_")
+    assert json.loads((out / compiler.PREBUILT_MANIFEST).read_text())["nvcc"].startswith("Build cuda_")
     r = invoke("info")
     assert "prebuilt kernels: sm_90, sm_90a" in r.stdout
 
 
 def test_info_says_when_there_are_no_prebuilt_kernels(tmp_path, monkeypatch):
-    from infer.gpu import prebuilt
-
-    monkeypatch.setattr(prebuilt, "folder", lambda: tmp_path)
+    monkeypatch.setattr(compiler, "prebuilt_folder", lambda: tmp_path)
     r = invoke("info")
     assert "prebuilt kernels: none (an editable install, or a wheel built without nvcc" in r.stdout
 
@@ -181,5 +179,5 @@ def test_listing_the_prebuilt_kernels_leaves_no_stand_in_behind():
     from infer.gpu import prebuilt
 
     before = {name: sys.modules.get(name) for name in ("pycuda", "pycuda.driver")}
-    assert prebuilt._listed("sm_80")
+    assert prebuilt.wanted("sm_80")
     assert {name: sys.modules.get(name) for name in before} == before

@@ -4,10 +4,11 @@ overflow, and the NumPy fallback."""
 import numpy as np
 import pytest
 
-from infer import native, reference, winograd
-from infer.cpu import CpuBackend, NativeNet
+from infer import reference
+from infer.cpu import net, winograd
+from infer.cpu.backend import CpuBackend, NativeNet
 from infer.errors import BadValue, InputError, ScoresOverflow
-from infer.loader import Model
+from infer.data.loader import Model
 
 # (h, w, c, k1, c1, k2, c2, hidden, classes)
 GEOMETRIES = [
@@ -22,7 +23,7 @@ GEOMETRIES = [
 
 @pytest.fixture(scope="module")
 def lib():
-    lib = native.net_library()
+    lib = net.net_library()
     if lib is None:
         pytest.skip("no C compiler here: the CPU backend runs the NumPy layers (tested everywhere else)")
     return lib
@@ -111,11 +112,11 @@ def test_without_native_code_the_numpy_layers_give_the_same_labels(lib, rng, mon
     model, x = random_model(rng, g), images(rng, 60, g)
     fast = CpuBackend()
     monkeypatch.setenv("CNNINFER_NATIVE", "0")
-    native.net_library.cache_clear()
+    net.net_library.cache_clear()
     try:
         slow = CpuBackend()
     finally:
-        native.net_library.cache_clear()
+        net.net_library.cache_clear()
     assert slow.lib is None and "NumPy" in slow.device
     for b in (fast, slow):
         b.use(model)
@@ -137,7 +138,7 @@ def test_other_vector_widths_give_the_same_answers(lib, rng, isa):
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("x86 vector flags")
     flags, width = OTHER_WIDTHS[isa]
-    built = native.load_net((*flags, *native.NET_COMMON))
+    built = net.load_net((*flags, *net.NET_COMMON))
     assert built is not None and built.cn_vector_width() == width
     for g in GEOMETRIES[:2] + GEOMETRIES[4:]:
         model, x = random_model(rng, g), images(rng, 20, g)
@@ -149,7 +150,7 @@ def test_other_vector_widths_give_the_same_answers(lib, rng, isa):
 def test_taps_skipped_for_blank_pixels_give_the_dense_tiles_bits(lib, rng):
     """Layers whose input pixels are often all 0 (as conv2's on digits) run tap by tap, skipping
     those pixels' products: the scores are the dense tiles' to the bit (a build without it)."""
-    dense = native.load_net(("-DCONV_TAPS=0", *native.NET_FLAGS[0]))
+    dense = net.load_net(("-DCONV_TAPS=0", *net.NET_FLAGS[0]))
     assert dense is not None
     for g in GEOMETRIES:
         model, x = random_model(rng, g), images(rng, 30, g)
@@ -211,7 +212,7 @@ def test_the_session_reads_a_float32_array_in_place_and_names_a_bad_image(lib, r
 def test_the_real_files_get_the_references_predictions(lib, ece408, data, model):
     import h5py
 
-    from infer import loader
+    from infer.data import loader
     from tests.conftest import REPO
 
     data = ece408 / data if data else REPO / "models" / "mnist-sample.hdf5"
@@ -258,29 +259,29 @@ def test_winograds_conv2_agrees_with_the_direct_tiles(lib, rng, g):
 def test_the_native_network_builds_wherever_there_is_a_compiler():
     """A compile error in cpu_net.c would otherwise turn the native tests into skips and the CPU
     backend into the NumPy fallback, silently."""
-    from infer import native
+    from infer.data import native
 
     if native.compiler() is None:
         pytest.skip("no C compiler here")
-    assert native.net_library() is not None, native.FAILED.get("cpu_net")
-    assert native.net_status().startswith("native C (infer/cpu_net.c), ")
+    assert net.net_library() is not None, native.FAILED.get("cpu_net")
+    assert net.net_status().startswith("native C (infer/cpu/cpu_net.c), ")
 
 
 def test_a_network_that_does_not_build_is_the_numpy_fallback_and_info_says_why(tmp_path, monkeypatch):
-    from infer import native
+    from infer.data import native
     from tests.conftest import invoke
 
     if native.compiler() is None:
         pytest.skip("no C compiler here")
     (tmp_path / "cpu_net.c").write_text("int cn_vector_width(void) { return undeclared_thing; }\n")
-    monkeypatch.setattr(native, "HERE", tmp_path)
+    monkeypatch.setattr(net, "HERE", tmp_path)
     monkeypatch.setenv("CNNINFER_CACHE", str(tmp_path / "cache"))
-    native.net_library.cache_clear()
+    net.net_library.cache_clear()
     try:
-        status = native.net_status()
+        status = net.net_status()
         assert status.startswith("NumPy layers, the fallback: cpu_net.c did not build with ")
         assert "undeclared_thing" in status and "\n" not in status
         r = invoke("info")
         assert r.exit_code == 0 and f"CPU backend: {status}" in r.stdout
     finally:
-        native.net_library.cache_clear()
+        net.net_library.cache_clear()

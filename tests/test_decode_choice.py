@@ -5,8 +5,9 @@ import h5py
 import numpy as np
 import pytest
 
-from infer import Session, loader, native
-from infer.dataset import DataSet
+from infer import Session
+from infer.data import loader, native
+from infer.data.dataset import DataSet
 from infer.gpu import chunk_decode
 from infer.options import Options
 from infer.errors import InputError
@@ -153,7 +154,7 @@ class Made(Exception):
 @pytest.fixture
 def made(monkeypatch):
     """The decode mode each Session's backend would be made with (nothing made, no GPU needed)."""
-    from infer import backends
+    from infer import backend as backends
 
     def create(name, notice, **options):
         raise Made(options["decode"])

@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from infer.batcher import Expired
-from infer.engine import Engine, RemoteBatcher
+from infer.serve.batcher import Expired
+from infer.serve.engine import Engine, RemoteBatcher
 from infer.errors import InputError
 from tests.test_batcher import Recorder, images
 

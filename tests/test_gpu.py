@@ -5,7 +5,7 @@ import pytest
 
 import infer
 from infer import network, reference
-from infer.bench import variants
+from infer.bench.gpu import variants
 from infer.gpu.launch import GEMMS, gemm_runs_on
 from infer.gpu import launch
 from infer.gpu.pipelines import ALGORITHMS
@@ -264,7 +264,8 @@ def test_fused_kernels_compute_conv1_from_codes(gpu, rng, g, version):
     byte of codes not confused), the same bits on a listed subset (the recomputation); versions 4
     and 6 within their bound dp of version 3's on the same codes (the certificate's premise: both
     paths' conv1 the same). The scalings by 1/255 (MUL, DIV) give the same bits, as do ONE and uint8."""
-    from infer import certify, codes
+    from infer.gpu import certify
+    from infer.data import codes
     from infer.gpu.pipelines import FusedCertified, FusedWarpgroup
 
     runs_here("fused-wgmma")
@@ -351,7 +352,7 @@ def test_certified_conv_features_lie_within_their_bounds(gpu, rng, g, kernel, sc
     """The float16 pass's features are within dp of float32's (the exact path's rounding is inside
     the bound too), dp is within a few thousand times the difference (a worst case over rounding directions), and dp is not finite
     where the float16 inputs overflow."""
-    from infer import certify
+    from infer.gpu import certify
     from infer.gpu.launch import Fused
     from infer.gpu.pipelines import FusedCertified
 
@@ -474,7 +475,7 @@ NETWORKS = ["28x28x1,5:32,5:64,128", "32x32x3,5:32,5:64,256", "28x28x1,3:16,3:32
 def test_every_algorithm_on_every_geometry(gpu, spec, algo):
     """Scores against the NumPy reference on seeded random weights and images, for every algorithm
     that accepts the geometry (unroll with each GEMM)."""
-    from infer.bench import random_case
+    from infer.bench.gpu import random_case
     from infer.gpu.backend import CudaBackend
 
     model, x = random_case(spec, 37)
@@ -576,7 +577,7 @@ def test_split_over_gpus_equals_one_gpu(ece408, monkeypatch, budget):
     if pair == [0, 0]:  # two contexts on one GPU share its legacy stream: one's graph capture fails the other's calls
         monkeypatch.setenv("CNNINFER_GRAPHS", "0")
     one = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda", scores=True)
-    monkeypatch.setattr("infer.backends.create_cuda", lambda devices=None, **o: MultiGpuBackend(pair, **o))
+    monkeypatch.setattr("infer.backend.create_cuda", lambda devices=None, **o: MultiGpuBackend(pair, **o))
     two = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda", scores=True)
     assert two.device.startswith("2 GPUs") and two.streamed == (budget == "4")
     # streamed, each GPU reads its range with a pool of its own; in memory, the first GPU's reads all
@@ -588,7 +589,7 @@ def test_split_over_gpus_equals_one_gpu(ece408, monkeypatch, budget):
 def test_streamed_blocks_are_sized_in_bytes(ece408):
     """About STREAM_BYTES a block whatever the stored type: 4x as many uint8 images as float32, each
     block one launch (a chunk)."""
-    from infer import loader
+    from infer.data import loader
     from infer.gpu.backend import CudaBackend
 
     model = loader.load_model(ece408 / "model.hdf5")
@@ -726,8 +727,8 @@ def test_a_forward_names_its_first_bad_image_then_forgets_it(ece408, monkeypatch
     """The chunks' flags come back with the forward (a graph's last copy, or a copy after the
     kernels): a NaN in chunk 7 of 12 is named by its image, the earlier of two by the lower index, and
     the next forward of good images is not refused (the flags are cleared and copied again)."""
-    from infer import loader
-    from infer.bench import read_all
+    from infer.data import loader
+    from infer.bench.gpu import read_all
     from infer.errors import BadValue
     from infer.gpu.backend import CudaBackend
 
@@ -756,8 +757,8 @@ def test_a_forward_names_its_first_bad_image_then_forgets_it(ece408, monkeypatch
 def test_graph_replay_equals_kernel_by_kernel(ece408, cpu_testfull, monkeypatch, algo):
     """The recorded graph replays the same work: equal labels and scores, with and without graphs,
     and a second forward on the same buffers replays (no new graph)."""
-    from infer import loader
-    from infer.bench import read_all
+    from infer.data import loader
+    from infer.bench.gpu import read_all
     from infer.gpu.backend import CudaBackend
 
     model = loader.load_model(ece408 / "model.hdf5")

@@ -1,4 +1,4 @@
-"""float32 files of 8-bit pixels travel to the GPU as their codes (infer/codes.py): the same labels
+"""float32 files of 8-bit pixels travel to the GPU as their codes (infer/data/codes.py): the same labels
 as float32 travel and scores within float32's accuracy of its (the fused kernels compute conv1 from
 the codes), read whole or streamed, on one GPU or two; a value that is no code past the first image
 sends the run back to float32, with float32's bits. Needs a GPU."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import infer
-from infer import codes
+from infer.data import codes
 from tests.conftest import Dev, build, invoke
 
 pytestmark = pytest.mark.gpu
@@ -93,7 +93,7 @@ def test_two_gpus_take_codes_too(ece408, monkeypatch, as_float32, budget):
     pair = [0, 1] if device.visible_devices() > 1 else [0, 0]
     if pair == [0, 0]:  # two contexts on one GPU share its legacy stream: no graph capture
         monkeypatch.setenv("CNNINFER_GRAPHS", "0")
-    monkeypatch.setattr("infer.backends.create_cuda", lambda devices=None, **o: MultiGpuBackend(pair, **o))
+    monkeypatch.setattr("infer.backend.create_cuda", lambda devices=None, **o: MultiGpuBackend(pair, **o))
     a, b = runs(ece408 / "testfull.hdf5", ece408 / "model.hdf5", as_float32)
     assert a.device.startswith("2 GPUs") and a.reader["wire"] == codes.NAMES[codes.MUL] and a.streamed == (budget == "4")
     alike(a, b)
@@ -133,7 +133,7 @@ def test_the_fused_kernels_read_codes_as_uploaded(ece408, algo, staged):
     the other pipelines convert first."""
     from infer.gpu.backend import CudaBackend
     from infer.gpu.pipelines import ALGORITHMS
-    from infer.loader import load_model
+    from infer.data.loader import load_model
     from infer.network import geometry
 
     model = load_model(ece408 / "model.hdf5")

@@ -384,7 +384,7 @@ def test_devices_all_asks_for_the_hardware_queues_before_the_driver_starts(monke
     """The driver reads CUDA_DEVICE_MAX_CONNECTIONS as it starts: `--devices all` counts the GPUs
     (starting it) only after --decode gpu has asked for its queues (it was after: 8 queues, two
     H200s streamed gzip 1 at 4.0M images/s instead of 6.8-7.4M)."""
-    from infer import backends
+    from infer import backend as backends
     from infer.errors import BackendUnavailable
     from infer.gpu import device
 

@@ -131,7 +131,7 @@ def test_batch_sizes_seen_before_keep_their_runs_and_answer_alike(ece408, monkey
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x = f["x"][:513]
     u8 = np.rint(x * 255).astype(np.uint8)
-    from infer.loader import load_model
+    from infer.data.loader import load_model
 
     expected = reference.argmax(reference.scores(x, load_model(ece408 / "model.hdf5")))
     sizes = (1, 513, 64, 7)
@@ -178,7 +178,7 @@ def test_a_file_truncated_while_it_streams_is_refused(ece408, tmp_path, monkeypa
     import os
     import shutil
 
-    from infer.dataset import DataSet
+    from infer.data.dataset import DataSet
 
     data = tmp_path / "cut.h5"
     shutil.copy(ece408 / "testfull.hdf5", data)

@@ -8,7 +8,8 @@ import h5py
 import numpy as np
 import pytest
 
-from infer import Session, native
+from infer import Session
+from infer.data import native
 from tests.conftest import Dev, assert_refused, build, invoke, small_model
 from tests.test_reader import bit_shuffle, byte_shuffle, shuffled_rows
 

@@ -9,8 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from infer.gpu import compiler
-from infer.gpu.launch import (GEMMS, BloscLz4, Certify, Conv, FullyConnected, FullyConnectedWarpgroup, Fused, Gemm,
-                              ZstdApart)
+from infer.gpu.launch import (GEMMS, BloscLz4, Certify, Conv, FullyConnected, FullyConnectedWarpgroup, Fused, Gemm, ZstdApart)
 from infer.network import Geometry
 
 MNIST = Geometry(h=28, w=28, c=1, k1=5, c1=32, k2=5, c2=64, hidden=128, classes=10)

@@ -199,7 +199,7 @@ def test_binary_data_output_asks_every_output_in_binary(server, expected):
 def test_the_benchmarks_grpc_load_counts_answered_calls_only(ece408, server, expected):
     """bench_serve.grpc_load (the gRPC rows of `bench --serve`): calls answered against a server
     without a token; refused calls are errors, not requests (a server with a token: none answered)."""
-    from infer.bench_serve import grpc_load
+    from infer.bench.serve import grpc_load
     from infer.errors import InputError
 
     x = expected["uint8"][0][:1]

@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from infer import defaults
+from infer.data import defaults
 from tests.conftest import SHARED_DATA, assert_refused, invoke
 
 MNIST = SHARED_DATA / "mnist"

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 import infer
-from infer import loader, reference
+from infer.data import loader
+from infer import reference
 from tests.conftest import REPO, invoke
 
 onnx = pytest.importorskip("onnx")

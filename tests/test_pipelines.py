@@ -5,8 +5,7 @@ import pytest
 from infer.gpu import launch
 from infer.gpu.launch import GEMMS, gemm_choice
 from infer.gpu.operands import scaled_halves, tf32
-from infer.gpu.pipelines import (ALGORITHMS, AUTO, Fused, FusedCertified, FusedTensorCores, FusedWarpgroup, Implicit,
-                                 ImplicitWarpgroup, Unroll, choose, default_path)
+from infer.gpu.pipelines import (ALGORITHMS, AUTO, Fused, FusedCertified, FusedTensorCores, FusedWarpgroup, Implicit, ImplicitWarpgroup, Unroll, choose, default_path)
 from infer.network import Geometry
 
 MNIST = Geometry(28, 28, 1, 5, 32, 5, 64, 128, 10)
@@ -61,7 +60,7 @@ def test_wgmma_runs_on_hopper_only_and_says_so():
         assert "Hopper GPU (sm_90)" in FusedWarpgroup.available(MNIST, arch)
         assert "Hopper GPU (sm_90)" in ImplicitWarpgroup.available(MNIST, arch)
     assert "64 conv2 channels" in FusedWarpgroup.available(Geometry(28, 28, 1, 5, 32, 5, 48, 128, 10), "sm_90")
-    from infer.bench import variants
+    from infer.bench.gpu import variants
 
     assert "fused-wgmma" not in {a for a, _, _ in variants("sm_80")} and "fused-wgmma" in {a for a, _, _ in variants("sm_90")}
 

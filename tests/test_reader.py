@@ -8,7 +8,7 @@ import h5py
 import numpy as np
 import pytest
 
-from infer import dataset, native, reader
+from infer.data import dataset, native, reader
 from infer.errors import InputError
 
 NATIVE = "chunks" if native.library() else "h5py"  # lzf, fletcher32 and plugins need the native library
@@ -425,7 +425,7 @@ def test_hdf5plugin_filters_are_registered_when_installed(tmp_path, rng):
     import sys
 
     # A fresh process, where nothing has imported hdf5plugin yet: the reader must register it
-    code = ("import sys, h5py, numpy as np; from infer import reader\n"
+    code = ("import sys, h5py, numpy as np; from infer.data import reader\n"
             "for path in sys.argv[1:]:\n"
             "    with h5py.File(path) as f:\n"
             "        rows = reader.rows(path, f['x'], 'x'); out = np.empty((300, 12, 12, 1), np.float32)\n"

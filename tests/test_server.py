@@ -275,7 +275,7 @@ def test_front_ends_answer_at_once_when_the_engine_dies_and_the_server_stops(ece
     import os
     import time
 
-    from infer.bench_serve import tree
+    from infer.bench.serve import tree
 
     x, expected, _ = data
     s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--workers", "2")
@@ -320,9 +320,9 @@ def test_npy_headers_seen_before_are_reused_never_confused():
     still refused on a cached header."""
     import io
 
-    from infer import images
+    from infer.serve import images
     from infer.errors import InputError
-    from infer.loader import Model
+    from infer.data.loader import Model
 
     model = Model(None, np.zeros((5, 5, 1, 2), np.float32), np.zeros((5, 5, 2, 3), np.float32),
                   np.zeros((4 * 4 * 3, 6), np.float32), np.zeros((6, 10), np.float32))

@@ -41,7 +41,7 @@ def expected(ece408):
     import h5py
 
     from infer import reference
-    from infer.loader import load_model
+    from infer.data.loader import load_model
 
     with h5py.File(ece408 / "test100.hdf5") as f:
         return reference.forward(f["x"][:37], load_model(ece408 / "model.hdf5")).tolist()
@@ -132,11 +132,11 @@ def test_a_gpu_session_refuses_at_once_in_a_forked_child(ece408, expected, hard_
 def test_the_cpu_fallback_notice_is_said_once_a_process(ece408, expected):
     """Three Sessions with backend auto on a machine whose CUDA backend cannot start: one notice."""
     body = """
-    import infer.backends
+    import infer.backend
     from infer.errors import BackendUnavailable
     def no_gpu(**options):
         raise BackendUnavailable("no CUDA GPU is visible")
-    infer.backends.create_cuda = no_gpu
+    infer.backend.create_cuda = no_gpu
     for _ in range(3):
         with cnninfer.Session(model) as s:
             print(s.predict(x).tolist() == expected)

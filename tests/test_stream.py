@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 import infer
-from infer import host, loader, progress, session
-from infer.cpu import CpuBackend
-from infer.dataset import DataSet
+from infer.data import host, loader
+from infer import progress, session
+from infer.cpu.backend import CpuBackend
+from infer.data.dataset import DataSet
 from infer.gpu import plan
 from tests.conftest import assert_refused, invoke
 
@@ -80,7 +81,7 @@ def test_bad_label_in_the_last_streamed_block(tmp_path, ece408, tiny_budget, mon
     """Labels are waited for after the last block, not with each: a bad one is still refused,
     naming it, with nothing written (read in steps of 7 rows too)."""
     if step:
-        monkeypatch.setattr("infer.dataset.LABEL_STEP", step)
+        monkeypatch.setattr("infer.data.dataset.LABEL_STEP", step)
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][:3000], f["y"][:3000]
     y[2990, 4] = np.inf

@@ -20,7 +20,7 @@ def test_wheel_installs_and_runs_anywhere(tmp_path):
     (wheel,) = wheels.glob("cnninfer-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     for name in ("infer/kernels/fused3.cu", "infer/kernels/gemm1.cu", "infer/kernels/common.cuh", "infer/models/cnninfer-mnist.hdf5",
-                 "infer/models/mnist-sample.hdf5", "infer/gpu/backend.py", "infer/read_pool.c", "infer/cpu_net.c"):
+                 "infer/models/mnist-sample.hdf5", "infer/gpu/backend.py", "infer/data/read_pool.c", "infer/cpu/cpu_net.c"):
         assert name in names
     # Built where nvcc is: the bundled geometry's kernels for sm_80, sm_86, sm_89 and sm_90, prebuilt
     prebuilt = sorted(n.split("/")[-1].split("-")[1] for n in names if n.startswith("infer/kernels/prebuilt/") and n.endswith(".cubin"))

@@ -5,7 +5,7 @@ import sys
 
 import numpy as np
 
-from infer.bench import random_case
+from infer.bench.gpu import random_case
 from infer.gpu.backend import CudaBackend
 from infer.gpu.profile import table
 

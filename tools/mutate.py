@@ -3,7 +3,7 @@
 Each line of tools/mutations.txt names a file, an exact piece of its text, what to put there
 instead, and the tests that cover it:
 
-    infer/images.py | np.float32(1 / 255) | np.float32(1 / 97) | tests/test_server.py tests/test_page.py
+    infer/serve/images.py | np.float32(1 / 255) | np.float32(1 / 97) | tests/test_server.py tests/test_page.py
 
 The piece must occur exactly once. Each mutation is applied alone, in a scratch copy of the
 checkout (tracked and untracked files, `../shared` beside it as in CI), the named tests run there

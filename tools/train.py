@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from infer import mnist
-from infer.atomic import replacing
+from infer.data import mnist
+from infer.data.atomic import replacing
 
 
 class Net(nn.Module):

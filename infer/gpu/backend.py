@@ -7,7 +7,7 @@ import numpy as np
 import pycuda.driver as cuda
 
 from ..errors import InputError
-from ..host import HostSide
+from ..data.host import HostSide
 from ..network import geometry
 from ..options import STREAMS
 from . import chunk_decode, graph, launch, pipelines, plan, shuffled

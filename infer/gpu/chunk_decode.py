@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import reader
+from ..data import reader
 from ..errors import InputError
 from . import launch
 

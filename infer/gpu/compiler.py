@@ -3,6 +3,7 @@
 A cache hit reads the cubin and never runs nvcc (PyCUDA's own cache runs `nvcc --version` on every
 lookup); PyCUDA loads it with module_from_buffer. Importable without PyCUDA, so CI compiles too.
 """
+import functools
 import hashlib
 import json
 import os
@@ -12,10 +13,11 @@ import tempfile
 from pathlib import Path
 
 from .. import env
-from ..atomic import replacing
+from ..data.atomic import replacing
 from ..errors import BackendUnavailable
 
 NVCC_FLAGS = ("-O3", "-std=c++17", "-Werror", "all-warnings")
+PREBUILT_MANIFEST = "MANIFEST.json"  # {"nvcc": ..., "cubins": {file name: sha256}} (prebuilt.py writes it)
 
 
 class KernelCompileError(BackendUnavailable):
@@ -33,6 +35,43 @@ def kernel_dir():
 
 def kernel_names():
     return sorted(p.stem for p in kernel_dir().glob("*.cu"))
+
+
+def prebuilt_folder():
+    """Where an installed package keeps its prebuilt cubins (kernels/prebuilt beside the sources)."""
+    return kernel_dir() / "prebuilt"
+
+
+def prebuilt_manifest(where=None):
+    """{file name: sha256} of the prebuilt cubins, {} where there are none."""
+    return _manifest(str(where or prebuilt_folder()))
+
+
+@functools.lru_cache(maxsize=None)
+def _manifest(where):
+    try:
+        return json.loads((Path(where) / PREBUILT_MANIFEST).read_text())["cubins"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def prebuilt_arches(where=None):
+    """The architectures the prebuilt cubins are for, e.g. ['sm_80', ..., 'sm_90a']."""
+    return sorted({name.split("-")[1] for name in prebuilt_manifest(where)})
+
+
+def prebuilt_lookup(filename, where=None):
+    """The bytes of prebuilt `filename` (cubin's cache name), or None: not prebuilt, or its
+    bytes do not have the sha256 the manifest gives (a damaged or altered file is not loaded)."""
+    where = where or prebuilt_folder()
+    digest = prebuilt_manifest(where).get(filename)
+    if digest is None:
+        return None
+    try:
+        data = (where / filename).read_bytes()
+    except OSError:
+        return None
+    return data if hashlib.sha256(data).hexdigest() == digest else None
 
 
 def cache_dir():
@@ -104,10 +143,8 @@ def build(name, arch, defines, fast_math=False):
 def cubin(name, arch, defines, fast_math=False):
     """The cubin of cuda/NAME.cu built with -D defines: prebuilt in the package (its sha256 checked),
     else from the disk cache (kept per nvcc), else built by nvcc now and cached."""
-    from . import prebuilt
-
     filename = cache_name(name, arch, defines, fast_math)
-    shipped = prebuilt.lookup(filename)
+    shipped = prebuilt_lookup(filename)
     if shipped is not None:
         return shipped
     try:

@@ -1,6 +1,7 @@
 """The CUDA device and its context: made by the command that needs it, released by close()."""
 import ctypes
 import os
+from typing import NamedTuple
 
 from ..errors import BackendUnavailable, InputError
 
@@ -29,6 +30,35 @@ def visible_devices():
         return cuda.Device.count()
     except cuda.Error as e:
         raise BackendUnavailable(f"the CUDA driver could not start: {e}") from None
+
+
+class Description(NamedTuple):
+    """A GPU as a run plan sees it: a Device's (description()), or one of KNOWN, to plan for a GPU
+    that is not here."""
+    name: str
+    arch: str  # sm_XY
+    memory: int  # bytes of device memory
+    free: int  # bytes free for a run
+    sms: int
+    l2_bytes: int
+    driver: str = ""  # the CUDA driver's version, e.g. "13.0"
+
+    def describe(self):
+        return f"{self.name} ({self.arch}, {self.memory / 2**30:.0f} GiB" + (f", CUDA driver {self.driver})" if self.driver else ")")
+
+
+def described(name, memory_gib, arch, sms, l2_mib):
+    memory = memory_gib << 30
+    return Description(name, arch, memory, memory - (600 << 20), sms, l2_mib << 20)  # about what a context leaves
+
+
+KNOWN = {  # --gpu of `cnninfer plan`, and the plan's unit tests
+    "H200": described("NVIDIA H200", 140, "sm_90", 132, 60),
+    "H100": described("NVIDIA H100 80GB HBM3", 80, "sm_90", 132, 50),
+    "A100": described("NVIDIA A100-SXM4-80GB", 80, "sm_80", 108, 40),
+    "L4": described("NVIDIA L4", 22, "sm_89", 58, 48),
+    "T4": described("Tesla T4", 15, "sm_75", 40, 4),
+}
 
 
 class Device:
@@ -70,10 +100,14 @@ class Device:
     def memory(self):
         return self.dev.total_memory()
 
-    def describe(self):
+    def description(self):
+        """This GPU's Description, with the memory free now (this context's)."""
         driver = self.cuda.get_driver_version()
-        return (f"{self.name} ({self.arch}, {self.memory / 2**30:.0f} GiB, "
-                f"CUDA driver {driver // 1000}.{driver % 1000 // 10})")
+        return Description(self.name, self.arch, self.memory, self.cuda.mem_get_info()[0], self.sms, self.l2_bytes,
+                           f"{driver // 1000}.{driver % 1000 // 10}")
+
+    def describe(self):
+        return self.description().describe()
 
     def close(self):
         """Pop the context. The first Device of a GPU keeps its reference to the primary context

@@ -4,12 +4,14 @@ Every launch goes through Launcher.launch, which records CUDA events around it w
 """
 import dataclasses
 import functools
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
 
-from .. import certify, codes
+from . import certify
+from ..data import codes
 from . import compiler, operands
 
 INT_MAX = 2**31 - 1
@@ -104,17 +106,36 @@ class _StandIn:
         return iter(())
 
 
-def prefetch(build, make):
-    """Build at once, in parallel, the cubins that make(build) loads (a pipeline's constructor):
-    make runs first on a copy of build whose modules are stand-ins (nothing loaded or launched),
-    which lists them; then nvcc runs for each one missing from the cache, a thread each. Built
-    one after another, testfull's default pipeline took 10.6 s on an empty cache (H200)."""
+def recorded(build, make):
+    """(make(b), the cubins' keys it asked for) where b is a copy of build whose modules are
+    stand-ins: nothing compiled, loaded or launched. Where PyCUDA is not installed (a planning or
+    build machine), stand-ins take its place while make runs; sys.modules is left as it was."""
     recording = dataclasses.replace(build, modules=_Recording())
     try:
-        make(recording)
+        import pycuda.driver  # noqa: F401
+    except ImportError:
+        saved = {name: sys.modules.get(name) for name in ("pycuda", "pycuda.driver")}
+        sys.modules.update({name: _StandIn() for name in saved})
+        try:
+            return make(recording), list(dict.fromkeys(recording.modules.wanted))
+        finally:
+            for name, module in saved.items():
+                if module is None:
+                    sys.modules.pop(name, None)
+                else:
+                    sys.modules[name] = module
+    return make(recording), list(dict.fromkeys(recording.modules.wanted))
+
+
+def prefetch(build, make):
+    """Build at once, in parallel, the cubins that make(build) loads (a pipeline's constructor),
+    listed by recorded(); nvcc runs for each one missing from the cache, a thread each. Built one
+    after another, testfull's default pipeline took 10.6 s on an empty cache (H200)."""
+    try:
+        _, wanted = recorded(build, make)
     except Exception:  # the real construction, next, says what is wrong
         return
-    keys = [k for k in dict.fromkeys(recording.modules.wanted) if k not in build.modules]
+    keys = [k for k in wanted if k not in build.modules]
     if len(keys) > 1:
         with ThreadPoolExecutor(len(keys), thread_name_prefix="cnninfer-nvcc") as pool:
             list(pool.map(lambda k: _cubin(*k), keys))
@@ -440,7 +461,7 @@ class Convert(Launcher):
 
 
 class ConvertCodes(Launcher):
-    """8-bit codes of float32 images (infer/codes.py) to the float32 values they stand for, in the
+    """8-bit codes of float32 images (infer/data/codes.py) to the float32 values they stand for, in the
     scaling of the codes wire `wire`."""
     source, kernel, arg_types = "stage", "convert_kernel2", "PPqfi"
 

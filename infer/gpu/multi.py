@@ -4,7 +4,7 @@ per-image computation does not depend on the batch, so predictions equal one GPU
 import numpy as np
 
 from ..errors import BadValue, ScoresOverflow
-from ..home import Home, close_boxed
+from .home import Home, close_boxed
 from .backend import CudaBackend
 from .plan import split
 

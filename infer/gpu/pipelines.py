@@ -9,7 +9,8 @@ check the images as they stage them, the other pipelines run check_kernel2 first
 """
 import numpy as np
 
-from .. import certify, codes
+from . import certify
+from ..data import codes
 from ..options import AUTO, CERTIFY_FROM, PRECISIONS, precision_conflict  # noqa: F401 (names of the registry)
 from . import launch
 from .operands import scaled_halves, tf32, wgmma_column_blocks, wgmma_halves, wgmma_operand

@@ -8,7 +8,7 @@ page-locked block, still shuffled, and the GPU places its values where the netwo
   ~40% of a chunk's decoding on, to bitunshuffle_kernel1.
 A block goes up to a device staging buffer; the rows of chunks it cuts at its ends come decoded
 whole by the host and are copied."""
-from .. import reader
+from ..data import reader
 from . import launch
 
 

@@ -7,7 +7,7 @@ calling PyTorch per request; where torch and a GPU are). Answers are checked aga
 Session before any timing. `--soak S` instead holds about half the peak rate for S seconds and
 reports errors, answers and the server's RSS.
 
-`python -m infer.bench_serve peer MODEL` runs that plain PyTorch endpoint alone."""
+`python -m infer.bench.serve peer MODEL` runs that plain PyTorch endpoint alone."""
 import json
 import os
 import re
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
 
 WRK_SCRIPT = r"""
 local f = assert(io.open(os.getenv("CNNINFER_BENCH_BODY"), "rb"))
@@ -226,13 +226,13 @@ def servers(model, backend, peer, workers=1, max_batch=None):
         out.append((f"{name} --workers {workers}", me + batch + ["--workers", str(workers)]))
     out.append(("cnninfer serve --max-batch 1", me + ["--max-batch", "1"]))
     if peer:
-        out.append(("Starlette + PyTorch per request", [sys.executable, "-m", "infer.bench_serve", "peer", str(model)]))
+        out.append(("Starlette + PyTorch per request", [sys.executable, "-m", "infer.bench.serve", "peer", str(model)]))
         if litserve_available():
-            from .server import free_port
+            from ..serve.server import free_port
 
             for workers_per_device, api_servers, batch in LITSERVE:
                 out.append((f"LitServe {workers_per_device} worker, {api_servers} API servers, batch {batch}",
-                            [sys.executable, "-m", "infer.bench_litserve", str(model), str(free_port("127.0.0.1")),
+                            [sys.executable, "-m", "infer.bench.litserve", str(model), str(free_port("127.0.0.1")),
                              str(workers_per_device), str(api_servers), str(batch)]))
     return out
 
@@ -262,9 +262,9 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
                 max_batch=None):
     """The table's rows: for each server, each client count of single-image requests, then
     `big`-image uint8 requests on 4 connections."""
-    from . import loader
-    from .bench import read_all
-    from .session import Session
+    from ..data import loader
+    from .gpu import read_all
+    from ..session import Session
 
     wrk()
     m = loader.load_model(model)
@@ -276,13 +276,13 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
         device = s.device
     peer = peer_available() if peer is None else peer
     rows = []
-    from .server import grpc_available
+    from ..serve.server import grpc_available
 
     for name, argv in servers(model, backend, peer, workers, max_batch):
         proc, url = start(argv, grpc=name.startswith("cnninfer serve") and grpc_available())
         lit = name.startswith("LitServe")
         if lit:  # its own protocol: JSON with a base64 .npy, on /predict
-            from .bench_litserve import body
+            from .litserve import body
 
             encode, where = body, dict(path="/predict", content_type="application/json")
         else:
@@ -326,9 +326,9 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
 
 def soak(data, model, backend="auto", seconds=600.0, connections=64, workers=1, max_batch=None):
     """About half the peak single-image rate for `seconds`: errors, answers before and after, RSS."""
-    from . import loader
-    from .bench import read_all
-    from .session import Session
+    from ..data import loader
+    from .gpu import read_all
+    from ..session import Session
 
     m = loader.load_model(model)
     x = read_all(data, m)[:4096]
@@ -382,8 +382,8 @@ def peer_app(model_path):
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from .bench import torch_network
-    from .loader import load_model
+    from .gpu import torch_network
+    from ..data.loader import load_model
 
     dev = torch.device("cuda")
     net = torch.no_grad()(torch_network(load_model(model_path), dev))
@@ -399,7 +399,7 @@ def peer_app(model_path):
 def run_peer(model_path):
     import uvicorn
 
-    from .server import bind, url_of
+    from ..serve.server import bind, url_of
 
     sock = bind("127.0.0.1", 0)
     app = peer_app(model_path)
@@ -409,5 +409,5 @@ def run_peer(model_path):
 
 if __name__ == "__main__":
     if len(sys.argv) != 3 or sys.argv[1] != "peer":
-        sys.exit("usage: python -m infer.bench_serve peer MODEL (LitServe's: python -m infer.bench_litserve)")
+        sys.exit("usage: python -m infer.bench.serve peer MODEL (LitServe's: python -m infer.bench.litserve)")
     run_peer(sys.argv[2])

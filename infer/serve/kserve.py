@@ -18,8 +18,9 @@ import math
 
 import numpy as np
 
-from . import images, network
-from .errors import InputError
+from . import images
+from .. import network
+from ..errors import InputError
 
 MODEL = "cnninfer"
 VERSION = "1"
@@ -48,7 +49,7 @@ def server_metadata(version):
 
 
 def model_metadata(model, sha256):
-    h, w, c = images.image_shape(model)
+    h, w, c = network.image_shape(model)
     classes = model.fc2.shape[1]
     out = {"name": MODEL, "versions": [VERSION], "platform": "cnninfer",
            "inputs": [{"name": INPUT, "datatype": "FP32", "shape": [-1, h, w, c]}],

@@ -5,17 +5,42 @@ import ctypes
 import functools
 import math
 import platform
+from typing import NamedTuple
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from . import env, native, reference, winograd
-from .errors import BadValue, ScoresOverflow
-from .network import Geometry
-from .host import HostSide
+from .. import env, reference
+from .net import net_library
+from . import winograd
+from ..errors import BadValue, ScoresOverflow
+from ..network import Geometry
+from ..data.host import HostSide
 
 NUMPY_CHUNK = 32  # small chunks keep each thread's im2col buffer in cache
 NATIVE_CHUNK = 32, 1024  # the native path's chunk bounds: about four chunks per thread between them
+
+
+def chunk_for(n, threads, native, asked=None):
+    """Images per chunk of a batch of n: --chunk where given; else NUMPY_CHUNK for the NumPy layers,
+    and for the native network about four chunks per thread, within NATIVE_CHUNK."""
+    if asked:
+        return asked
+    if not native:
+        return NUMPY_CHUNK
+    low, high = NATIVE_CHUNK
+    return min(high, max(low, math.ceil(n / (4 * threads))))
+
+
+class Description(NamedTuple):
+    """The CPU as a run plan sees it."""
+    threads: int
+    vector_bits: int  # the native network's vector width; 0 where the NumPy layers compute
+    status: str  # why (cpu.net.net_status)
+
+    def describe(self):
+        how = f"native, {self.vector_bits}-bit vectors" if self.vector_bits else f"NumPy {np.__version__}"
+        return f"CPU ({platform.machine()}, {self.threads} threads, {how})"
 
 
 @functools.lru_cache(maxsize=None)
@@ -88,7 +113,7 @@ class CpuBackend(HostSide):
         self.readers = readers
         self.model = None
         self.pool = None  # the compute threads, made on the first batch of several chunks
-        self.lib = native.net_library()
+        self.lib = net_library()
         self.net = None  # NativeNet of the last model and image shape seen
 
     @property
@@ -96,11 +121,14 @@ class CpuBackend(HostSide):
         """The native network checks the images as it reads them; for NumPy, the reader does."""
         return self.lib is not None
 
+    def description(self):
+        from .net import net_status
+
+        return Description(self.threads, self.lib.cn_vector_width() * 32 if self.lib else 0, net_status())
+
     @property
     def device(self):
-        how = (f"native, {self.lib.cn_vector_width() * 32}-bit vectors" if self.lib
-               else f"NumPy {np.__version__}")
-        return f"CPU ({platform.machine()}, {self.threads} threads, {how})"
+        return self.description().describe()
 
     def _native(self, image_shape):
         """The NativeNet for the current model and these images (made once, kept while they stay)."""
@@ -108,14 +136,6 @@ class CpuBackend(HostSide):
         if net is None or net.model is not self.model or net.image_shape != tuple(image_shape):
             net = self.net = NativeNet(self.lib, self.model, image_shape)
         return net
-
-    def _chunk(self, n):
-        if self.chunk:
-            return self.chunk
-        if not self.lib:
-            return NUMPY_CHUNK
-        low, high = NATIVE_CHUNK
-        return min(high, max(low, math.ceil(n / (4 * self.threads))))
 
     @staticmethod
     def wire_dtype(stored):
@@ -137,7 +157,7 @@ class CpuBackend(HostSide):
         there anyway, and forward depends on nothing but the model, so threads may share it)."""
         out = np.empty(len(x), np.int64)
         kept = np.empty((len(x), self.model.fc2.shape[1]), np.float32)
-        chunk = self._chunk(len(x))
+        chunk = chunk_for(len(x), self.threads, self.lib is not None, self.chunk)
         starts = range(0, len(x), chunk)
         net = self._native(x.shape[1:]) if self.lib else None
 

@@ -22,7 +22,7 @@
  * not finite refused), queued behind every read: on Python's threads the reads, checks and argmax
  * took ~95 ms of CPU in a 1M-image run, much of it holding the interpreter lock the consumer waited
  * for (docs/performance.md).
- * Built by infer/native.py with the C compiler, cached on disk; without one, Python threads read. */
+ * Built by infer/data/native.py with the C compiler, cached on disk; without one, Python threads read. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <math.h>

@@ -8,7 +8,7 @@ SAMPLE = "mnist-sample.hdf5"
 
 def folder():
     """models/ inside the installed package, or models/ of a checkout."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parent.parent  # the package
     for candidate in (here / "models", here.parent / "models"):
         if (candidate / MODEL).is_file():
             return candidate

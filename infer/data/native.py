@@ -1,8 +1,7 @@
-"""The native libraries, each built once with the C compiler ($CC, cc or gcc), cached on disk
-beside the kernels, loaded with ctypes: the read pool (read_pool.c) and the CPU network
-(cpu_net.c, built for this machine's vector unit). Where no compiler or build works, `library()`
-or `net_library()` is None and Python threads read, or the NumPy layers compute, instead;
-CNNINFER_NATIVE=0 forces both."""
+"""Native libraries built once with the C compiler ($CC, cc or gcc), cached on disk beside the
+kernels, loaded with ctypes (`build`, used for the CPU network too: infer/cpu/net.py), and the read
+pool (read_pool.c). Where no compiler or build works, `library()` is None and Python threads read
+instead; CNNINFER_NATIVE=0 forces it."""
 import ctypes
 import ctypes.util
 import functools
@@ -14,14 +13,10 @@ import subprocess
 from pathlib import Path
 
 from .atomic import replacing
-from . import env
+from .. import env
 
 HERE = Path(__file__).parent
 FLAGS = ("-O2", "-shared", "-fPIC", "-pthread", "-Wall", "-Wextra", "-Werror")
-# The network's code is tuned to the vector width it finds; -march=native makes it this machine's,
-# so the cache key names the CPU too. Without -march=native (a compiler that lacks it), the baseline.
-NET_COMMON = ("-O3", "-ffp-contract=fast", *FLAGS[1:])
-NET_FLAGS = (("-march=native", *NET_COMMON), NET_COMMON)
 # rp_wait's failures besides -errno: the file ended before the bytes asked for; a chunk that does
 # not decode, one that decodes to another size, one that fails its checksum; a label row with a
 # value that is not finite; a float32 value that is no 8-bit code times float32(1/255)
@@ -55,13 +50,13 @@ def cpu_identity():
     return "\n".join(dict.fromkeys(wanted)) or platform.processor() or platform.machine()
 
 
-FAILED = {}  # infer/{name}.c -> why its last build failed (the compiler's first error line)
+FAILED = {}  # a C file's name without .c -> why its last build failed (the compiler's first error line)
 
 
-def build(name, flags=FLAGS, machine_specific=False):
-    """The shared library built from infer/{name}.c (compiled now if not cached), or None with no
-    working compiler (FAILED[name] says why it did not build)."""
-    cc, source = compiler(), HERE / f"{name}.c"
+def build(source, flags=FLAGS, machine_specific=False):
+    """The shared library built from the C file `source` (compiled now if not cached), or None with
+    no working compiler (FAILED[its name without .c] says why it did not build)."""
+    name, cc = source.stem, compiler()
     if cc is None or not source.is_file():
         FAILED[name] = "no C compiler ($CC, cc or gcc) on the PATH" if cc is None else f"{source} is missing"
         return None
@@ -96,7 +91,7 @@ def library():
     """The loaded read pool (ctypes), or None: no compiler, a failed build, or CNNINFER_NATIVE=0."""
     if not env.native():
         return None
-    path = build("read_pool")
+    path = build(HERE / "read_pool.c")
     lib = path and _load(path)
     if not lib:
         return None
@@ -227,43 +222,6 @@ def block_codecs(filter_id):
     found = {name: getattr(library, symbol, None) for name, symbol in (("lz4", "LZ4_decompress_safe"),
                                                                         ("zstd", "ZSTD_decompress"))}
     return {name: ctypes.cast(fn, ctypes.c_void_p).value for name, fn in found.items() if fn is not None}
-
-
-@functools.lru_cache(maxsize=None)
-def net_library():
-    """The loaded CPU network (cpu_net.c, see cpu.NativeNet), or None: no compiler, a failed build,
-    or CNNINFER_NATIVE=0."""
-    if not env.native():
-        return None
-    for flags in NET_FLAGS:
-        lib = load_net(flags)
-        if lib:
-            return lib
-    return None
-
-
-def net_status():
-    """The CPU backend's kind, in one line: the native network (its vectors, its library) or the
-    NumPy fallback and why."""
-    if not env.native():
-        return "NumPy layers (CNNINFER_NATIVE=0)"
-    lib = net_library()
-    if lib is None:
-        return f"NumPy layers, the fallback: {FAILED.get('cpu_net', 'the native network did not load')}"
-    return (f"native C (infer/cpu_net.c), {lib.cn_vector_width() * 32}-bit vectors, library "
-            f"{Path(lib._name).parent}")
-
-
-def load_net(flags):
-    """cpu_net.c built with these flags and loaded, or None."""
-    path = build("cpu_net", flags, machine_specific=True)
-    lib = path and _load(path)
-    if not lib:
-        return None
-    p, i64 = ctypes.c_void_p, ctypes.c_longlong
-    lib.cn_vector_width.argtypes, lib.cn_vector_width.restype = [], ctypes.c_int
-    lib.cn_forward.argtypes, lib.cn_forward.restype = [p, i64, p, p, p, p, p, p, p, p], i64
-    return lib
 
 
 class ReadPool:

@@ -24,7 +24,7 @@ import struct
 import numpy as np
 
 from .batcher import Batcher, Busy, Draining, Expired
-from .errors import InputError, about_request
+from ..errors import InputError, about_request
 
 REQUEST = struct.Struct("<QBBIIIIdI")
 ANSWER = struct.Struct("<QBII")

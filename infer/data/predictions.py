@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from .atomic import replacing
-from .errors import InputError
+from ..errors import InputError
 
 FORMATS = (".npy", ".csv")
 

@@ -15,7 +15,7 @@ came out ~4000x the observed error, larger than most top-2 margins (0 of 2000 im
 """
 import numpy as np
 
-from . import reference
+from .. import reference
 
 U16 = 2.0**-11  # float16: unit roundoff (10 fraction bits, round to nearest)
 ETA16 = 2.0**-25  # half float16's subnormal spacing: the absolute error where values underflow

@@ -1,6 +1,6 @@
 """Processes reading through h5py, for the layouts only h5py reads (chunks never written,
 HDF5's szip, n-bit and scale-offset filters): h5py serializes every call in a process on
-one lock, so reading in parallel takes processes. Workers are plain `python -m infer.h5py_workers`
+one lock, so reading in parallel takes processes. Workers are plain `python -m infer.data.h5py_workers`
 children talking pickle over pipes (multiprocessing's spawn would import the caller's main script
 again; fork is unsafe beside reader threads inside HDF5). Each keeps the files it opened; a Workers
 belongs to one open dataset and ends with it."""
@@ -31,9 +31,9 @@ class Workers:
         while True:
             with self._lock:
                 if len(self.all) < self.count and self.idle.empty():
-                    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this infer package's folder
+                    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the folder holding this infer package
                     path = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
-                    p = subprocess.Popen([sys.executable, "-m", "infer.h5py_workers"], stdin=subprocess.PIPE,
+                    p = subprocess.Popen([sys.executable, "-m", "infer.data.h5py_workers"], stdin=subprocess.PIPE,
                                          stdout=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=path))
                     self.all.append(p)
                     return p

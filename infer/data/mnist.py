@@ -13,7 +13,7 @@ import struct
 import numpy as np
 
 from .atomic import replacing
-from .errors import InputError
+from ..errors import InputError
 
 CLASSES = 10
 UINT8 = 0x08

@@ -4,7 +4,7 @@ bytes read into page-locked memory and uploaded. convert_kernel2 rebuilds the sa
 accuracy, not its bits: cuda/fused_conv1_wgmma.cuh). Three scalings are recognized, each at most
 one float32 rounding:
 - MUL, code * float32(1/255): NumPy's uint8 * np.float32(1/255), as MNIST's own conversion
-  (infer/mnist.py) and the ECE408 files make them;
+  (infer/data/mnist.py) and the ECE408 files make them;
 - DIV, code / 255 in float32 (or in float64, then rounded to float32: the same values): torchvision's
   ToTensor, Keras's x.astype("float32") / 255;
 - ONE, the code itself (pixels stored as float32 unscaled).

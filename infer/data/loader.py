@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import reader
-from .errors import InputError, where
+from ..errors import InputError, where
 from .reader import check_finite
-from .network import MAX_CHANNELS, MAX_KERNEL, MAX_WEIGHT_ELEMENTS, geometry
+from ..network import MAX_CHANNELS, MAX_KERNEL, MAX_WEIGHT_ELEMENTS, geometry
 
 MODEL_DATASETS = ("conv1", "conv2", "fc1", "fc2")
 

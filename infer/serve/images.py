@@ -8,9 +8,9 @@ import math
 
 import numpy as np
 
-from . import network
-from .errors import InputError
-from .reader import check_finite
+from .. import network
+from ..errors import InputError
+from ..data.reader import check_finite
 
 NPY = "application/x-npy"
 PICTURES = {"image/png": "PNG", "image/jpeg": "JPEG"}  # media type -> the one decoder Pillow may use
@@ -130,7 +130,7 @@ def from_picture(body, model, kind="image/png", max_pixels=MAX_PIXELS):
         rgba = picture.convert("RGBA")
         paper = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         picture = Image.alpha_composite(paper, rgba)
-    h, w, c = image_shape(model)
+    h, w, c = network.image_shape(model)
     # As the data files were made: uint8 * float32(1/255), in float32 (bit-exact with them)
     gray = np.asarray(picture.convert("L"), np.uint8) * np.float32(1 / 255)
     if gray.shape == (h, w) and np.median(_border(gray)) <= 0.5:
@@ -140,18 +140,6 @@ def from_picture(body, model, kind="image/png", max_pixels=MAX_PIXELS):
 
 def _border(gray):
     return np.concatenate([gray[0], gray[-1], gray[:, 0], gray[:, -1]])
-
-
-def image_shape(model):
-    """The (H, W, C) a model takes: C from conv1; H and W those of the model's training data,
-    square, found from fc1's inputs (MNIST: 28)."""
-    k1, _, c, _ = model.conv1.shape
-    k2, _, _, c2 = model.conv2.shape
-    for side in range(k1 + 2, 1025):
-        p2 = ((side - k1 + 1) // 2 - k2 + 1) // 2
-        if p2 >= 1 and p2 * p2 * c2 == model.fc1.shape[0]:
-            return side, side, c
-    raise InputError(f"{model.path}: no square image size fits its fc1 ({model.fc1.shape[0]} inputs)")
 
 
 def mnist_style(gray, h, w, c):

@@ -7,8 +7,9 @@ import re
 
 import numpy as np
 
-from . import codes, env, loader, reader
-from .errors import InputError, where
+from . import codes, loader, reader
+from .. import env
+from ..errors import InputError, where
 
 # Labels per reader call: one call per streamed block (32768 uint8 images at most). A stream waits
 # for its labels only at its end, so thinner pieces only add Python calls contending for the

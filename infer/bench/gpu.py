@@ -12,13 +12,14 @@ import time
 
 import numpy as np
 
-from . import codes, loader, network, reference
-from .dataset import DataSet
-from .reader import Reader, wait
-from .errors import InputError
-from .gpu.launch import GEMMS, gemm_runs_on
-from .gpu.pipelines import ALGORITHMS, default_path
-from .options import STREAMS
+from ..data import codes, loader
+from .. import network, reference
+from ..data.dataset import DataSet
+from ..data.reader import Reader, wait
+from ..errors import InputError
+from ..gpu.launch import GEMMS, gemm_runs_on
+from ..gpu.pipelines import ALGORITHMS, default_path
+from ..options import STREAMS
 
 GEOMETRY = re.compile(r"^(\d+)x(\d+)x(\d+),(\d+):(\d+),(\d+):(\d+),(\d+)(?:,(\d+))?$")
 
@@ -122,7 +123,7 @@ def time_cnninfer(model, x_host_data, expected, algo, gemm, tile_width, streams,
     """A row: GPU and end-to-end ms of float32 images; with `packed`, (the codes wire, the images'
     8-bit codes) where they are codes (codes.py), also GPU and end to end as `cnninfer run` uploads
     a file of them."""
-    from .gpu.backend import CudaBackend
+    from ..gpu.backend import CudaBackend
 
     b = CudaBackend(streams=streams, tile_width=tile_width, gemm_algo=gemm or "auto", conv_algo=algo)
     try:
@@ -254,7 +255,7 @@ def bench(data_path, model_path, n=None, streams=STREAMS, warmup=5, repeats=20, 
 
 
 def bench_arrays(model, x, streams=STREAMS, warmup=5, repeats=20, torch_compile=True):
-    from .gpu.device import Device
+    from ..gpu.device import Device
 
     n = len(x)
     g = network.geometry(model, x.shape)

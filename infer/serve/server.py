@@ -31,9 +31,10 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from . import __version__, images, kserve
+from .. import __version__, network
+from . import images, kserve
 from .batcher import Batcher, Busy, Draining, Expired, ladder
-from .errors import InputError, about_request
+from ..errors import InputError, about_request
 from .metrics import Metrics
 
 PAGE = Path(__file__).with_name("page.html")
@@ -96,7 +97,7 @@ def auto_max_batch(backend):
 def cuda_usable():
     """Whether a CUDA GPU is usable here (the driver started, no context made)."""
     try:
-        from .gpu.device import visible_devices
+        from ..gpu.device import visible_devices
 
         return visible_devices() > 0
     except Exception:  # no PyCUDA, no driver, no device
@@ -151,7 +152,7 @@ def make_app(session, settings, batcher, sha256=None):
 
     metrics = Metrics(settings.max_batch, settings.limits())
     batcher.metrics = metrics
-    h, w, c = images.image_shape(session.model)
+    h, w, c = network.image_shape(session.model)
     token = settings.token.encode() if settings.token else None
     drain = Drain()
     decode_pool = ThreadPoolExecutor(settings.decoders, thread_name_prefix="cnninfer-decode")
@@ -511,7 +512,7 @@ def serve(spec, settings, host="127.0.0.1", port=8000, workers=1, announce=print
     workers > 1: that many processes (spawned) share the listening socket, each with its own
     Session and batcher: one event loop handles ~3,000-4,000 requests/s, the GPU far more."""
     require()
-    from .session import Session
+    from ..session import Session
 
     sock = bind(host, port)
     if settings.grpc and workers > 1 and settings.grpc.endswith(":0"):  # one port for every worker
@@ -533,7 +534,7 @@ def warm_up(session, settings):
     thread, the kernels compiled or loaded) before the first request; the ladder of pass sizes
     passes are padded to (CUDA, see batcher.py), or None. CUDA: every size of the ladder run once
     for each image type a request may bring (its buffers and graphs made now, not in a request)."""
-    h, w, c = images.image_shape(session.model)
+    h, w, c = network.image_shape(session.model)
     session.classify(np.zeros((1, h, w, c), np.float32), True)
     if session.backend.name != "cuda":
         return None
@@ -616,7 +617,7 @@ def _engine(spec, settings, path, ready):
     """The spawned engine: the one Session, warmed up, serving its batcher on the Unix socket
     `path` (engine.py) until SIGTERM; tells `ready` when it listens."""
     from .engine import Engine
-    from .session import Session
+    from ..session import Session
 
     name_process("cnninfer-engine")
 

@@ -39,7 +39,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from . import codes, h5py_workers, native
-from .errors import InputError
+from ..errors import InputError
 
 PIECE_BYTES = 4 << 20  # bytes per read call and thread: large enough to amortize the call
 NATIVE_PIECE_MIN = 1 << 20  # pieces of a native read: about one per thread, at least this

@@ -3,7 +3,7 @@ its dynamic batching, the network in PyTorch (eager, cuDNN FP32, TF32 off) on th
 POST /predict {"x": base64 .npy of (N, H, W, C) images} -> {"labels": [...]}, as a LitServe user
 sends arrays. Not ours, not a dependency: `pip install litserve` where it is measured.
 
-    python -m infer.bench_litserve MODEL PORT [WORKERS_PER_DEVICE API_SERVERS MAX_BATCH]
+    python -m infer.bench.litserve MODEL PORT [WORKERS_PER_DEVICE API_SERVERS MAX_BATCH]
 
 prints 'litserve: listening on URL' once /health answers."""
 import base64
@@ -35,8 +35,8 @@ class Network(ls.LitAPI):
     def setup(self, device):
         import torch
 
-        from .bench import torch_network
-        from .loader import load_model
+        from .gpu import torch_network
+        from ..data.loader import load_model
 
         self.torch, self.dev = torch, torch.device(device)
         self.net = torch.no_grad()(torch_network(load_model(self.model_path), self.dev))

@@ -46,7 +46,7 @@ def once(notice):
 def create(name, notice, chunk=None, readers=None, **cuda_options):
     """A ready backend by name; `notice` takes the one-line notices: when `auto` falls back to the
     CPU, when an option has no effect on the algorithm that runs."""
-    from .cpu import CpuBackend
+    from .cpu.backend import CpuBackend
 
     if name == "cpu":
         if cuda_options.get("decode") == "gpu":

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
 
 
 STOP = object()  # queued by stop(): the requests before it are answered first

@@ -7,9 +7,10 @@ import time
 
 import numpy as np
 
-from . import codes, loader, session
-from .dataset import DataSet
-from .reader import Reader, wait
+from ..data import codes, loader
+from .. import session
+from ..data.dataset import DataSet
+from ..data.reader import Reader, wait
 
 
 def raw_read(data_path, model, readers, block):
@@ -19,9 +20,9 @@ def raw_read(data_path, model, readers, block):
     their codes): the reader's ceiling; and its layout."""
     import pycuda.driver as cuda
 
-    from .gpu import shuffled
-    from .gpu.backend import CudaBackend
-    from .gpu.device import Device
+    from ..gpu import shuffled
+    from ..gpu.backend import CudaBackend
+    from ..gpu.device import Device
 
     gpu = Device(0)  # page-locked memory needs a context
     data = DataSet.open([data_path], model)
@@ -53,8 +54,8 @@ def raw_read(data_path, model, readers, block):
 
 def gpu_resident(data_path, model, n, conv_algo, warmup=3, repeats=20):
     """Images/s of the GPU alone on n images already on it (CUDA events, median)."""
-    from .bench import _median_events, read_all
-    from .gpu.backend import CudaBackend
+    from .gpu import _median_events, read_all
+    from ..gpu.backend import CudaBackend
 
     x = read_all(data_path, model, n)
     b = CudaBackend(conv_algo=conv_algo)
@@ -70,7 +71,7 @@ def gpu_resident(data_path, model, n, conv_algo, warmup=3, repeats=20):
 
 
 def stream_bench(data_path, model_path, readers=None, devices=None, conv_algo="auto", resident_images=200_000):
-    from .backends import create_cuda
+    from ..backend import create_cuda
 
     model = loader.load_model(model_path)
     rows = {}
@@ -106,9 +107,9 @@ def stream_bench(data_path, model_path, readers=None, devices=None, conv_algo="a
 
 def gpu_decodes(data_path, model):
     """Whether --decode gpu can stream this file (chunks of whole images a GPU codec decodes)."""
-    from .gpu import chunk_decode
+    from ..gpu import chunk_decode
     try:
-        from .gpu.backend import CudaBackend
+        from ..gpu.backend import CudaBackend
     except ImportError:  # no PyCUDA: create_cuda says so in one line
         return False
     data = DataSet.open([data_path], model)

@@ -1,5 +1,5 @@
 /* The whole network on the CPU, image by image, for any geometry the model declares: the CPU
- * backend's fast path (infer/cpu.py). Built by infer/native.py with the C compiler for this
+ * backend's fast path (infer/cpu/backend.py). Built by infer/data/native.py with the C compiler for this
  * machine's vector unit (-march=native), cached on disk; without a compiler the NumPy layers run.
  *
  * Layouts: images (n, H, W, C) float32; conv weights (K, K, C_in, Mp) and fc weights (in, Np) with
@@ -398,7 +398,7 @@ static void dense(const float *a, int n, int kdim, const float *b, int np, float
     }
 }
 
-/* Winograd's F(2x2, 5x5) (infer/winograd.py): o[i t] = (B^T d)[i] for d[0], d[s], ..., d[5 s] */
+/* Winograd's F(2x2, 5x5) (infer/cpu/winograd.py): o[i t] = (B^T d)[i] for d[0], d[s], ..., d[5 s] */
 static inline __attribute__((always_inline)) void winograd_bt(const vf *d, size_t s, vf *o, size_t t)
 {
     const vf d0 = d[0], d1 = d[s], d2 = d[2 * s], d3 = d[3 * s], d4 = d[4 * s], d5 = d[5 * s];
@@ -563,7 +563,7 @@ static float *scratch_get(size_t bytes)
 
 /* Geometry g: h, w, c, k1, c1p, k2, c2p, flat_p (= h2 * w2 * c2p), hidden_p, classes, classes_p; w2 is
  * (k2, k2, c1p, c2p): conv2 reads pool1's padded channels too, so each kernel row is one run. u2:
- * for k2 = 5 w2 as Winograd's (36, c1p, c2p) (infer/winograd.py), conv2 then by conv_winograd; or NULL.
+ * for k2 = 5 w2 as Winograd's (36, c1p, c2p) (infer/cpu/winograd.py), conv2 then by conv_winograd; or NULL.
  * Returns -1 when every image and score is finite; else the first image whose scores are not
  * finite (image i returned as i), or that holds a value that is not finite (returned as -3 - i),
  * nothing after it guaranteed; or -2 when scratch memory cannot be had. */

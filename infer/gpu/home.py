@@ -19,7 +19,7 @@ import threading
 import traceback
 from concurrent.futures import Executor, Future
 
-from .errors import ForkedSession
+from ..errors import ForkedSession
 
 
 class Home(Executor):

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import env, reference
-from .errors import InputError
+from .. import env, reference
+from ..errors import InputError
 
 
 def contenders(model, image_shape):
     """(name, fn(x) -> labels) of what is compared; the cnninfer Session is closed by the caller."""
-    from .session import Session
+    from ..session import Session
 
     session = Session(model, "cpu")
     session.predict(np.zeros((1, *image_shape), np.float32))  # builds the backend, so its device is known
@@ -29,7 +29,7 @@ def contenders(model, image_shape):
     try:
         import onnxruntime as ort
 
-        from .onnx_export import graph
+        from ..onnx_export import graph
 
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -59,8 +59,8 @@ def cpu_bench(data_path, model_path, n=None, warmup=1, repeats=5, random=None, s
     bench.random_case) on n random images and weights. Each timed call starts settle_s after the
     previous one ended: OpenBLAS's threads (the NumPy reference's) spin on the cores for a while
     after a call, and on 16 cores they slowed the contender timed next by 1.3-1.4x."""
-    from . import loader
-    from .bench import random_case, read_all
+    from ..data import loader
+    from .gpu import random_case, read_all
 
     if random:
         model, x = random_case(random, n or RANDOM_N)
@@ -139,8 +139,8 @@ def _timed(command):
 def cold_bench(data_path, model_path, repeats=5):
     """Wall time of whole processes, alternated: `cnninfer run --backend cpu DATA MODEL` and a cold
     onnxruntime script on the exported graph; both must count the same correct answers."""
-    from . import loader
-    from .onnx_export import export
+    from ..data import loader
+    from ..onnx_export import export
 
     try:
         import onnxruntime  # noqa: F401  (the script's)
