@@ -1,61 +1,71 @@
-"""Backends behind one interface: wire_dtype(stored type) (the type images travel in),
-host_buffers(shape, dtype, count), reader (a reader.Reader), checks_values (whether the backend
-checks float32 images itself), prepare(model, x_shape, scores), forward(x) -> (labels, scores),
-stream(data, start, stop, progress), close().
+"""The backend contract: what Session (and serve, bench) may call on a backend, one base class for
+CpuBackend (cpu/backend.py), CudaBackend (gpu/backend.py) and MultiGpuBackend (gpu/multi.py).
 
-`auto` takes CUDA when it is usable here, else the CPU with one notice line.
+A backend is made with its options (the CPU's: chunk and readers; a GPU's: every Options field),
+describes its device to the run plan (infer/plan.py), then runs plans: prepare(model, plan)
+makes ready what the plan says (kernels, weights, buffers), forward or stream computes. It chooses
+nothing a plan decides. Made by session.create_backend (`auto`: CUDA where usable, else the CPU).
 """
-from .errors import BackendUnavailable, InputError
-from .options import BACKENDS as NAMES  # noqa: F401
+from .options import BACKENDS as NAMES  # noqa: F401 (the names --backend takes)
 
 
-def create_cuda(devices=None, **options):
-    """The CUDA backend on one GPU, or on several (devices: a list of numbers, or "all"), or
-    BackendUnavailable saying why it cannot run here."""
-    if devices != "all" and devices and len(set(devices)) != len(devices):
-        # Two contexts on one GPU share its legacy stream: one's graph capture fails the other's calls
-        raise InputError(f"devices: GPU numbers must be distinct, got {list(devices)}")
-    try:
-        from .gpu.backend import CudaBackend
-        from .gpu.device import DECODE_QUEUES, ask_hardware_queues, visible_devices
-        from .gpu.multi import MultiGpuBackend
-    except ImportError as e:
-        raise BackendUnavailable(f"the CUDA backend needs PyCUDA ({e}); install it with: pip install 'cnninfer[cuda]'") from None
-    if options.get("decode") in ("gpu", "auto"):
-        ask_hardware_queues(DECODE_QUEUES)  # before the driver starts
-    if devices == "all":
-        devices = list(range(visible_devices()))
-    if devices and len(devices) > 1:
-        return MultiGpuBackend(devices, **options)
-    if devices:
-        options["device"] = devices[0]
-    return CudaBackend(**options)
+class Backend:
+    name = None  # cuda or cpu
+    options = None  # the Options its runs are planned with
+    checks_values = False  # whether it checks float32 images itself (else the readers do)
+    concurrent = False  # in-memory runs keep no state between prepare and forward: may run at once (use, forward)
+    profile = None  # per-kernel timings of the last run, where kept
+    decoding = "host"  # where the last streamed run's chunks were decoded, for --json
+    devices = ()  # the GPU numbers it runs on
+    fallback = None  # why --backend auto did not take CUDA, where it did not (a CpuBackend)
 
+    def description(self):
+        """The device as a plan sees it: gpu.device.Description, or cpu.backend.Description."""
+        raise NotImplementedError
 
-def once(notice):
-    """notice, saying each distinct line only the first time (several GPUs, one message)."""
-    said = set()
+    @property
+    def device(self):
+        """The device in words."""
+        return self.description().describe()
 
-    def say(line):
-        if line not in said:
-            said.add(line)
-            notice(line)
-    return say
+    def prepare(self, model, plan, source=None):
+        """Make ready the run `plan` describes (source: the DataSet a streamed plan reads)."""
+        raise NotImplementedError
 
+    def use(self, model):
+        """What forward needs for in-memory runs that skip prepare (concurrent backends only)."""
+        raise NotImplementedError
 
-def create(name, notice, chunk=None, readers=None, **cuda_options):
-    """A ready backend by name; `notice` takes the one-line notices: when `auto` falls back to the
-    CPU, when an option has no effect on the algorithm that runs."""
-    from .cpu.backend import CpuBackend
+    def forward(self, x, progress=None):
+        """(labels int64, scores float32 or None) of images x in a host buffer of the plan's wire type."""
+        raise NotImplementedError
 
-    if name == "cpu":
-        if cuda_options.get("decode") == "gpu":
-            raise InputError("--decode gpu needs the CUDA backend")
-        return CpuBackend(chunk=chunk, readers=readers)
-    try:
-        return create_cuda(chunk=chunk, readers=readers, notice=once(notice), **cuda_options)
-    except BackendUnavailable as e:
-        if name == "cuda":
-            raise
-        notice(f"cnninfer: CUDA backend not usable ({e.message}); using the CPU backend")
-        return CpuBackend(chunk=chunk, readers=readers)
+    def stream(self, data, start, stop, progress):
+        """Images [start, stop) of DataSet data streamed: (labels found, true labels, scores or None,
+        reader busy seconds, seconds compute waited)."""
+        raise NotImplementedError
+
+    def host_buffers(self, shape, dtype, count=1):
+        """Host buffers the backend reads (page-locked for CUDA), kept for repeated runs."""
+        raise NotImplementedError
+
+    def new_host_buffer(self, shape, dtype):
+        """A host buffer of the caller's own (calls that run at once each have theirs)."""
+        raise NotImplementedError
+
+    @property
+    def reader(self):
+        """The reader threads (data/reader.Reader)."""
+        raise NotImplementedError
+
+    @property
+    def reader_threads(self):
+        raise NotImplementedError
+
+    def recomputed(self):
+        """Images the certified pass recomputed exactly since the last call, or None where every
+        image is computed exactly."""
+        return None
+
+    def close(self):
+        raise NotImplementedError

@@ -254,7 +254,7 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
     eager and compiled, when importable) on the first N images of DATA: GPU time and end to end.
     With --stream, the streamed run's images/s beside its two ceilings; with --serve, the HTTP
     server under load."""
-    from .backend import create_cuda
+    from .gpu import create as create_cuda
 
     if cold and (backend != "cpu" or served):
         raise InputError("bench --cold goes with --backend cpu (and no --serve)")
@@ -451,7 +451,7 @@ def info():
     import h5py
     import numpy
 
-    from . import backend as backends
+    from . import gpu
     from .gpu import compiler
 
     click.echo(f"cnninfer {__version__}; Python {platform.python_version()}, NumPy {numpy.__version__}, h5py {h5py.__version__}")
@@ -484,7 +484,7 @@ def info():
     except Exception as e:
         click.echo(f"PyCUDA / CUDA driver: not usable ({e})")
     try:
-        backends.create_cuda(chunk=None).close()
+        gpu.create(chunk=None).close()
         usable = "cpu, cuda"
     except Exception as e:
         usable = f"cpu (cuda: {getattr(e, 'message', e)})"

@@ -93,7 +93,7 @@ class Options:
                 raise InputError(f"{name} must be True or False, not {getattr(self, name)!r}")
 
     def backend_kwargs(self):
-        """What backends.create takes: the host options, the GPUs, and the CUDA backend's own."""
+        """What session.create_backend takes: the host options, the GPUs, and the CUDA backend's own."""
         return dict(chunk=self.chunk, readers=self.readers, devices=self.devices or [self.device],
                     streams=self.streams, tile_width=self.tile_width, conv_algo=self.conv_algo,
                     gemm_algo=self.gemm_algo, fast_math=self.fast_math, profile=self.profile, decode=self.decode,

@@ -21,6 +21,7 @@ class Result:
     streamed: bool = False  # read from the files block by block, overlapped with compute
     reader: dict = None  # the read path (layout) and reader threads
     recomputed: int = None  # a certified run: the images recomputed exactly (the rest float16, certified)
+    plan: dict = None  # the run plan it ran (infer/plan.py's Plan.as_dict)
 
     @property
     def precision(self):
@@ -80,6 +81,8 @@ class Result:
             d["profile"] = self.profile
         if self.recomputed is not None:
             d["recomputed"] = self.recomputed
+        if self.plan is not None:
+            d["plan"] = self.plan
         return d
 
     def per_class_table(self):

@@ -18,10 +18,11 @@ import weakref
 
 import numpy as np
 
-from . import backend as backends, env, network
+from . import env, network, plan as planning
+from .backend import NAMES as BACKENDS
 from .data import codes, defaults, loader
 from .data.dataset import DataSet, expand
-from .errors import BadValue, InputError
+from .errors import BackendUnavailable, BadValue, InputError
 from .gpu.home import Holder, Home
 from .options import Options
 from .data.reader import INLINE_BYTES, Inline, wait
@@ -32,24 +33,6 @@ from .progress import NoProgress, Progress
 def host_budget():
     """Bytes of images read into host memory at once; larger inputs are streamed."""
     return env.host_budget_mb() * 2**20
-
-
-def streams(data, wire, stream_from=None):
-    """Whether the images of DataSet `data`, in type `wire`, stream rather than being read whole:
-    past the host budget, or past `stream_from` bytes where the backend has one (the GPU's: from
-    two blocks on, reading, uploads and compute overlap, where a whole read pins and fills one
-    buffer before anything computes)."""
-    size = data.size * data.image_bytes(wire)
-    return size > host_budget() or (stream_from is not None and size > stream_from)
-
-
-def wire_type(backend, data):
-    """The type `data`'s images travel to `backend` in: its wire type for the stored one, or 8-bit
-    codes (codes.py) for float32 files of them where the backend takes codes."""
-    wire = backend.wire_dtype(data.dtype)
-    if wire == np.float32 and backend.takes_codes:
-        return data.codes_wire() or wire
-    return wire
 
 
 def _as_given(data, wire):
@@ -88,6 +71,27 @@ def _notice(line):
         print(line, file=sys.stderr)
 
 
+def create_backend(name, notice, chunk=None, readers=None, **cuda_options):
+    """A ready backend by name ("auto", "cuda", "cpu"); `notice` takes the line saying that `auto`
+    fell back to the CPU (the CpuBackend's `fallback` says why, for its plans)."""
+    from . import gpu
+    from .cpu.backend import CpuBackend
+
+    if name == "cpu":
+        if cuda_options.get("decode") == "gpu":
+            raise InputError("--decode gpu needs the CUDA backend")
+        return CpuBackend(chunk=chunk, readers=readers)
+    try:
+        return gpu.create(chunk=chunk, readers=readers, **cuda_options)
+    except BackendUnavailable as e:
+        if name == "cuda":
+            raise
+        notice(f"cnninfer: CUDA backend not usable ({e.message}); using the CPU backend")
+        backend = CpuBackend(chunk=chunk, readers=readers)
+        backend.fallback = e.message
+        return backend
+
+
 class Session:
     """A model on a backend, ready for repeated calls.
 
@@ -114,8 +118,8 @@ class Session:
     def __init__(self, model=None, backend="auto", *, notice=_notice, **options):
         t = time.perf_counter()
         self.options = Options.of(**options)
-        if backend not in backends.NAMES:
-            raise InputError(f"backend must be one of {', '.join(backends.NAMES)}, not {backend!r}")
+        if backend not in BACKENDS:
+            raise InputError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
         env.check()
         self.model = _model(model)
         self.load_ms = _ms(t)  # counted in the first call's timing, as one run of the command line does
@@ -123,6 +127,9 @@ class Session:
         self.closed = False
         self.backend_name = backend
         self._notice = notice
+        self._said = set()  # the plans' notices said so far (each once a session)
+        self._plans = {}  # plans of in-memory arrays, by their description and scores (a server's batches)
+        self.last_plan = None  # the plan of the last run
         self._own()
 
     def _own(self):
@@ -173,30 +180,62 @@ class Session:
         return self.model.fc2.shape[1]
 
     def _backend(self, data=None):
-        """The backend, made by the first call, for its DataSet `data` where given (see _decode)."""
+        """The backend, made by the first call, for its DataSet `data` where given: where a GPU
+        backend decodes chunks is settled then (plan.decode_mode)."""
         if self.closed:
             raise InputError("this session is closed")
         if self.backend is None:
             t = time.perf_counter()
-            kwargs = dict(self.options.backend_kwargs(), decode=self._decode(data))
-            self._holder.backend = self._at_home(backends.create, self.backend_name, self._notice, **kwargs)
+            described = None if data is None or self.backend_name == "cpu" else planning.Data.of(data)
+            cpu = self.backend_name == "cpu" and self.options.decode == "auto"
+            kwargs = dict(self.options.backend_kwargs(),
+                          decode="host" if cpu else planning.decode_mode(described, self.options, host_budget()))
+            self._holder.backend = self._at_home(create_backend, self.backend_name, self._notice, **kwargs)
             self.setup_ms += _ms(t)
         return self.backend
 
-    def _decode(self, data):
-        """--decode for the backend about to be made: with auto, "auto" (on the GPU where it can)
-        where the first call's file, past the host budget, has chunks the GPU decodes, else "host". The
-        choice is made once: GPU decoding needs more hardware queues, asked for as the driver starts,
-        which cost the process ~80 MB of host memory (H100); its start-up (~0.2 s a process) outweighs
-        its speed on files within the budget, which stream decoded by the host."""
-        if self.options.decode != "auto":
-            return self.options.decode
-        if self.backend_name == "cpu" or data is None:
-            return "host"
-        from .gpu import chunk_decode, plan
+    def _plan(self, data, scores):
+        """The plan of a run of DataSet `data` on this session's backend (infer/plan.py): made
+        here, once a run, its notices said once a session; the backend then chooses nothing."""
+        backend = self.backend
+        described = planning.Data.of(data)
+        key = (described, bool(scores)) if data.kind == "array" else None
+        run = self._plans.get(key) if key is not None else None
+        if run is None:
+            if backend.name == "cpu":
+                reason = (f"auto: CUDA is not usable here ({backend.fallback})" if backend.fallback else "--backend cpu")
+            else:
+                reason = "auto: a CUDA GPU is usable here" if self.backend_name == "auto" else "--backend cuda"
+            run = planning.make(described, network.geometry(self.model, (data.size,) + tuple(data.image_shape), data.parts[0][0]),
+                                self._at_home(backend.description), self.options, scores, budget=host_budget(),
+                                backend_reason=reason, decoding_mode=backend.options.decode, devices=backend.devices,
+                                model_path=self.model.path)
+            if key is not None:
+                if len(self._plans) >= 64:
+                    self._plans.clear()
+                self._plans[key] = run
+        for line in run.notices:
+            if line not in self._said:
+                self._said.add(line)
+                self._notice(line)
+        self.last_plan = run
+        return run
 
-        wire = plan.wire_dtype(data.dtype)
-        return "auto" if streams(data, wire) and chunk_decode.unsupported(data, wire) is None else "host"
+    def plan(self, data, n=None, scores=False):
+        """The plan a call of evaluate(data, n, scores=scores) would run (a Plan; .as_dict() is what
+        `run --json` reports under "plan"), made without a forward pass: the backend starts (for a
+        GPU, its context; no kernel is compiled) and the files' first images are read."""
+        self._here()
+        paths = expand([data] if isinstance(data, (str, os.PathLike)) else list(data))
+        if not paths:
+            raise InputError("no data file given")
+        dataset = DataSet.open(paths, self.model, n)
+        try:
+            with self.lock:
+                self._backend(dataset)
+                return self._plan(dataset, scores)
+        finally:
+            dataset.close()
 
     @property
     def executor(self):
@@ -262,8 +301,9 @@ class Session:
                               shards=dataset.shards, backend=backend.name, device=backend.device,
                               profile=backend.profile, timing=timing, streamed="read" in timing, recomputed=recomputed,
                               reader=dict(layout=dataset.kind, filters=dataset.filters, threads=backend.reader_threads,
-                                          pool=backend.reader.kind, decode=getattr(backend, "decoding", "host"),
-                                          wire=codes.NAMES.get(dataset.wire, str(dataset.wire))))
+                                          pool=backend.reader.kind, decode=backend.decoding,
+                                          wire=codes.NAMES.get(dataset.wire, str(dataset.wire))),
+                              plan=self.last_plan.as_dict())
         finally:
             dataset.close()
 
@@ -274,46 +314,45 @@ class Session:
         and forward (the CPU backend's in-memory path): there each call has its own image buffer
         and runs at once, on the backend's shared compute threads."""
         with self.lock:
-            backend = self._backend(data)
+            self._backend(data)
         network.geometry(self.model, (data.size,) + tuple(data.image_shape), data.parts[0][0])
         try:
-            return self._forward_as(data, scores, progress, wire_type(backend, data))
-        except codes.NotCodes:  # a float32 value past the first image was no 8-bit code
+            return self._forward_planned(data, scores, progress)
+        except codes.NotCodes:  # a float32 value past the first images was no 8-bit code
             data.no_codes()
             progress.restart()
-            return self._forward_as(data, scores, progress, wire_type(backend, data))
+            return self._forward_planned(data, scores, progress)
 
-    def _forward_as(self, data, scores, progress, wire):
-        """_forward with the images travelling in type `wire`."""
+    def _forward_planned(self, data, scores, progress):
+        """_forward as the run's plan says."""
         with self.lock:
             backend = self._backend()
-        n = data.size
-        x_shape = (n,) + tuple(data.image_shape)
-        data.wire = wire
-        streamed = streams(data, wire, backend.stream_from)
-        if backend.concurrent and not streamed:
+            run = self._plan(data, scores)
+        data.wire = run.wire
+        if backend.concurrent and not run.streamed:
             with self._calls:
                 if self.closed:
                     raise InputError("this session is closed")
                 self._running += 1
             try:
-                return self._run(backend, data, scores, progress, x_shape, wire, streamed, at_once=True)
+                return self._run(backend, data, run, progress, at_once=True)
             finally:
                 with self._calls:
                     self._running -= 1
                     self._calls.notify_all()
         with self.lock:
             backend = self._backend()  # closed meanwhile?
-            return self._at_home(self._run, backend, data, scores, progress, x_shape, wire, streamed)
+            return self._at_home(self._run, backend, data, run, progress)
 
-    def _run(self, backend, data, scores, progress, x_shape, wire, streamed, at_once=False):
-        n = x_shape[0]
+    def _run(self, backend, data, run, progress, at_once=False):
+        n, wire, streamed, scores = data.size, run.wire, run.streamed, run.scores
+        x_shape = (n,) + tuple(data.image_shape)
         t = time.perf_counter()
         if at_once:  # only the model, not prepare's per-call settings (keep_scores)
             backend.use(self.model)
         else:
-            backend.prepare(self.model, x_shape, scores, wire, streamed, data.align, data if streamed else None)
-        counter = None if at_once else getattr(backend, "recomputed", None)
+            backend.prepare(self.model, run, data if streamed else None)
+        counter = None if at_once else backend.recomputed
         if counter is not None:
             counter()  # from zero: prepare's warm-up ran the network too
         timing = dict(load=0.0, prepare=_ms(t))

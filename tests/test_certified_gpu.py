@@ -6,6 +6,7 @@ import pytest
 
 from infer.data import loader
 from infer.bench.gpu import random_case, read_all
+from infer.plan import for_backend
 from tests.conftest import REPO, invoke
 from tests.near_ties import near_ties
 
@@ -30,7 +31,7 @@ def labels_of(algo, model, x, chunk=None, scores=False):
     try:
         host = b.host_buffers(x.shape, np.float32)[0]
         host[...] = x
-        b.prepare(model, x.shape, scores=scores)
+        b.prepare(model, for_backend(b, model, x.shape, scores=scores))
         pipeline = b.executor.pipeline
         if algo == CERTIFIED:
             pipeline.recomputed()  # the warm-up's
@@ -225,7 +226,7 @@ def test_the_default_runs_float32_uploads_and_score_requests_exactly(gpu, ece408
         try:
             host = b.host_buffers(x.shape, np.float32)[0]
             host[...] = x
-            b.prepare(model, x.shape, scores=scores)
+            b.prepare(model, for_backend(b, model, x.shape, scores=scores))
             assert "fused-certified" in b.device and "else exact" in b.device
             labels, s = b.forward(host)
             return labels, s, b.recomputed()
@@ -257,7 +258,7 @@ def test_images_uploaded_a_byte_a_pixel_are_certified_from_certify_from(gpu, ece
         try:
             host = b.host_buffers((count,) + x.shape[1:], codes.MUL)[0]
             host.view(np.uint8)[...] = codes.pack(x[:count], codes.MUL)
-            b.prepare(model, host.shape, wire=codes.MUL, scores=scores)
+            b.prepare(model, for_backend(b, model, host.shape, wire=codes.MUL, scores=scores))
             b.recomputed()  # the warm-up's
             labels, _ = b.forward(host)
             recomputed = b.recomputed()

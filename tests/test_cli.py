@@ -53,13 +53,13 @@ def test_precision_takes_exact_or_certified(ece408):
 
 
 def test_auto_without_cuda_falls_back_with_one_notice(ece408, monkeypatch):
-    from infer import backend as backends
+    from infer import gpu
     from infer.errors import BackendUnavailable
 
     def unavailable(**_):
         raise BackendUnavailable("no GPU here")
 
-    monkeypatch.setattr(backends, "create_cuda", unavailable)
+    monkeypatch.setattr(gpu, "create", unavailable)
     r = invoke("run", *files(ece408, "test2.hdf5"))
     assert r.exit_code == 0
     assert r.stderr.strip().splitlines() == ["cnninfer: CUDA backend not usable (no GPU here); using the CPU backend"]

@@ -154,11 +154,11 @@ class Made(Exception):
 @pytest.fixture
 def made(monkeypatch):
     """The decode mode each Session's backend would be made with (nothing made, no GPU needed)."""
-    from infer import backend as backends
+    from infer import session
 
     def create(name, notice, **options):
         raise Made(options["decode"])
-    monkeypatch.setattr(backends, "create", create)
+    monkeypatch.setattr(session, "create_backend", create)
 
     def decode(path, backend="cuda", **options):
         with Session(MODEL, backend, **options) as s:

@@ -10,6 +10,7 @@ from infer.gpu.launch import GEMMS, gemm_runs_on
 from infer.gpu import launch
 from infer.gpu.pipelines import ALGORITHMS
 from infer.network import Geometry
+from infer.plan import for_backend
 from tests.conftest import TESTFULL_AGREE, TESTFULL_CORRECT, Dev, build
 
 pytestmark = pytest.mark.gpu
@@ -490,7 +491,7 @@ def test_every_algorithm_on_every_geometry(gpu, spec, algo):
         try:
             host = b.host_buffers(x.shape, np.float32)[0]
             host[...] = x
-            b.prepare(model, x.shape, scores=True)
+            b.prepare(model, for_backend(b, model, x.shape, scores=True))
             labels, scores = b.forward(host)
         finally:
             b.close()
@@ -577,7 +578,7 @@ def test_split_over_gpus_equals_one_gpu(ece408, monkeypatch, budget):
     if pair == [0, 0]:  # two contexts on one GPU share its legacy stream: one's graph capture fails the other's calls
         monkeypatch.setenv("CNNINFER_GRAPHS", "0")
     one = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda", scores=True)
-    monkeypatch.setattr("infer.backend.create_cuda", lambda devices=None, **o: MultiGpuBackend(pair, **o))
+    monkeypatch.setattr("infer.gpu.create", lambda devices=None, **o: MultiGpuBackend(pair, **o))
     two = infer.run(ece408 / "testfull.hdf5", ece408 / "model.hdf5", 9999, backend="cuda", scores=True)
     assert two.device.startswith("2 GPUs") and two.streamed == (budget == "4")
     # streamed, each GPU reads its range with a pool of its own; in memory, the first GPU's reads all
@@ -597,7 +598,7 @@ def test_streamed_blocks_are_sized_in_bytes(ece408):
     try:
         blocks = {}
         for stored in (np.float32, np.uint8):
-            b.prepare(model, (1_000_000, 28, 28, 1), wire=stored, streamed=True)
+            b.prepare(model, for_backend(b, model, (1_000_000, 28, 28, 1), wire=stored, streamed=True))
             blocks[stored] = b.stream_block
             assert b.stream_block * 28 * 28 * np.dtype(stored).itemsize <= CudaBackend.STREAM_BYTES
             assert b.executor.run.chunk == b.stream_block
@@ -739,7 +740,7 @@ def test_a_forward_names_its_first_bad_image_then_forgets_it(ece408, monkeypatch
     try:
         host = b.host_buffers(x.shape, np.float32)[0]
         host[...] = x
-        b.prepare(model, x.shape)
+        b.prepare(model, for_backend(b, model, x.shape))
         good = b.forward(host)[0]
         for bad in ([1834], [2999, 1751]):
             for i in bad:
@@ -770,7 +771,7 @@ def test_graph_replay_equals_kernel_by_kernel(ece408, cpu_testfull, monkeypatch,
         try:
             host = b.host_buffers(x.shape, np.float32)[0]
             host[...] = x
-            b.prepare(model, x.shape, scores=True)
+            b.prepare(model, for_backend(b, model, x.shape, scores=True))
             first = b.forward(host)
             second = b.forward(host)
             assert len(b.executor.graphs) == (graphs == "1") and b.executor.use_graphs == (graphs == "1")

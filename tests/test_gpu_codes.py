@@ -10,6 +10,7 @@ import pytest
 
 import infer
 from infer.data import codes
+from infer.plan import for_backend
 from tests.conftest import Dev, build, invoke
 
 pytestmark = pytest.mark.gpu
@@ -93,7 +94,7 @@ def test_two_gpus_take_codes_too(ece408, monkeypatch, as_float32, budget):
     pair = [0, 1] if device.visible_devices() > 1 else [0, 0]
     if pair == [0, 0]:  # two contexts on one GPU share its legacy stream: no graph capture
         monkeypatch.setenv("CNNINFER_GRAPHS", "0")
-    monkeypatch.setattr("infer.backend.create_cuda", lambda devices=None, **o: MultiGpuBackend(pair, **o))
+    monkeypatch.setattr("infer.gpu.create", lambda devices=None, **o: MultiGpuBackend(pair, **o))
     a, b = runs(ece408 / "testfull.hdf5", ece408 / "model.hdf5", as_float32)
     assert a.device.startswith("2 GPUs") and a.reader["wire"] == codes.NAMES[codes.MUL] and a.streamed == (budget == "4")
     alike(a, b)
@@ -151,7 +152,7 @@ def test_the_fused_kernels_read_codes_as_uploaded(ece408, algo, staged):
                 pytest.skip("the fused wgmma kernels need Hopper")
             buf = b.host_buffers(x.shape, wire)[0]
             buf.view(images.dtype)[...] = images
-            b.prepare(model, x.shape, wire=wire)
+            b.prepare(model, for_backend(b, model, x.shape, wire=wire))
             if wire != np.float32:
                 ex = b.executor
                 assert all(f is None for f in ex.run.floats) == staged and (wire in ex.converters) != staged

@@ -384,7 +384,7 @@ def test_devices_all_asks_for_the_hardware_queues_before_the_driver_starts(monke
     """The driver reads CUDA_DEVICE_MAX_CONNECTIONS as it starts: `--devices all` counts the GPUs
     (starting it) only after --decode gpu has asked for its queues (it was after: 8 queues, two
     H200s streamed gzip 1 at 4.0M images/s instead of 6.8-7.4M)."""
-    from infer import backend as backends
+    import infer.gpu
     from infer.errors import BackendUnavailable
     from infer.gpu import device
 
@@ -397,5 +397,5 @@ def test_devices_all_asks_for_the_hardware_queues_before_the_driver_starts(monke
     monkeypatch.delenv("CUDA_DEVICE_MAX_CONNECTIONS")
     monkeypatch.setattr(device, "visible_devices", counting)
     with pytest.raises(BackendUnavailable):
-        backends.create_cuda("all", decode="gpu")
+        infer.gpu.create("all", decode="gpu")
     assert seen == [str(device.DECODE_QUEUES)]

@@ -132,11 +132,11 @@ def test_a_gpu_session_refuses_at_once_in_a_forked_child(ece408, expected, hard_
 def test_the_cpu_fallback_notice_is_said_once_a_process(ece408, expected):
     """Three Sessions with backend auto on a machine whose CUDA backend cannot start: one notice."""
     body = """
-    import infer.backend
+    import infer.gpu
     from infer.errors import BackendUnavailable
     def no_gpu(**options):
         raise BackendUnavailable("no CUDA GPU is visible")
-    infer.backend.create_cuda = no_gpu
+    infer.gpu.create = no_gpu
     for _ in range(3):
         with cnninfer.Session(model) as s:
             print(s.predict(x).tolist() == expected)

@@ -6,8 +6,7 @@ import pytest
 
 import infer
 from infer.data import host, loader
-from infer import progress, session
-from infer.cpu.backend import CpuBackend
+from infer import plan as planning, progress, session
 from infer.data.dataset import DataSet
 from infer.gpu import plan
 from tests.conftest import assert_refused, invoke
@@ -27,29 +26,37 @@ def test_streamed_equals_in_memory(ece408, tiny_budget, monkeypatch):
     assert set(streamed.timing) == {"load", "prepare", "forward", "read", "wait"}
 
 
-def test_a_backend_streams_past_its_own_size_within_the_budget(ece408, monkeypatch):
-    """stream_from (the GPU's: two blocks) streams a data set the budget would read whole; testfull's
-    10,000 float32 images stay under the GPU's, so `cnninfer run testfull.hdf5 ...` times resident images."""
+def test_a_gpu_run_streams_past_two_blocks_within_the_budget(ece408, monkeypatch):
+    """The GPU's plans stream past STREAM_FROM (two blocks) a data set the budget would read whole;
+    testfull's 10,000 float32 images stay under it, so `cnninfer run testfull.hdf5 ...` times
+    resident images. The CPU streams past the budget only, with the same predictions."""
+    from infer.gpu.device import KNOWN
+    from infer.network import geometry
+
     model = loader.load_model(ece408 / "model.hdf5")
     data = DataSet.open([ece408 / "testfull.hdf5"], model, 1000)
     try:
-        size = 1000 * 28 * 28 * 4
-        assert not session.streams(data, np.float32) and not session.streams(data, np.float32, size)
-        assert session.streams(data, np.float32, size - 1) and not session.streams(data, np.uint8, size - 1)
+        size, d = 1000 * 28 * 28 * 4, planning.Data.of(data)
+        budget = session.host_budget()
+        assert not planning.streams(d, np.float32, budget) and not planning.streams(d, np.float32, budget, size)
+        assert planning.streams(d, np.float32, budget, size - 1) and not planning.streams(d, np.uint8, budget, size - 1)
+        g = geometry(model, (1000, 28, 28, 1))
+        monkeypatch.setattr(plan, "STREAM_FROM", size - 1)
+        assert planning.make(planning.Data(1000, (28, 28, 1)), g, KNOWN["H100"]).streamed
+        monkeypatch.setattr(plan, "STREAM_FROM", size)
+        assert not planning.make(planning.Data(1000, (28, 28, 1)), g, KNOWN["H100"]).streamed
         monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
-        assert session.streams(data, np.float32) and session.streams(data, np.uint8, None)
+        assert planning.streams(d, np.float32, session.host_budget()) and planning.streams(d, np.uint8, session.host_budget(), None)
     finally:
         data.close()
+    monkeypatch.undo()
     assert 10000 * 28 * 28 * 4 < plan.STREAM_FROM
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
     by_budget = infer.run(ece408 / "testfull.hdf5", model, 1000, backend="cpu")
     monkeypatch.delenv("CNNINFER_HOST_BUDGET_MB")
-    monkeypatch.setattr(CpuBackend, "stream_from", size - 1)
-    streamed = infer.run(ece408 / "testfull.hdf5", model, 1000, backend="cpu")
-    assert by_budget.streamed and streamed.streamed
-    monkeypatch.setattr(CpuBackend, "stream_from", size)
     whole = infer.run(ece408 / "testfull.hdf5", model, 1000, backend="cpu")
-    assert not whole.streamed
-    assert (streamed.predictions == whole.predictions).all() and (by_budget.predictions == whole.predictions).all()
+    assert by_budget.streamed and not whole.streamed
+    assert (by_budget.predictions == whole.predictions).all()
 
 
 def test_streams_compressed_chunked_files(tmp_path, ece408, tiny_budget):

@@ -8,6 +8,7 @@ import numpy as np
 from infer.bench.gpu import random_case
 from infer.gpu.backend import CudaBackend
 from infer.gpu.profile import table
+from infer.plan import for_backend
 
 spec, n, algo = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 model, x = random_case(spec, n)
@@ -16,7 +17,7 @@ for profile in (True, False):  # profiled launches are never captured: graphs ar
     try:
         host = b.host_buffers(x.shape, np.float32)[0]
         host[...] = x
-        b.prepare(model, x.shape)
+        b.prepare(model, for_backend(b, model, x.shape))
         b.forward(host)
         if profile:
             b.profiler.reset()  # only the second forward's times

@@ -124,12 +124,13 @@ def time_cnninfer(model, x_host_data, expected, algo, gemm, tile_width, streams,
     8-bit codes) where they are codes (codes.py), also GPU and end to end as `cnninfer run` uploads
     a file of them."""
     from ..gpu.backend import CudaBackend
+    from ..plan import for_backend
 
     b = CudaBackend(streams=streams, tile_width=tile_width, gemm_algo=gemm or "auto", conv_algo=algo)
     try:
         x = b.host_buffers(x_host_data.shape, np.float32)[0]
         x[...] = x_host_data
-        b.prepare(model, x.shape)
+        b.prepare(model, for_backend(b, model, x.shape))
         labels, _ = b.forward(x)
         identical = int(np.count_nonzero(labels == expected))
         if identical < reference.MIN_AGREEMENT * len(x):
@@ -145,7 +146,7 @@ def time_cnninfer(model, x_host_data, expected, algo, gemm, tile_width, streams,
             wire, k = packed
             xc = b.host_buffers(k.shape, wire)[0]  # (x's buffer is freed)
             xc.view(np.uint8)[...] = k
-            b.prepare(model, xc.shape, wire=wire)
+            b.prepare(model, for_backend(b, model, xc.shape, wire=wire))
             if not np.array_equal(b.forward(xc)[0], labels):
                 raise InputError(f"bench: {algo} labels images sent as 8-bit codes otherwise than as float32")
             row["e2e_codes_ms"] = _median_host(lambda: b.forward(xc), warmup, repeats)

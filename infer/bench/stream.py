@@ -56,13 +56,14 @@ def gpu_resident(data_path, model, n, conv_algo, warmup=3, repeats=20):
     """Images/s of the GPU alone on n images already on it (CUDA events, median)."""
     from .gpu import _median_events, read_all
     from ..gpu.backend import CudaBackend
+    from ..plan import for_backend
 
     x = read_all(data_path, model, n)
     b = CudaBackend(conv_algo=conv_algo)
     try:
         host = b.host_buffers(x.shape, np.float32)[0]
         host[...] = x
-        b.prepare(model, x.shape)
+        b.prepare(model, for_backend(b, model, x.shape))
         b.forward(host)
         ms = _median_events(b.enqueue_resident, warmup, repeats)
         return len(x) / ms * 1e3
@@ -71,7 +72,7 @@ def gpu_resident(data_path, model, n, conv_algo, warmup=3, repeats=20):
 
 
 def stream_bench(data_path, model_path, readers=None, devices=None, conv_algo="auto", resident_images=200_000):
-    from ..backend import create_cuda
+    from ..gpu import create as create_cuda
 
     model = loader.load_model(model_path)
     rows = {}
@@ -110,7 +111,7 @@ def gpu_decodes(data_path, model):
     from ..gpu import chunk_decode
     try:
         from ..gpu.backend import CudaBackend
-    except ImportError:  # no PyCUDA: create_cuda says so in one line
+    except ImportError:  # no PyCUDA: gpu.create says so in one line
         return False
     data = DataSet.open([data_path], model)
     try:

@@ -15,6 +15,8 @@ from .net import net_library
 from . import winograd
 from ..errors import BadValue, ScoresOverflow
 from ..network import Geometry
+from ..options import Options
+from ..backend import Backend
 from ..data.host import HostSide
 
 NUMPY_CHUNK = 32  # small chunks keep each thread's im2col buffer in cache
@@ -100,7 +102,7 @@ class NativeNet:
         return bad
 
 
-class CpuBackend(HostSide):
+class CpuBackend(HostSide, Backend):
     name = "cpu"
     profile = None  # the CPU backend keeps no per-kernel timings
     concurrent = True  # forward keeps no state: calls from several threads may run at once
@@ -109,6 +111,7 @@ class CpuBackend(HostSide):
 
     def __init__(self, chunk=None, readers=None):
         self.chunk = chunk
+        self.options = Options.of(chunk=chunk, readers=readers)  # the options its runs are planned with
         self.threads = env.cores()
         self.readers = readers
         self.model = None
@@ -145,8 +148,8 @@ class CpuBackend(HostSide):
     def new_host_buffer(shape, dtype):
         return np.empty(shape, dtype)
 
-    def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False, align=1, source=None):
-        self.model, self.keep_scores = model, scores
+    def prepare(self, model, plan, source=None):
+        self.model, self.keep_scores = model, plan.scores
 
     def use(self, model):
         """What forward needs, for calls that run at once (see Session._forward)."""

@@ -91,8 +91,6 @@ class HostSide:
     readers = None  # reader threads (None: reader.default_threads())
     ring_depth = 4
     concurrent = False  # whether forward may run on several threads at once (see Session._forward)
-    stream_from = None  # bytes of images past which a data set streams within the host budget (None: never)
-    takes_codes = False  # whether float32 files of 8-bit pixels may travel as their codes (codes.py)
 
     def host_buffers(self, shape, dtype, count=1):
         """`count` host buffers of shape and dtype, the same ones again for the same request. The

@@ -7,41 +7,32 @@ import numpy as np
 import pycuda.driver as cuda
 
 from ..errors import InputError
+from ..backend import Backend
 from ..data.host import HostSide
 from ..network import geometry
-from ..options import STREAMS
+from ..options import STREAMS, Options
 from . import chunk_decode, graph, launch, pipelines, plan, shuffled
 from .device import DECODE_QUEUES, Device
-from .executor import Executor
+from .executor import Executor, RunKey
 from .launch import Build
 from .profile import NullProfiler, Profiler
 from .streamer import forward_stream
 
 
-class CudaBackend(HostSide):
+class CudaBackend(HostSide, Backend):
     name = "cuda"
     checks_values = True  # float32 images are checked on the GPU, by the pipeline (pipelines.py)
     STREAM_BYTES = plan.STREAM_BYTES
-    stream_from = plan.STREAM_FROM
-    # Streamed blocks in flight (being read, uploaded, computed): 6 of ~25 MB pinned, whatever --streams
-    # is (8 streams with 10 blocks held 100 MB more, peak RSS 485 against 385 MB, for no more speed);
-    # 5 where the host decodes the file's chunks (their decoding, not the ring, paces those runs: the
-    # same speed, 22 MB less, which brought Blosc2's 403-405 MB under 400)
-    ring_depth = 6
-    decoded_ring_depth = 5
+    ring_depth = plan.RING_DEPTH
+    decoded_ring_depth = plan.DECODED_RING_DEPTH
 
     def host_ring_depth(self, data):
         return self.decoded_ring_depth if data.kind == "chunks" else self.ring_depth
 
     def __init__(self, chunk=None, streams=STREAMS, tile_width=None, conv_algo=pipelines.AUTO, device=0,
-                 fast_math=False, profile=False, readers=None, gemm_algo="auto", notice=None, decode="host",
+                 fast_math=False, profile=False, readers=None, gemm_algo="auto", decode="host",
                  precision=None):
         t = time.perf_counter()
-        if streams < 1:
-            raise InputError(f"--streams must be at least 1, got {streams}")
-        conflict = pipelines.precision_conflict(conv_algo, precision)
-        if conflict:
-            raise InputError(conflict)
         # Decoding on the GPU keeps ~20 streams busy at once (12 decoding, the network's, the uploads'):
         # 16 hardware queues, which cost the context ~80 MB more host memory (H100, 1M Blosc lz4 file:
         # peak RSS 392 MB against 311 with 8 queues, at 6.3-6.7M images/s against 3.8M), so only then
@@ -49,10 +40,11 @@ class CudaBackend(HostSide):
         self.profiler = Profiler() if profile else NullProfiler()
         self.build = Build(self.gpu.arch, fast_math, tile_width, self.profiler, gemm_algo, self.gpu.l2_bytes,
                            self.gpu.sms)
-        self.notice = notice
-        self.algo, self.chunk, self.readers = conv_algo, chunk, readers
-        self.precision = precision  # --precision: None, "exact" or "certified" (pipelines.choose)
-        self.decode = decode  # --decode: where compressed chunks of a streamed file are decoded
+        # The options its runs are planned with (infer.plan), --decode as made (plan.decode_mode)
+        self.options = Options.of(chunk=chunk, streams=streams, tile_width=tile_width, conv_algo=conv_algo,
+                                  device=device, fast_math=fast_math, profile=profile, readers=readers,
+                                  gemm_algo=gemm_algo, decode=decode, precision=precision)
+        self.readers = readers
         self.decoder = None  # the GPU decoder (chunk_decode.Decoder): made as a run is prepared, kept while it fits
         self.decoder_shape = None  # the decode streams and blocks a group it was made for
         self.placer, self.placing = None, []  # its GPU unshuffle (shuffled.Placer), and the placer's buffers
@@ -93,7 +85,6 @@ class CudaBackend(HostSide):
         return None if counter is None or not self.executor.certifies() else counter()
 
     wire_dtype = staticmethod(plan.wire_dtype)
-    takes_codes = True  # float32 files of 8-bit pixels may travel as their codes (codes.py)
     records_forward_graph = True  # prepare records the graph of forward over host_buffers(x_shape, wire)[0]
 
     @staticmethod
@@ -113,32 +104,23 @@ class CudaBackend(HostSide):
         cuda.memcpy_htod(buf, array)
         return buf
 
-    def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False, align=1, source=None):
-        """Compile (or load cached) kernels for this network and upload the weights (once per
-        model and image shape), allocate the buffers for x_shape (n, H, W, C) images of type wire
-        (once per batch shape; streamed: the images arrive block by block, see forward_stream, in
-        blocks on multiples of `align` rows, the file's chunk, so no chunk is decoded twice; of
-        the DataSet `source`, whose compressed chunks the GPU decodes where --decode allows) and
-        run the network once, so the timed forward pays neither allocation nor the first launch's
-        module loading."""
+    def prepare(self, model, plan, source=None):
+        """Make ready the run `plan` (infer.plan's Plan) describes, choosing nothing itself: compile (or
+        load cached) the kernels of its algorithm and upload the weights (once per model and image
+        shape), allocate its buffers (once per plan key: its images' count, shape and wire type,
+        streamed or not; kept for a later run of the same key) and run the network once, so the
+        timed forward pays neither allocation nor the first launch's module loading. source: the
+        DataSet a streamed plan reads (the GPU decodes its chunks where the plan says so)."""
         t = time.perf_counter()
         ex = self.executor
-        g = geometry(model, x_shape, "data")
-        if self.model is not model or self.pipeline.g != g:  # a new model or image shape
-            algo, why = pipelines.choose(self.algo, g, self.gpu.arch, self.precision)
-            if algo is None:  # a shape no algorithm takes (a contradicting --precision was refused above)
-                raise InputError(f"{model.path}: {why}; --conv-algo unroll runs any consistent shapes")
-            if why and self.notice is not None:
-                self.notice(why)
-            if algo is not pipelines.Unroll and self.notice is not None:
-                for name, value in (("--tile-width", self.build.tile_width), ("--gemm-algo", self.build.gemm)):
-                    if value not in (None, "auto"):
-                        self.notice(f"cnninfer: {name} {value} has no effect: --conv-algo {algo.NAME} has no "
-                                    f"tiled GEMM (it shapes --conv-algo unroll's)")
+        g = geometry(model, (plan.n,) + tuple(plan.image_shape), "data")
+        algo = pipelines.ALGORITHMS[plan.pipeline]
+        if (self.model is not model or self.pipeline.g != g or type(self.pipeline) is not algo
+                or getattr(self.pipeline, "default", False) != plan.by_default):  # a new model, shape or algorithm
             try:
                 launch.prefetch(self.build, lambda build: algo(build, g))
                 pipeline = algo(self.build, g)
-                if algo is pipelines.FusedCertified and self.precision is None and self.algo == pipelines.AUTO:
+                if plan.by_default:
                     pipeline.by_default()
             except ValueError as e:
                 raise InputError(f"--conv-algo {algo.NAME}: {e}") from None
@@ -154,87 +136,67 @@ class CudaBackend(HostSide):
             self.model = model
             self._host("weights upload", t)
         t = time.perf_counter()
-        wire = np.dtype(wire)
+        wire = np.dtype(plan.wire)
         if wire != np.float32 and ex.pipeline.staging(wire) is None and wire not in ex.converters:
             ex.converters[wire] = launch.converter(self.build, wire)
-        ex.keep_scores = scores
-        # decoding: how the chunks travel where the GPU decodes them (chunk_decode.Plan), else ()
-        decoding = (chunk_decode.plan(source.parts[0][1]) if streamed and source is not None
-                    and self._gpu_decodes(source, wire) else ())
-        key = (x_shape[0], tuple(x_shape[1:]), wire.str, bool(streamed), align if streamed else 1, decoding)
+        ex.keep_scores, ex.certify = plan.scores, plan.precision == "certified"
+        key = RunKey(*plan.key)
         if (ex.run is None or ex.run.key != key) and not ex.use_run(key):
-            self._allocate(key)
+            self._allocate(key, plan)
             ex.warm_up()
-            if decoding:
+            if key.decoding:
                 chunk_decode.warm_up(self.build, source.parts[0][1])
-        if decoding and not ex.run.resident:
+        if key.decoding and not ex.run.resident:
             raise InputError(f"{source.parts[0][0]}: --decode gpu: the GPU has too little free memory for the "
                              "decoded blocks")
         # The ring's page-locked buffers, here rather than in the timed run: pinning a 25 MB buffer
         # takes ~17 ms (--decode gpu pinned its ring in the run: a 1M shuffled gzip 1 file on an
         # H100 streamed at 2.5-3.1M images/s, 3.7-4.2M since)
-        if decoding:
-            self.host_buffers((self._decoder_for(source.parts[0][1]).capacity,), np.uint8, decoding.ring)
-        elif streamed:
-            self.host_buffers((self.stream_block,) + tuple(x_shape[1:]), wire,
+        if key.decoding:
+            self.host_buffers((self._decoder_for(source.parts[0][1]).capacity,), np.uint8, key.decoding.ring)
+        elif plan.streamed:
+            self.host_buffers((self.stream_block,) + tuple(plan.image_shape), wire,
                               self.ring_depth if source is None else self.host_ring_depth(source))
         elif self.records_forward_graph:  # the buffer forward reads (Session's, bench's): its graph recorded now
-            ex.record(self.host_buffers(x_shape, wire)[0])
-        if streamed:
+            ex.record(self.host_buffers((plan.n,) + tuple(plan.image_shape), wire)[0])
+        if plan.streamed:
             _ = self.reader
-            if not decoding and source is not None:  # its staging block, here rather than in the timed run
+            if not key.decoding and source is not None:  # its staging block, here rather than in the timed run
                 self._placer_for(source)
         self._host("buffers + warm-up", t)
 
-    def _gpu_decodes(self, source, wire):
-        """Whether the GPU decodes `source`'s chunks: with --decode gpu, or one line where it cannot;
-        with auto, where it can."""
-        if self.decode == "host":
-            return False
-        why = chunk_decode.unsupported(source, wire)
-        if why and self.decode == "gpu":
-            raise InputError(f"{source.parts[0][0]}: --decode gpu: {why}")
-        return not why
+    def description(self):
+        """This GPU as a run plan sees it (gpu.device.Description), its memory free now."""
+        return self.gpu.description()
 
-    def _allocate(self, key):
-        """Device and page-locked buffers for a batch (n, image shape, wire type, streamed, align,
-        the chunk_decode.Plan where the GPU decodes them) as plan.memory plans them. If the device runs out of memory all the same, the images stop
-        being resident, then chunks halve, down to one image."""
+    @property
+    def devices(self):
+        return (self.gpu.ordinal,)
+
+    def _allocate(self, key, plan):
+        """Device and page-locked buffers for the run of `key` as `plan` sizes them (chunk,
+        resident, the ring). If the device runs out of memory all the same, the runs put aside go,
+        then the images stop being resident, then chunks halve, down to one image."""
         ex = self.executor
-        n, image_shape, wire, streamed, align, decoding = key
-        wire = np.dtype(wire)
-        elems = int(np.prod(image_shape))
+        wire = np.dtype(key.wire)
+        elems = int(np.prod(key.image_shape))
         self._free_decoder()
         self._free_placer()
-        ex.put_aside(keep=not ex.run.key[3] if ex.run is not None else False)  # streamed runs are not kept
-        best = self.pipeline.CHUNK
-        if streamed and hasattr(self.pipeline, "STREAM_CHUNK"):  # a host block per launch
-            best = plan.streamed_chunk(self.pipeline.STREAM_CHUNK, elems * wire.itemsize, self.STREAM_BYTES)
-        # Blocks the GPU decodes travel as their codec plans, into a deeper device ring: chunks
-        # decoding at once make its speed
-        free = cuda.mem_get_info()[0]
-        block_bytes, depth = ((decoding.block_bytes, chunk_decode.slots(free, decoding)) if decoding
-                              else (self.STREAM_BYTES, self.ring_depth))
-
-        def planned(free):
-            return plan.memory(n, free, len(ex.streams), self.chunk, plan.aligned_chunk(best, align) if streamed else best,
-                               self.pipeline.scratch_floats, self.pipeline.g.classes, elems * wire.itemsize,
-                               4 * elems, streamed, block_bytes, depth)
-
-        chunk, resident = planned(free)
+        ex.put_aside(keep=not ex.run.key.streamed if ex.run is not None else False)  # streamed runs are not kept
+        chunk, resident, block, slots = plan.chunk, plan.resident, plan.block or key.n, plan.slots
         while True:
-            block, slots = plan.ring(n, chunk, streamed, elems * wire.itemsize, block_bytes, depth)
             try:
-                ex.run = ex.allocate(key, n, elems, wire, chunk, resident, block, slots)
+                ex.run = ex.allocate(key, key.n, elems, wire, chunk, resident, block, slots)
                 return
             except cuda.MemoryError:
-                if ex.kept:  # the runs put aside go first
+                if ex.kept:
                     ex.free_kept()
-                    chunk, resident = planned(cuda.mem_get_info()[0])
                 elif resident:
                     resident = False
                 elif chunk > 1:
                     chunk //= 2
+                    if key.streamed:  # a block stays a whole number of chunks
+                        block = max(chunk, block - block % chunk)
                 else:
                     raise InputError("the GPU ran out of memory even for one image per chunk") from None
 
@@ -264,7 +226,7 @@ class CudaBackend(HostSide):
     def stream_block(self):
         """Images per streamed block: whole chunks, about STREAM_BYTES, so each block amortizes
         the reads and the Python work around it (see plan.ring)."""
-        assert self.executor.run.key[3], "prepare(..., streamed=True) first"
+        assert self.executor.run.key.streamed, "prepare() a streamed plan first"
         return self.executor.run.block
 
     def stream_source(self, data, start, stop):
@@ -274,7 +236,7 @@ class CudaBackend(HostSide):
         (shuffled.Placer; without the device memory for its staging block, the host unshuffles)."""
         run = self.executor.run
         self.unshuffling = None
-        if not run.key[5]:
+        if not run.key.decoding:
             self.decoding = "host"
             source = super().stream_source(data, start, stop)
             self.unshuffling = self._placer_for(data)  # None for a file it cannot unshuffle, though one is kept
@@ -285,7 +247,7 @@ class CudaBackend(HostSide):
         self._decoder_for(data.parts[0][1])
         self.decoder.start()
         self.decoding = self.decoder.describe()
-        buffers = self.host_buffers((self.decoder.capacity,), np.uint8, run.key[5].ring)
+        buffers = self.host_buffers((self.decoder.capacity,), np.uint8, run.key.decoding.ring)
         return chunk_decode.Blocks(data, self.decoder), buffers, chunk_decode.Block
 
     def stream_wire(self, data):
@@ -314,7 +276,7 @@ class CudaBackend(HostSide):
         """The GPU decoder of `rows` (a ChunkedRows) for the prepared run: the one kept where it
         fits, else a new one, on fewer streams where the device memory is short."""
         run = self.executor.run
-        streams, group = chunk_decode.shape(run.slots, run.key[5].group, -(-run.key[0] // run.block))
+        streams, group = chunk_decode.shape(run.slots, run.key.decoding.group, -(-run.key.n // run.block))
         kept = self.decoder
         if (kept is not None and self.decoder_shape == (streams, group)
                 and (kept.rows is rows or kept.fits(rows, run.block))):

@@ -3,6 +3,7 @@ chunk i on stream i mod S (upload, check or convert, the network, labels back), 
 recorded once as a CUDA graph and replayed, and the per-chunk flags that name a bad image."""
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pycuda.driver as cuda
@@ -18,6 +19,16 @@ KEPT_RUNS = 32
 KEPT_BYTES = 256 << 20
 
 
+class RunKey(NamedTuple):
+    """What a run's device buffers depend on (a run plan's key): a run is kept per key."""
+    n: int
+    image_shape: tuple
+    wire: str  # the NumPy type's str
+    streamed: bool
+    align: int  # rows of the file's chunk where streamed, else 1
+    decoding: tuple  # the chunk codec's chunk_decode.Plan where the GPU decodes, else ()
+
+
 @dataclass
 class Run:
     """The buffers of one batch: images as uploaded (resident, or per-stream staging) in the wire
@@ -28,7 +39,7 @@ class Run:
     (40 bytes an image for 10 classes: always there, copied back only when asked for),
     and per chunk two flags: its first image with non-finite scores, its first image holding a
     non-finite value (INT_MAX if none), on the device and in page-locked memory (chunks, 2)."""
-    key: tuple
+    key: RunKey
     chunk: int
     block: int
     slots: int
@@ -69,7 +80,7 @@ class Executor:
     def __init__(self, streams, profiler, use_graphs):
         self.streams = [cuda.Stream() for _ in range(streams)]
         self.profiler, self.use_graphs = profiler, use_graphs
-        self.pipeline, self.converters, self.keep_scores = None, {}, False
+        self.pipeline, self.converters, self.keep_scores, self.certify = None, {}, False, False
         self.run = None
         self.graphs = {}  # (x's address or None, scores kept) -> the run's recorded queue
         self.kept = OrderedDict()  # key -> (run, graphs) put aside for reuse, the latest last
@@ -214,7 +225,7 @@ class Executor:
         a fresh process paid); None where graphs do not work."""
         if not self.use_graphs:
             return None
-        key = (None if x is None else x.ctypes.data, self.keep_scores)
+        key = (None if x is None else x.ctypes.data, self.keep_scores, self.certify)
         try:
             if key not in self.graphs:
                 self.graphs[key] = graph.Graph(self.streams[0], self.streams[1:], lambda: self._enqueue_all(x, first_uploaded=True),
@@ -272,8 +283,8 @@ class Executor:
                 int(run.flags_dev) + 8 * chunk_index, self._scores(start), bad, **staged)
 
     def certifies(self):
-        """Whether the run takes the pipeline's certified low-precision pass (pipeline.certifies)."""
-        return self.pipeline.certifies(len(self.run.labels), self.keep_scores, self.run.wire.itemsize == 1)
+        """Whether the run takes the pipeline's certified low-precision pass: as its plan says."""
+        return self.certify
 
     def _scores(self, start):
         return int(self.run.scores_dev) + 4 * start * self.pipeline.g.classes if self.keep_scores else 0

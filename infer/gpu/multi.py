@@ -1,22 +1,22 @@
 """Several GPUs: the images split into contiguous ranges, one per GPU, each GPU with its own
 context, streams and host thread (a context stays current in the thread that made it). The
 per-image computation does not depend on the batch, so predictions equal one GPU's."""
+import dataclasses
+
 import numpy as np
 
+from ..backend import Backend
 from ..errors import BadValue, ScoresOverflow
 from .home import Home, close_boxed
 from .backend import CudaBackend
-from .plan import split
 
 
-class MultiGpuBackend:
+class MultiGpuBackend(Backend):
     name = "cuda"
     profile = None  # per-kernel profiles are per GPU: profile one device at a time
     checks_values = True
     concurrent = False
-    stream_from = CudaBackend.stream_from
     wire_dtype = staticmethod(CudaBackend.wire_dtype)
-    takes_codes = True
 
     def __init__(self, devices, **options):
         self._reader_threads = None
@@ -53,13 +53,25 @@ class MultiGpuBackend:
         """Portable page-locked memory (every context can copy from it), owned by the first GPU."""
         return self.workers[0].submit(self.gpus[0].host_buffers, shape, dtype, count).result()
 
-    def prepare(self, model, x_shape, scores=False, wire=np.float32, streamed=False, align=1, source=None):
+    def description(self):
+        return self.gpus[0].description()
+
+    @property
+    def options(self):
+        return self.gpus[0].options
+
+    @property
+    def devices(self):
+        return tuple(g.gpu.ordinal for g in self.gpus)
+
+    def prepare(self, model, plan, source=None):
+        """Each GPU prepares its share of the plan's images (plan.shares)."""
         self._reader_threads = None
-        self.ranges = split(x_shape[0], len(self.gpus), align if streamed else 1)
-        self._each(lambda i, g: g.prepare(model, (self.ranges[i][1] - self.ranges[i][0],) + tuple(x_shape[1:]),
-                                          scores, wire, streamed, align, source))
-        if not streamed:  # each GPU's graph of forward over its slice of the buffer forward reads
-            x = self.host_buffers(x_shape, wire)[0]
+        self.ranges = plan.shares
+        self._each(lambda i, g: g.prepare(model, dataclasses.replace(plan, n=self.ranges[i][1] - self.ranges[i][0]),
+                                          source))
+        if not plan.streamed:  # each GPU's graph of forward over its slice of the buffer forward reads
+            x = self.host_buffers((plan.shares[-1][1],) + tuple(plan.image_shape), plan.wire)[0]
             self._each(lambda i, g: g.executor.record(x[self.ranges[i][0]:self.ranges[i][1]]))
 
     def recomputed(self):

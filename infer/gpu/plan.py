@@ -14,6 +14,12 @@ STREAM_BYTES = 25 << 20
 # images took 314-378 ms to pin and fill before the GPU started (H100 host, fresh runs), streamed
 # they were read and classified in 54-69 ms (docs/performance.md, "Mid-size files")
 STREAM_FROM = 2 * STREAM_BYTES
+# Streamed blocks in flight (being read, uploaded, computed): 6 of ~25 MB pinned, whatever --streams
+# is (8 streams with 10 blocks held 100 MB more, peak RSS 485 against 385 MB, for no more speed);
+# 5 where the host decodes the file's chunks (their decoding, not the ring, paces those runs: the
+# same speed, 22 MB less, which brought Blosc2's 403-405 MB under 400)
+RING_DEPTH = 6
+DECODED_RING_DEPTH = 5
 
 
 def wire_dtype(stored):
