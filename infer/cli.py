@@ -10,7 +10,8 @@ import click
 from . import __version__
 from .data import defaults
 from .errors import InputError
-from .options import ALGORITHMS, AUTO, BACKENDS, CERTIFY_FROM, DECODE_MODES, GEMMS, PRECISIONS, STREAMS, TILE_WIDTHS
+from .options import (ALGORITHMS, AUTO, BACKENDS, CERTIFY_FROM, DECODE_MODES, DESCRIBED_GPUS, GEMMS, PRECISIONS,
+                      STREAMS, TILE_WIDTHS)
 
 
 def parse_workers(value):
@@ -215,6 +216,47 @@ def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tole
     if expect_accuracy is not None and abs(result.accuracy - expect_accuracy) > tolerance:
         raise Failure(f"accuracy {result.accuracy:g} differs from the expected {expect_accuracy:g} "
                                f"by {abs(result.accuracy - expect_accuracy):.6g}, more than the tolerance {tolerance:g}")
+
+
+@cli.command("plan")
+@click.argument("args", nargs=-1, metavar="[DATA]... [MODEL] [N]")
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
+              help="auto: CUDA when usable here, else the CPU.")
+@click.option("--chunk", type=click.IntRange(1), help="Images per chunk (default: the backend's).")
+@click.option("--readers", type=click.IntRange(1, 256), help="Threads reading the data files.")
+@cuda_options
+@click.option("--decode", type=click.Choice(DECODE_MODES), default="auto", show_default=True,
+              help="As run's --decode.")
+@click.option("--scores", "with_scores", is_flag=True, help="Plan a run that also writes the class scores.")
+@click.option("--gpu", "described", type=click.Choice(DESCRIBED_GPUS),
+              help="Plan for this GPU, described (its memory, less a context's, free), instead of the machine's.")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object (as run --json's \"plan\").")
+def plan_command(args, backend, chunk, readers, streams, tile_width, gemm_algo, conv_algo, precision, device_ordinal,
+                 devices, fast_math, decode, with_scores, described, as_json):
+    """Print every choice `run` would make for these arguments, and why: the backend, device,
+    algorithm, precision, the type images travel in, where chunks are decoded, the chunk, streams,
+    resident or streamed. Nothing is compiled or computed: the files' metadata and first images
+    are read, and (without --gpu) the backend starts to describe its device."""
+    from . import session
+
+    data, model, n = resolve(args)
+    options = dict(chunk=chunk, readers=readers, streams=streams, tile_width=tile_width and int(tile_width),
+                   gemm_algo=gemm_algo, conv_algo=conv_algo, precision=precision, devices=devices or [device_ordinal],
+                   fast_math=fast_math, decode=decode)
+    if described:
+        from .gpu.device import KNOWN
+
+        run_plan = session.plan_for(KNOWN[described], data, model, n, with_scores, **options)
+    else:
+        with session.Session(model, backend, notice=notice, **options) as s:
+            run_plan = s.plan(data, n, scores=with_scores)
+    if as_json:
+        click.echo(json.dumps(run_plan.as_dict()))
+        return
+    click.echo(f"{run_plan.n:,} images ({' x '.join(map(str, run_plan.image_shape))}) of {', '.join(data)}, "
+               f"model {model}:")
+    for name, value, why in run_plan.rows():
+        click.echo(f"  {name:<10} {value:<32}  {why}".rstrip())
 
 
 @cli.command()

@@ -16,6 +16,7 @@ TILE_WIDTHS = (8, 16, 32, 64, 128)  # every tile width of launch.GEMMS
 PRECISIONS = ("exact", "certified")  # --precision; not given: by the run where --conv-algo is auto (pipelines.choose)
 CERTIFY_FROM = 5120  # the default certifies runs of this many images or more (pipelines.FusedCertified)
 BACKENDS = ("auto", "cuda", "cpu")
+DESCRIBED_GPUS = ("A100", "H100", "H200", "L4", "T4")  # `plan --gpu`: gpu.device.KNOWN
 DECODE_MODES = ("auto", "host", "gpu")
 # CUDA streams by default: testfull's 10,000 images run as 8 chunks of 1,250 all at once (H100: 0.71 ms
 # GPU, 0.86-0.90 end to end; on 4 streams the fifth chunk of 2,048 was a tail: 0.75 / 0.89-0.93 ms).

@@ -89,7 +89,8 @@ class Plan:
         for name in ("backend", "device", "devices", "algorithm", "precision", "wire", "streamed", "decode", "layout",
                      "resident", "chunk", "streams", "block"):
             value = d[name]
-            if name == "devices" and not value or name == "block" and not self.streamed:
+            if (name == "devices" and not value or name == "block" and not self.streamed
+                    or name == "streams" and self.backend == "cpu"):
                 continue
             shown = ", ".join(map(str, value)) if isinstance(value, list) else ("yes" if value is True else "no" if value is False else value)
             out.append((name, str(shown), self.reasons.get(name, "")))
@@ -161,6 +162,7 @@ def _cpu(data, cpu, options, scores, budget, backend_reason, streamed):
         decode="by the reader threads" if data.layout == "chunks" else "nothing to decode",
         chunk="--chunk" if options.chunk else (f"about four chunks a thread ({cpu.threads} threads)" if cpu.vector_bits
                                                else "small chunks keep each thread's buffers in cache"),
+        resident="in host memory" if not streamed else "a ring of host blocks",
     )
     return Plan("cpu", cpu.describe(), (), n, tuple(data.image_shape), bool(scores), algorithm, algorithm, False,
                 "exact", wire, _wire_name(wire), streamed, not streamed, "host" if data.layout == "chunks" else "none",

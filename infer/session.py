@@ -387,6 +387,24 @@ class Session:
         return predictions, labels, kept if scores else None, timing, None if counter is None else counter()
 
 
+def plan_for(gpu, data, model=None, n=None, scores=False, **options):
+    """The plan of a run of the first n images of data (paths) with the model on a described GPU
+    (gpu.device.Description, e.g. KNOWN["H100"]) that need not be here: `cnninfer plan --gpu`."""
+    options = Options.of(**options)
+    model = _model(model)
+    paths = expand([data] if isinstance(data, (str, os.PathLike)) else list(data))
+    dataset = DataSet.open(paths, model, n)
+    try:
+        d = planning.Data.of(dataset)
+        devices = options.devices if options.devices not in (None, "all") else [options.device]
+        return planning.make(d, network.geometry(model, (d.size,) + d.image_shape, paths[0]), gpu, options, scores,
+                             budget=host_budget(), backend_reason=f"{gpu.name}, described (not this machine's)",
+                             decoding_mode=planning.decode_mode(d, options, host_budget()), devices=devices,
+                             model_path=model.path)
+    finally:
+        dataset.close()
+
+
 def run(data_path, model_path, n=None, backend="auto", notice=print, progress=False, scores=False, **options):
     """Classify the first n images of data_path (a path, or a list of shards taken as one data set)
     with the model; `options` go to the backend. Images that fit the host budget are read whole,

@@ -168,6 +168,7 @@ def test_the_library_is_free_of_click():
 def test_the_option_names_are_the_registries_names():
     """options.py names what the GPU package registers, without importing it (the command line's --help)."""
     from infer import backend as backends, options
+    from infer.gpu.device import KNOWN
     from infer.gpu import launch, pipelines
 
     assert options.ALGORITHMS == tuple(pipelines.ALGORITHMS)
@@ -175,6 +176,7 @@ def test_the_option_names_are_the_registries_names():
     assert options.GEMMS == tuple(launch.GEMMS) and options.TILE_WIDTHS == launch.TILE_WIDTHS
     assert options.CERTIFY_FROM == pipelines.FusedCertified.CERTIFY_FROM
     assert options.BACKENDS == backends.NAMES
+    assert options.DESCRIBED_GPUS == tuple(sorted(KNOWN))
 
 
 def test_help_imports_no_engine():

@@ -54,7 +54,9 @@ class MultiGpuBackend(Backend):
         return self.workers[0].submit(self.gpus[0].host_buffers, shape, dtype, count).result()
 
     def description(self):
-        return self.gpus[0].description()
+        """The first GPU's (on its own thread, where its context is current): the plan sizes a share
+        by it."""
+        return self.workers[0].submit(self.gpus[0].description).result()
 
     @property
     def options(self):

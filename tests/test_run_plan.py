@@ -1,0 +1,204 @@
+"""The run plan (infer/plan.py), made on any machine for described devices (H200, H100, A100, L4,
+T4, the CPU) and data (float32 8-bit codes, float32, uint8, compressed, larger than memory), and
+the command line's `plan` against what `run --json` then reports."""
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from infer import plan
+from infer.cpu.backend import Description as Cpu
+from infer.data import codes
+from infer.errors import InputError
+from infer.gpu.device import KNOWN
+from infer.network import Geometry
+from infer.options import Options
+from tests.conftest import invoke
+
+MNIST = Geometry(h=28, w=28, c=1, k1=5, c1=32, k2=5, c2=64, hidden=128, classes=10)
+CODES = plan.Data(10_000, (28, 28, 1), np.dtype("f4"), codes.MUL, "pread")
+FLOATS = plan.Data(10_000, (28, 28, 1), np.dtype("f4"), None, "pread")
+BYTES = plan.Data(10_000, (28, 28, 1), np.dtype("u1"), None, "pread")
+CPU = Cpu(2, 256, "native C")
+BUDGET = 2 << 30
+
+
+def make(data, device, scores=False, **options):
+    return plan.make(data, MNIST, device, Options.of(**options), scores, budget=BUDGET)
+
+
+@pytest.mark.parametrize("gpu", ["H200", "H100"])
+def test_hopper_certifies_the_default_run_of_8bit_images(gpu):
+    for data, wire in ((CODES, codes.MUL), (BYTES, np.dtype("u1"))):
+        p = make(data, KNOWN[gpu])
+        assert (p.backend, p.algorithm, p.pipeline, p.precision, p.by_default) == ("cuda", "fused-certified",
+                                                                                  "fused-certified", "certified", True)
+        assert p.wire == wire and p.resident and not p.streamed and p.decode == "none"
+        assert p.chunk == 1250 and p.streams == 8  # 10,000 images in one round of 8 streams
+        assert "10,000 images" in p.reasons["precision"] and "no --scores" in p.reasons["precision"]
+
+
+def test_the_default_stays_exact_where_certifying_would_not_pay():
+    """float32 uploads, scores asked for, fewer than CERTIFY_FROM images: fused-wgmma's kernels
+    (built as fused-certified's exact path), each with the reason."""
+    cases = [(FLOATS, False, "a byte a pixel"), (CODES, True, "no --scores"),
+             (plan.Data(5119, (28, 28, 1), np.dtype("u1")), False, "5,120 images or more")]
+    for data, scores, missing in cases:
+        p = make(data, KNOWN["H100"], scores)
+        assert (p.algorithm, p.pipeline, p.precision, p.by_default) == ("fused-wgmma", "fused-certified", "exact", True)
+        assert missing in p.reasons["precision"], p.reasons["precision"]
+    assert make(plan.Data(5120, (28, 28, 1), np.dtype("u1")), KNOWN["H100"]).precision == "certified"
+
+
+def test_precision_and_algorithm_asked_for():
+    p = make(FLOATS, KNOWN["H200"], precision="certified")
+    assert (p.algorithm, p.precision, p.by_default) == ("fused-certified", "certified", False)
+    p = make(CODES, KNOWN["H200"], precision="exact")
+    assert (p.algorithm, p.precision) == ("fused-wgmma", "exact") and p.reasons["precision"] == "--precision exact"
+    p = make(CODES, KNOWN["H200"], conv_algo="implicit-tc", tile_width=32)
+    assert (p.algorithm, p.precision) == ("implicit-tc", "exact")
+    assert p.notices == ("cnninfer: --tile-width 32 has no effect: --conv-algo implicit-tc has no tiled GEMM "
+                         "(it shapes --conv-algo unroll's)",)
+
+
+@pytest.mark.parametrize("gpu,algorithm", [("A100", "fused-tc"), ("L4", "fused-tc"), ("T4", "fused")])
+def test_older_gpus_run_the_fastest_exact_algorithm_they_have(gpu, algorithm):
+    p = make(CODES, KNOWN[gpu])
+    assert (p.algorithm, p.precision, p.by_default) == (algorithm, "exact", False)
+    assert "needs a Hopper GPU" in p.reasons["precision"]
+    p = make(CODES, KNOWN[gpu], precision="certified")  # not available: the exact path, said once
+    assert p.precision == "exact" and len(p.notices) == 1 and "--precision certified" in p.notices[0]
+    with pytest.raises(InputError, match="--conv-algo fused-wgmma cannot run this model"):
+        make(CODES, KNOWN[gpu], conv_algo="fused-wgmma")
+
+
+def test_a_large_file_streams_through_a_ring_and_splits_over_gpus():
+    big = plan.Data(1_000_000, (28, 28, 1), np.dtype("u1"), None, "pread")
+    p = make(big, KNOWN["H100"])
+    assert p.streamed and p.resident and p.block == 32768 and p.chunk == 32768 and p.slots == 6
+    assert "748 MiB of images, past two blocks" in p.reasons["streamed"]
+    two = plan.make(big, MNIST, KNOWN["H100"], Options(), budget=BUDGET, devices=(0, 1))
+    assert two.devices == (0, 1) and two.shares == ((0, 500_000), (500_000, 1_000_000)) and two.n == 500_000
+
+
+def test_images_past_the_devices_memory_are_not_resident():
+    many = plan.Data(3_000_000, (28, 28, 1), np.dtype("f4"))  # 9.4 GB of float32 on a 15 GB T4
+    p = plan.make(many, MNIST, KNOWN["T4"], Options(), budget=1 << 40, streamed=False)
+    assert not p.resident and "past 40%" in p.reasons["resident"]
+    assert plan.make(many, MNIST, KNOWN["H200"], Options(), budget=1 << 40, streamed=False).resident
+
+
+def test_the_cpu_plan():
+    p = make(CODES, CPU)
+    assert (p.backend, p.algorithm, p.precision, p.wire, p.decode) == ("cpu", "native", "exact", np.float32, "none")
+    assert p.chunk == 1024 and not p.streamed and p.devices == ()
+    assert make(CODES, Cpu(2, 0, "NumPy layers")).algorithm == "numpy"
+    assert make(CODES, CPU, chunk=77).chunk == 77
+    streamed = plan.make(CODES, MNIST, CPU, Options(), budget=0)
+    assert streamed.streamed and streamed.block == 4096 and streamed.chunk == 512  # 4,096 / (4 x 2 threads)
+
+
+@pytest.fixture
+def gzip_file(tmp_path, rng, ece408):
+    with h5py.File(ece408 / "test100.hdf5") as f:
+        x, y = f["x"][()], f["y"][()]
+    path = tmp_path / "gzip.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, chunks=(10, 28, 28, 1), compression="gzip")
+        f.create_dataset("y", data=y)
+    return path
+
+
+def described(path, ece408, gpu="H100", **options):
+    from infer.session import plan_for
+
+    return plan_for(KNOWN[gpu], [str(path)], str(ece408 / "model.hdf5"), **options)
+
+
+def test_where_a_compressed_file_is_decoded(gzip_file, ece408, monkeypatch):
+    assert described(gzip_file, ece408).decode == "host"  # within the budget: read whole, the readers decode
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
+    p = described(gzip_file, ece408)
+    assert p.streamed and p.decode == "gpu" and p.decoding and p.align == 10 and p.layout == "chunks (deflate)"
+    assert described(gzip_file, ece408, decode="host").decode == "host"
+
+
+def test_decode_gpu_refuses_a_file_the_gpu_cannot_decode(tmp_path, ece408, monkeypatch):
+    with h5py.File(ece408 / "test100.hdf5") as f:
+        x, y = f["x"][()], f["y"][()]
+    path = tmp_path / "summed.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, chunks=(10, 28, 28, 1), compression="gzip", fletcher32=True)
+        f.create_dataset("y", data=y)
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
+    assert described(path, ece408).decode == "host"
+    with pytest.raises(InputError, match="--decode gpu: its chunks carry fletcher32 checksums"):
+        described(path, ece408, decode="gpu")
+
+
+def plan_and_run(*args):
+    planned = invoke("plan", *args, "--json")
+    assert planned.exit_code == 0, planned.stderr
+    ran = invoke("run", *args, "--json", "-q")
+    assert ran.exit_code == 0, ran.stderr
+    return json.loads(planned.stdout), json.loads(ran.stdout)["plan"]
+
+
+@pytest.mark.parametrize("kind", ["testfull", "uint8", "gzip", "past the host budget"])
+def test_plan_prints_what_run_then_reports(kind, ece408, gzip_file, tmp_path, monkeypatch):
+    data = ece408 / "testfull.hdf5"
+    if kind == "uint8":
+        with h5py.File(data) as f:
+            x, y = f["x"][:2000], f["y"][:2000]
+        data = tmp_path / "uint8.h5"
+        with h5py.File(data, "w") as f:
+            f["x"], f["y"] = np.rint(x * 255).astype(np.uint8), y
+    elif kind == "gzip":
+        data = gzip_file
+    elif kind == "past the host budget":
+        monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "1")
+    planned, ran = plan_and_run(str(data), str(ece408 / "model.hdf5"), "100" if kind == "gzip" else "2000", "--backend",
+                                "cpu")
+    assert planned == ran and planned["backend"] == "cpu"
+    assert planned["streamed"] == (kind == "past the host budget")
+
+
+def test_plan_for_a_described_gpu_and_its_table(ece408):
+    r = invoke("plan", str(ece408 / "testfull.hdf5"), str(ece408 / "model.hdf5"), "--gpu", "H200")
+    assert r.exit_code == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].startswith("10,000 images (28 x 28 x 1) of ")
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert "fused-certified" in rows["algorithm"] and "certified by default" in rows["precision"]
+    assert "8-bit codes" in rows["wire"] and rows["resident"].split()[1] == "yes"
+    r = invoke("plan", str(ece408 / "testfull.hdf5"), str(ece408 / "model.hdf5"), "--gpu", "H200", "--precision", "exact",
+               "--json")
+    assert json.loads(r.stdout)["precision"] == "exact"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["testfull", "uint8", "gzip", "past the host budget"])
+def test_on_the_gpu_plan_prints_what_run_then_reports(kind, ece408, gzip_file, tmp_path, monkeypatch):
+    """On a GPU: the plan of each layout equals the one run --json reports, and the run's answers
+    are the reference's; the device's free memory may differ between the two processes' moments, so
+    the reasons that quote it are left out."""
+    data, n = ece408 / "testfull.hdf5", "10000"
+    if kind == "uint8":
+        with h5py.File(data) as f:
+            x, y = f["x"][()], f["y"][()]
+        data = tmp_path / "uint8.h5"
+        with h5py.File(data, "w") as f:
+            f["x"], f["y"] = np.rint(x * 255).astype(np.uint8), y
+    elif kind == "gzip":
+        data, n = gzip_file, "100"
+        monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
+    elif kind == "past the host budget":
+        monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "8")
+    planned, ran = plan_and_run(str(data), str(ece408 / "model.hdf5"), n)
+    for p in (planned, ran):
+        p["reasons"].pop("resident")
+    assert planned == ran and planned["backend"] == "cuda"
+    expect = {"testfull": ("certified", False, "none"), "uint8": ("certified", False, "none"),
+              "gzip": ("exact", True, "gpu"), "past the host budget": ("certified", True, "none")}[kind]
+    assert (planned["precision"], planned["streamed"], planned["decode"]) == expect
