@@ -1,0 +1,159 @@
+"""The launchers of the GPU decoders (chunk_decode.py, shuffled.py): deflate, Zstd, LZF and Blosc lz4 frames,
+their checks, and HDF5's shuffle and bitshuffle undone."""
+from .base import INT_MAX, Launcher, ceil_div
+
+
+class DecodeCheck(Launcher):
+    """bad[0] = min(bad[0], first + c) for every chunk c not decoded to chunk_bytes; with
+    adler (zlib streams) bad[1] likewise where the decoded bytes fail the stream's adler32."""
+    source, kernel, arg_types = "decode", "decode_check_kernel1", "PPPPPqqiiP"
+
+    def __call__(self, stream, chunks, src_ptrs, src_bytes, decoded_bytes, statuses, decoded, chunk_bytes, stride, adler,
+                 first, bad):
+        self.launch(stream, (chunks, 1), (1024, 1, 1), src_ptrs, src_bytes, decoded_bytes, statuses, decoded,
+                    chunk_bytes, stride, int(adler), first, bad)
+
+
+class FrameDecoder(Launcher):
+    """Compressed streams decoded a warp each, every stream into its own output; statuses OK, BAD
+    (damaged, or reading past its size) or FULL (decoding to more than its output holds)."""
+    OK, BAD, FULL = 0, 1, 2
+
+    def check_count(self, count):
+        if not 0 < count <= INT_MAX:
+            raise ValueError(f"{self.kernel} decodes 1 to {INT_MAX} streams a launch, not {count}")
+
+    def __init__(self, build, **defines):
+        import pycuda.driver as cuda
+
+        super().__init__(build, **defines)
+        # a block's shared memory (10-17 KB): as many an SM as fit
+        self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+
+    def __call__(self, stream, count, src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses):
+        """Every argument but count a device address of an array of count: source pointers, source
+        sizes, output capacities, decoded sizes (out, uint64), output pointers, statuses (out, int32)."""
+        self.check_count(count)
+        self.launch(stream, (count, 1), (32, 1, 1), src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses)
+
+
+class Inflate(FrameDecoder):
+    """Deflate streams (zlib's without header and trailer) decoded by inflate_kernel1, outputs 4-byte aligned."""
+    source, kernel, arg_types = "inflate", "inflate_kernel1", "PPPPPP"
+    WINDOW = 8192  # recent output bytes a block keeps in shared memory (matches from further back read the output)
+
+    def __init__(self, build, window=None):
+        window = window or self.WINDOW
+        if window < 1024 or window & (window - 1):
+            raise ValueError(f"the window is a power of two of at least 1024 bytes, not {window}")
+        super().__init__(build, WINDOW=window)
+
+
+class Zstd(FrameDecoder):
+    """Zstandard frames (no dictionary; a content checksum skipped) decoded by zstd_kernel1."""
+    source, kernel, arg_types = "zstd", "zstd_kernel1", "PPPPPP"
+
+
+class Lzf(FrameDecoder):
+    """LZF streams (h5py's lzf filter: liblzf's format, no header) decoded by lzf_kernel1."""
+    source, kernel, arg_types = "lzf", "lzf_kernel1", "PPPPPP"
+
+
+class ZstdApart(FrameDecoder):
+    """Zstandard frames decoded by zstd_kernel2: a frame's blocks decoded apart by WARPS - 1 warps
+    into scratch memory, their sequences carried out in order by another; a frame of more than 128
+    blocks, or finding the scratch pool taken, decoded whole by one warp (zstd_kernel1's way)."""
+    source, kernel, arg_types = "zstd", "zstd_kernel2", "PPPPPPPQP"
+    WARPS = 3
+    SCRATCH = 1.0  # scratch bytes a frame's decoded byte (MNIST: Zstd 3 takes 0.35, shuffled 0.61)
+    TABLE_BYTES = 15368  # a decoding warp's tables (zstd.cuh's ZTables; the build asserts the size)
+
+    def __init__(self, build):
+        import pycuda.driver as cuda
+
+        super().__init__(build, **self.defines())
+        self.shared = (self.WARPS - 1) * self.TABLE_BYTES
+        self.function.set_attribute(cuda.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, self.shared)
+
+    @classmethod
+    def defines(cls):
+        return dict(ZWARPS=cls.WARPS, ZTABLES_BYTES=cls.TABLE_BYTES)
+
+    def __call__(self, stream, count, src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses, scratch,
+                 scratch_bytes):
+        """As FrameDecoder's, and `scratch`: a device buffer of 256 + scratch_bytes bytes, its first
+        8 counting what the frames take (zeroed here, on the stream)."""
+        import pycuda.driver as cuda
+
+        self.check_count(count)
+        scratch = int(scratch)
+        cuda.memset_d32_async(scratch, 0, 2, stream)
+        self.launch(stream, (count, 1), (32 * self.WARPS, 1, 1), src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs,
+                    statuses, scratch + 256, scratch_bytes, scratch, shared=self.shared)
+
+
+class BloscLz4(Launcher):
+    """c-blosc chunks of lz4 streams decoded by blosc_lz4_kernel1, a warp per (chunk, block, value
+    byte), each chunk into its own output; bad[0] = min(bad[0], first + every chunk that fails)."""
+    source, kernel, arg_types = "lz4", "blosc_lz4_kernel1", "PPPiqqiiP"
+    WARPS = 4
+
+    def __init__(self, build):
+        super().__init__(build, WARPS=self.WARPS)
+
+    def __call__(self, stream, count, chunk_ptrs, chunk_sizes, out_ptrs, chunk_bytes, block_bytes, typesize, first, bad):
+        """chunk_ptrs, chunk_sizes, out_ptrs: device addresses of arrays of count uint64."""
+        warps = count * ceil_div(chunk_bytes, block_bytes) * typesize
+        if not 0 < count or warps > INT_MAX * self.WARPS:
+            raise ValueError(f"blosc_lz4_kernel1 takes 1 to {INT_MAX * self.WARPS} warps a launch, not {warps}")
+        self.launch(stream, (ceil_div(warps, self.WARPS), 1), (32 * self.WARPS, 1, 1), chunk_ptrs, chunk_sizes, out_ptrs,
+                    count, chunk_bytes, block_bytes, typesize, first, bad)
+
+
+class _PerValueSize(Launcher):
+    """A decode.cu kernel built for values of value_bytes bytes (1, 2, 4 or 8)."""
+    source = "decode"
+
+    def __init__(self, build, value_bytes):
+        if value_bytes not in (1, 2, 4, 8):
+            raise ValueError(f"no {self.kernel} for {value_bytes}-byte values")
+        super().__init__(build, VALUE_BYTES=value_bytes)
+
+
+class Unshuffle(_PerValueSize):
+    """values values of value_bytes bytes from value first_value of decoded chunks stored
+    byte-shuffled (HDF5's shuffle), chunk_values values each, stride bytes apart, into consecutive
+    values of dst."""
+    kernel, arg_types = "unshuffle_kernel1", "PPqqqq"
+
+    def __call__(self, stream, decoded, dst, first_value, values, chunk_values, stride):
+        self.launch(stream, (min(ceil_div(values, 256), 8192), 1), (256, 1, 1), decoded, dst, first_value, values,
+                    chunk_values, stride)
+
+
+class BitUnshuffle(_PerValueSize):
+    """chunks of chunk_values values of value_bytes bytes stored back to back, each bitshuffled in
+    blocks of `block` values (see decode.cu), into consecutive values of dst."""
+    kernel, arg_types = "bitunshuffle_kernel1", "PPqqqi"
+
+    def __call__(self, stream, src, dst, chunks, chunk_values, block, exact_tail):
+        if block <= 0 or block % 8:
+            raise ValueError(f"bitshuffled blocks hold a positive multiple of 8 values, not {block}")
+        groups = chunks * ceil_div(chunk_values, 8)
+        self.launch(stream, (min(ceil_div(groups, 256), 8192), 1), (256, 1, 1), src, dst, chunks, chunk_values, block,
+                    int(exact_tail))
+
+
+class BitUnshuffleRange(_PerValueSize):
+    """BitUnshuffle keeping `values` values from value first_value of the chunks on (numbered across
+    them), written from dst on."""
+    kernel, arg_types = "bitunshuffle_kernel2", "PPqqqiqq"
+
+    def __call__(self, stream, src, dst, chunks, chunk_values, block, exact_tail, first_value, values):
+        if block <= 0 or block % 8:
+            raise ValueError(f"bitshuffled blocks hold a positive multiple of 8 values, not {block}")
+        if not 0 <= first_value and first_value + values <= chunks * chunk_values:
+            raise ValueError(f"values {first_value} to {first_value + values} lie outside {chunks} chunks")
+        groups = ceil_div(values, 8) + 2  # those holding the values, a partial one at each end
+        self.launch(stream, (min(ceil_div(groups, 256), 8192), 1), (256, 1, 1), src, dst, chunks, chunk_values, block,
+                    int(exact_tail), first_value, values)
