@@ -100,14 +100,16 @@ class Device:
     def memory(self):
         return self.dev.total_memory()
 
-    def description(self):
-        """This GPU's Description, with the memory free now (this context's)."""
+    def description(self, free=None):
+        """This GPU's Description, with the memory free now (asked of this context: on its thread)."""
         driver = self.cuda.get_driver_version()
-        return Description(self.name, self.arch, self.memory, self.cuda.mem_get_info()[0], self.sms, self.l2_bytes,
+        free = self.cuda.mem_get_info()[0] if free is None else free
+        return Description(self.name, self.arch, self.memory, free, self.sms, self.l2_bytes,
                            f"{driver // 1000}.{driver % 1000 // 10}")
 
     def describe(self):
-        return self.description().describe()
+        """In words, without the memory free (any thread: it needs no current context)."""
+        return self.description(free=0).describe()
 
     def close(self):
         """Pop the context. The first Device of a GPU keeps its reference to the primary context
