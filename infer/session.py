@@ -187,9 +187,8 @@ class Session:
         if self.backend is None:
             t = time.perf_counter()
             described = None if data is None or self.backend_name == "cpu" else planning.Data.of(data)
-            cpu = self.backend_name == "cpu" and self.options.decode == "auto"
             kwargs = dict(self.options.backend_kwargs(),
-                          decode="host" if cpu else planning.decode_mode(described, self.options, host_budget()))
+                          decode=planning.decode_mode(described, self.options, host_budget()))
             self._holder.backend = self._at_home(create_backend, self.backend_name, self._notice, **kwargs)
             self.setup_ms += _ms(t)
         return self.backend

@@ -135,6 +135,17 @@ def test_decode_gpu_refuses_a_file_the_gpu_cannot_decode(tmp_path, ece408, monke
     assert described(path, ece408).decode == "host"
     with pytest.raises(InputError, match="--decode gpu: its chunks carry fletcher32 checksums"):
         described(path, ece408, decode="gpu")
+    # A backend that decodes on the GPU (made for an earlier file) leaves this one to the host
+    from infer.data import loader
+    from infer.data.dataset import DataSet
+
+    model = loader.load_model(ece408 / "model.hdf5")
+    data = DataSet.open([path], model)
+    try:
+        p = plan.make(plan.Data.of(data), MNIST, KNOWN["H100"], Options(), budget=0, decoding_mode="auto")
+    finally:
+        data.close()
+    assert p.streamed and p.decode == "host" and p.decoding == () and "fletcher32" in p.reasons["decode"]
 
 
 def plan_and_run(*args):
