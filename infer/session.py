@@ -44,6 +44,14 @@ def _as_given(data, wire):
     return x if x.dtype == wire and x.flags.c_contiguous else None
 
 
+def _paths(data):
+    """The data file paths of one path or several (glob patterns expanded); none is an InputError."""
+    paths = expand([data] if isinstance(data, (str, os.PathLike)) else list(data))
+    if not paths:
+        raise InputError("no data file given")
+    return paths
+
+
 def _ms(start):
     return (time.perf_counter() - start) * 1e3
 
@@ -225,9 +233,7 @@ class Session:
         `run --json` reports under "plan"), made without a forward pass: the backend starts (for a
         GPU, its context; no kernel is compiled) and the files' first images are read."""
         self._here()
-        paths = expand([data] if isinstance(data, (str, os.PathLike)) else list(data))
-        if not paths:
-            raise InputError("no data file given")
+        paths = _paths(data)
         dataset = DataSet.open(paths, self.model, n)
         try:
             with self.lock:
@@ -280,9 +286,7 @@ class Session:
         one data set (a list of paths, glob patterns allowed): a Result (see `as_dict`)."""
         self._here()
         t = time.perf_counter()
-        paths = expand([data] if isinstance(data, (str, os.PathLike)) else list(data))
-        if not paths:
-            raise InputError("no data file given")
+        paths = _paths(data)
         dataset = DataSet.open(paths, self.model, n)
         try:
             load_ms = _ms(t)
@@ -391,7 +395,7 @@ def plan_for(gpu, data, model=None, n=None, scores=False, **options):
     (gpu.device.Description, e.g. KNOWN["H100"]) that need not be here: `cnninfer plan --gpu`."""
     options = Options.of(**options)
     model = _model(model)
-    paths = expand([data] if isinstance(data, (str, os.PathLike)) else list(data))
+    paths = _paths(data)
     dataset = DataSet.open(paths, model, n)
     try:
         d = planning.Data.of(dataset)

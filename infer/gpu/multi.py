@@ -16,7 +16,6 @@ class MultiGpuBackend(Backend):
     profile = None  # per-kernel profiles are per GPU: profile one device at a time
     checks_values = True
     concurrent = False
-    wire_dtype = staticmethod(CudaBackend.wire_dtype)
 
     def __init__(self, devices, **options):
         self._reader_threads = None
