@@ -167,3 +167,13 @@ class Dev:
         self.cuda.Context.synchronize()
         self.cuda.memcpy_dtoh(out, buf)
         return out
+
+
+def dev_module(name):
+    """dev/cuda/NAME.py, imported (the development folder is not a package: it is not in the wheel)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"dev_cuda_{name}", REPO / "dev" / "cuda" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

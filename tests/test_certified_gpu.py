@@ -66,34 +66,8 @@ def test_bundled_sample_labels_are_the_exact_paths(gpu):
     assert recomputed < 0.1 * len(x), recomputed
 
 
-@pytest.mark.parametrize("version", [1, 2])
-def test_earlier_certify_kernels_still_give_the_exact_paths_labels(gpu, ece408, monkeypatch, version):
-    """Versions 1 (32 images a block, G tiles in shared memory) and 2 (both stages for every image) of
-    the certificate stay correct, and version 3 (the pairs that the cheaper first stage leaves, then
-    version 2's second) recomputes no more than either: it certifies where either of its stages does.
-    Versions 1-3 read fc1's float32-accurate sums from the fc kernel; version 4 sums fc1 itself from
-    float16 operands, and its looser bound recomputes more than version 3. Version 5 (the default)
-    is version 4 on float16 features and bounds: the same operands, sums of dp and p bounded from the
-    float16 values (no smaller), so it certifies no image version 4 does not."""
-    from infer.gpu.pipelines import FusedCertified
-
-    hopper(gpu)
-    model = loader.load_model(ece408 / "model.hdf5")
-    x = read_all(ece408 / "testfull.hdf5", model, 3000)
-    exact, v5, recomputed5 = both(model, x)
-    runs = {}
-    for v in (4, 3, version):
-        monkeypatch.setattr(FusedCertified, "CERTIFY_VERSION", v)
-        runs[v] = labels_of(CERTIFIED, model, x)
-    for labels, _, _ in [*runs.values(), (v5, None, None)]:
-        np.testing.assert_array_equal(labels, exact)
-    recomputed4, recomputed3, recomputed = (runs[v][2] for v in (4, 3, version))
-    assert 0 < recomputed3 <= recomputed, (recomputed3, recomputed)
-    assert recomputed3 < recomputed4 <= recomputed5 < 0.15 * len(x), (recomputed3, recomputed4, recomputed5)
-
-
 def test_the_pairs_stage_certifies_part_of_what_the_first_stage_lists(gpu, ece408, monkeypatch):
-    """The certificate's first stage (certify_kernel3 to 5) lists the (image, class) pairs its cheaper
+    """The certificate's first stage (certify_kernel4 and 5) lists the (image, class) pairs its cheaper
     bound fails (their images stay provisionally certified; an image whose margin cannot cover even
     the rest of the full bound is left out at once); pair_kernel2 (or 1) clears the images of the
     pairs that the full bound fails too: some listed images end certified, some recomputed."""

@@ -124,8 +124,21 @@ def compile_without_spills(tmp_path, name, defines, arch):
 def test_certify_builds_the_one_version_asked_for(tmp_path, monkeypatch):
     """CERTIFY_VERSION: a run's cubin holds its certify_kernel version (and pair kernel) alone."""
     monkeypatch.setenv("CNNINFER_CACHE", str(tmp_path))
-    for version, pair in ((3, b"pair_kernel1"), (5, b"pair_kernel2")):
+    for version, pair in ((4, b"pair_kernel1"), (5, b"pair_kernel2")):
         cubin = compiler.cubin("certify", "sm_90a", Certify.defines(MNIST, version))
         names = {v: f"certify_kernel{v}".encode() in cubin for v in Certify.KERNELS}
         assert names == {v: v == version for v in Certify.KERNELS}
         assert pair in cubin and b"compact_kernel1" in cubin and b"scatter_kernel1" in cubin
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+def test_the_development_certificates_build():
+    """dev/cuda/certify_early.cu (certify_kernel1-3, on certify.cu's helpers) builds for sm_90a: the
+    development folder keeps compiling as the product's kernels change."""
+    from tests.conftest import dev_module
+
+    early = dev_module("certify_early")
+    cubin = early.cubin(tuple(sorted(early.EarlyCertify.defines(MNIST).items())))
+    for name in (*early.EarlyCertify.KERNELS.values(), "pair_kernel1", "certify_kernel4"):
+        assert name.encode() in cubin, name

@@ -61,6 +61,32 @@ def test_the_native_pool_builds_wherever_there_is_a_compiler():
     assert native.library() is not None
 
 
+def test_the_pools_cached_library_is_keyed_by_every_source_file(tmp_path, monkeypatch):
+    """read_pool/'s files build together into one library; an edit to any of them (a .c or the header)
+    builds anew, and a file that does not compile fails the build, named, rather than reusing the last."""
+    import shutil
+
+    if native.compiler() is None:
+        pytest.skip("no C compiler here")
+    monkeypatch.setenv("CNNINFER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native, "FAILED", {})
+    folder = tmp_path / "read_pool"
+    shutil.copytree(native.HERE / "read_pool", folder)
+    first = native.build(folder)
+    assert first is not None and native.build(folder) == first
+    seen = {first}
+    for name in ("read_pool.h", "labels.c", "filters.c"):
+        with open(folder / name, "a") as f:
+            f.write("/* edited */\n")
+        path = native.build(folder)
+        assert path is not None and path not in seen, name
+        seen.add(path)
+        assert ctypes.CDLL(str(path)).rp_create
+    (folder / "codes.c").write_text((folder / "codes.c").read_text().replace("int read_codes(", "int read_codes(oops"))
+    assert native.build(folder) is None
+    assert native.FAILED["read_pool"].startswith("read_pool did not build with"), native.FAILED["read_pool"]
+
+
 def test_the_native_pool_reads_many_small_pieces_and_tickets(tmp_path, rng):
     """More pieces than the queue's first capacity, several tickets in flight, waited out of order."""
     lib = native.library()

@@ -10,7 +10,7 @@ one float32 rounding:
 - ONE, the code itself (pixels stored as float32 unscaled).
 MUL and DIV give different float32 values for 126 of the 256 codes. A data set is taken to hold codes
 of a scaling when its first images do (DataSet.codes_wire); every value is checked again as it is
-packed (read_pool.c's pack paths, or `pack` here), and a value that is not a code fails the read
+packed (read_pool/codes.c's pack paths, or `pack` here), and a value that is not a code fails the read
 with NotCodes, after which the run reads float32."""
 import numpy as np
 
@@ -22,7 +22,7 @@ MUL = np.dtype("V1")
 DIV = np.dtype("S1")
 ONE = np.dtype("b1")
 WIRES = (MUL, DIV, ONE)  # in the order a data set that fits several takes them
-SCALINGS = {MUL: 0, DIV: 1, ONE: 2}  # read_pool.c's and convert_kernel2's numbers
+SCALINGS = {MUL: 0, DIV: 1, ONE: 2}  # read_pool/codes.c's and convert_kernel2's numbers
 NAMES = {MUL: "8-bit codes (x * float32(1/255))", DIV: "8-bit codes (x / 255)", ONE: "8-bit codes (x unscaled)"}
 
 

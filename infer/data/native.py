@@ -1,7 +1,7 @@
 """Native libraries built once with the C compiler ($CC, cc or gcc), cached on disk beside the
 kernels, loaded with ctypes (`build`, used for the CPU network too: infer/cpu/net.py), and the read
-pool (read_pool.c). Where no compiler or build works, `library()` is None and Python threads read
-instead; CNNINFER_NATIVE=0 forces it."""
+pool (read_pool/, its .c files built together). Where no compiler or build works, `library()` is
+None and Python threads read instead; CNNINFER_NATIVE=0 forces it."""
 import ctypes
 import ctypes.util
 import functools
@@ -54,26 +54,30 @@ FAILED = {}  # a C file's name without .c -> why its last build failed (the comp
 
 
 def build(source, flags=FLAGS, machine_specific=False):
-    """The shared library built from the C file `source` (compiled now if not cached), or None with
-    no working compiler (FAILED[its name without .c] says why it did not build)."""
+    """The shared library built from `source`, a C file or a folder of them (its .c files compiled
+    together, its .h beside them), compiled now if not cached; or None with no working compiler
+    (FAILED[the file's name without .c, or the folder's] says why it did not build). The cache's
+    key covers every source file's bytes."""
     name, cc = source.stem, compiler()
-    if cc is None or not source.is_file():
+    files = sorted(source.glob("*.c")) if source.is_dir() else [source] if source.is_file() else []
+    if cc is None or not files:
         FAILED[name] = "no C compiler ($CC, cc or gcc) on the PATH" if cc is None else f"{source} is missing"
         return None
-    what = (source.read_bytes(), flags, os.uname().machine, cpu_identity() if machine_specific else "")
+    headers = sorted(source.glob("*.h")) if source.is_dir() else []
+    what = ([f.read_bytes() for f in files + headers], flags, os.uname().machine, cpu_identity() if machine_specific else "")
     path = env.cache_root() / "native" / f"{name}-{hashlib.sha256(repr(what).encode()).hexdigest()[:20]}.so"
     if path.is_file():
         return path
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with replacing(path) as tmp:
-            subprocess.run([cc, *flags, "-o", str(tmp), str(source)], check=True, capture_output=True, text=True)
+            subprocess.run([cc, *flags, "-o", str(tmp), *map(str, files)], check=True, capture_output=True, text=True)
     except subprocess.CalledProcessError as e:
         errors = [line for line in (e.stderr or "").splitlines() if "error" in line] or ["(no message)"]
-        FAILED[name] = f"{name}.c did not build with {Path(cc).name} {' '.join(flags[:1])}: {errors[0].strip()}"
+        FAILED[name] = f"{source.name} did not build with {Path(cc).name} {' '.join(flags[:1])}: {errors[0].strip()}"
         return None
     except OSError as e:
-        FAILED[name] = f"{name}.c did not build: {e}"
+        FAILED[name] = f"{source.name} did not build: {e}"
         return None
     FAILED.pop(name, None)
     return path
@@ -91,7 +95,7 @@ def library():
     """The loaded read pool (ctypes), or None: no compiler, a failed build, or CNNINFER_NATIVE=0."""
     if not env.native():
         return None
-    path = build(HERE / "read_pool.c")
+    path = build(HERE / "read_pool")
     lib = path and _load(path)
     if not lib:
         return None

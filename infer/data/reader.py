@@ -9,7 +9,7 @@ release the GIL, so reader threads run in parallel:
 - `chunks`: a chunked dataset (chunks of whole rows, or cutting them along any dimension), raw or
   compressed with deflate or (with the native library) LZF, optionally after shuffle and with a
   fletcher32 checksum: each chunk read, checked, decoded (libdeflate or zlib, LZF), unshuffled and
-  placed by read_pool.c, on the native pool's threads for reads in the stored type, else on the
+  placed by read_pool/chunks.c, on the native pool's threads for reads in the stored type, else on the
   Python thread that reads (ctypes releases the GIL); without the native library, raw and deflate
   chunks are decoded in Python. 1M MNIST images on the H100 host, 15 threads: gzip 1 5.5-5.7M
   images/s, lzf 4.9-5.5M (h5py: 0.06M);

@@ -377,7 +377,7 @@ class FusedCertified(FusedWarpgroup):
     KERNEL = "fused_kernel4"  # any geometry fused-wgmma runs; fused_kernel6 where its shapes fit (8x8 conv2 outputs)
     KERNELS = ("fused_kernel6", KERNEL)
     # certify_kernel5 (fc1 inside, on fused_kernel6's float16 outputs) and pair_kernel2; version 4 (the
-    # same on float32 outputs) where fused_kernel4 runs the convs; 1-4 still run (tests/test_certified_gpu.py)
+    # same on float32 outputs) where fused_kernel4 runs the convs (versions 1-3: dev/cuda/certify_early.py)
     CERTIFY_VERSION = 5
     # The default precision certifies runs of at least this many images uploaded a byte a pixel (uint8,
     # 8-bit codes) that ask for no scores (docs/certified.md: below it the exact path's two kernels a
@@ -478,7 +478,7 @@ class FusedCertified(FusedWarpgroup):
         (self.halves) its features feat_h, half the floats each; then the certificate's."""
         g = self.g
         passed = [("feat_h", chunk * g.flat // 2), ("dp", chunk * g.flat // 2)] if self.halves else [("dp", chunk * g.flat)]
-        return [("feat", chunk * g.flat)] + passed + [("z", chunk * g.hidden), ("scores", chunk * g.classes),
+        return [("feat", chunk * g.flat)] + passed + [("scores", chunk * g.classes),
                 ("ok", chunk), ("idx", chunk), ("count", 1), ("fb_overflow", 1), ("cert_overflow", 1),
                 ("fb_labels", chunk), ("fb_scores", chunk * g.classes),
                 ("partial", self.fcs.partial_floats(chunk))] + launch.Certify.pair_floats(g, chunk)
@@ -489,11 +489,7 @@ class FusedCertified(FusedWarpgroup):
         s, c = Scratch(scratch_base, self._layout(n)).ptr, self.cert
         passed = s["feat_h"] if self.halves else s["feat"]  # the float16 pass's features
         self.convs(stream, x, self.w2h, passed, n, bad, dp=s["dp"], scaling=scaling)
-        if c.version < 4:  # versions 4 and 5 compute fc1 -> ReLU -> fc2 themselves, fc1 from float16 operands
-            # The float16 pass's scores may overflow where the exact path's do not: its own flag, unread.
-            self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, s["cert_overflow"], s["scores"], s["partial"], z=s["z"])
-        c(stream, passed, s["dp"], s["z"], s["scores"], labels, self.w1abs, self.w1h, self.fc2, s["ok"], n,
-          pairs=(s["pairs"], s["columns"], s["npairs"]), w1near=self.w1near)
+        self.certify(stream, s, passed, labels, n)
         c.compact_list(stream, s["ok"], n, s["idx"], s["count"], s["fb_overflow"], self.recomputed_dev)
         self.recompute(stream, x, self.w2, s["feat"], n, 0, count=s["count"], idx=s["idx"], scaling=scaling)
         self.fcs(stream, s["feat"], self.fc1, self.fc2, s["fb_labels"], n, s["fb_overflow"], s["fb_scores"] if scores else 0,
@@ -502,6 +498,12 @@ class FusedCertified(FusedWarpgroup):
             cuda.memcpy_dtod_async(scores, s["scores"], 4 * n * self.g.classes, stream)
         c.scatter_labels(stream, n, s["idx"], s["count"], s["fb_labels"], labels, s["fb_scores"] if scores else 0, scores,
                          s["fb_overflow"], overflow)
+
+    def certify(self, stream, s, passed, labels, n):
+        """The certificate on the float16 pass's features (passed) and bounds: the classifier from float16
+        operands, ok per image, the scores into s["scores"] and labels."""
+        self.cert(stream, passed, s["dp"], s["scores"], labels, self.w1abs, self.w1h, self.fc2, s["ok"], n,
+                  pairs=(s["pairs"], s["columns"], s["npairs"]), w1near=self.w1near)
 
     def enqueue_exact(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0, scaling=-1):
         """fused-wgmma's two kernels (fused_kernel3, its fc kernel): for a run not certified."""

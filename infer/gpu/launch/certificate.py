@@ -6,39 +6,29 @@ from .fused import FullyConnected
 
 class Certify(Launcher):
     """The certificate of the low-precision pass and the recomputation around it (cuda/certify.cu):
-    certify_kernel3 (32 images a block) and pair_kernel1 on the (image, class) pairs its first stage
-    left (certify_kernel2: 16 images a block, both stages in one; certify_kernel1: 32 images a block,
-    one block an SM), sm_90a; compact_kernel1 (one block) and scatter_kernel1 (the recomputation,
-    fused_kernel3, reads the listed images where they lie). certify_kernel4 computes fc1 itself from
-    float16 operands, certify_kernel5 likewise from fused_kernel6's float16 features and bounds (with
-    pair_kernel2). The shapes it takes: 10 classes, 128 hidden units, features in 64s."""
+    certify_kernel4 (32 images a block) computes fc1 from float16 operands on fused_kernel4's or 6's
+    float32 features and bounds, certify_kernel5 the same on fused_kernel6's float16 ones; then
+    pair_kernel1 (or 2 after version 5) on the (image, class) pairs their first stage left, sm_90a;
+    compact_kernel1 (one block) and scatter_kernel1 (the recomputation, fused_kernel3, reads the listed
+    images where they lie). The shapes it takes: 10 classes, 128 hidden units, features in 64s.
+    Versions 1-3 (fc1's sums from the fc kernel) live in dev/cuda/certify_early.py."""
     source = "certify"
-    KERNELS = {1: "certify_kernel1", 2: "certify_kernel2", 3: "certify_kernel3", 4: "certify_kernel4", 5: "certify_kernel5"}
-    ARG_TYPES = {1: "PPPPPPPPPi", 2: "PPPPPPPPPi", 3: "PPPPPPPPPPPi", 4: "PPPPPPPPPPPi", 5: "PPPPPPPPPPPi"}
+    KERNELS = {4: "certify_kernel4", 5: "certify_kernel5"}
+    ARG_TYPES = {4: "PPPPPPPPPPPi", 5: "PPPPPPPPPPPi"}
     HALVES = (5,)  # versions that read fused_kernel6's float16 features and bounds (FEAT_HALVES), with pair_kernel2
     DIRECTED_ROUNDING = True
-    IMGS = {1: 32, 2: 16, 3: 32, 4: 32, 5: 32}
+    IMGS = {4: 32, 5: 32}
     PAIRS = 32  # pair_kernel1's pairs a round
     THREADS, MAX_IMAGES = 256, 1 << 20
 
     @staticmethod
-    def shared(g, version=3):
-        """certify_kernel<version>'s dynamic shared bytes (its regions and the per-image terms)."""
-        small = lambda imgs: imgs * (3 * g.classes + 2)  # noqa: E731
-        if version == 1:
-            a, b, g_row, ncol = 64 * 72, 64 * g.hidden // 2, 16 * g.classes + 8, 16 * g.classes
-            r1 = max(2 * 64 * g_row, 2 * (a + b))
-            return 4 * (r1 + g.hidden * ncol + 2 * (64 * g.hidden // 2 + 32 * 64) + small(32))
-        if version == 3:
-            stages, q_and_slopes = 4 * (64 * 40 + 32 * g.hidden // 2), 64 * (g.hidden + 4) + 32 * g.hidden
-            return 4 * (max(stages, q_and_slopes) + 32 * g.hidden + 2 * 32)
-        if version in (4, 5):  # A rows of 32 features: float32 padded to 40, or float16 (words) to 20
-            row = 40 if version == 4 else 20
-            stages, q_z_and_slopes = 4 * (64 * row + 2 * 32 * g.hidden // 2), 96 * (g.hidden + 4) + 32 * g.hidden
-            return 4 * (max(stages, q_z_and_slopes) + 2 * 32)
-        stage, ncol = 64 * g.hidden // 2 + 16 * 68, 8 * g.classes
-        r1 = max(2 * stage, 2 * (32 * 72 + 64 * g.hidden // 2), 32 * (g.hidden + 4))
-        return 4 * (r1 + g.hidden * ncol + small(16) + 8 * ncol)
+    def shared(g, version=5):
+        """certify_kernel<version>'s dynamic shared bytes: phase A's four stages (A rows of 32 features:
+        float32 padded to 40, or float16 as words to 20), or Q, z and the slopes where they were; per
+        image its sums of dp and p."""
+        row = 40 if version == 4 else 20
+        stages, q_z_and_slopes = 4 * (64 * row + 2 * 32 * g.hidden // 2), 96 * (g.hidden + 4) + 32 * g.hidden
+        return 4 * (max(stages, q_z_and_slopes) + 2 * 32)
 
     @classmethod
     def pair_shared(cls, g, halves=False):
@@ -49,7 +39,7 @@ class Certify(Launcher):
 
     @staticmethod
     def pair_floats(g, n):
-        """Scratch for the pairs of n images (certify_kernel3 lists at most classes - 1 an image):
+        """Scratch for the pairs of n images (the first stage lists at most classes - 1 an image):
         [(name, floats)] for pairs (image, margin, rest, 0), columns (float16, hidden a pair), npairs."""
         most = (g.classes - 1) * n
         return [("pairs", 4 * most), ("columns", most * g.hidden // 2), ("npairs", 1)]
@@ -57,9 +47,9 @@ class Certify(Launcher):
     @classmethod
     def defines(cls, g, version):
         """-D options: the shapes, the version built (with its pair kernel, compact and scatter), and
-        each version's shared floats (the kernels check theirs fit)."""
+        both versions' shared floats (the kernels check theirs fit)."""
         return dict(FEAT=g.flat, HIDDEN=g.hidden, CLASSES=g.classes, SHARED_PAIRS=cls.pair_shared(g) // 4,
-                    CERTIFY_VERSION=version, **{f"SHARED_V{v}": cls.shared(g, v) // 4 for v in cls.KERNELS})
+                    CERTIFY_VERSION=version, **{f"SHARED_V{v}": Certify.shared(g, v) // 4 for v in Certify.KERNELS})
 
     @staticmethod
     def fits(g):
@@ -69,7 +59,7 @@ class Certify(Launcher):
                     f"features in 64s; the model has {g.classes}, {g.hidden} and {g.flat}")
         return None
 
-    def __init__(self, build, g, version=3):
+    def __init__(self, build, g, version=5):
         import pycuda.driver as cuda
 
         self.version, self.kernel, self.arg_types = version, self.KERNELS[version], self.ARG_TYPES[version]
@@ -86,30 +76,21 @@ class Certify(Launcher):
         self.scatter.prepare("PPPPPPPP")
         self.constants = self.module.get_global("c_fc_bound")[0]
 
-    def __call__(self, stream, feat, dp, z, scores, labels, w1abs, w1h, w2, ok, n, pairs=None, w1near=None):
-        """ok[i] = 1 where image i is certified; versions 3-5 need pairs: the pointers pair_floats
-        names. Versions 1-3 read z, scores and labels (fc_kernel6 or 5 on the features); versions 4
-        and 5 compute fc1 themselves from float16 operands (w1near: fc1 rounded to nearest, laid out as
-        w1abs) and write the scores and labels; version 5's feat and dp are float16 (fused_kernel6's
-        FEAT_HALVES)."""
-        if self.version >= 4 and w1near is None:
-            raise ValueError(f"{self.kernel} needs w1near, fc1 rounded to nearest float16")
-        grid = (ceil_div(n, self.IMGS[self.version]), 1)
-        if self.version < 3:
-            self.launch(stream, grid, (self.THREADS, 1, 1), feat, dp, z, scores, labels, w1abs, w1h, w2, ok, n, shared=self.bytes)
-            return
+    def __call__(self, stream, feat, dp, scores, labels, w1abs, w1h, w2, ok, n, *, pairs, w1near):
+        """ok[i] = 1 where image i is certified; the scores and labels of the float16 pass written (fc1
+        from float16 operands: w1near, fc1 rounded to nearest, laid out as w1abs); pairs: the pointers
+        pair_floats names. Version 5's feat and dp are float16 (fused_kernel6's FEAT_HALVES)."""
         import pycuda.driver as cuda
 
         listed, columns, npairs = pairs
         cuda.memset_d32_async(npairs, 0, 1, stream)
-        if self.version == 3:
-            self.launch(stream, grid, (self.THREADS, 1, 1), feat, dp, z, scores, labels, w1abs, w2, ok, listed, columns, npairs,
-                        n, shared=self.bytes)
-        else:
-            self.launch(stream, grid, (self.THREADS, 1, 1), feat, dp, scores, labels, w1abs, w1near, w2, ok, listed, columns,
-                        npairs, n, shared=self.bytes)
-        # A round of pairs for each 32 images: the first stage lists about one pair in four images
-        # (testfull: 2,306 of 10,000); more take more rounds.
+        self.launch(stream, (ceil_div(n, self.IMGS[self.version]), 1), (self.THREADS, 1, 1), feat, dp, scores, labels,
+                    w1abs, w1near, w2, ok, listed, columns, npairs, n, shared=self.bytes)
+        self.pairs(stream, n, listed, columns, npairs, dp, w1h, ok)
+
+    def pairs(self, stream, n, listed, columns, npairs, dp, w1h, ok):
+        """Stage two on the listed pairs. A round of pairs for each 32 images: the first stage lists
+        about one pair in four images (testfull: 2,306 of 10,000); more take more rounds."""
         self.launch(stream, (ceil_div(n, self.PAIRS), 1), (self.THREADS, 1, 1), listed, columns, npairs, dp, w1h, ok,
                     shared=self.pair_bytes, function=self.pair, name=self.pair_name)
 
