@@ -1,8 +1,8 @@
 """blosc_lz4_kernel1 alone: c-blosc chunks written by hdf5plugin (lz4, bitshuffle) of MNIST images
 and of values repeating at distances of 1 to 15,000 values (periods under 32 bytes and longer ones)
 decode to their bitshuffled values, nothing written past a chunk's output, a chunk left out (stored
-size 0) untouched, and a damaged chunk's number in the flag; bitunshuffle_kernel2's ranges against
-version 1. Needs a GPU."""
+size 0) untouched, and a damaged chunk's number in the flag; bitunshuffle_kernel1 and 2 against the
+host's bitshuffle. Needs a GPU."""
 import h5py
 import numpy as np
 import pytest
@@ -96,19 +96,23 @@ def test_a_chunk_left_out_is_untouched_and_a_damaged_one_flagged(tmp_path, ece40
 
 @pytest.mark.parametrize("value_bytes", [1, 2, 4, 8])
 @pytest.mark.parametrize("first,count", [(0, 3 * 1000), (5, 3 * 1000 - 5), (997, 1004), (1003, 13), (1992, 8)])
-def test_bitunshuffle_kernel2_keeps_a_range_of_version_1s_values(gpu, rng, value_bytes, first, count):
-    """3 chunks of 1,000 values (blocks of 512 then 488: a shorter, bitshuffled last block), any
-    range of them: the same values as unshuffling all, nothing written past the range."""
+def test_bitunshuffle_kernels_give_the_values_bitshuffled_on_the_host(gpu, rng, value_bytes, first, count):
+    """3 chunks of 1,000 values (blocks of 512 then 488: a shorter, bitshuffled last block) bitshuffled
+    by the host's reference (c-blosc's layout, tests.test_reader.bit_shuffle): version 1 unshuffles
+    them all, version 2 any range of them, to the values; nothing written past the range."""
     import pycuda.driver as cuda
 
     from infer.gpu.launch import BitUnshuffle, BitUnshuffleRange
 
-    src = cuda.to_device(rng.integers(0, 256, 3 * 1000 * value_bytes, np.uint8))
+    dtype = np.dtype(f"u{value_bytes}")
+    values = rng.integers(0, 256, 3000 * value_bytes, np.uint8).view(dtype)
+    shuffled = np.concatenate([bit_shuffle(512, True)(values[k:k + 1000]) for k in range(0, 3000, 1000)])
+    src = cuda.to_device(shuffled)
     whole, part = cuda.mem_alloc(3000 * value_bytes), cuda.to_device(np.full((count + 8) * value_bytes, 0xA5, np.uint8))
     BitUnshuffle(build(gpu), value_bytes)(cuda.Stream(), src, whole, 3, 1000, 512, True)
     BitUnshuffleRange(build(gpu), value_bytes)(cuda.Stream(), src, part, 3, 1000, 512, True, first, count)
     cuda.Context.synchronize()
-    want = cuda.from_device(whole, 3000 * value_bytes, np.uint8)[first * value_bytes:(first + count) * value_bytes]
+    np.testing.assert_array_equal(cuda.from_device(whole, 3000, dtype), values)
     got = cuda.from_device(part, (count + 8) * value_bytes, np.uint8)
-    np.testing.assert_array_equal(got[:count * value_bytes], want)
+    np.testing.assert_array_equal(got[:count * value_bytes].view(dtype), values[first:first + count])
     assert (got[count * value_bytes:] == 0xA5).all()
