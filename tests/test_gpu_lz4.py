@@ -94,6 +94,26 @@ def test_a_chunk_left_out_is_untouched_and_a_damaged_one_flagged(tmp_path, ece40
     np.testing.assert_array_equal(out[3], bit_shuffle(block, True)(values[300:400].reshape(-1)))
 
 
+def test_a_match_reaching_before_the_output_is_damage(tmp_path, ece408, gpu):
+    """LZ4's offset counts back from the output written so far: an offset past its start (here the
+    first match's, 0xFFFF) is damage, flagged, not a read of the memory before the chunk's output."""
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        values = f["x"][:200].reshape(200, -1)
+    stored, block = chunks(tmp_path, values, 100)
+    damaged = stored[1].copy()
+    pos = int.from_bytes(damaged[16:20].tobytes(), "little") + 4  # chunk 1's first stream: its first token
+    literals, pos = int(damaged[pos]) >> 4, pos + 1
+    extra = 255 if literals == 15 else 0  # a length of 15 goes on in bytes, while they are 255
+    while extra == 255:
+        extra, pos = int(damaged[pos]), pos + 1
+        literals += extra
+    assert 0 < int.from_bytes(damaged[pos + literals:pos + literals + 2].tobytes(), "little") <= literals
+    damaged[pos + literals:pos + literals + 2] = 0xFF
+    out, guards, bad = decode(gpu, [stored[0], damaged], 100 * values[0].nbytes, 4 * block)
+    assert bad == 100 + 1 and guards.all()
+    np.testing.assert_array_equal(out[0], bit_shuffle(block, True)(values[:100].reshape(-1)))
+
+
 @pytest.mark.parametrize("value_bytes", [1, 2, 4, 8])
 @pytest.mark.parametrize("first,count", [(0, 3 * 1000), (5, 3 * 1000 - 5), (997, 1004), (1003, 13), (1992, 8)])
 def test_bitunshuffle_kernels_give_the_values_bitshuffled_on_the_host(gpu, rng, value_bytes, first, count):

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import REPO
 
-LIMIT_S = 120
+LIMIT_S = 60
 
 PRELUDE = """
 import gc, os, sys, threading
