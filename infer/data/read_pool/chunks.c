@@ -19,11 +19,12 @@ static void *(*ld_alloc)(void);
 static void (*ld_free)(void *);
 static int (*ld_zlib)(void *, const void *, size_t, void *, size_t, size_t *);
 static int (*z_uncompress)(unsigned char *, unsigned long *, const unsigned char *, unsigned long);
-static int checksum_ok(const unsigned char *raw, size_t payload)
+/* Whether the payload bytes of a chunk have the fletcher32 checksum stored in the 4 bytes at sum4. */
+static int checksum_ok(const unsigned char *raw, size_t payload, const unsigned char *sum4)
 {
     unsigned int sum = rp_fletcher32(raw, payload), b0 = sum & 255, b1 = sum >> 8 & 255,
                  b2 = sum >> 16 & 255, b3 = sum >> 24;
-    unsigned int stored = raw[payload] | raw[payload + 1] << 8 | raw[payload + 2] << 16 | (unsigned)raw[payload + 3] << 24;
+    unsigned int stored = sum4[0] | sum4[1] << 8 | sum4[2] << 16 | (unsigned)sum4[3] << 24;
     return stored == sum || stored == (b1 << 24 | b0 << 16 | b3 << 8 | b2); /* HDF5 <= 1.6.2's order too */
 }
 
@@ -312,7 +313,7 @@ static int plugin_decode_once(const struct chunks *c, const struct piece *job, v
     if (!buf)
         return -ENOMEM;
     int status = read_fully(c->fd, buf, size, job->offset);
-    if (!status && c->summed && !checksum_ok(buf, payload))
+    if (!status && c->summed && !checksum_ok(buf, payload, buf + payload))
         status = RP_CHECKSUM;
     if (!status) {
         size_t got = c->plugin(c->plugin_flags | H5Z_FLAG_REVERSE, c->cd_count, c->cd, payload, &size, &buf);
@@ -450,7 +451,7 @@ static int decode_bitshuffled(const struct piece *job, unsigned char *dst)
     if (c->summed && job->stored < 4)
         return RP_CHECKSUM;
     int status = job->mask & c->codec_bit ? RP_OTHER_LAYOUT : read_fully(c->fd, (char *)raw, job->stored, job->offset);
-    if (!status && c->summed && !checksum_ok(raw, payload))
+    if (!status && c->summed && !checksum_ok(raw, payload, raw + payload))
         status = RP_CHECKSUM;
     if (!status)
         status = c->bits == RP_BITS_BSHUF ? bshuf_blocks(c, raw, payload, dst) : blosc_blocks(c, raw, payload, dst);
@@ -502,12 +503,21 @@ int decode_chunk(const struct piece *job)
         if (job->stored != c->nbytes)
             return RP_SIZE;
         status = read_fully(c->fd, (char *)out, c->nbytes, job->offset);
+    } else if (!coded && payload == c->nbytes) {
+        /* fletcher32 alone: the values read straight into their place (no copy of the chunk held by
+         * the thread), the 4 checksum bytes beside, and checked there */
+        unsigned char sum[4];
+        status = read_fully(c->fd, (char *)out, payload, job->offset);
+        if (!status)
+            status = read_fully(c->fd, (char *)sum, 4, job->offset + (long long)payload);
+        if (!status && !checksum_ok(out, payload, sum))
+            status = RP_CHECKSUM;
     } else {
         unsigned char *raw = grow(&l->stored, job->stored);
         if (!raw)
             return -ENOMEM;
         status = read_fully(c->fd, (char *)raw, job->stored, job->offset);
-        if (!status && c->summed && !checksum_ok(raw, payload))
+        if (!status && c->summed && !checksum_ok(raw, payload, raw + payload))
             status = RP_CHECKSUM;
         if (!status && !coded)
             payload == c->nbytes ? (void)memcpy(out, raw, payload) : (void)(status = RP_SIZE);
