@@ -280,23 +280,25 @@ def test_a_corrupted_chunk_is_refused(tmp_path, pool, options, words):
 
 @pytest.mark.parametrize("where", ["values", "checksum"])
 @pytest.mark.parametrize("lo,hi", [(0, 700), (300, 400), (350, 380)], ids=["all", "the chunk whole", "part of the chunk"])
-def test_fletcher32_alone_is_checked_where_the_values_land(tmp_path, pool, where, lo, hi):
-    """fletcher32 without a codec: the values go straight into the read's memory and the checksum is
-    checked there (or in the thread's buffer for part of a chunk); a damaged value or a damaged
-    stored checksum fails the read, naming the chunk, and undamaged chunks read as h5py reads them."""
+@pytest.mark.parametrize("image", [(4, 4, 1), (29, 27, 1)], ids=["small chunks", "chunks of two steps and a bit"])
+def test_fletcher32_alone_is_checked_where_the_values_land(tmp_path, pool, where, lo, hi, image):
+    """fletcher32 without a codec: the values go straight into the read's memory, summed a step of
+    262,080 bytes at a time, and the checksum is checked there (or in the thread's buffer for part of
+    a chunk); a damaged value (in a chunk's last step) or a damaged stored checksum fails the read,
+    naming the chunk, and undamaged chunks read as h5py reads them."""
     if native.library() is None:
         pytest.skip("fletcher32 chunks take the h5py path without the native library")
-    values = np.random.default_rng(5).random((700, 4, 4, 1), np.float32)
-    write(tmp_path / "d.h5", values, chunks=(100, 4, 4, 1), fletcher32=True)
+    values = np.random.default_rng(5).random((700,) + image, np.float32)
+    write(tmp_path / "d.h5", values, chunks=(100,) + image, fletcher32=True)
     with h5py.File(tmp_path / "d.h5") as f:
         rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
         offset, size, _ = rows.index[3]
-        out = np.empty((100, 4, 4, 1), np.float32)
+        out = np.empty((100,) + image, np.float32)
         pool.read(rows, 200, 300, out, check=False)
         np.testing.assert_array_equal(out, values[200:300])
         rows.close()
     with open(tmp_path / "d.h5", "r+b") as f:
-        f.seek(offset + (size - 4 if where == "checksum" else 17))
+        f.seek(offset + (size - 4 if where == "checksum" else size - 9))
         byte = f.read(1)[0]
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte ^ 0xFF]))
@@ -304,7 +306,7 @@ def test_fletcher32_alone_is_checked_where_the_values_land(tmp_path, pool, where
         rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
         for check in (True, False):
             with pytest.raises(InputError, match="chunk 3 fails its fletcher32 checksum"):
-                pool.read(rows, lo, hi, np.empty((hi - lo, 4, 4, 1), np.float32), check=check)
+                pool.read(rows, lo, hi, np.empty((hi - lo,) + image, np.float32), check=check)
         rows.close()
 
 

@@ -143,9 +143,9 @@ void rp_bitshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_
     memcpy(dst + shuffled * size, src + shuffled * size, (n - shuffled) * size);
 }
 
-unsigned int rp_fletcher32(const unsigned char *data, size_t nbytes)
+void fletcher32_add(struct fletcher *f, const unsigned char *data, size_t nbytes)
 {
-    unsigned int sum1 = 0, sum2 = 0;
+    unsigned int sum1 = f->sum1, sum2 = f->sum2;
     for (size_t words = nbytes / 2; words;) {
         unsigned int run = words > 360 ? 360 : (unsigned int)words, a = 0, b = 0, i = 0;
         words -= run;
@@ -184,7 +184,19 @@ unsigned int rp_fletcher32(const unsigned char *data, size_t nbytes)
         sum1 = (sum1 & 0xffff) + (sum1 >> 16);
         sum2 = (sum2 & 0xffff) + (sum2 >> 16);
     }
-    sum1 = (sum1 & 0xffff) + (sum1 >> 16);
-    sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+    f->sum1 = sum1;
+    f->sum2 = sum2;
+}
+
+unsigned int fletcher32_end(const struct fletcher *f)
+{
+    unsigned int sum1 = (f->sum1 & 0xffff) + (f->sum1 >> 16), sum2 = (f->sum2 & 0xffff) + (f->sum2 >> 16);
     return sum2 << 16 | sum1;
+}
+
+unsigned int rp_fletcher32(const unsigned char *data, size_t nbytes)
+{
+    struct fletcher f = {0, 0};
+    fletcher32_add(&f, data, nbytes);
+    return fletcher32_end(&f);
 }

@@ -121,6 +121,14 @@ RP_HIDDEN void rp_byteswap(unsigned char *p, size_t n, size_t size);
 RP_HIDDEN void rp_bitshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size, size_t block,
                              int exact_tail);
 RP_HIDDEN unsigned int rp_fletcher32(const unsigned char *data, size_t nbytes);
+/* The same over bytes given in steps: each step but the last a multiple of FLETCHER_RUN, 720 bytes
+ * (whole runs of 360 words, so the sums fold where one pass over all the bytes folds them). */
+struct fletcher {
+    unsigned int sum1, sum2;
+};
+#define FLETCHER_RUN 720
+RP_HIDDEN void fletcher32_add(struct fletcher *f, const unsigned char *data, size_t nbytes);
+RP_HIDDEN unsigned int fletcher32_end(const struct fletcher *f);
 
 /* codes.c */
 RP_HIDDEN int read_codes(const struct piece *job);
