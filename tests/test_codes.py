@@ -7,6 +7,7 @@ import pytest
 
 from infer.data import codes, dataset, native, reader
 from infer.data.loader import load_model
+from infer.errors import InputError
 
 WIRES = pytest.mark.parametrize("wire", codes.WIRES, ids=["mul", "div", "one"])
 K = np.arange(256, dtype=np.uint8)
@@ -113,6 +114,41 @@ def test_the_pool_reads_float32_images_as_their_codes(tmp_path, rng, pool, wire)
 
 
 @WIRES
+@pytest.mark.parametrize("fletcher32", [False, True])
+def test_chunks_stored_without_a_codec_are_read_as_their_codes(tmp_path, rng, pool, wire, fletcher32):
+    """Chunks of 100 images of 29 x 31 (a chunk of two 262,080-byte steps and a bit, the step the
+    checksum is summed in), fletcher32 or not: any range, whole chunks and parts of them, gives the
+    codes NumPy packs; a value that is no code fails the read (NotCodes); a damaged chunk fails as
+    damaged, named, not as NotCodes."""
+    if native.library() is None:
+        pytest.skip("chunked files are read as codes on the native pool only")
+    x = images(rng, 350, wire, 29, 31)
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f.create_dataset("x", data=x, chunks=(100, 29, 31, 1), fletcher32=fletcher32)
+    for lo, hi in ((0, 350), (100, 200), (37, 301), (299, 300)):
+        out = read_codes(tmp_path / "d.h5", pool, lo, hi, wire)
+        np.testing.assert_array_equal(out.view(np.uint8), codes.pack(x[lo:hi], wire))
+    bad = x.copy()
+    bad[250, 28, 30, 0] = not_codes(wire)[-1]
+    with h5py.File(tmp_path / "bad.h5", "w") as f:
+        f.create_dataset("x", data=bad, chunks=(100, 29, 31, 1), fletcher32=fletcher32)
+    with pytest.raises(codes.NotCodes):
+        read_codes(tmp_path / "bad.h5", pool, 200, 300, wire)
+    np.testing.assert_array_equal(read_codes(tmp_path / "bad.h5", pool, 0, 250, wire).view(np.uint8),
+                                  codes.pack(x[:250], wire))  # the rows read are codes: the rest of the chunk not read as such
+    if fletcher32:
+        with h5py.File(tmp_path / "d.h5") as f:
+            offset, size, _ = reader.rows(tmp_path / "d.h5", f["x"], "x").index[1]
+        with open(tmp_path / "d.h5", "r+b") as f:
+            f.seek(offset + size - 5)
+            byte = f.read(1)[0]
+            f.seek(-1, 1)
+            f.write(bytes([byte ^ 1]))
+        with pytest.raises(InputError, match="chunk 1 fails its fletcher32 checksum"):
+            read_codes(tmp_path / "d.h5", pool, 150, 160, wire)
+
+
+@WIRES
 @pytest.mark.parametrize("at", [0, 4, 15, 16, 62, 4070, 4094])
 def test_a_value_that_is_no_code_fails_the_read(tmp_path, rng, pool, wire, at):
     """Anywhere in a vector step or in the tail past the last one (4,095 values: 127 steps of 32)."""
@@ -135,14 +171,19 @@ def open_data(path, tmp_path):
     return dataset.DataSet.open([str(path)], load_model(str(model)))
 
 
-def test_data_sets_of_codes_in_contiguous_float32_files_are_taken_as_codes(tmp_path, rng):
+def test_data_sets_of_codes_in_float32_files_read_straight_are_taken_as_codes(tmp_path, rng):
     mul, div = images(rng, 80, codes.MUL, 12, 11), images(rng, 80, codes.DIV, 12, 11)
     one, off = images(rng, 80, codes.ONE, 12, 11), np.float32(1e-3)
     cases = {"mul.h5": (mul, {}, codes.MUL), "div.h5": (div, {}, codes.DIV), "one.h5": (one, {}, codes.ONE),
              "an early image not codes.h5": (np.concatenate([mul[:5], mul[5:6] + off, mul[6:]]), {}, None),
              # past the sample: taken as codes, and the read fails (the run then reads float32)
              "a late image not codes.h5": (np.concatenate([mul[:79], mul[79:] + off]), {}, codes.MUL),
-             "chunked.h5": (mul, dict(chunks=(8, 12, 11, 1)), None),
+             "chunked.h5": (mul, dict(chunks=(8, 12, 11, 1)), codes.MUL if native.library() else None),
+             "chunked, fletcher32.h5": (div, dict(chunks=(8, 12, 11, 1), fletcher32=True),
+                                        codes.DIV if native.library() else None),
+             "chunked, gzip.h5": (mul, dict(chunks=(8, 12, 11, 1), compression="gzip"), None),
+             "chunked, shuffle.h5": (mul, dict(chunks=(8, 12, 11, 1), shuffle=True), None),
+             "chunks cutting images.h5": (mul, dict(chunks=(8, 6, 11, 1)), None),
              "big-endian.h5": (mul.astype(">f4"), {}, None),
              "uint8.h5": (np.rint(mul * 255).astype(np.uint8), {}, None)}
     assert dataset.CODES_SAMPLE < 79

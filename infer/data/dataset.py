@@ -114,13 +114,13 @@ class DataSet:
 
     def codes_wire(self):
         """The codes wire (codes.py) the images may travel in, or None: float32 in this machine's
-        byte order, read straight from contiguous datasets (pread), whose first CODES_SAMPLE images
-        in every file are codes of one scaling (the first of codes.WIRES they fit), unless CNNINFER_CODES=0;
-        every value is checked again as it is read (a failure: codes.NotCodes)."""
+        byte order, read straight from contiguous datasets (pread) or chunks stored without a codec
+        (fletcher32 or not) on the native pool, whose first CODES_SAMPLE images in every file are
+        codes of one scaling (the first of codes.WIRES they fit), unless CNNINFER_CODES=0; every
+        value is checked again as it is read (a failure: codes.NotCodes)."""
         if self._codes is None:
             self._codes = False
-            if env.codes() and self.dtype == np.float32 and all(isinstance(x, reader.ContiguousRows) and not x.swapped
-                                                for _, x, _, _ in self.parts):
+            if env.codes() and self.dtype == np.float32 and all(x.takes_codes for _, x, _, _ in self.parts):
                 fits = set(codes.WIRES)
                 for _, x, _, count in self.parts:
                     sample = np.empty((min(count, CODES_SAMPLE),) + self.image_shape, np.float32)

@@ -111,7 +111,7 @@ def library():
                                ("rp_chunks_plugin", [p, p, ctypes.c_uint, size, p], ctypes.c_int),
                                ("rp_chunks_direct", [p, ctypes.c_int, p], ctypes.c_int),
                                ("rp_chunks_bits", [p, ctypes.c_int, size, p, p], ctypes.c_int),
-                               ("rp_submit_chunks", [p, p, i64, i64, p, p, p, p, ctypes.c_int], p),
+                               ("rp_submit_chunks", [p, p, i64, i64, p, p, p, p, ctypes.c_int, ctypes.c_int], p),
                                ("rp_read_chunks", [p, i64, i64, p, p, p, p, ctypes.POINTER(i64)], ctypes.c_int),
                                ("rp_submit_labels", [p, ctypes.c_int, i64, i64, size, ctypes.c_int, ctypes.c_int, p,
                                                      i64, i64], p),
@@ -255,12 +255,15 @@ class ReadPool:
             raise MemoryError("no memory for a read's ticket")
         return ticket
 
-    def submit_chunks(self, spec, lo, hi, offsets, sizes, masks, address, keep_shuffled=False):
+    def submit_chunks(self, spec, lo, hi, offsets, sizes, masks, address, keep_shuffled=False, scaling=None):
         """Rows [lo, hi) of a chunked dataset (spec: rp_chunks; offsets, sizes and masks: arrays
         over all its chunks, int64, int64, uint32) into address; keep_shuffled: the chunks lying
-        wholly in [lo, hi) placed as the shuffle filter left them (for the GPU to unshuffle)."""
+        wholly in [lo, hi) placed as the shuffle filter left them (for the GPU to unshuffle);
+        scaling (codes.SCALINGS'): float32 values stored without a codec as their 8-bit codes,
+        failing with NOT_CODES where one is not."""
         ticket = self.lib.rp_submit_chunks(self.pool, spec, lo, hi, offsets.ctypes.data, sizes.ctypes.data,
-                                           masks.ctypes.data, address, int(keep_shuffled))
+                                           masks.ctypes.data, address, int(keep_shuffled),
+                                           0 if scaling is None else 1 + scaling)
         if not ticket:
             raise MemoryError("no memory for a read's ticket")
         return ticket

@@ -70,6 +70,7 @@ class Rows:
     swapped = False  # values stored in the other byte order, swapped as they are read (dtype: this order's)
     align = 1  # pieces start on multiples of this many rows (a chunk's rows)
     native = False  # submit(pool, lo, hi, out) reads on the native pool
+    takes_codes = False  # submit_codes(pool, lo, hi, out) reads float32 rows as their 8-bit codes there
 
     def __init__(self, label, shape, dtype):
         self.label, self.shape, self.dtype = label, tuple(shape), np.dtype(dtype)
@@ -189,6 +190,10 @@ class ContiguousRows(_FileRows):
                              f"but the file has {self.file_size}")
 
     native = True
+
+    @property
+    def takes_codes(self):
+        return self.dtype == np.float32 and not self.swapped
 
     def read(self, lo, hi, out):
         self._pread(memoryview(out).cast("B"), self.offset + lo * self.row_bytes)
@@ -328,6 +333,22 @@ class ChunkedRows(_FileRows):
         ticket = pool.submit_chunks(self.spec, lo, hi, self.offsets, self.sizes, self.masks, out.ctypes.data,
                                     keep_shuffled)
         return Ticket(pool, ticket, self.failed)
+
+    @property
+    def takes_codes(self):
+        """Whether the native pool reads these rows as 8-bit codes (submit_codes): float32 in this
+        machine's byte order, stored without a codec or shuffle (fletcher32 or not), whole images."""
+        return (self.native and self.dtype == np.float32 and self.codec is None and not self.shuffle
+                and not self.swapped and not self.cut)
+
+    def submit_codes(self, pool, lo, hi, out):
+        """Rows [lo, hi) into out (a codes wire, C-contiguous) as their 8-bit codes, a job per chunk on
+        the native pool (each chunk's checksum checked over all its bytes): a Ticket failing with
+        codes.NotCodes where a value is not one."""
+        ticket = pool.submit_chunks(self.spec, lo, hi, self.offsets, self.sizes, self.masks, out.ctypes.data,
+                                    scaling=codes.SCALINGS[out.dtype])
+        return Ticket(pool, ticket, lambda status, j: codes.NotCodes() if status == native.NOT_CODES
+                      else self.failed(status, j))
 
     def failed(self, status, j):
         what = f"{self.label}: chunk {j}"
@@ -668,8 +689,8 @@ class Reader:
                 and not check and out.flags.c_contiguous and hi > lo):
             self.used_native = True
             return [rows.submit(self.native, lo, hi, out)]
-        if (self.native is not None and out.dtype in codes.WIRES and hasattr(rows, "submit_codes")
-                and rows.dtype == np.float32 and not rows.swapped and out.flags.c_contiguous and hi > lo):
+        if (self.native is not None and out.dtype in codes.WIRES and rows.takes_codes
+                and out.flags.c_contiguous and hi > lo):
             self.used_native = True
             return [rows.submit_codes(self.native, lo, hi, out)]
         return [self.pool.submit(self._timed, fill, rows, a, b, out[a - lo:b - lo], check)

@@ -20,7 +20,7 @@ static void (*ld_free)(void *);
 static int (*ld_zlib)(void *, const void *, size_t, void *, size_t, size_t *);
 static int (*z_uncompress)(unsigned char *, unsigned long *, const unsigned char *, unsigned long);
 /* Whether fletcher32 checksum `sum` is the one stored in the 4 bytes at sum4. */
-static int checksum_is(unsigned int sum, const unsigned char *sum4)
+int checksum_is(unsigned int sum, const unsigned char *sum4)
 {
     unsigned int b0 = sum & 255, b1 = sum >> 8 & 255, b2 = sum >> 16 & 255, b3 = sum >> 24;
     unsigned int stored = sum4[0] | sum4[1] << 8 | sum4[2] << 16 | (unsigned)sum4[3] << 24;

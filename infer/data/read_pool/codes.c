@@ -115,3 +115,49 @@ int read_codes(const struct piece *job)
     }
     return 0;
 }
+
+/* A chunk of float32 values stored without a codec (with a fletcher32 checksum or not) whose rows
+ * the read takes as codes: read a step at a time into this thread's buffer, summed there where it
+ * carries a checksum, and the read's rows of the step packed to their codes into dst. A damaged
+ * checksum first, then a chunk of another size, then a value that is no code (RP_NOT_CODES: the
+ * caller reads float32 instead, which names any damage). */
+int read_chunk_codes(const struct piece *job)
+{
+    const struct chunks *c = job->spec;
+    const size_t step = 364 * FLETCHER_RUN;  /* whole runs of the sums, and of float32 values */
+    struct local *l = thread_local_state();
+    unsigned char *buf = l ? grow(&l->plain, step) : NULL;
+    if (!buf)
+        return -ENOMEM;
+    if (c->summed && job->stored < 4)
+        return RP_CHECKSUM;
+    long long first = job->index / c->per * c->chunk[0];
+    size_t payload = job->stored - (c->summed ? 4 : 0);
+    size_t lo = (size_t)(job->from - first) * c->row_bytes, hi = (size_t)(job->to - first) * c->row_bytes;
+    unsigned char *dst = (unsigned char *)job->dst + (size_t)(job->from - job->lo) * c->row_bytes / 4;
+    struct fletcher f = {0, 0};
+    int codes = 1;
+    size_t end = c->summed ? payload : (hi < payload ? hi : payload);  /* unsummed: only the rows read */
+    for (size_t at = c->summed ? 0 : lo; at < end; at += step) {
+        size_t n = end - at < step ? end - at : step;
+        int status = read_fully(c->fd, (char *)buf, n, job->offset + (long long)at);
+        if (status)
+            return status;
+        if (c->summed)
+            fletcher32_add(&f, buf, n);
+        size_t a = at > lo ? at : lo, b = at + n < hi ? at + n : hi;  /* the read's bytes in this step */
+        if (codes && a < b && payload == c->nbytes)
+            codes = rp_pack_codes((const float *)(buf + (a - at)), dst + (a - lo) / 4, (b - a) / 4, -1, job->codes - 1) == 1;
+    }
+    if (c->summed) {
+        unsigned char sum[4];
+        int status = read_fully(c->fd, (char *)sum, 4, job->offset + (long long)payload);
+        if (status)
+            return status;
+        if (!checksum_is(fletcher32_end(&f), sum))
+            return RP_CHECKSUM;
+    }
+    if (payload != c->nbytes)
+        return RP_SIZE;
+    return codes ? 0 : RP_NOT_CODES;
+}

@@ -112,6 +112,7 @@ RP_HIDDEN unsigned char *grow(struct scratch *s, size_t n);
 RP_HIDDEN int decode_chunk(const struct piece *job);
 RP_HIDDEN struct piece chunk_job(const struct chunks *c, long long lo, long long hi, const long long *offsets,
                                  const long long *sizes, const unsigned *masks, char *dst, long long j);
+RP_HIDDEN int checksum_is(unsigned int sum, const unsigned char *sum4);
 RP_HIDDEN void chunk_range(const struct chunks *c, long long lo, long long hi, long long *begin, long long *end);
 
 /* filters.c */
@@ -132,6 +133,7 @@ RP_HIDDEN unsigned int fletcher32_end(const struct fletcher *f);
 
 /* codes.c */
 RP_HIDDEN int read_codes(const struct piece *job);
+RP_HIDDEN int read_chunk_codes(const struct piece *job);
 int rp_pack_codes(const float *src, unsigned char *dst, size_t n, int path, int scaling);
 
 /* labels.c */
