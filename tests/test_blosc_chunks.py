@@ -1,14 +1,13 @@
 """The GPU's Blosc lz4 decoding without a GPU: the chunks hdf5plugin writes, walked as
 blosc_lz4_kernel1 walks them (a reference: each block's start, its streams split per value byte
 unless flagged, LZ4 blocks or stored bytes), decoded and bit-unshuffled, give the values h5py reads;
-the host's header check (chunk_decode.blosc_chunks) takes them, and leaves chunks stored otherwise
+the host's header check (codecs.blosc_chunks) takes them, and leaves chunks stored otherwise
 to the reader threads."""
 import h5py
 import numpy as np
 import pytest
 
-from infer.gpu.chunk_decode import blosc_chunks
-from tests.test_reader import bit_shuffle
+from infer.gpu.codecs import blosc_chunks
 
 hdf5plugin = pytest.importorskip("hdf5plugin")
 

@@ -8,7 +8,7 @@ import pytest
 from infer import Session
 from infer.data import loader, native
 from infer.data.dataset import DataSet
-from infer.gpu import chunk_decode
+from infer.gpu import chunk_decode, codecs
 from infer.options import Options
 from infer.errors import InputError
 from tests.conftest import assert_refused, invoke
@@ -121,10 +121,10 @@ def test_zstd_chunks_over_the_kernels_output_limit_are_the_hosts(tmp_path, model
     hdf5plugin = pytest.importorskip("hdf5plugin")
     if native.library() is None:
         pytest.skip("no native read pool here")
-    monkeypatch.setattr(chunk_decode.Zstd, "OUT_MAX", 16 * 28 * 28 * 4 - 1)
+    monkeypatch.setattr(codecs.Zstd, "OUT_MAX", 16 * 28 * 28 * 4 - 1)
     assert "more than the GPU's Zstandard decoder takes (50,175 bytes)" in why(
         tmp_path, model, rng, chunks=(16, 28, 28, 1), compression=hdf5plugin.Zstd())
-    monkeypatch.setattr(chunk_decode.Zstd, "OUT_MAX", 16 * 28 * 28 * 4)
+    monkeypatch.setattr(codecs.Zstd, "OUT_MAX", 16 * 28 * 28 * 4)
     assert why(tmp_path, model, rng, chunks=(16, 28, 28, 1), compression=hdf5plugin.Zstd()) is None
 
 

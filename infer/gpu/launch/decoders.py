@@ -1,4 +1,4 @@
-"""The launchers of the GPU decoders (chunk_decode.py, shuffled.py): deflate, Zstd, LZF and Blosc lz4 frames,
+"""The launchers of the GPU decoders (codecs.py, shuffled.py): deflate, Zstd, LZF and Blosc lz4 frames,
 their checks, and HDF5's shuffle and bitshuffle undone."""
 from .base import INT_MAX, Launcher, ceil_div
 

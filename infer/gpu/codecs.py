@@ -1,0 +1,333 @@
+"""How the GPU decodes each HDF5 filter it takes (CODECS, for chunk_decode's stream of compressed
+blocks): per codec, its kernels, the table of a group's chunks it fills, its checks, and how it
+places a block's images.
+- deflate (Deflate): inflate_kernel1 (cuda/inflate.cu: a warp a chunk), a kernel checking them (the
+  kernel's status, the decoded size, deflate's adler32), HDF5's shuffle undone as they are placed. A
+  chunk of 1,000 MNIST images takes one warp 43-71 ms (H100), and an SM holds twelve;
+- Zstd (Zstd): zstd_kernel2 (cuda/zstd.cu: 3 warps a frame, two decoding its blocks apart into
+  scratch memory, one carrying their sequences out in order), checked and unshuffled as deflate's. A
+  1,000-image MNIST chunk takes 15 ms alone (H100), shuffled 23;
+- LZF (Lzf): lzf_kernel1 (cuda/lzf.cu: a warp a chunk, 32 tokens parsed a batch, its output built
+  in a ring in shared memory), checked and unshuffled as deflate's. A 1,000-image MNIST chunk takes
+  35 ms alone (H100), shuffled 52;
+- Blosc lz4 + bitshuffle (BloscLz4): blosc_lz4_kernel1 (cuda/lz4.cu: a warp per stream of a block,
+  ~21 a 1,000-image chunk, ~13 ms each), the bits unshuffled as they are placed.
+"""
+import os
+
+import numpy as np
+
+from ..data import reader
+from ..errors import InputError
+from . import launch
+
+
+class Deflate:
+    """HDF5's deflate filter: a zlib stream a chunk (its 2-byte header and adler32 trailer around the
+    deflate data), decoded by inflate_kernel1 into chunks 256 bytes apart, checked by
+    decode_check_kernel1 (status, size, adler32), and HDF5's shuffle undone as the images are placed."""
+    head, tail = 2, 4  # bytes of the zlib stream around its deflate data
+    kernel, adler, what, frame = launch.Inflate, True, "deflate", "not a zlib stream"
+    scratch = 0.0  # the kernel's scratch memory, bytes a decoded byte
+
+    def __init__(self, build, rows):
+        self.decoder, self.check = self.kernel(build), launch.DecodeCheck(build)
+        self.shuffled = rows.shuffle and rows.dtype.itemsize > 1
+        self.unshuffle = launch.Unshuffle(build, rows.dtype.itemsize) if self.shuffled else None
+        self.rows = rows
+
+    @staticmethod
+    def unsupported(rows):
+        return None
+
+    copies_stored = True  # chunks stored without the codec (their filter skipped) are copied into place
+    arrays = 6  # of the table, uint64 a chunk: stream, size, capacity, output, decoded size, status
+    # A launch takes 20 blocks of 64 MB (320 MNIST chunks, a warp each, ~60 ms), read 6 at a time: a
+    # 1M-image file's 1,000 chunks all in flight at once. (Blocks of 32 MB, 4 deep: gzip 1 4.6-5.7M
+    # images/s against 5.9-6.3M, shuffled 4.2-4.3M against 4.6-4.8M, H100, one host)
+    group, block_bytes, ring = 20, 64 << 20, 6
+
+    @staticmethod
+    def stride(chunk_bytes):
+        return -(-chunk_bytes // 256) * 256
+
+    def describe(self):
+        return f"{self.kernel.kernel}{' + unshuffle' if self.shuffled else ''}"
+
+    @staticmethod
+    def sample():
+        """A stream of 4096 zero bytes, as the kernel takes it."""
+        import zlib
+
+        return zlib.compress(bytes(4096))[2:-4]
+
+    def warm_up(self, alloc):
+        import pycuda.driver as cuda
+
+        stream = np.frombuffer(self.sample(), np.uint8)
+        src, out, table = alloc(len(stream)), alloc(4096), alloc(48)
+        cuda.memcpy_htod(src, stream)
+        cuda.memcpy_htod(table, np.array([int(src), len(stream), 4096, 0, int(out), 0], np.uint64))
+        t = int(table)
+        scratch = alloc(256 + int(4096 * self.scratch)) if self.scratch else None
+        self.run(cuda.Stream(), 1, [t, t + 8, t + 16, t + 32, t + 24, t + 40], scratch, int(4096 * self.scratch))
+
+    def run(self, stream, count, at, scratch, scratch_bytes):
+        """The kernel on a group's table columns `at` (see Decoder.columns)."""
+        self.decoder(stream, count, at[0], at[1], at[2], at[4], at[3], at[5])
+
+    def prepare(self, dec, block, table, o, data, decoded):
+        """Refuse, before anything is uploaded, a chunk whose stream does not even start right, or
+        one stored without the codec (its filter skipped: h5py's lzf leaves a chunk that did not
+        shrink so) at another size than decoded; then the block's rows of the group's table (from
+        row o): per chunk its stream (the block's bytes go up to device address `data`), size,
+        capacity, output (from `decoded` on), decoded size (out), status (out). A chunk stored
+        without the codec has size and capacity 0 (the kernels decode nothing of it, the check
+        passes it over) and is copied into its slot after the group's decoding. (Whether the GPU
+        decodes any of its chunks; what decode needs of it: those copies, (slot, bytes, size).)"""
+        n = len(block.positions)
+        sizes = dec.sizes[block.c0:block.c0 + n]
+        stored = dec.masks[block.c0:block.c0 + n] != 0  # unsupported(): only the codec's bit
+        good = self.starts_right(block.buf, block.positions, sizes) | stored
+        wrong = stored & (sizes != dec.chunk_bytes)
+        if not good.all() or wrong.any():
+            k = int(np.argmax(~good | wrong))
+            why = f"stored without its filter, {sizes[k]} bytes, not {dec.chunk_bytes}" if wrong[k] else self.frame
+            raise InputError(f"{self.rows.label}: chunk {block.c0 + k} cannot be decompressed ({why})")
+        rows = slice(o, o + n)
+        slots = decoded + np.arange(n, dtype=np.uint64) * dec.stride
+        table[0, rows] = data + block.positions + self.head
+        table[1, rows] = np.where(stored, 0, sizes - self.head - self.tail)
+        table[2, rows] = np.where(stored, 0, dec.chunk_bytes)
+        table[3, rows] = slots
+        return True, [(int(slots[k]), data + int(block.positions[k]), dec.chunk_bytes) for k in np.flatnonzero(stored)]
+
+    def starts_right(self, buf, at, sizes):
+        """Per chunk stored in buf at offsets at, sizes bytes each: whether its zlib header is one the
+        kernel takes (CM 8, window <= 32K, no preset dictionary, the header check)."""
+        cmf, flg = buf[at].astype(np.int64), buf[at + 1].astype(np.int64)
+        good = (cmf & 15 == 8) & (cmf >> 4 <= 7) & ((cmf * 256 + flg) % 31 == 0) & (flg & 32 == 0)
+        return good & (sizes > self.head + self.tail)
+
+    def decode(self, dec, stream, count, table, decoded, c0, scratch, extras):
+        """Decode a group's count chunks, file chunks c0 on, as its table (device address) says,
+        into decoded on (scratch: the lane's scratch memory, where the codec takes some); extras:
+        what prepare said of each of its blocks."""
+        import pycuda.driver as cuda
+
+        at = dec.columns(table)
+        self.run(stream, count, at, scratch, dec.scratch_bytes)
+        self.check(stream, count, at[0], at[1], at[4], at[5], decoded, dec.chunk_bytes, dec.stride, self.adler, c0,
+                   dec.flags)
+        for slot, src, nbytes in (copy for stored in extras for copy in stored):  # before the lane's bytes
+            cuda.memcpy_dtod_async(slot, src, nbytes, stream)                      # are uploaded over (flush)
+
+    def place(self, dec, stream, piece, decoded, dst):
+        import pycuda.driver as cuda
+
+        per, row_bytes = dec.per, dec.row_bytes
+        first = piece.lo - piece.c0 * per  # rows of the first chunk before the block
+        if self.shuffled:
+            values = row_bytes // self.rows.dtype.itemsize
+            self.unshuffle(stream, decoded, dst, first * values, piece.images * values, per * values, dec.stride)
+        elif dec.stride == dec.chunk_bytes:
+            cuda.memcpy_dtod_async(dst, decoded + first * row_bytes, piece.images * row_bytes, stream)
+        else:
+            done = 0
+            for k in range(piece.chunks):
+                lo = first if k == 0 else k * per
+                rows = min(per * (k + 1), first + piece.images) - lo
+                cuda.memcpy_dtod_async(dst + done * row_bytes, decoded + k * dec.stride + (lo - k * per) * row_bytes,
+                                       rows * row_bytes, stream)
+                done += rows
+
+    def failure(self, dec, j, which):
+        what = f"{self.rows.label}: chunk {j}"
+        if which == 0:
+            return InputError(f"{what} cannot be decompressed (damaged {self.what} data, or not {dec.chunk_bytes} "
+                              "bytes once decoded)")
+        return InputError(f"{what} fails its adler32 checksum once decompressed: the file is damaged")
+
+
+class Zstd(Deflate):
+    """hdf5plugin's Zstd filter: a Zstandard frame a chunk (as hdf5plugin writes them: no dictionary,
+    no content checksum), decoded by zstd_kernel2 into chunks 256 bytes apart, checked by
+    decode_check_kernel1 (status and size: the frame's own structure catches damage), HDF5's shuffle
+    undone as the images are placed. The group, block and ring of deflate's plan. Frames with a
+    checksum (which the host's libzstd checks and the GPU does not) or a dictionary are the host's."""
+    head = tail = 0
+    kernel, adler, what = launch.ZstdApart, False, "Zstandard"
+    scratch = launch.ZstdApart.SCRATCH
+    frame = ("not a Zstandard frame the GPU decodes: damaged, or with a checksum or dictionary, which --decode "
+             "host reads")
+    MAGIC = bytes([0x28, 0xB5, 0x2F, 0xFD])
+    OTHERS = 0x07  # frame header flags: content checksum, dictionary id
+
+    OUT_MAX = (1 << 30) - 1  # zstd.cuh's ZOUT_MAX: a frame's most output (32-bit positions)
+
+    @classmethod
+    def unsupported(cls, rows):
+        if rows.chunk_bytes > cls.OUT_MAX:
+            return f"its chunks decode to more than the GPU's Zstandard decoder takes ({cls.OUT_MAX:,} bytes)"
+        head = os.pread(rows.fd, 5, int(rows.index[0][0]))
+        if len(head) == 5 and head[:4] == cls.MAGIC and head[4] & cls.OTHERS:
+            return "its Zstandard frames carry a checksum or name a dictionary (the host's libzstd reads them)"
+        return None
+
+    @staticmethod
+    def sample():
+        # one stored block of 4096 zero bytes; a single segment, its size in 2 bytes (4096 - 256)
+        return Zstd.MAGIC + bytes([0x60, 0x00, 0x0F]) + (1 | 4096 << 3).to_bytes(3, "little") + bytes(4096)
+
+    def run(self, stream, count, at, scratch, scratch_bytes):
+        self.decoder(stream, count, at[0], at[1], at[2], at[4], at[3], at[5], scratch, scratch_bytes)
+
+    def starts_right(self, buf, at, sizes):
+        """Per chunk: its magic number, and a frame header without a checksum or dictionary."""
+        head = buf[np.minimum(at[:, None] + np.arange(5), len(buf) - 1)]
+        return ((sizes >= 8) & (head[:, :4] == np.frombuffer(self.MAGIC, np.uint8)).all(axis=1)
+                & (head[:, 4] & self.OTHERS == 0))
+
+
+class Lzf(Deflate):
+    """h5py's lzf filter: an LZF stream a chunk (liblzf's format, nothing around it), decoded by
+    lzf_kernel1 into chunks 256 bytes apart, checked by decode_check_kernel1 (status and size; LZF
+    has no checksum), HDF5's shuffle undone as the images are placed. A chunk that did not shrink is
+    stored as it is (its filter skipped) and copied into place (Deflate.prepare)."""
+    head = tail = 0
+    kernel, adler, what, frame = launch.Lzf, False, "LZF", "an empty LZF stream"
+    # deflate's group and blocks, read 4 at a time: LZF keeps a quarter of MNIST's bytes shuffled
+    # (gzip 1 a fifth), and 6 such blocks took the peak RSS to 414 MB
+    group, block_bytes, ring = 20, 64 << 20, 4
+
+    @staticmethod
+    def sample():
+        """4,096 zero bytes: runs of 32 literals, each followed by a reference one byte back."""
+        unit = bytes([31]) + bytes(32) + bytes([0xE0, 255, 0])  # 32 literals, then 264 bytes
+        return unit * 13 + bytes([31]) + bytes(32) + bytes([0xE0, 207, 0])  # the last reference 216 bytes
+
+    def starts_right(self, buf, at, sizes):
+        return sizes > 0
+
+
+class BloscLz4:
+    """hdf5plugin's Blosc filter (c-blosc 1's format 2) with lz4 and its bitshuffle: the chunks'
+    streams decoded by blosc_lz4_kernel1 into chunks back to back, the bits unshuffled as the images
+    are placed (bitunshuffle_kernel2). The host checks each chunk's header in the page-locked block;
+    a chunk stored otherwise (copied whole, byte shuffled, another codec or block size) is decoded
+    by the reader threads, as without a GPU, and goes into place after the others."""
+    LZ4 = 1  # c-blosc's codec number, in a header's flags >> 5
+
+    def __init__(self, build, rows):
+        self.lz4 = launch.BloscLz4(build)
+        self.unshuffle = launch.BitUnshuffleRange(build, rows.dtype.itemsize)
+        self.rows, self.itemsize = rows, rows.dtype.itemsize
+        self.block_values, self.exact_tail = rows.bitshuffle
+        self.block_bytes = self.block_values * self.itemsize
+        self.pending = []  # (page-locked rows decoded on the host, the event after their upload)
+
+    @classmethod
+    def unsupported(cls, rows):
+        if rows.bitshuffle is None or not rows.bitshuffle[1]:
+            return "the GPU decodes Blosc chunks that are bitshuffled, with a native reader"
+        head = os.pread(rows.fd, 16, int(rows.index[0][0]))
+        if len(head) < 16 or head[2] >> 5 != cls.LZ4:
+            return "the GPU decodes Blosc's lz4, not its other codecs"
+        return None
+
+    arrays = 3  # of the table, uint64 a chunk: start, stored size, output
+    scratch = 0.0
+    copies_stored = False  # a file with chunks stored without the codec is the host's
+    # A launch takes 10 blocks of 32 MB (80 MNIST chunks, ~1,700 warps of ~13 ms), read 4 at a time:
+    # the host's 4 compressed blocks keep the peak RSS under 400 MB (6 of 64 MB: 7.0M images/s, 484 MB)
+    group, block_bytes, ring = 10, 32 << 20, 4
+
+    @staticmethod
+    def stride(chunk_bytes):
+        return chunk_bytes
+
+    def describe(self):
+        return "blosc_lz4_kernel1 + bitunshuffle"
+
+    def warm_up(self, alloc):
+        import pycuda.driver as cuda
+
+        size = self.itemsize  # one block of 8 values, not split, its stream stored as it is
+        chunk = np.frombuffer(bytes([2, 1, 0x24, size]) + np.array([8 * size, 8 * size, 24 + 8 * size, 20, 8 * size],
+                                                                   "<u4").tobytes() + bytes(8 * size), np.uint8)
+        src, out, values, table, bad = alloc(len(chunk)), alloc(8 * size), alloc(8 * size), alloc(24), alloc(4)
+        cuda.memcpy_htod(src, chunk)
+        cuda.memcpy_htod(table, np.array([int(src), len(chunk), int(out)], np.uint64))
+        t, stream = int(table), cuda.Stream()
+        self.lz4(stream, 1, t, t + 8, t + 16, 8 * size, 8 * size, size, 0, bad)
+        self.unshuffle(stream, out, values, 1, 8, 8, 1, 0, 8)
+
+    def prepare(self, dec, block, table, o, data, decoded):
+        """The block's rows of the group's table (from row o): per chunk its start (the block's bytes
+        go up to device address `data`), stored size (0 where the GPU does not take it) and output
+        (from `decoded` on); the chunks it does not take decoded on the host now (a damaged one is
+        refused here, as without a GPU). (Whether the GPU decodes any of its chunks, the rows the
+        host decoded: (row in the block, page-locked rows).)"""
+        n = len(block.positions)
+        sizes = dec.sizes[block.c0:block.c0 + n]
+        taken = blosc_chunks(block.buf[:block.end], block.positions, sizes, dec.chunk_bytes, self.itemsize,
+                             self.block_bytes)
+        self.pending = [(buf, e) for buf, e in self.pending if not e.query()]
+        rows = slice(o, o + n)
+        table[0, rows] = data + block.positions
+        table[1, rows] = np.where(taken, sizes, 0)  # 0: left to the host
+        table[2, rows] = decoded + np.arange(n, dtype=np.uint64) * dec.stride
+        return bool(taken.any()), [self._host_decoded(dec, block, int(k)) for k in np.flatnonzero(~taken)]
+
+    def _host_decoded(self, dec, block, k):
+        """Chunk k of the block (its rows in the block) decoded by the reader threads into page-locked memory."""
+        import pycuda.driver as cuda
+
+        c = block.c0 + k
+        lo, hi = max(c * dec.per, block.lo), min((c + 1) * dec.per, block.lo + len(block), self.rows.shape[0])
+        out = cuda.pagelocked_empty((hi - lo) * dec.row_bytes, np.uint8)
+        self.rows.submit(dec.pool.native, lo, hi, out).result()
+        return lo - block.lo, out
+
+    def decode(self, dec, stream, count, table, decoded, c0, scratch, extras):
+        starts, sizes, outputs = dec.columns(table)
+        self.lz4(stream, count, starts, sizes, outputs, dec.chunk_bytes, self.block_bytes, self.itemsize, c0, dec.flags)
+
+    def place(self, dec, stream, piece, decoded, dst):
+        import pycuda.driver as cuda
+
+        from .executor import event
+
+        values = dec.row_bytes // self.itemsize
+        first = piece.lo - piece.c0 * dec.per
+        self.unshuffle(stream, decoded, dst, piece.chunks, dec.per * values, self.block_values, self.exact_tail,
+                       first * values, piece.images * values)
+        for row, out in piece.extra:  # over what the unshuffle made of the chunk's undecoded bytes
+            cuda.memcpy_htod_async(dst + row * dec.row_bytes, out, stream)
+        if piece.extra:
+            self.pending.append(([out for _, out in piece.extra], event(stream)))
+
+    def failure(self, dec, j, which):
+        return InputError(f"{self.rows.label}: chunk {j} cannot be decompressed ({self.rows.codec_name} lz4: "
+                          f"damaged data, or not {dec.chunk_bytes} bytes once decoded)")
+
+
+def blosc_chunks(data, at, sizes, chunk_bytes, itemsize, block_bytes):
+    """Which of the c-blosc chunks stored in `data` (bytes) at offsets `at`, `sizes` bytes each,
+    blosc_lz4_kernel1 decodes: c-blosc 1's format 2, bitshuffled (flag 4; neither byte-shuffled nor
+    copied whole: flags 1, 2), lz4, values of itemsize bytes, decoding to chunk_bytes in blocks of
+    block_bytes, and as long as the header says and room for each block's start."""
+    at = np.asarray(at, np.int64)
+    if len(data) < 16:
+        return np.zeros(len(at), bool)
+    hdr = data[np.minimum(at[:, None] + np.arange(16), len(data) - 1)]
+    words = hdr.view("<u4").astype(np.int64)
+    flags = hdr[:, 2]
+    return ((sizes >= 16 + 4 * -(-chunk_bytes // block_bytes)) & (hdr[:, 0] == 2) & (flags & 0x0f == 0x04)
+            & (flags >> 5 == BloscLz4.LZ4) & (hdr[:, 3] == itemsize) & (words[:, 1] == chunk_bytes)
+            & (words[:, 2] == block_bytes) & (words[:, 3] == sizes))
+
+
+# HDF5 filter -> how the GPU decodes it
+CODECS = {reader.FILTER_DEFLATE: Deflate, reader.FILTER_LZF: Lzf, reader.FILTER_ZSTD: Zstd,
+          reader.FILTER_BLOSC: BloscLz4}
