@@ -9,7 +9,7 @@ import pytest
 
 from infer import plan
 from infer.cpu.backend import Description as Cpu
-from infer.data import codes
+from infer.data import codes, native
 from infer.errors import InputError
 from infer.gpu.device import KNOWN
 from infer.network import Geometry
@@ -122,6 +122,25 @@ def test_where_a_compressed_file_is_decoded(gzip_file, ece408, monkeypatch):
     p = described(gzip_file, ece408)
     assert p.streamed and p.decode == "gpu" and p.decoding and p.align == 10 and p.layout == "chunks (deflate)"
     assert described(gzip_file, ece408, decode="host").decode == "host"
+
+
+@pytest.mark.parametrize("options", [dict(fletcher32=True), {}], ids=["fletcher32", "no filter"])
+def test_chunks_stored_without_a_codec_travel_as_codes(tmp_path, ece408, monkeypatch, options):
+    """float32 codes in chunks stored without a codec are read as codes (a quarter of the bytes) and
+    the default certifies them, as for the contiguous file; streamed too, decoded by the host."""
+    if native.library() is None:
+        pytest.skip("chunked files are read as codes on the native pool only")
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:6000], f["y"][:6000]
+    path = tmp_path / "raw.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, chunks=(1000, 28, 28, 1), **options)
+        f.create_dataset("y", data=y)
+    p = described(path, ece408, "H200")
+    assert p.wire_name.startswith("8-bit codes") and p.decode == "host" and p.precision == "certified"
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
+    p = described(path, ece408, "H200")
+    assert p.streamed and p.wire_name.startswith("8-bit codes") and p.decode == "host"
 
 
 def test_decode_gpu_refuses_a_file_the_gpu_cannot_decode(tmp_path, ece408, monkeypatch):
