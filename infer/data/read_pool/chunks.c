@@ -512,7 +512,7 @@ int decode_chunk(const struct piece *job)
         /* fletcher32 alone: the values read straight into their place (no copy of the chunk held by
          * the thread), a cache-sized step at a time, each summed while still in this core's cache;
          * the 4 checksum bytes read beside */
-        const size_t step = 364 * FLETCHER_RUN;
+        const size_t step = FLETCHER_STEP;
         struct fletcher f = {0, 0};
         unsigned char sum[4];
         for (size_t at = 0; at < payload && !status; at += step) {

@@ -124,7 +124,7 @@ int read_codes(const struct piece *job)
 int read_chunk_codes(const struct piece *job)
 {
     const struct chunks *c = job->spec;
-    const size_t step = 364 * FLETCHER_RUN;  /* whole runs of the sums, and of float32 values */
+    const size_t step = FLETCHER_STEP;  /* whole runs of the sums, and of float32 values */
     struct local *l = thread_local_state();
     unsigned char *buf = l ? grow(&l->plain, step) : NULL;
     if (!buf)
