@@ -148,6 +148,73 @@ def test_chunks_stored_without_a_codec_are_read_as_their_codes(tmp_path, rng, po
             read_codes(tmp_path / "d.h5", pool, 150, 160, wire)
 
 
+def plugin(name, **kwargs):
+    return lambda: dict(getattr(pytest.importorskip("hdf5plugin"), name)(**kwargs))
+
+
+def blosc(cname, shuffle):
+    return lambda: dict(pytest.importorskip("hdf5plugin").Blosc(cname=cname, clevel=5, shuffle=shuffle))
+
+
+# What the host decodes (a codec, shuffle, fletcher32, chunks cutting images) for rows read as codes
+DECODED = {
+    "gzip": lambda: dict(compression="gzip"),
+    "shuffle + gzip + fletcher32": lambda: dict(compression="gzip", shuffle=True, fletcher32=True),
+    "lzf": lambda: dict(compression="lzf"),
+    "shuffle only": lambda: dict(shuffle=True),
+    "LZ4": plugin("LZ4"),
+    "Zstd": plugin("Zstd"),
+    "Bitshuffle lz4": plugin("Bitshuffle", cname="lz4"),
+    "Blosc zstd + shuffle": blosc("zstd", 1),
+    "Blosc lz4 + bitshuffle": blosc("lz4", 2),
+    "Blosc2 lz4 + bitshuffle": plugin("Blosc2", cname="lz4", filters=2),
+}
+
+
+@WIRES
+@pytest.mark.parametrize("layout", DECODED)
+def test_chunks_cutting_images_are_assembled_as_their_codes(tmp_path, rng, pool, wire, layout):
+    """Chunks cutting images, with edges (29 x 31 in 10 x 16 boxes), of every filter the reader
+    threads decode: any range gives the codes NumPy packs (each decoded chunk's runs packed as they
+    are scattered), a value that is no code fails the read (NotCodes), a chunk that does not decode
+    fails named, not as NotCodes. The same filters in chunks of whole images are decoded straight
+    into place as float32, not taken as codes."""
+    if native.library() is None:
+        pytest.skip("chunked files are read as codes on the native pool only")
+    options = DECODED[layout]()
+    x = images(rng, 350, wire, 29, 31)
+    bad = x.copy()
+    bad[250, 28, 30, 0] = not_codes(wire)[-1]
+    for name, values, chunks in (("d.h5", x, (64, 10, 16, 1)), ("bad.h5", bad, (64, 10, 16, 1)),
+                                 ("whole.h5", x, (64, 29, 31, 1))):
+        with h5py.File(tmp_path / name, "w") as f:
+            f.create_dataset("x", data=values, chunks=chunks, **options)
+    indexes = {}
+    for name, taken in (("d.h5", True), ("whole.h5", False)):
+        with h5py.File(tmp_path / name) as f:
+            rows = reader.rows(tmp_path / name, f["x"], "x")
+            assert rows.takes_codes == taken and rows.cut == taken
+            indexes[name] = rows.index
+            rows.close()
+    index = indexes["d.h5"]
+    for lo, hi in ((0, 350), (100, 200), (37, 301), (299, 300)):
+        out = read_codes(tmp_path / "d.h5", pool, lo, hi, wire)
+        np.testing.assert_array_equal(out.view(np.uint8), codes.pack(x[lo:hi], wire))
+    with pytest.raises(codes.NotCodes):
+        read_codes(tmp_path / "bad.h5", pool, 200, 300, wire)
+    np.testing.assert_array_equal(read_codes(tmp_path / "bad.h5", pool, 0, 192, wire).view(np.uint8),
+                                  codes.pack(x[:192], wire))
+    offset, size, _ = index[-1]  # the last chunk's first bytes damaged (its codec's header)
+    with open(tmp_path / "d.h5", "r+b") as f:
+        f.seek(offset)
+        head = f.read(12)
+        f.seek(offset)
+        f.write(bytes(b ^ 0x5A for b in head))
+    if layout != "shuffle only":
+        with pytest.raises(InputError, match=f"chunk {len(index) - 1} "):
+            read_codes(tmp_path / "d.h5", pool, 0, 350, wire)
+
+
 @WIRES
 @pytest.mark.parametrize("at", [0, 4, 15, 16, 62, 4070, 4094])
 def test_a_value_that_is_no_code_fails_the_read(tmp_path, rng, pool, wire, at):
@@ -183,7 +250,10 @@ def test_data_sets_of_codes_in_float32_files_read_straight_are_taken_as_codes(tm
                                         codes.DIV if native.library() else None),
              "chunked, gzip.h5": (mul, dict(chunks=(8, 12, 11, 1), compression="gzip"), None),
              "chunked, shuffle.h5": (mul, dict(chunks=(8, 12, 11, 1), shuffle=True), None),
-             "chunks cutting images.h5": (mul, dict(chunks=(8, 6, 11, 1)), None),
+             # assembled by the reader threads from decoded chunks, as codes
+             "chunks cutting images.h5": (mul, dict(chunks=(8, 6, 11, 1)), codes.MUL if native.library() else None),
+             "gzip chunks cutting images.h5": (mul, dict(chunks=(8, 6, 11, 1), compression="gzip"),
+                                               codes.MUL if native.library() else None),
              "big-endian.h5": (mul.astype(">f4"), {}, None),
              "uint8.h5": (np.rint(mul * 255).astype(np.uint8), {}, None)}
     assert dataset.CODES_SAMPLE < 79

@@ -115,6 +115,47 @@ def test_a_value_that_is_no_code_sends_the_run_back_to_float32(ece408, tmp_path,
     same(a, b)
 
 
+CUT = {"gzip": dict(compression="gzip", compression_opts=1), "shuffle + lzf": dict(compression="lzf", shuffle=True),
+       "LZ4": "LZ4", "fletcher32": dict(fletcher32=True)}
+
+
+@pytest.mark.parametrize("layout", CUT)
+@pytest.mark.parametrize("late", [False, True], ids=["codes", "a late value no code"])
+def test_chunks_cutting_images_travel_as_codes(ece408, tmp_path, monkeypatch, as_float32, layout, late):
+    """testfull in chunks cutting each image in 4, streamed (4 MiB budget): the reader threads
+    assemble the images as codes from their decoded chunks (a ring 3 blocks deep), the answers of
+    the float32 travel; a value that is no code in the last chunk sends the run back to float32."""
+    options = CUT[layout]
+    if isinstance(options, str):
+        options = dict(pytest.importorskip("hdf5plugin").LZ4())
+    options = dict(options, chunks=(256, 7, 28, 1))
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "4")
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][()], f["y"][()]
+    if late:
+        x[-1, 14, 14, 0] = np.float32(0.3)
+    with h5py.File(tmp_path / "d.h5", "w") as f:
+        f.create_dataset("x", data=x, **options)
+        f["y"] = y
+    from infer.gpu.backend import CudaBackend
+
+    rings, host_buffers = [], CudaBackend.host_buffers
+
+    def recorded(self, shape, dtype, count=1):
+        rings.append((np.dtype(dtype), count))
+        return host_buffers(self, shape, dtype, count)
+    monkeypatch.setattr(CudaBackend, "host_buffers", recorded)
+    with infer.Session(ece408 / "model.hdf5", "cuda", decode="host") as s:
+        a = s.evaluate(tmp_path / "d.h5", scores=True)
+    assert (codes.MUL, 3) in rings, rings  # the codes ring, whether or not the run went back to float32
+    as_float32()
+    with infer.Session(ece408 / "model.hdf5", "cuda", decode="host") as s:
+        b = s.evaluate(tmp_path / "d.h5", scores=True)
+    assert a.streamed and b.streamed and b.reader["wire"] == "float32"
+    assert a.reader["wire"] == ("float32" if late else codes.NAMES[codes.MUL]), a.reader
+    same(a, b) if late else alike(a, b)
+
+
 def test_the_command_line_says_how_images_travelled(ece408):
     out = invoke("run", ece408 / "testfull.hdf5", ece408 / "model.hdf5", "--json", "-q")
     d = json.loads(out.stdout)

@@ -124,17 +124,20 @@ def test_where_a_compressed_file_is_decoded(gzip_file, ece408, monkeypatch):
     assert described(gzip_file, ece408, decode="host").decode == "host"
 
 
-@pytest.mark.parametrize("options", [dict(fletcher32=True), {}], ids=["fletcher32", "no filter"])
-def test_chunks_stored_without_a_codec_travel_as_codes(tmp_path, ece408, monkeypatch, options):
-    """float32 codes in chunks stored without a codec are read as codes (a quarter of the bytes) and
-    the default certifies them, as for the contiguous file; streamed too, decoded by the host."""
+@pytest.mark.parametrize("options", [dict(fletcher32=True), {}, dict(chunks=(256, 7, 28, 1), compression="gzip")],
+                         ids=["fletcher32", "no filter", "gzip, chunks cutting images"])
+def test_chunks_the_readers_decode_travel_as_codes(tmp_path, ece408, monkeypatch, options):
+    """float32 codes in chunks stored without a codec, or cutting images (assembled by the reader
+    threads), are read as codes (a quarter of the bytes) and the default certifies them, as for the
+    contiguous file; streamed too, decoded by the host."""
     if native.library() is None:
         pytest.skip("chunked files are read as codes on the native pool only")
+    options = dict(dict(chunks=(1000, 28, 28, 1)), **options)
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][:6000], f["y"][:6000]
     path = tmp_path / "raw.h5"
     with h5py.File(path, "w") as f:
-        f.create_dataset("x", data=x, chunks=(1000, 28, 28, 1), **options)
+        f.create_dataset("x", data=x, **options)
         f.create_dataset("y", data=y)
     p = described(path, ece408, "H200")
     assert p.wire_name.startswith("8-bit codes") and p.decode == "host" and p.precision == "certified"

@@ -337,9 +337,12 @@ class ChunkedRows(_FileRows):
     @property
     def takes_codes(self):
         """Whether the native pool reads these rows as 8-bit codes (submit_codes): float32 in this
-        machine's byte order, stored without a codec or shuffle (fletcher32 or not), whole images."""
-        return (self.native and self.dtype == np.float32 and self.codec is None and not self.shuffle
-                and not self.swapped and not self.cut)
+        machine's byte order, in chunks of whole images stored without a codec or shuffle (read a
+        step at a time), or in chunks cutting images (any filters: assembled from the threads'
+        decoded chunks as codes). Whole-image chunks a codec decodes go straight into place as
+        float32 (see chunks.c's decode_chunk)."""
+        return (self.native and self.dtype == np.float32 and not self.swapped
+                and (self.cut or (self.codec is None and not self.shuffle)))
 
     def submit_codes(self, pool, lo, hi, out):
         """Rows [lo, hi) into out (a codes wire, C-contiguous) as their 8-bit codes, a job per chunk on

@@ -8,6 +8,7 @@ import pycuda.driver as cuda
 
 from ..errors import InputError
 from ..backend import Backend
+from ..data import codes
 from ..data.host import HostSide
 from ..network import geometry
 from ..options import STREAMS, Options
@@ -27,7 +28,10 @@ class CudaBackend(HostSide, Backend):
     decoded_ring_depth = plan.DECODED_RING_DEPTH
 
     def host_ring_depth(self, data):
-        return self.decoded_ring_depth if data.kind == "chunks" else self.ring_depth
+        if data.kind != "chunks":
+            return self.ring_depth
+        cut = any(getattr(rows, "cut", False) for _, rows, _, _ in data.parts)
+        return plan.DECODED_CODES_RING_DEPTH if cut and self.stream_wire(data) in codes.WIRES else self.decoded_ring_depth
 
     def __init__(self, chunk=None, streams=STREAMS, tile_width=None, conv_algo=pipelines.AUTO, device=0,
                  fast_math=False, profile=False, readers=None, gemm_algo="auto", decode="host",

@@ -20,6 +20,9 @@ STREAM_FROM = 2 * STREAM_BYTES
 # same speed, 22 MB less, which brought Blosc2's 403-405 MB under 400)
 RING_DEPTH = 6
 DECODED_RING_DEPTH = 5
+# 3 where they assemble chunks cutting images into 8-bit codes (blocks of 4x the images): each
+# thread holds a decoded chunk too, and the threads' decoding paces those runs
+DECODED_CODES_RING_DEPTH = 3
 
 
 def wire_dtype(stored):

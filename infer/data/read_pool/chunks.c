@@ -52,10 +52,12 @@ static int inflate_into(struct local *l, const unsigned char *in, size_t in_len,
 }
 
 /* The part of chunk j (decoded at src) in rows [from, to) into the read's rows from lo on at dst:
- * runs along the innermost dimensions the chunk spans whole. */
-static void scatter(const struct chunks *c, long long j, const unsigned char *src, unsigned char *dst, long long lo,
-                    long long from, long long to)
+ * runs along the innermost dimensions the chunk spans whole. codes (1 + a scaling): float32 runs
+ * packed to their 8-bit codes (dst a quarter of the rows' bytes); 0 where a value is no code, else 1. */
+static int scatter(const struct chunks *c, long long j, const unsigned char *src, unsigned char *dst, long long lo,
+                   long long from, long long to, int codes)
 {
+    int ok = 1;
     long long origin[RP_MAX_RANK], extent[RP_MAX_RANK], idx[RP_MAX_RANK] = {0}, k = j % c->per;
     size_t src_stride[RP_MAX_RANK], dst_stride[RP_MAX_RANK];
     src_stride[c->rank - 1] = dst_stride[c->rank - 1] = c->itemsize;
@@ -81,13 +83,17 @@ static void scatter(const struct chunks *c, long long j, const unsigned char *sr
                 s += (size_t)idx[d] * src_stride[d];
                 t += (size_t)(origin[d] + idx[d]) * dst_stride[d];
             }
-            memcpy(dst + t, src + s, run);
+            if (codes)
+                ok &= rp_pack_codes((const float *)(src + s), dst + t / 4, run / 4, -1, codes - 1) == 1;
+            else
+                memcpy(dst + t, src + s, run);
             int d = q - 1;         /* the next run: an odometer over dimensions 1 .. q - 1 */
             while (d >= 1 && ++idx[d] == extent[d])
                 idx[d--] = 0;
             if (d < 1)
                 break;
         }
+    return ok;
 }
 
 static size_t big_endian(const unsigned char *p, int n)
@@ -482,6 +488,14 @@ int decode_chunk(const struct piece *job)
     int coded = c->codec != RP_RAW && !(job->mask & c->codec_bit);
     long long first = job->index / c->per * c->chunk[0];
     size_t skip = (size_t)(job->from - first) * c->row_bytes, n = (size_t)(job->to - job->from) * c->row_bytes;
+    /* codes (reader.py's takes_codes): chunks of whole images stored without a codec or shuffle,
+     * read a step at a time (read_chunk_codes); chunks cutting images, decoded into this thread's
+     * buffer as always and packed to 8-bit codes as they are scattered. Chunks of whole images a
+     * codec decodes go straight into place as float32: a pass through a buffer would cost more
+     * than the narrower upload saves. */
+    const int codes = job->codes;
+    if (codes && !c->cut)
+        return read_chunk_codes(job);
     char *dst = job->dst + (size_t)(job->from - job->lo) * c->row_bytes;
     int whole = !c->cut && skip == 0 && n == c->nbytes;
     int shuffled = c->shuffle && c->itemsize > 1 && !(job->mask & 1) && !(whole && job->keep_shuffled && !c->swap);
@@ -557,12 +571,13 @@ int decode_chunk(const struct piece *job)
         out = into;
     } else if (c->swap)
         rp_byteswap(out, c->nbytes, c->itemsize);
+    int ok = 1;
     if (c->cut)
-        scatter(c, job->index, out, (unsigned char *)job->dst, job->lo, job->from, job->to);
+        ok = scatter(c, job->index, out, (unsigned char *)job->dst, job->lo, job->from, job->to, codes);
     else if (out != (unsigned char *)dst)
         memcpy(dst, out + skip, n);
     free(owned);
-    return 0;
+    return ok ? 0 : RP_NOT_CODES;
 }
 
 /* A chunked dataset's recipe for rp_submit_chunks (freed by rp_chunks_free), or NULL: its shape

@@ -1,8 +1,9 @@
 /* float32 images that are 8-bit pixels (scaled to [0, 1] as code * float32(1/255), MNIST's own
  * conversion, or code / 255, torchvision's and Keras's, or not at all) can be read as their 8-bit codes
- * (rp_submit_codes from contiguous datasets, read_chunk_codes from chunks stored without a codec):
- * each cache-sized step read into a buffer of the thread's own and every value checked to be exactly
- * a code's as it is packed, so a GPU uploads a quarter of the bytes and rebuilds the same floats; a
+ * (rp_submit_codes from contiguous datasets, read_chunk_codes from chunks of whole images stored
+ * without a codec or shuffle; chunks.c's scatter packs chunks cutting images once decoded): each
+ * cache-sized step read into a buffer of the thread's own and every value checked to be exactly a
+ * code's as it is packed, so a GPU uploads a quarter of the bytes and rebuilds the same floats; a
  * value that is not fails the read (RP_NOT_CODES) and the caller reads float32. */
 #include "read_pool.h"
 

@@ -116,7 +116,7 @@ static void *worker(void *arg)
         q->count--;
         pthread_mutex_unlock(&p->lock);
         long long t = now_ns();
-        int status = job.spec ? (job.codes ? read_chunk_codes(&job) : decode_chunk(&job)) : job.kind ? label_rows(&job) : job.swap > 1 ? read_swapped(&job)
+        int status = job.spec ? decode_chunk(&job) : job.kind ? label_rows(&job) : job.swap > 1 ? read_swapped(&job)
                      : job.codes ? read_codes(&job) : read_fully(job.fd, job.dst, job.n, job.offset);
         t = now_ns() - t;
         pthread_mutex_lock(&p->lock);
@@ -278,8 +278,9 @@ struct batch *rp_submit_labels(struct pool *p, int fd, long long offset, long lo
 }
 /* Queue rows [lo, hi) of a chunked dataset into dst, a job per chunk, for rp_wait; keep_shuffled:
  * the chunks lying wholly in the read are placed still shuffled (values in the machine's order);
- * codes: 1 + a scaling (rp_pack_codes), float32 values stored without a codec packed to their 8-bit
- * codes into dst (a quarter of the bytes: read_chunk_codes), else 0. */
+ * codes: 1 + a scaling (rp_pack_codes), float32 values packed to their 8-bit codes into dst (a
+ * quarter of the bytes): chunks of whole images stored without a codec or shuffle, or chunks cutting
+ * images (see decode_chunk), else 0. */
 struct batch *rp_submit_chunks(struct pool *p, const struct chunks *c, long long lo, long long hi,
                                const long long *offsets, const long long *sizes, const unsigned *masks, char *dst,
                                int keep_shuffled, int codes)
