@@ -6,10 +6,17 @@
 //   mod 65521, summed 16 bytes a thread-step) against the 4 big-endian bytes after the deflate data;
 //   the lowest failing chunk (first + index) into bad[0] (did not decode) or bad[1] (checksum).
 //   Reads each decoded byte once.
+// decode_check_kernel2: a thread per stream (those of no stored size: copied into place, not decoded):
+//   the decoder's status, and the decoded size against the stream's own capacity (c-blosc's blocks,
+//   a shorter last one); the lowest failing stream (first + index) into bad[0]. Reads 20 bytes a stream.
 // unshuffle_kernel1: `values` values of VALUE_BYTES bytes from row `first` of the block on (chunks of
 //   chunk_values values `stride` bytes apart, each stored byte-shuffled: byte k of every value together, HDF5's shuffle)
 //   into consecutive values of dst; one value per thread, grid-stride; reads and writes
 //   values * VALUE_BYTES bytes.
+// blosc_unshuffle_kernel1: unshuffle_kernel1 for c-blosc's byte shuffle, done a block at a time: each
+//   chunk (chunk_values values, `stride` bytes apart) in blocks of block_values values, a shorter last
+//   one, each block's values stored byte-shuffled over its own length; one value per thread,
+//   grid-stride; reads and writes values * VALUE_BYTES bytes.
 // bitunshuffle_kernel1: chunks of chunk_values values stored back to back, each bitshuffled (the
 //   Bitshuffle filter's and c-blosc's layout: blocks of `block` values, each holding bit b of its
 //   values in row b, value i at bit i % 8 of the row's byte i / 8; then a shorter block of the values
@@ -91,6 +98,15 @@ extern "C" __global__ void decode_check_kernel1(const unsigned char* const* __re
     }
 }
 
+extern "C" __global__ void decode_check_kernel2(const unsigned long long* __restrict__ src_bytes,
+                                                const unsigned long long* __restrict__ capacities,
+                                                const unsigned long long* __restrict__ decoded_bytes,
+                                                const int* __restrict__ statuses, int count, int first,
+                                                int* __restrict__ bad) {
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < count; c += gridDim.x * blockDim.x)
+        if (src_bytes[c] != 0 && (statuses[c] != 0 || decoded_bytes[c] != capacities[c])) atomicMin(bad, first + c);
+}
+
 #if VALUE_BYTES == 1
 typedef unsigned char value_t;
 #elif VALUE_BYTES == 2
@@ -111,6 +127,21 @@ extern "C" __global__ void unshuffle_kernel1(const unsigned char* __restrict__ d
         value_t out = 0;
 #pragma unroll
         for (int k = 0; k < VALUE_BYTES; ++k) out |= (value_t)__ldg(planes + (long long)k * chunk_values) << (8 * k);
+        dst[e] = out;
+    }
+}
+
+extern "C" __global__ void blosc_unshuffle_kernel1(const unsigned char* __restrict__ decoded, value_t* __restrict__ dst,
+                                                   long long first_value, long long values, long long chunk_values,
+                                                   long long stride, long long block_values) {
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < values;
+         e += (long long)gridDim.x * blockDim.x) {
+        const long long at = first_value + e, c = at / chunk_values, v = at % chunk_values;
+        const long long k = v / block_values, n = min(block_values, chunk_values - k * block_values);
+        const unsigned char* planes = decoded + c * stride + k * block_values * VALUE_BYTES + (v - k * block_values);
+        value_t out = 0;
+#pragma unroll
+        for (int b = 0; b < VALUE_BYTES; ++b) out |= (value_t)__ldg(planes + (long long)b * n) << (8 * b);
         dst[e] = out;
     }
 }

@@ -149,7 +149,7 @@ def resolve(args):
 @click.option("--profile", is_flag=True, help="CUDA: print GPU time per kernel and copy, and the set-up steps.")
 @click.option("--decode", type=click.Choice(DECODE_MODES), default="auto", show_default=True,
               help="CUDA, streamed files: where compressed chunks are decoded. host: by the reader threads; "
-                   "gpu: deflate (gzip), LZF, Zstd and Blosc lz4 + bitshuffle chunks of whole images uploaded as stored "
+                   "gpu: deflate (gzip), LZF, Zstd, Blosc lz4 + bitshuffle and Blosc zstd chunks of whole images uploaded as stored "
                    "and decoded on the GPU (1M MNIST images on an H100: 1.1-2.2x the host's decoding; 16 hardware "
                    "queues), any other file refused; auto: gpu where the file streams and the GPU decodes its "
                    "chunks, else host.")

@@ -38,7 +38,7 @@ GZIP = dict(compression="gzip", chunks=(16, 28, 28, 1))
 
 
 @pytest.mark.parametrize("options,wire,dtype,shards,reason", [
-    (dict(chunks=(16, 28, 28, 1), shuffle=True), "f4", "f4", 1, "LZF, Zstd and Blosc lz4 chunks, not shuffle"),
+    (dict(chunks=(16, 28, 28, 1), shuffle=True), "f4", "f4", 1, "LZF, Zstd and Blosc lz4 and zstd chunks, not shuffle"),
     (dict(chunks=(16, 28, 28, 1)), "f4", "f4", 1, "not raw chunks"),
     ({}, "f4", "f4", 1, "not stored in chunks (pread)"),
     (dict(compression="gzip", chunks=(16, 14, 28, 1)), "f4", "f4", 1, "chunks cut images"),
@@ -130,10 +130,13 @@ def test_zstd_chunks_over_the_kernels_output_limit_are_the_hosts(tmp_path, model
 
 @pytest.mark.parametrize("blosc,reason", [
     (dict(cname="lz4", shuffle=2), None),
-    (dict(cname="zstd", shuffle=2), "not its other codecs"),
+    (dict(cname="zstd", shuffle=1), None),
+    (dict(cname="zstd", shuffle=0), None),
+    (dict(cname="zstd", shuffle=2), "byte-shuffled or not, a stream a block"),
     (dict(cname="lz4", shuffle=1), "bitshuffled"),
+    (dict(cname="blosclz", shuffle=2), "the GPU decodes Blosc"),
 ])
-def test_blosc_chunks_the_gpu_decodes_are_lz4_and_bitshuffled(tmp_path, model, rng, blosc, reason):
+def test_blosc_chunks_the_gpu_decodes_are_lz4_bitshuffled_or_zstd(tmp_path, model, rng, blosc, reason):
     hdf5plugin = pytest.importorskip("hdf5plugin")
     if native.library() is None:
         pytest.skip("no native read pool here")

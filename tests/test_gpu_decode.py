@@ -35,6 +35,9 @@ def codec(name):
     if name == "blosc_lz4":
         hdf5plugin = pytest.importorskip("hdf5plugin")
         return dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.BITSHUFFLE))
+    if name.startswith("blosc_zstd"):
+        hdf5plugin = pytest.importorskip("hdf5plugin")
+        return dict(hdf5plugin.Blosc(cname="zstd", clevel=5, shuffle=int(not name.endswith("noshuffle"))))
     if name.startswith("lzf"):
         return dict(compression="lzf", shuffle=name.endswith("shuffle"))
     return dict(compression="gzip", compression_opts=int(name[4]), shuffle=name.endswith("shuffle"))
@@ -200,6 +203,80 @@ def test_a_damaged_blosc_chunk_is_refused_in_one_line(tmp_path, ece408, mend, wo
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][:900], f["y"][:900]
     path = write(tmp_path / "bad.h5", x, y, 50, "blosc_lz4")
+    blosc_chunk(path, 3, lambda data, rows: bytes(mend(data)))
+    out = tmp_path / "p.npy"
+    r = invoke("run", path, ece408 / "model.hdf5", "--decode", "gpu", "--predictions", out)
+    assert_refused(r, "bad.h5", "'x'", *words)
+    assert not out.exists()
+
+
+def blosc_blocks(path, k):
+    """(block size, [each block's stored size]) of chunk k of path's 'x', a c-blosc chunk."""
+    with h5py.File(path) as f:
+        d = f["x"]
+        data = d.id.read_direct_chunk(d.id.get_chunk_info(k).chunk_offset)[1]
+    nbytes, block = int.from_bytes(data[4:8], "little"), int.from_bytes(data[8:12], "little")
+    starts = [int.from_bytes(data[16 + 4 * j:20 + 4 * j], "little") for j in range(-(-nbytes // block))]
+    return block, [int.from_bytes(data[s:s + 4], "little") for s in starts]
+
+
+@pytest.mark.parametrize("chunk", [16, 37, 400])  # one c-blosc block a chunk; several, the last shorter
+@pytest.mark.parametrize("name", ["blosc_zstd", "blosc_zstd_noshuffle"])
+def test_mnist_float32_blosc_zstd_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, name, chunk):
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:1999], f["y"][:1999]
+    path = write(tmp_path / "b.h5", x, y, chunk, name)
+    block, stored = blosc_blocks(path, 0)
+    assert (len(stored) > 1 and chunk * 784 * 4 % block) == (chunk == 400)
+    r = assert_same_as_host(sessions, path, ece408 / "model.hdf5", "GPU: zstd_kernel2 (Blosc blocks)")
+    assert r.correct > 1700
+
+
+@pytest.mark.parametrize("dtype,chunk,noise", [("i2", 1000, 800), ("u8", 300, 200)])
+def test_blosc_zstd_blocks_and_chunks_that_did_not_shrink(tmp_path, rng, sessions, dtype, chunk, noise):
+    """13x13x1 images of 2- and 8-byte values in chunks of two c-blosc blocks or so, mostly zeros;
+    the first images of every chunk noise, so its first block is stored as it is (copied into
+    place), and chunk 1 noise throughout, stored whole as it is (flagged otherwise: decoded by the
+    reader threads); the last chunk partly past the data set's end."""
+    n = 3 * chunk - 7
+    x = (rng.integers(1, 5, (n, 13, 13, 1)) * 40 * (rng.random((n, 13, 13, 1)) < 0.4)).astype(dtype)
+    def random_bits(images):
+        return rng.integers(0, 256, (images, 13, 13, np.dtype(dtype).itemsize), dtype=np.uint8).view(dtype)
+    for k in range(0, n, chunk):
+        x[k:k + noise] = random_bits(noise)
+    x[chunk:2 * chunk] = random_bits(chunk)
+    y = np.eye(10)[rng.integers(0, 10, len(x))]
+    path = write(tmp_path / "n.h5", x, y, chunk, "blosc_zstd")
+    block, stored = blosc_blocks(path, 0)
+    assert stored[0] == block and stored[-1] < block // 2, (block, stored)  # a block stored as it is
+    with h5py.File(path) as f:  # chunk 1's header flags another layout (stored whole as it is)
+        d = f["x"]
+        flags = [d.id.read_direct_chunk(d.id.get_chunk_info(k).chunk_offset)[1][2] for k in range(3)]
+    assert flags[0] == flags[2] != flags[1], flags
+    assert_same_as_host(sessions, path, SMALL, "GPU: zstd_kernel2 (Blosc blocks)")
+
+
+def reserved_block(data):
+    """A c-blosc chunk whose first block's Zstandard frame starts with a block of the reserved type."""
+    frame = int.from_bytes(data[16:20], "little") + 4
+    fhd = data[frame + 4]
+    single = fhd >> 5 & 1
+    dictionary, fcs = [0, 1, 2, 4][fhd & 3], [single, 2, 4, 8][fhd >> 6]
+    at = frame + 5 + (1 - single) + dictionary + fcs  # the first block's header: last, type (2 bits), size
+    data[at] |= 0b110
+    return data
+
+
+@pytest.mark.parametrize("mend,words", [
+    (reserved_block, ["chunk 3", "cannot be decompressed", "zstd"]),
+    # its second block starting past its end
+    (lambda data: data[:20] + (10 ** 9).to_bytes(4, "little") + data[24:], ["chunk 3", "past the chunk's end"]),
+])
+def test_a_damaged_blosc_zstd_chunk_is_refused_in_one_line(tmp_path, ece408, mend, words):
+    pytest.importorskip("hdf5plugin")
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:2000], f["y"][:2000]
+    path = write(tmp_path / "bad.h5", x, y, 400, "blosc_zstd")
     blosc_chunk(path, 3, lambda data, rows: bytes(mend(data)))
     out = tmp_path / "p.npy"
     r = invoke("run", path, ece408 / "model.hdf5", "--decode", "gpu", "--predictions", out)

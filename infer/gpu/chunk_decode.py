@@ -4,7 +4,7 @@ The reader threads only read each block's chunks (pread, no decoding) into page-
 block goes up as it is stored, its page-locked buffer free again once it is up, and a codec (CODECS)
 decodes the chunks of a group of blocks, in one launch, into a device buffer of whole chunks and
 places each block as the images the network reads (gpu/codecs.py: deflate, Zstd, LZF, Blosc lz4 +
-bitshuffle, each with its kernels and its figures).
+bitshuffle, Blosc zstd, each with its kernels and its figures).
 Speed comes from chunks in flight: groups decode on several streams at once (up to MAX_STREAMS) into
 a deep ring of device slots. Host memory holds only the few small blocks being read or uploaded: a
 launch takes a group of them (the codec's `group`), so the chunks in flight cost device memory,
@@ -16,7 +16,7 @@ import numpy as np
 
 from ..data import reader
 from . import launch
-from .codecs import CODECS
+from .codecs import CODECS, codec_for
 
 IN_FLIGHT_BYTES = 5 << 30  # decoded bytes decoding at once at most (~1,700 such chunks), an eighth of the free memory
 MAX_STREAMS = 8  # decode streams, a group each; with the network's 8 and the uploads', about DECODE_QUEUES
@@ -28,7 +28,7 @@ def warm_up(build, rows):
     pays for it."""
     import pycuda.driver as cuda
 
-    codec = CODECS[rows.codec](build, rows)
+    codec = codec_for(rows)(build, rows)
     taken = []
 
     def alloc(nbytes):
@@ -54,7 +54,7 @@ class Plan(NamedTuple):
 
 def plan(rows):
     """The Plan of `rows` (a ChunkedRows the GPU decodes): its codec's."""
-    codec = CODECS[rows.codec]
+    codec = codec_for(rows)
     return Plan(codec.group, codec.block_bytes, codec.ring, codec.scratch)
 
 
@@ -85,12 +85,12 @@ def unsupported(data, wire):
     if not isinstance(rows, reader.ChunkedRows):
         return f"its images are not stored in chunks ({rows.kind})"
     if rows.codec not in CODECS:
-        return f"the GPU decodes deflate (gzip), LZF, Zstd and Blosc lz4 chunks, not {rows.filters or 'raw chunks'}"
+        return f"the GPU decodes deflate (gzip), LZF, Zstd and Blosc lz4 and zstd chunks, not {rows.filters or 'raw chunks'}"
     if rows.cut:
         return "its chunks cut images (the GPU path takes chunks of whole images)"
     if rows.summed:
         return "its chunks carry fletcher32 checksums"
-    skippable = rows.codec_bit if CODECS[rows.codec].copies_stored else 0
+    skippable = rows.codec_bit if codec_for(rows).copies_stored else 0
     if any(mask & ~skippable for _, _, mask in rows.index):
         return "some chunks were stored with a filter skipped"
     if rows.dtype != wire:
@@ -99,7 +99,7 @@ def unsupported(data, wire):
         return "its values are stored in the other byte order, swapped on the host"
     if rows.shuffle and rows.dtype.itemsize not in (1, 2, 4, 8):
         return f"no unshuffle for {rows.dtype.itemsize}-byte values"
-    return CODECS[rows.codec].unsupported(rows)
+    return codec_for(rows).unsupported(rows)
 
 
 def layout(rows, block):
@@ -177,16 +177,17 @@ class Decoder:
 
     def __init__(self, build, rows, block, streams, alloc, buffers, group, copy):
         self.build, self.buffers = build, buffers  # buffers: what alloc took
+        codec = codec_for(rows)
         self.chunk_bytes = rows.chunk_bytes
-        self.stride = CODECS[rows.codec].stride(self.chunk_bytes)
+        self.stride = codec.stride(self.chunk_bytes)
         self.max_chunks, self.capacity = layout(rows, block)
         self.group, self.group_chunks = group, group * self.max_chunks
-        arrays = CODECS[rows.codec].arrays
-        table_bytes = -(-arrays * 8 * self.group_chunks // 256) * 256
+        self.group_rows = self.group_chunks * codec.rows_per_chunk(rows)  # the table's rows
+        table_bytes = -(-codec.arrays * 8 * self.group_rows // 256) * 256
         self.flags = alloc(8)
-        self.scratch_bytes = -(-int(self.group_chunks * self.stride * CODECS[rows.codec].scratch) // 256) * 256
-        self.lanes = [Lane(alloc, table_bytes, group * self.capacity, self.group_chunks * self.stride, arrays,
-                           self.group_chunks, self.scratch_bytes) for _ in range(streams)]
+        self.scratch_bytes = -(-int(self.group_chunks * self.stride * codec.scratch) // 256) * 256
+        self.lanes = [Lane(alloc, table_bytes, group * self.capacity, self.group_chunks * self.stride, codec.arrays,
+                           self.group_rows, self.scratch_bytes) for _ in range(streams)]
         self.copy = copy  # the stream of the uploads: the backend's, not sharing a hardware queue with a lane
         self.used, self.pool, self.lane, self.pieces = 0, None, None, []
         self.bind(rows)
@@ -194,10 +195,11 @@ class Decoder:
     def fits(self, rows, block):
         """Whether this decoder's buffers serve blocks of `block` images of `rows`."""
         chunks, capacity = layout(rows, block)
-        codec = CODECS[rows.codec]
+        codec = codec_for(rows)
         return (rows.chunk_bytes == self.chunk_bytes and codec.stride(rows.chunk_bytes) == self.stride
-                and self.lanes[0].table.shape[0] == codec.arrays and chunks == self.max_chunks
-                and capacity <= self.capacity and codec.scratch == CODECS[self.rows.codec].scratch)
+                and self.lanes[0].table.shape == (codec.arrays, self.group_chunks * codec.rows_per_chunk(rows))
+                and chunks == self.max_chunks and capacity <= self.capacity
+                and codec.scratch == codec_for(self.rows).scratch)
 
     def bind(self, rows):
         """Decode the chunks of `rows` (a ChunkedRows that fits) from now on."""
@@ -205,14 +207,15 @@ class Decoder:
         index = np.array(rows.index, np.int64).reshape(-1, 3)
         self.offsets, self.sizes, self.masks = index[:, 0], index[:, 1], index[:, 2]
         self.per, self.row_bytes = rows.align, rows.row_bytes
-        self.codec = CODECS[rows.codec](self.build, rows)
+        self.codec = codec_for(rows)(self.build, rows)
 
     def describe(self):
         return f"GPU: {self.codec.describe()}, {len(self.lanes)} streams"
 
     def columns(self, table):
-        """The device addresses of the codec's table arrays, a group's rows each, from `table` on."""
-        return [table + k * 8 * self.group_chunks for k in range(self.codec.arrays)]
+        """The device addresses of the codec's table arrays, a group's rows each (a row a chunk, or
+        the codec's rows_per_chunk), from `table` on."""
+        return [table + k * 8 * self.group_rows for k in range(self.codec.arrays)]
 
     def start(self):
         import pycuda.driver as cuda

@@ -11,7 +11,9 @@ places a block's images.
   in a ring in shared memory), checked and unshuffled as deflate's. A 1,000-image MNIST chunk takes
   35 ms alone (H100), shuffled 52;
 - Blosc lz4 + bitshuffle (BloscLz4): blosc_lz4_kernel1 (cuda/lz4.cu: a warp per stream of a block,
-  ~21 a 1,000-image chunk, ~13 ms each), the bits unshuffled as they are placed.
+  ~21 a 1,000-image chunk, ~13 ms each), the bits unshuffled as they are placed;
+- Blosc zstd (BloscZstd): zstd_kernel2 on each c-blosc block's frame (13 of 256 KB a 1,000-image
+  MNIST chunk), c-blosc's byte shuffle undone a block at a time as they are placed.
 """
 import os
 
@@ -39,6 +41,11 @@ class Deflate:
     @staticmethod
     def unsupported(rows):
         return None
+
+    @staticmethod
+    def rows_per_chunk(rows):
+        """The table's rows a chunk (see Decoder.columns)."""
+        return 1
 
     copies_stored = True  # chunks stored without the codec (their filter skipped) are copied into place
     arrays = 6  # of the table, uint64 a chunk: stream, size, capacity, output, decoded size, status
@@ -236,6 +243,7 @@ class BloscLz4:
         return None
 
     arrays = 3  # of the table, uint64 a chunk: start, stored size, output
+    rows_per_chunk = Deflate.rows_per_chunk
     scratch = 0.0
     copies_stored = False  # a file with chunks stored without the codec is the host's
     # A launch takes 10 blocks of 32 MB (80 MNIST chunks, ~1,700 warps of ~13 ms), read 4 at a time:
@@ -294,22 +302,174 @@ class BloscLz4:
         self.lz4(stream, count, starts, sizes, outputs, dec.chunk_bytes, self.block_bytes, self.itemsize, c0, dec.flags)
 
     def place(self, dec, stream, piece, decoded, dst):
-        import pycuda.driver as cuda
-
-        from .executor import event
-
         values = dec.row_bytes // self.itemsize
         first = piece.lo - piece.c0 * dec.per
         self.unshuffle(stream, decoded, dst, piece.chunks, dec.per * values, self.block_values, self.exact_tail,
                        first * values, piece.images * values)
-        for row, out in piece.extra:  # over what the unshuffle made of the chunk's undecoded bytes
+        self._place_host_decoded(dec, stream, piece.extra, dst)
+
+    def _place_host_decoded(self, dec, stream, host, dst):
+        """The rows the reader threads decoded (row in the block, page-locked rows), over what the
+        GPU made of those chunks' bytes; their buffers kept until the copies are done."""
+        import pycuda.driver as cuda
+
+        from .executor import event
+
+        for row, out in host:
             cuda.memcpy_htod_async(dst + row * dec.row_bytes, out, stream)
-        if piece.extra:
-            self.pending.append(([out for _, out in piece.extra], event(stream)))
+        if host:
+            self.pending.append(([out for _, out in host], event(stream)))
 
     def failure(self, dec, j, which):
         return InputError(f"{self.rows.label}: chunk {j} cannot be decompressed ({self.rows.codec_name} lz4: "
                           f"damaged data, or not {dec.chunk_bytes} bytes once decoded)")
+
+
+def _u32(buf, at):
+    """The little-endian uint32 at each offset `at` (an array) of buf (uint8; offsets past its end
+    read its last byte)."""
+    b = buf[np.minimum(np.asarray(at, np.int64)[..., None] + np.arange(4), len(buf) - 1)].astype(np.int64)
+    return b[..., 0] | b[..., 1] << 8 | b[..., 2] << 16 | b[..., 3] << 24
+
+
+class BloscZstd(BloscLz4):
+    """hdf5plugin's Blosc filter (c-blosc 1's format 2) with zstd, byte-shuffled or not, a stream a
+    block (c-blosc's don't-split flag, how it stores zstd): each block's Zstandard frame decoded by
+    zstd_kernel2 into its place in the chunk (a table row a block, chunks 256 bytes apart), checked
+    by decode_check_kernel2 (status, each block's size: the frames' structure catches damage), and
+    c-blosc's shuffle, a block at a time, undone as the images are placed (blosc_unshuffle_kernel1).
+    A block stored as it is (it did not shrink) is copied into place; a chunk stored otherwise
+    (copied whole, split, another codec or block size) is decoded by the reader threads. The group,
+    blocks and ring of the Zstd filter's plan: a 1,000-image MNIST chunk is 13 frames of 256 KB."""
+    ZSTD = 4  # c-blosc's codec number, in a header's flags >> 5
+    arrays = 6  # of the table, uint64 a block: frame, size, capacity, output, decoded size, status
+    scratch = launch.ZstdApart.SCRATCH
+    group, block_bytes, ring = Deflate.group, Deflate.block_bytes, Deflate.ring
+    stride = staticmethod(Deflate.stride)
+
+    def __init__(self, build, rows):
+        self.decoder, self.check = launch.ZstdApart(build), launch.StreamCheck(build)
+        head = os.pread(rows.fd, 16, int(rows.index[0][0]))
+        self.rows, self.itemsize = rows, rows.dtype.itemsize
+        self.flags, self.blosc_block = head[2], int.from_bytes(head[8:12], "little")
+        self.blocks = self.rows_per_chunk(rows)
+        self.shuffled = bool(head[2] & 1) and self.itemsize > 1
+        self.unshuffle = launch.BloscUnshuffle(build, self.itemsize) if self.shuffled else None
+        self.pending = []
+
+    @staticmethod
+    def rows_per_chunk(rows):
+        """The table's rows a chunk: its c-blosc blocks (the first chunk's block size)."""
+        return -(-rows.chunk_bytes // int.from_bytes(os.pread(rows.fd, 16, int(rows.index[0][0]))[8:12], "little"))
+
+    @classmethod
+    def unsupported(cls, rows):
+        if rows.shuffle:
+            return "HDF5's shuffle before Blosc is undone on the host"
+        if not rows.native:
+            return "the GPU decodes Blosc zstd chunks with a native reader beside it"
+        head = os.pread(rows.fd, 16, int(rows.index[0][0]))
+        if len(head) < 16:
+            return "its first chunk is shorter than a Blosc header"
+        flags, typesize = head[2], head[3]
+        nbytes, block = int.from_bytes(head[4:8], "little"), int.from_bytes(head[8:12], "little")
+        if head[0] != 2 or flags & 0x06 or not flags & 0x10 or typesize != rows.dtype.itemsize:
+            return ("the GPU decodes Blosc zstd chunks of c-blosc 1's format, byte-shuffled or not, a stream a block, "
+                    "not these")
+        if nbytes != rows.chunk_bytes or block <= 0 or block % typesize or rows.chunk_bytes % block % typesize:
+            return "its Blosc blocks do not hold whole values"
+        first = int(rows.index[0][0])
+        frame = os.pread(rows.fd, 9, first + int.from_bytes(os.pread(rows.fd, 4, first + 16), "little"))
+        if len(frame) == 9 and frame[4:8] == Zstd.MAGIC and frame[8] & Zstd.OTHERS:  # (its size, then the frame)
+            return "its Zstandard frames carry a checksum or name a dictionary (the host's libzstd reads them)"
+        return None
+
+    def describe(self):
+        return f"zstd_kernel2 (Blosc blocks){' + blosc unshuffle' if self.shuffled else ''}"
+
+    def warm_up(self, alloc):
+        import pycuda.driver as cuda
+
+        frame = np.frombuffer(Zstd.sample(), np.uint8)  # 4,096 zero bytes
+        src, out, values, table, bad = alloc(len(frame)), alloc(4096), alloc(4096), alloc(48), alloc(4)
+        scratch = alloc(256 + int(4096 * self.scratch))
+        cuda.memcpy_htod(src, frame)
+        cuda.memcpy_htod(table, np.array([int(src), len(frame), 4096, int(out), 0, 0], np.uint64))
+        cuda.memset_d32(bad, launch.INT_MAX, 1)
+        t, stream = int(table), cuda.Stream()
+        self.decoder(stream, 1, t, t + 8, t + 16, t + 32, t + 24, t + 40, scratch, int(4096 * self.scratch))
+        self.check(stream, 1, t + 8, t + 16, t + 32, t + 40, 0, bad)
+        if self.unshuffle:
+            n = 4096 // self.itemsize
+            self.unshuffle(stream, out, values, 0, n, n, 4096, n // 2)
+
+    def prepare(self, dec, block, table, o, data, decoded):
+        """The table's rows of the block's chunks (from chunk o of the group on, self.blocks rows a
+        chunk): per c-blosc block its frame (the block's bytes go up to device address `data`), size
+        and capacity (0 for a block stored as it is, and for the chunks the host decodes), output
+        (from `decoded` on); a chunk whose block starts or sizes run past its bytes refused here. (Whether the
+        GPU decodes any of its chunks; (the blocks to copy into place: (slot, bytes, size), the rows
+        the host decoded: (row in the block, page-locked rows)).)"""
+        n, nb, size = len(block.positions), self.blocks, self.blosc_block
+        sizes = dec.sizes[block.c0:block.c0 + n]
+        buf, at = block.buf[:block.end], np.asarray(block.positions, np.int64)
+        taken = self.taken(buf, at, sizes, dec.chunk_bytes)
+        k = np.arange(nb)
+        bsize = np.minimum(size, dec.chunk_bytes - k * size)  # the last block shorter
+        starts = _u32(buf, at[:, None] + 16 + 4 * k)
+        csize = _u32(buf, at[:, None] + starts)
+        fits = (starts >= 16 + 4 * nb) & (starts + 4 <= sizes[:, None]) & (starts + 4 + csize <= sizes[:, None])
+        bad = taken & ~fits.all(axis=1)
+        if bad.any():
+            raise InputError(f"{self.rows.label}: chunk {block.c0 + int(np.argmax(bad))} cannot be decompressed "
+                             "(Blosc zstd: a block's start or size past the chunk's end)")
+        raw, decode = taken[:, None] & (csize == bsize), taken[:, None] & (csize != bsize)
+        rows = ((o + np.arange(n)) * nb)[:, None] + k
+        outputs = decoded + (np.arange(n, dtype=np.uint64) * dec.stride)[:, None] + (k * size).astype(np.uint64)
+        frames = data + (at[:, None] + starts + 4).astype(np.uint64)
+        table[0, rows] = frames
+        table[1, rows] = np.where(decode, csize, 0)
+        table[2, rows] = np.where(decode, bsize, 0)
+        table[3, rows] = outputs
+        self.pending = [(b, e) for b, e in self.pending if not e.query()]
+        copies = [(int(outputs[i, j]), int(frames[i, j]), int(bsize[j])) for i, j in zip(*np.nonzero(raw))]
+        host = [self._host_decoded(dec, block, int(i)) for i in np.flatnonzero(~taken)]
+        return bool(taken.any()), (copies, host)
+
+    def taken(self, buf, at, sizes, chunk_bytes):
+        """Which chunks stored at offsets `at` of buf (sizes bytes each) the GPU decodes: c-blosc 1's
+        format 2, zstd, a stream a block, this file's shuffle, value size and block size, decoding to
+        chunk_bytes, stored in the size its header says, room for its block starts."""
+        if len(buf) < 16:
+            return np.zeros(len(at), bool)
+        hdr = buf[np.minimum(at[:, None] + np.arange(16), len(buf) - 1)]
+        words = hdr[:, 4:16].copy().view("<u4").astype(np.int64)
+        return ((sizes >= 16 + 4 * self.blocks) & (hdr[:, 0] == 2) & (hdr[:, 2] == self.flags)
+                & (hdr[:, 3] == self.itemsize) & (words[:, 0] == chunk_bytes) & (words[:, 1] == self.blosc_block)
+                & (words[:, 2] == sizes))
+
+    def decode(self, dec, stream, count, table, decoded, c0, scratch, extras):
+        import pycuda.driver as cuda
+
+        at, rows = dec.columns(table), count * self.blocks
+        self.decoder(stream, rows, at[0], at[1], at[2], at[4], at[3], at[5], scratch, dec.scratch_bytes)
+        self.check(stream, rows, at[1], at[2], at[4], at[5], c0 * self.blocks, dec.flags)
+        for slot, src, nbytes in (copy for copies, _ in extras for copy in copies):  # before the lane's bytes
+            cuda.memcpy_dtod_async(slot, src, nbytes, stream)                         # are uploaded over
+
+    def place(self, dec, stream, piece, decoded, dst):
+        if self.shuffled:
+            values = dec.row_bytes // self.itemsize
+            first = piece.lo - piece.c0 * dec.per
+            self.unshuffle(stream, decoded, dst, first * values, piece.images * values, dec.per * values, dec.stride,
+                           self.blosc_block // self.itemsize)
+        else:
+            Deflate.place(self, dec, stream, piece, decoded, dst)
+        self._place_host_decoded(dec, stream, piece.extra[1], dst)
+
+    def failure(self, dec, j, which):
+        return InputError(f"{self.rows.label}: chunk {j // self.blocks} cannot be decompressed ({self.rows.codec_name} "
+                          "zstd: damaged data, or a block not of its size once decoded)")
 
 
 def blosc_chunks(data, at, sizes, chunk_bytes, itemsize, block_bytes):
@@ -328,6 +488,16 @@ def blosc_chunks(data, at, sizes, chunk_bytes, itemsize, block_bytes):
             & (words[:, 2] == block_bytes) & (words[:, 3] == sizes))
 
 
-# HDF5 filter -> how the GPU decodes it
+# HDF5 filter -> how the GPU decodes it (Blosc: by the codec its first chunk names, codec_for)
 CODECS = {reader.FILTER_DEFLATE: Deflate, reader.FILTER_LZF: Lzf, reader.FILTER_ZSTD: Zstd,
           reader.FILTER_BLOSC: BloscLz4}
+
+
+def codec_for(rows):
+    """How the GPU decodes the chunks of `rows` (a ChunkedRows whose filter is in CODECS)."""
+    codec = CODECS[rows.codec]
+    if codec is BloscLz4:
+        head = os.pread(rows.fd, 3, int(rows.index[0][0]))
+        if len(head) == 3 and head[2] >> 5 == BloscZstd.ZSTD:
+            return BloscZstd
+    return codec

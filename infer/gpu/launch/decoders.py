@@ -14,6 +14,18 @@ class DecodeCheck(Launcher):
                     chunk_bytes, stride, int(adler), first, bad)
 
 
+class StreamCheck(Launcher):
+    """bad[0] = min(bad[0], first + s) for every stream s of a stored size whose decoder's status is
+    not OK or whose decoded size is not its capacity."""
+    source, kernel, arg_types = "decode", "decode_check_kernel2", "PPPPiiP"
+
+    def __call__(self, stream, count, src_bytes, capacities, decoded_bytes, statuses, first, bad):
+        if not 0 < count <= INT_MAX or first + count > INT_MAX:
+            raise ValueError(f"decode_check_kernel2 checks streams numbered up to {INT_MAX}, not {first + count}")
+        self.launch(stream, (min(ceil_div(count, 256), 8192), 1), (256, 1, 1), src_bytes, capacities, decoded_bytes,
+                    statuses, count, first, bad)
+
+
 class FrameDecoder(Launcher):
     """Compressed streams decoded a warp each, every stream into its own output; statuses OK, BAD
     (damaged, or reading past its size) or FULL (decoding to more than its output holds)."""
@@ -129,6 +141,18 @@ class Unshuffle(_PerValueSize):
     def __call__(self, stream, decoded, dst, first_value, values, chunk_values, stride):
         self.launch(stream, (min(ceil_div(values, 256), 8192), 1), (256, 1, 1), decoded, dst, first_value, values,
                     chunk_values, stride)
+
+
+class BloscUnshuffle(_PerValueSize):
+    """Unshuffle for c-blosc's byte shuffle: each chunk (chunk_values values, stride bytes apart)
+    shuffled a block of block_values values at a time, the last block shorter."""
+    kernel, arg_types = "blosc_unshuffle_kernel1", "PPqqqqq"
+
+    def __call__(self, stream, decoded, dst, first_value, values, chunk_values, stride, block_values):
+        if block_values <= 0:
+            raise ValueError(f"c-blosc's blocks hold a positive number of values, not {block_values}")
+        self.launch(stream, (min(ceil_div(values, 256), 8192), 1), (256, 1, 1), decoded, dst, first_value, values,
+                    chunk_values, stride, block_values)
 
 
 class BitUnshuffle(_PerValueSize):
