@@ -407,9 +407,10 @@ class BloscZstd(BloscLz4):
         """The table's rows of the block's chunks (from chunk o of the group on, self.blocks rows a
         chunk): per c-blosc block its frame (the block's bytes go up to device address `data`), size
         and capacity (0 for a block stored as it is, and for the chunks the host decodes), output
-        (from `decoded` on); a chunk whose block starts or sizes run past its bytes refused here. (Whether the
-        GPU decodes any of its chunks; (the blocks to copy into place: (slot, bytes, size), the rows
-        the host decoded: (row in the block, page-locked rows)).)"""
+        (from `decoded` on); a chunk whose block starts or sizes run past its bytes refused here, one
+        with a frame that is not plain decoded by the host. (Whether the GPU decodes any of its
+        chunks; (the blocks to copy into place: (slot, bytes, size), the rows the host decoded: (row
+        in the block, page-locked rows)).)"""
         n, nb, size = len(block.positions), self.blocks, self.blosc_block
         sizes = dec.sizes[block.c0:block.c0 + n]
         buf, at = block.buf[:block.end], np.asarray(block.positions, np.int64)
@@ -423,10 +424,16 @@ class BloscZstd(BloscLz4):
         if bad.any():
             raise InputError(f"{self.rows.label}: chunk {block.c0 + int(np.argmax(bad))} cannot be decompressed "
                              "(Blosc zstd: a block's start or size past the chunk's end)")
+        # a chunk whose frames are not all plain (magic, no checksum nor dictionary) goes to the host,
+        # whose libzstd checks checksums and names damage
+        frame = at[:, None] + starts + 4
+        plain = (_u32(buf, frame) == int.from_bytes(Zstd.MAGIC, "little")) & (
+            buf[np.minimum(frame + 4, len(buf) - 1)] & Zstd.OTHERS == 0)
+        taken &= (plain | (csize == bsize)).all(axis=1)
         raw, decode = taken[:, None] & (csize == bsize), taken[:, None] & (csize != bsize)
         rows = ((o + np.arange(n)) * nb)[:, None] + k
         outputs = decoded + (np.arange(n, dtype=np.uint64) * dec.stride)[:, None] + (k * size).astype(np.uint64)
-        frames = data + (at[:, None] + starts + 4).astype(np.uint64)
+        frames = data + frame.astype(np.uint64)
         table[0, rows] = frames
         table[1, rows] = np.where(decode, csize, 0)
         table[2, rows] = np.where(decode, bsize, 0)
