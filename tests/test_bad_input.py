@@ -33,12 +33,25 @@ def test_not_hdf5(tmp_path, good):
     assert_refused(run(tmp_path, good[0], junk), "junk.h5", "not an HDF5 file")
 
 
-def test_truncated_file(tmp_path, good):
-    whole = write(tmp_path / "whole.h5", {**good[0], "x": np.ones((2000, 12, 12, 1), np.float32),
+@pytest.mark.parametrize("options", [None, dict(chunks=(64, 5, 12, 1), compression="gzip"), dict(plugin="Blosc"),
+                                     dict(plugin="LZ4")],
+                         ids=["contiguous", "gzip, chunks cutting images", "blosc zstd", "lz4"])
+def test_truncated_file(tmp_path, rng, good, options):
+    x = np.zeros((2000, 12, 12, 1), np.float32)
+    x[:, 3:9, 3:9] = rng.integers(0, 256, (2000, 6, 6, 1)) / np.float32(255)  # 8-bit codes, compressible
+    if options and "plugin" in options:
+        hdf5plugin = pytest.importorskip("hdf5plugin")
+        plugin = options["plugin"]
+        options = dict(chunks=(256, 12, 12, 1),
+                       **(hdf5plugin.Blosc(cname="zstd", shuffle=1) if plugin == "Blosc" else hdf5plugin.LZ4()))
+    whole = write(tmp_path / "whole.h5", {**good[0], "x": x if options is None else
+                                          lambda f, n: f.create_dataset(n, data=x, **options),
                                           "y": np.eye(10)[np.zeros(2000, int)]})
     cut = tmp_path / "cut.h5"
     cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
-    assert_refused(run(tmp_path, cut, good[1]), "cut.h5")
+    out = tmp_path / "p.npy"
+    assert_refused(run(tmp_path, cut, good[1], "--predictions", out), "cut.h5")
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("name", ["conv1", "conv2", "fc1", "fc2"])
