@@ -14,6 +14,7 @@ import pytest
 from infer.data import native, reader
 from infer.errors import InputError
 from infer.gpu import codecs
+from tests.test_gpu_decode import blosc_stored_as
 
 hdf5plugin = pytest.importorskip("hdf5plugin")
 DATA, DECODED = 1 << 40, 1 << 41  # device addresses the table is written for
@@ -123,12 +124,7 @@ def test_blocks_stored_as_they_are_and_chunks_stored_otherwise(tmp_path, rng, no
     x = (rng.integers(1, 5, (n, 13, 13, 1)) * 40 * (rng.random((n, 13, 13, 1)) < 0.4)).astype(dtype)
     for k in range(0, n, chunk):
         x[k:k + noise] = rng.integers(0, 256, (noise, 13, 13, np.dtype(dtype).itemsize), dtype=np.uint8).view(dtype)
-
-    def bitshuffled(data, rows):
-        with h5py.File(tmp_path / "other.h5", "w") as f:
-            d = f.create_dataset("x", data=rows, chunks=rows.shape, **hdf5plugin.Blosc(cname="zstd", shuffle=2))
-            return d.id.read_direct_chunk((0, 0, 0, 0))[1]
-    path = write(tmp_path / "n.h5", x, chunk, 1, bitshuffled)
+    path = write(tmp_path / "n.h5", x, chunk, 1, blosc_stored_as(tmp_path, cname="zstd", shuffle=2))
     got, want, host, copied, blocks = decoded(path, 0, n)
     assert host == [1] and copied == 2 and blocks == 2
     np.testing.assert_array_equal(got, want)

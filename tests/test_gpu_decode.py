@@ -173,19 +173,26 @@ def blosc_chunk(path, k, mend):
         d.id.write_direct_chunk(at, mend(bytearray(data), d[at[0]:at[0] + d.chunks[0]]), mask)
 
 
+def blosc_stored_as(tmp_path, **blosc):
+    """A mend for blosc_chunk: the chunk's rows as hdf5plugin's Blosc(**blosc) stores them."""
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+
+    def stored(data, rows):
+        with h5py.File(tmp_path / "other.h5", "w") as f:
+            d = f.create_dataset("x", data=rows, chunks=rows.shape, **hdf5plugin.Blosc(**blosc))
+            return d.id.read_direct_chunk((0, 0, 0, 0))[1]
+    return stored
+
+
 def test_a_blosc_chunk_stored_otherwise_is_decoded_on_the_host(tmp_path, ece408, sessions):
     """Chunk 5 byte-shuffled (c-blosc's other shuffle), as Blosc's filter reads any of its chunks:
     the GPU leaves it to the reader threads and places their rows."""
-    hdf5plugin = pytest.importorskip("hdf5plugin")
+    pytest.importorskip("hdf5plugin")
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][:900], f["y"][:900]
     path = write(tmp_path / "b.h5", x, y, 50, "blosc_lz4")
 
-    def byte_shuffled(data, rows):
-        with h5py.File(tmp_path / "other.h5", "w") as f:
-            d = f.create_dataset("x", data=rows, chunks=rows.shape, **hdf5plugin.Blosc(cname="lz4", shuffle=1))
-            return d.id.read_direct_chunk((0, 0, 0, 0))[1]
-    blosc_chunk(path, 5, byte_shuffled)
+    blosc_chunk(path, 5, blosc_stored_as(tmp_path, cname="lz4", shuffle=1))
     with h5py.File(path) as f:
         np.testing.assert_array_equal(f["x"][:], x)
     assert_same_as_host(sessions, path, ece408 / "model.hdf5", "GPU: blosc_lz4_kernel1")
@@ -222,7 +229,7 @@ def test_blosc_zstd_blocks_and_chunks_that_did_not_shrink(tmp_path, rng, session
     place); chunk 1 bitshuffled (c-blosc's other shuffle: decoded by the reader threads); the last
     chunk partly past the data set's end. (A chunk that does not shrink at all h5py stores with the
     filter skipped, which leaves the file to the host.)"""
-    hdf5plugin = pytest.importorskip("hdf5plugin")
+    pytest.importorskip("hdf5plugin")
     n = 3 * chunk - 7
     x = (rng.integers(1, 5, (n, 13, 13, 1)) * 40 * (rng.random((n, 13, 13, 1)) < 0.4)).astype(dtype)
     for k in range(0, n, chunk):
@@ -232,11 +239,7 @@ def test_blosc_zstd_blocks_and_chunks_that_did_not_shrink(tmp_path, rng, session
     block, stored = blosc_blocks(path, 0)
     assert stored[0] == block and stored[-1] < block // 2, (block, stored)  # a block stored as it is
 
-    def bitshuffled(data, rows):
-        with h5py.File(tmp_path / "other.h5", "w") as f:
-            d = f.create_dataset("x", data=rows, chunks=rows.shape, **hdf5plugin.Blosc(cname="zstd", shuffle=2))
-            return d.id.read_direct_chunk((0, 0, 0, 0))[1]
-    blosc_chunk(path, 1, bitshuffled)
+    blosc_chunk(path, 1, blosc_stored_as(tmp_path, cname="zstd", shuffle=2))
     with h5py.File(path) as f:
         np.testing.assert_array_equal(f["x"][:], x)
     assert_same_as_host(sessions, path, SMALL, "GPU: zstd_kernel2 (Blosc blocks)")
