@@ -1,6 +1,7 @@
 """The engine and a front end's RemoteBatcher over a real Unix socket, with a stub session: requests
 of one front end reach the engine as groups, each answered with its own rows; a bad request
-fails alone; a request given up while it waits is not sent."""
+fails alone; a request given up while it waits is not sent; large requests' images travel in
+shared memory, reused only once the engine is done with them, or on the socket where it is full."""
 import asyncio
 import threading
 from types import SimpleNamespace
@@ -9,7 +10,8 @@ import numpy as np
 import pytest
 
 from infer.serve.batcher import Expired
-from infer.serve.engine import Engine, RemoteBatcher
+from infer.serve import engine as engine_module
+from infer.serve.engine import Engine, Region, RemoteBatcher
 from infer.errors import InputError
 from tests.test_batcher import Recorder, images
 
@@ -130,9 +132,11 @@ def test_a_request_given_up_while_it_waits_is_not_sent(tmp_path):
     assert [7] not in session.passes and all(7 not in p for p in session.passes)
 
 
-def test_requests_larger_than_the_staging_buffer_are_read_whole_between_small_ones(tmp_path):
-    """Images past the engine's 256 KiB staging buffer are read straight into their array; small
-    requests before and after them, in the same reads, are parsed from the staging buffer."""
+def test_requests_larger_than_the_staging_buffer_are_read_whole_between_small_ones(tmp_path, monkeypatch):
+    """Images past the engine's 256 KiB staging buffer (and too large for the shared memory, here
+    1 MiB) are read straight into their array; small requests before and after them, in the same
+    reads, are parsed from the staging buffer."""
+    monkeypatch.setattr(engine_module, "SHARED_BYTES", 1 << 20)
     rng = np.random.default_rng(3)
     session = StubSession()
     big = rng.random((70, 64, 64, 1), np.float32)  # 1.1 MiB
@@ -154,3 +158,119 @@ def test_requests_larger_than_the_staging_buffer_are_read_whole_between_small_on
     assert out[0][0].tolist() == [0] and out[1][0].tolist() == list(range(70)) and out[2][0].tolist() == [1]
     assert out[3][0].tolist() == [0, 1, 2] and out[3][1].shape == (3, 3)
     assert [m[0].tolist() for m in more] == [[2], [3], [4]]
+
+
+def large(rng, first, size=(37, 23, 29, 1)):
+    """Seeded images of an odd shape, 96 KiB each request (past SHARED_MIN), their first values
+    `first`."""
+    x = rng.random(size, np.float32)
+    x[:, 0, 0, 0] = first
+    return x
+
+
+def test_large_requests_travel_in_shared_memory_each_answered_with_its_own_rows(tmp_path):
+    rng = np.random.default_rng(11)
+    session = StubSession()
+    xs = [large(rng, np.arange(37) + 100 * i) for i in range(9)]
+
+    async def body(front, engine):
+        assert front.region is not None and engine.spare_bytes == 0
+        out = await asyncio.gather(*(front.submit(x, scores=i % 2 == 1) for i, x in enumerate(xs)))
+        # every answer's images given back: the memory is one free extent again; none on the socket
+        assert front.region.free == [(0, engine_module.SHARED_BYTES)] and not engine.spare
+        return out
+
+    out = served(tmp_path, session, body)
+    for i, (labels, kept) in enumerate(out):
+        assert labels.tolist() == list(range(100 * i, 100 * i + 37))
+        assert (kept is None) == (i % 2 == 0)
+    # the engine read the images the front end wrote: every value, not only the labels' column
+    assert sum(len(p) for p in session.passes) == 9 * 37
+
+
+def test_shared_memory_is_reused_only_once_the_pass_reading_it_ends(tmp_path):
+    """A request that expires while its pass runs is answered (504) at the front end at once, but
+    its shared memory is given back only when the engine answers, after the pass: the next request
+    is written elsewhere, so the running pass reads the images it was given."""
+    rng = np.random.default_rng(5)
+    gate = threading.Event()
+    seen = []
+
+    class Watching(StubSession):
+        def classify(self, x, scores):
+            out = super().classify(x, scores)
+            seen.append(x.copy())  # what the pass read, as it ends
+            return out
+
+    session = Watching(gate)
+    first = large(rng, np.arange(37))
+
+    async def body(front, engine):
+        held = asyncio.ensure_future(front.submit(first, timeout=0.05))
+        while not engine.batcher.running:
+            await asyncio.sleep(0.001)
+        with pytest.raises(Expired):
+            await held
+        await asyncio.sleep(0.1)  # the engine's own deadline passes too: its answer waits for the pass
+        assert front.region.free[0][0] > 0  # the first request's memory is still in use
+        after = asyncio.ensure_future(front.submit(large(rng, np.arange(37) + 500)))
+        await turns()
+        gate.set()
+        labels, _ = await after
+        assert front.region.free == [(0, engine_module.SHARED_BYTES)]
+        return labels
+
+    labels = served(tmp_path, session, body)
+    assert labels.tolist() == list(range(500, 537))
+    np.testing.assert_array_equal(seen[0], first)
+
+
+def test_without_shared_memory_every_request_goes_on_the_socket(tmp_path, monkeypatch):
+    """An engine that cannot map the front end's memory (here: a path that is not there) says so,
+    and the front end sends every request's images on the socket."""
+    made = Region.__init__
+
+    def elsewhere(self, size):
+        made(self, size)
+        self.path = "/nonexistent/cnninfer"
+
+    monkeypatch.setattr(Region, "__init__", elsewhere)
+    rng = np.random.default_rng(7)
+    session = StubSession()
+    x = large(rng, np.arange(120) * 3, (120, 23, 29, 1))  # past the staging buffer: read into its own
+
+    async def body(front, engine):
+        assert front.region is None
+        return (await front.submit(x))[0], engine.spare_bytes
+
+    labels, spare = served(tmp_path, session, body)
+    assert labels.tolist() == list(range(0, 360, 3)) and spare == x.nbytes
+
+
+def test_the_shared_memory_allocator_matches_a_model_of_its_extents():
+    """First fit, freed extents merged with their neighbours: after a seeded run of takes and gives
+    the free list is exactly the complement of what is in use, and nothing in use overlaps."""
+    rng = np.random.default_rng(13)
+    region = Region(1 << 16)
+    used = {}
+    for _ in range(2000):
+        if used and rng.random() < 0.5:
+            start = list(used)[rng.integers(len(used))]
+            region.give(start, used.pop(start))
+        else:
+            size = int(rng.integers(1, 9000))
+            start = region.take(size)
+            if start is None:
+                continue
+            used[start] = size
+        taken = np.zeros(1 << 16, bool)
+        for start, size in used.items():
+            end = start + -(-size // Region.ALIGN) * Region.ALIGN
+            assert not taken[start:end].any()
+            taken[start:end] = True
+        free = np.zeros(1 << 16, bool)
+        for start, end in region.free:
+            free[start:end] = True
+        assert (free == ~taken).all()
+        assert all(a[1] < b[0] for a, b in zip(region.free, region.free[1:]))  # merged: never touching
+    region.close()

@@ -74,6 +74,7 @@ class Batcher:
         self.thread = thread or ThreadPoolExecutor(1, thread_name_prefix="cnninfer-batch")
         self.task = None
         self.running = []  # the requests of the pass in progress
+        self.passed = None  # a future done as the pass in progress ends
 
     def start(self):
         self.task = asyncio.get_running_loop().create_task(self._loop())
@@ -153,11 +154,11 @@ class Batcher:
             size = self.pad_to[bisect.bisect_left(self.pad_to, images)]
             if size > images:
                 x = np.concatenate([x, np.zeros((size - images,) + x.shape[1:], x.dtype)])
-        self.running = batch
+        self.running, self.passed = batch, loop.create_future()
         try:
             labels, kept = await loop.run_in_executor(self.thread, self.classify, x, scores)
         except Exception as e:
-            self.running = []
+            self._passed()
             if len(batch) == 1 or not isinstance(e, InputError):
                 for p in batch:
                     _settle(p, exception=e)
@@ -165,7 +166,7 @@ class Batcher:
             for p in batch:  # each alone: only the bad one fails
                 await self._run(loop, [p], len(p.x))
             return
-        self.running = []
+        self._passed()
         if self.metrics is not None:
             self.metrics.batch(images, sum(p.requests for p in batch))
         at = 0
@@ -173,6 +174,16 @@ class Batcher:
             n = len(p.x)
             _settle(p, result=(labels[at:at + n], kept[at:at + n] if p.scores else None))
             at += n
+
+    def _passed(self):
+        self.running = []
+        self.passed.set_result(None)
+
+    async def released(self, x):
+        """Once no pass in progress reads x's memory (a request that failed or expired, its
+        pass still running: its memory is reused once it is answered)."""
+        while any(np.may_share_memory(p.x, x) for p in self.running):
+            await asyncio.shield(self.passed)
 
     def abandon(self):
         """Fail every request waiting, or in the pass in progress, with Draining (a drain's end):

@@ -8,17 +8,24 @@ each) across cores; the engine keeps the GPU's batches as large as the waiting r
 
 Frames on a front end's connection, little-endian:
     engine -> front end, once:  u32 length, then JSON {classes, backend, device, max_batch}
-    front end -> engine:        REQUEST (id, dtype code, scores wanted, N, H, W, C, timeout s,
-                                clients' requests merged in it), then the images' bytes (C
-                                order); dtype code STATS (no images):
+    front end -> engine, once:  REQUEST with code ATTACH and N the length of the path that follows:
+                                the front end's shared memory for images (a memfd, opened through
+                                /proc), answered with kind ATTACHED (or FAILED: none is used)
+    front end -> engine:        REQUEST (id, dtype code, flags: 1 scores wanted, 2 images shared;
+                                N, H, W, C, timeout s, clients' requests merged in it), then the
+                                images' bytes (C order), or, flagged shared, the u64 offset of
+                                the images in the shared memory; code STATS (no images):
                                 the engine's batch metrics, answered with kind STATS and the text
     engine -> front end:        ANSWER (id, kind, N, bytes after the labels), then the labels
                                 (int64, N) and the scores where asked (float32, N x classes); or,
                                 for a failure, its one-line message
 """
 import asyncio
+import bisect
 import itertools
 import json
+import mmap
+import os
 import struct
 
 import numpy as np
@@ -27,12 +34,16 @@ from .batcher import Batcher, Busy, Draining, Expired
 from ..errors import InputError, about_request
 
 REQUEST = struct.Struct("<QBBIIIIdI")
+OFFSET = struct.Struct("<Q")
 ANSWER = struct.Struct("<QBII")
 DTYPES = tuple(np.dtype(t).newbyteorder("<") for t in ("u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f2", "f4", "f8"))
 CODES = {d: i for i, d in enumerate(DTYPES)}
-STATS_CODE = 255
-OK, INPUT, BUSY, EXPIRED, DRAINING, FAILED, STATS = range(7)
+STATS_CODE, ATTACH_CODE = 255, 254
+SCORES, SHARED = 1, 2  # REQUEST's flags
+OK, INPUT, BUSY, EXPIRED, DRAINING, FAILED, STATS, ATTACHED = range(8)
 SPARE_BYTES = 256 << 20
+SHARED_BYTES = 64 << 20  # a front end's shared memory for images; its pages are touched as used
+SHARED_MIN = 64 << 10  # smaller requests' images go on the socket: a write either way
 
 
 class Engine:
@@ -80,19 +91,20 @@ class Engine:
             self.spare.setdefault(len(buf), []).append(buf)
             self.spare_bytes += len(buf)
 
-    def request(self, link, head, body, taken=None):
+    def request(self, link, head, body, taken=None, shared=False):
         """A request read whole: its REQUEST fields, its images' bytes (None for STATS); taken: the
-        buffer under them where it came from take()."""
-        rid, code, scores, n, h, w, c, timeout, requests = head
+        buffer under them where it came from take(); shared: they lie in the front end's shared
+        memory, which it reuses once the request is answered."""
+        rid, code, flags, n, h, w, c, timeout, requests = head
         if code == STATS_CODE:
             text = self.metrics.batch_text().encode()
             link.transport.write(ANSWER.pack(rid, STATS, 0, len(text)) + text)
             return
         x = np.frombuffer(body, DTYPES[code]).reshape(n, h, w, c)
-        asyncio.get_running_loop().create_task(self._answer(link.transport, rid, x, bool(scores), timeout or None,
-                                                            requests, taken))
+        asyncio.get_running_loop().create_task(self._answer(link.transport, rid, x, bool(flags & SCORES),
+                                                            timeout or None, requests, taken, shared))
 
-    async def _answer(self, writer, rid, x, scores, timeout, requests, taken=None):
+    async def _answer(self, writer, rid, x, scores, timeout, requests, taken=None, shared=False):
         try:
             labels, kept = await self.batcher.submit(x, scores, timeout, requests)
             if taken is not None:  # answered: its pass has read the images (not so when it failed
@@ -102,6 +114,8 @@ class Engine:
                     EXPIRED if isinstance(e, Expired) else DRAINING if isinstance(e, Draining) else FAILED)
             message = (about_request(e) if isinstance(e, InputError) else
                        " ".join(f"{type(e).__name__}: {e}".split())).encode()
+            if shared:  # the front end reuses the memory once answered: not while a pass reads it
+                await self.batcher.released(x)
             writer.write(ANSWER.pack(rid, kind, 0, len(message)) + message)
             return
         extra = np.ascontiguousarray(kept, "<f4").tobytes() if scores else b""
@@ -112,9 +126,9 @@ class Engine:
 
 class Link(asyncio.BufferedProtocol):
     """The engine's end of one front end's connection. The socket is read into a staging buffer
-    where requests are parsed; a large request's images past it are read by the socket straight
-    into their own array (asyncio's streams copied each byte twice more, and were the engine's
-    busiest code under 4096-image requests)."""
+    where requests are parsed; a large request's images come in the front end's shared memory, or
+    past it are read by the socket straight into their own array (asyncio's streams copied each
+    byte twice more, and were the engine's busiest code under 4096-image requests)."""
     STAGING = 1 << 18
 
     def __init__(self, engine):
@@ -125,6 +139,7 @@ class Link(asyncio.BufferedProtocol):
         self.body = self.head = None  # a request whose images are being read straight in
         self.filled = 0  # bytes of self.body read
         self.transport = None
+        self.shared = None  # the front end's shared memory, read-only (np.uint8), once attached
 
     def connection_made(self, transport):
         self.transport = transport
@@ -134,6 +149,19 @@ class Link(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc):
         self.engine.connections.discard(self)
+
+    def attach(self, rid, path):
+        """Map the front end's shared memory (its memfd, through /proc) and say whether it worked."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                self.shared = np.frombuffer(mmap.mmap(fd, 0, prot=mmap.PROT_READ), np.uint8)
+            finally:
+                os.close(fd)
+            self.transport.write(ANSWER.pack(rid, ATTACHED, 0, 0))
+        except (OSError, ValueError) as e:
+            message = f"shared memory not mapped: {type(e).__name__}".encode()
+            self.transport.write(ANSWER.pack(rid, FAILED, 0, len(message)) + message)
 
     def get_buffer(self, sizehint):
         return self.body[self.filled:] if self.body is not None else self.view[self.have:]
@@ -149,9 +177,20 @@ class Link(asyncio.BufferedProtocol):
         at = 0
         while self.have - at >= REQUEST.size:
             head = REQUEST.unpack_from(self.staging, at)
-            rid, code, _, n, h, w, c, _, _ = head
-            size = 0 if code == STATS_CODE else n * h * w * c * DTYPES[code].itemsize
-            at += REQUEST.size
+            rid, code, flags, n, h, w, c, _, _ = head
+            size = (n if code == ATTACH_CODE else 0 if code == STATS_CODE else
+                    OFFSET.size if flags & SHARED else n * h * w * c * DTYPES[code].itemsize)
+            start = at + REQUEST.size
+            if code == ATTACH_CODE or flags & SHARED:  # a few bytes, all in the staging buffer
+                if self.have - start < size:
+                    break
+                at = start + size
+                if code == ATTACH_CODE:
+                    self.attach(rid, bytes(self.view[start:at]).decode())
+                else:
+                    self.shared_request(head, OFFSET.unpack_from(self.staging, start)[0])
+                continue
+            at = start
             if size <= self.have - at:  # all here: a copy of its own (the staging is reused)
                 self.engine.request(self, head, bytes(self.view[at:at + size]) if size else None)
                 at += size
@@ -168,6 +207,15 @@ class Link(asyncio.BufferedProtocol):
             self.staging[:rest] = self.staging[at:self.have]
         self.have = rest
 
+    def shared_request(self, head, offset):
+        rid, code, _, n, h, w, c, _, _ = head
+        size = n * h * w * c * DTYPES[code].itemsize
+        if self.shared is None or offset + size > len(self.shared):
+            message = b"images outside the shared memory"
+            self.transport.write(ANSWER.pack(rid, FAILED, 0, len(message)) + message)
+            return
+        self.engine.request(self, head, self.shared[offset:offset + size], shared=True)
+
 
 class RemoteBatcher:
     """A front end's stand-in for Batcher: submit() hands the images to the engine and waits for its
@@ -178,7 +226,11 @@ class RemoteBatcher:
     outbox and leave with the next answer. A lone request leaves at once; under load the engine's
     work per request (its event loop is the server's narrowest point) is divided by the group's
     size. A group refused for one request's input is sent again request by request, so only
-    that request fails."""
+    that request fails.
+
+    A group of SHARED_MIN bytes of images or more is copied into this front end's shared memory,
+    which the engine maps (the socket carries its offset); where that is full or was not mapped,
+    the images go on the socket."""
     MAX_IN_FLIGHT = 2
 
     def __init__(self, path):
@@ -187,7 +239,9 @@ class RemoteBatcher:
         self.metrics = None
         self.hello = None
         self.reader = self.writer = self.task = None
-        self.pending = {}  # id -> (its kind, or None for STATS; its members [(images, future)]), sent
+        self.pending = {}  # id -> (its kind, or None for STATS; its members [(images, future)]; its
+        #                    (offset, size) in the shared memory, or None), sent
+        self.region = None  # the shared memory, once the engine has mapped it
         self.outbox = {}  # (dtype code, image shape, scores) -> members not sent yet
         self.flushing = False
         self.ids = itertools.count()
@@ -197,7 +251,24 @@ class RemoteBatcher:
         self.reader, self.writer = await asyncio.open_unix_connection(self.path)
         (size,) = struct.unpack("<I", await self.reader.readexactly(4))
         self.hello = json.loads(await self.reader.readexactly(size))
+        await self._attach()
         self.task = asyncio.get_running_loop().create_task(self._read())
+
+    async def _attach(self):
+        """Share memory for images with the engine; without it (no memfd, the engine could not map
+        it) every request's images go on the socket."""
+        try:
+            region = Region(SHARED_BYTES)
+        except OSError:
+            return
+        path = region.path.encode()
+        self.writer.write(REQUEST.pack(next(self.ids), ATTACH_CODE, 0, len(path), 0, 0, 0, 0.0, 0) + path)
+        _, kind, _, size = ANSWER.unpack(await self.reader.readexactly(ANSWER.size))
+        await self.reader.readexactly(size)
+        if kind == ATTACHED:
+            self.region = region
+        else:
+            region.close()
 
     async def submit(self, x, scores=False, timeout=None):
         x = np.ascontiguousarray(x, np.dtype(x.dtype).newbyteorder("<"))
@@ -228,7 +299,7 @@ class RemoteBatcher:
             asyncio.get_running_loop().call_soon(self._flush)
 
     def _in_flight(self):
-        return sum(1 for kind, _ in self.pending.values() if kind is not None)
+        return sum(1 for kind, _, _ in self.pending.values() if kind is not None)
 
     def _flush(self):
         """Send each kind of waiting request as one group (its members still waited for)."""
@@ -243,13 +314,23 @@ class RemoteBatcher:
     def _send(self, kind, timeout, members):
         """One request to the engine: `members`' images as one (kind None: the STATS request)."""
         rid = next(self.ids)
-        self.pending[rid] = kind, members
         if kind is None:
+            self.pending[rid] = kind, members, None
             self.writer.write(REQUEST.pack(rid, STATS_CODE, 0, 0, 0, 0, 0, 0.0, 0))
             return
         code, image_shape, scores = kind
-        self.writer.write(REQUEST.pack(rid, code, int(scores), sum(len(x) for x, _ in members), *image_shape, timeout,
-                                       len(members)))
+        size = sum(x.nbytes for x, _ in members)
+        at = self.region.take(size) if self.region is not None and size >= SHARED_MIN else None
+        self.pending[rid] = kind, members, None if at is None else (at, size)
+        head = REQUEST.pack(rid, code, SCORES * scores | SHARED * (at is not None), sum(len(x) for x, _ in members),
+                            *image_shape, timeout, len(members))
+        if at is not None:
+            for x, _ in members:
+                self.region.bytes[at:at + x.nbytes] = x.reshape(-1).view(np.uint8)
+                at += x.nbytes
+            self.writer.write(head + OFFSET.pack(at - size))
+            return
+        self.writer.write(head)
         for x, _ in members:
             self.writer.write(memoryview(x).cast("B"))
 
@@ -266,7 +347,10 @@ class RemoteBatcher:
                     labels = np.frombuffer(await self.reader.readexactly(8 * n), "<i8")
                     kept = np.frombuffer(await self.reader.readexactly(size), "<f4").reshape(n, classes) if size else None
                     outcome = labels, kept
-                self._settle(*self.pending.pop(rid, (None, ())), outcome)
+                kind, members, slot = self.pending.pop(rid, (None, (), None))
+                if slot is not None:  # answered: the engine is done with the images
+                    self.region.give(*slot)
+                self._settle(kind, members, outcome)
                 self._flush_soon()
         except (asyncio.IncompleteReadError, ConnectionError):
             self.gone = RuntimeError("the engine process went away")
@@ -293,7 +377,7 @@ class RemoteBatcher:
 
     def abandon(self, error=None):
         """Fail every request waiting for the engine (Draining: the server is shutting down)."""
-        waiting = [m for _, members in self.pending.values() for m in members] + \
+        waiting = [m for _, members, _ in self.pending.values() for m in members] + \
                   [m for members in self.outbox.values() for m in members]
         for m in waiting:
             if not m[1].done():
@@ -307,6 +391,49 @@ class RemoteBatcher:
 
     def close(self):
         pass
+
+
+class Region:
+    """A front end's shared memory for images: a memfd the engine maps read-only through /proc,
+    given out first fit (a few groups are in flight at once)."""
+    ALIGN = 64
+
+    def __init__(self, size):
+        self.fd = os.memfd_create("cnninfer-images", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(self.fd, size)
+            self.bytes = np.frombuffer(mmap.mmap(self.fd, size), np.uint8)
+        except OSError:
+            os.close(self.fd)
+            raise
+        self.path = f"/proc/{os.getpid()}/fd/{self.fd}"
+        self.free = [(0, size)]  # (start, end) of each free extent, in order
+
+    def take(self, size):
+        """The offset of `size` bytes not in use, or None where no extent holds them."""
+        size = -(-size // self.ALIGN) * self.ALIGN
+        for i, (start, end) in enumerate(self.free):
+            if end - start >= size:
+                if end - start == size:
+                    del self.free[i]
+                else:
+                    self.free[i] = (start + size, end)
+                return start
+        return None
+
+    def give(self, start, size):
+        """Bytes from take() free again (merged with the free extents beside them)."""
+        end = start + -(-size // self.ALIGN) * self.ALIGN
+        i = bisect.bisect(self.free, (start, end))
+        if i < len(self.free) and self.free[i][0] == end:
+            end = self.free.pop(i)[1]
+        if i > 0 and self.free[i - 1][1] == start:
+            start = self.free.pop(i - 1)[0]
+            i -= 1
+        self.free.insert(i, (start, end))
+
+    def close(self):
+        os.close(self.fd)
 
 
 def _error(kind, message):
