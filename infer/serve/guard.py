@@ -1,15 +1,19 @@
-"""The server's connections, bounded: how many are open at once, and how long a client may take
-to send a request's headers. uvicorn bounds neither (a thousand clients each sending half a
-header held a thousand file descriptors until the process ran out), so its HTTP/1.1 protocol is
+"""The server's connections, bounded: how many are open at once, how long a client may take to
+send a request's line and headers, and how large they may be. uvicorn bounds none of these with
+httptools's parser (a thousand clients each sending half a header held a thousand file descriptors
+until the process ran out; its request line grows without limit), so its HTTP/1.1 protocol is
 subclassed here; bodies are bounded by the app (server.read_body), which can answer.
 
 A connection past the cap is closed as it is accepted (its file descriptor freed at once) and
-counted; one whose headers are not complete within the header timeout is closed and counted.
+counted; one whose headers are not complete within the header timeout is closed and counted; a
+request line and headers past MAX_HEAD_BYTES are answered 400 and the connection closed.
+
+httptools (llhttp, in C) rather than h11: h11 parses in Python, and was ~20% of a front end's time
+per single-image request and most of its time per large body (an event a 64 KiB read).
 """
 import resource
 
-import h11
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 FD_MARGIN = 64  # descriptors kept for the listening socket, files, pipes and the decoders
 
@@ -32,13 +36,22 @@ def connection_cap(asked):
     return max(1, min(asked, descriptor_limit() - FD_MARGIN))
 
 
-def protocol(cap, header_timeout_s, metrics):
-    """An H11Protocol class holding at most `cap` connections, each given header_timeout_s to
-    send a request's headers (from its first byte, or from the connection's start)."""
+MAX_HEAD_BYTES = 16 << 10  # a request's line and headers (h11's limit, which uvicorn kept before)
 
-    class Guarded(H11Protocol):
+
+class HeadTooLarge(Exception):
+    """Raised in a parser callback: httptools stops, and uvicorn answers 400 and closes."""
+
+
+def protocol(cap, header_timeout_s, metrics):
+    """An HttpToolsProtocol class holding at most `cap` connections, each given header_timeout_s to
+    send a request's line and headers (from its first byte, or from the connection's start), of at
+    most MAX_HEAD_BYTES."""
+
+    class Guarded(HttpToolsProtocol):
         def connection_made(self, transport):
             self._header_timer = None
+            self._in_head, self._head_bytes = True, 0  # a request's line and headers not complete yet
             if len(self.connections) >= cap:
                 metrics.refused("connections")
                 transport.abort()
@@ -47,27 +60,51 @@ def protocol(cap, header_timeout_s, metrics):
             self._arm()
 
         def connection_lost(self, exc):
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
+            self._disarm()
             if self.transport is not None:  # refused connections never joined
                 super().connection_lost(exc)
 
         def data_received(self, data):
             super().data_received(data)
-            if self.conn.their_state is h11.IDLE:
+            if self._in_head:
                 self._arm()  # a request's headers begun (or a new one after a response)
-            elif self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
+            else:
+                self._disarm()
+
+        def on_message_begin(self):
+            super().on_message_begin()
+            self._in_head, self._head_bytes = True, 0
+
+        def on_url(self, url):
+            self._count(len(url))
+            super().on_url(url)
+
+        def on_header(self, name, value):
+            self._count(len(name) + len(value))
+            super().on_header(name, value)
+
+        def on_headers_complete(self):
+            self._in_head = False
+            super().on_headers_complete()
+
+        def _count(self, size):
+            self._head_bytes += size
+            if self._head_bytes > MAX_HEAD_BYTES:
+                metrics.refused("header_size")
+                raise HeadTooLarge()
 
         def _arm(self):
             if self._header_timer is None and not self.transport.is_closing():
                 self._header_timer = self.loop.call_later(header_timeout_s, self._headers_late)
 
+        def _disarm(self):
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
         def _headers_late(self):
             self._header_timer = None
-            if self.conn.their_state is h11.IDLE:  # still no whole request line and headers
+            if self._in_head:  # still no whole request line and headers
                 metrics.refused("header_timeout")
                 self.transport.close()
 
