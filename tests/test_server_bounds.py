@@ -223,7 +223,8 @@ def test_scores_equal_the_command_line_s(server, data):
 def test_limits_and_refusals_are_in_metrics(server):
     text = httpx.get(server.url + "/metrics", headers=AUTH).text
     for name, value in (("max_connections", 24), ("header_timeout_s", 1), ("body_timeout_s", 1),
-                        ("max_pixels", 4000000), ("decoders", 2), ("request_timeout_s", 30), ("drain_s", 5)):
+                        ("max_pixels", 4000000), ("decoders", 2), ("request_timeout_s", 30), ("drain_s", 5),
+                        ("max_head_bytes", 16384)):
         assert f'cnninfer_limit{{name="{name}"}} {value}\n' in text, name
     assert re.search(r"^cnninfer_open_connections [1-9]\d*$", text, re.M)
 

@@ -261,7 +261,7 @@ def peer_available():
 def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5.0, big=4096, peer=None, workers=1,
                 max_batch=None):
     """The table's rows: for each server, each client count of single-image requests, then
-    `big`-image uint8 requests on 4 connections."""
+    `big`-image uint8 requests on 16 connections."""
     from ..data import loader
     from .gpu import read_all
     from ..session import Session
@@ -311,8 +311,8 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
                         r["mean_batch"] = (after[0] - before[0]) / (after[1] - before[1])
                 rows.append(r)
             if not name.endswith("--max-batch 1"):  # one image a pass: no figure worth a row
-                r = load(url, encode(u8), 4, seconds, **where)
-                r.update(server=name, request_images=big, connections=4)
+                r = load(url, encode(u8), 16, seconds, **where)
+                r.update(server=name, request_images=big, connections=16)
                 rows.append(r)
                 if proc.grpc:  # KServe v2 gRPC at the most clients
                     r = grpc_load(proc.grpc, u8[:1], max(clients), seconds)

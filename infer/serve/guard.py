@@ -73,7 +73,7 @@ def protocol(cap, header_timeout_s, metrics):
 
         def on_message_begin(self):
             super().on_message_begin()
-            self._in_head, self._head_bytes = True, 0
+            self._in_head, self._head_bytes = True, 0  # each request of a kept-alive connection
 
         def on_url(self, url):
             self._count(len(url))

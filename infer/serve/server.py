@@ -70,10 +70,12 @@ def require():
     if sys.version_info < (3, 11):
         raise InputError("cnninfer serve needs Python 3.11 or later")
     try:
+        import httptools  # noqa: F401
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as e:
-        raise InputError(f"cnninfer serve needs Starlette and uvicorn ({e}): pip install 'cnninfer[serve]'") from None
+        raise InputError(f"cnninfer serve needs Starlette, uvicorn and httptools ({e}): "
+                         f"pip install 'cnninfer[serve]'") from None
 
 
 def auto_workers(backend):
@@ -150,7 +152,9 @@ def make_app(session, settings, batcher, sha256=None):
     from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
 
-    metrics = Metrics(settings.max_batch, settings.limits())
+    from . import guard
+
+    metrics = Metrics(settings.max_batch, dict(settings.limits(), max_head_bytes=guard.MAX_HEAD_BYTES))
     batcher.metrics = metrics
     h, w, c = network.image_shape(session.model)
     token = settings.token.encode() if settings.token else None
