@@ -2,6 +2,7 @@
 against a real `cnninfer serve` on 127.0.0.1 (CPU backend). Each input type's expected answer is
 the command line's on a file of that type; scores are compared, not only labels."""
 import hashlib
+import shutil
 
 import h5py
 import numpy as np
@@ -212,3 +213,44 @@ def test_the_benchmarks_grpc_load_counts_answered_calls_only(ece408, server, exp
         assert s.stop() == 0
     with pytest.raises(InputError, match="no call was answered"):
         grpc_load(server.grpc, x, 2, 0.5, processes=1, channels=1)
+
+
+@pytest.mark.skipif(not shutil.which("h2load"), reason="h2load (Debian's nghttp2-client) is not on the PATH")
+def test_the_benchmarks_h2load_rows_count_full_answers_only(ece408, server, expected):
+    """bench_serve.grpc_h2load: h2load's calls against a server without a token, every answer of
+    the size of the one grpcio got, with latencies from its log; a server whose calls are all
+    refused (a token not sent) is no figure at all, though each refusal is an HTTP 200."""
+    from infer.bench.serve import grpc_h2load
+    from infer.errors import InputError
+
+    x = expected["uint8"][0][:1]
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu")
+    try:
+        r = grpc_h2load(s.grpc, x, 2, 3, 1.0, threads=1)
+        assert r["requests"] > 0 and r["errors"] == 0 and r["concurrency"] == 6 and r["client"] == "h2load"
+        assert 0 < r["p50_ms"] <= r["p99_ms"] and r["rps"] > 0
+    finally:
+        assert s.stop() == 0
+    with pytest.raises(InputError, match="no call was answered"):
+        grpc_h2load(server.grpc, x, 1, 2, 0.5, threads=1)
+
+
+SUMMARY = """finished in 3.00s, 2425.00 req/s, 386.01KB/s
+requests: 7275 total, 7531 started, 7275 done, 7275 succeeded, 0 failed, 0 errored, 0 timeout
+status codes: 7275 2xx, 0 3xx, 0 4xx, 0 5xx
+traffic: 1.13MB (1185810) total, 22.49KB (23025) headers (space savings 96.09%), 781.49KB (800250) data
+"""
+
+
+def test_h2load_s_summary_counts_answers_only_where_every_one_is_whole():
+    """h2load's own summary (nghttp2 1.52, as above): 7275 answers of 110 bytes each are 7275 calls
+    in 3 s; one byte short of that (an answer was a gRPC error, trailers alone, and which is not
+    known), or no summary at all, is no figure."""
+    from infer.bench.serve import h2load_answers
+    from infer.errors import InputError
+
+    assert h2load_answers(SUMMARY, 110, "t") == (7275, 0, 3.0)
+    with pytest.raises(InputError, match="no call was answered in full"):
+        h2load_answers(SUMMARY.replace("(800250) data", "(800140) data"), 110, "t")
+    with pytest.raises(InputError, match="h2load failed"):
+        h2load_answers("connect: Connection refused", 110, "t")

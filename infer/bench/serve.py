@@ -1,7 +1,8 @@
 """`cnninfer bench --serve`: wrk (not ours; Debian: apt-get install wrk) against real servers on
 127.0.0.1, bounded in time: requests/s and p50/p99 latency for single-image .npy requests at
 1..256 concurrent connections, for large uint8 .npy requests, and KServe v2 gRPC calls at the
-most connections (grpc_load), for `cnninfer serve`, the same
+most connections (grpc_h2load where nghttp2's h2load is on the PATH, else grpc_load, a Python
+client that saturates first), for `cnninfer serve`, the same
 with --max-batch 1 (no batching), and the endpoint a user would write without us (Starlette
 calling PyTorch per request; where torch and a GPU are). Answers are checked against a local
 Session before any timing. `--soak S` instead holds about half the peak rate for S seconds and
@@ -207,6 +208,65 @@ def grpc_load(target, x, concurrency, seconds, processes=4, channels=4):
                 connections=procs * chans, concurrency=procs * chans * per)
 
 
+def grpc_h2load(target, x, connections, streams, seconds, threads=4):
+    """KServe v2 gRPC ModelInfer calls from h2load (nghttp2's HTTP/2 load generator, in C; not ours:
+    Debian's nghttp2-client), `connections` x `streams` calls in flight, each the same request:
+    answered calls/s, p50/p99 ms (from its per-request log), errors. A gRPC error is an HTTP 200
+    with trailers alone, so each answer is checked by its size: the body of the ModelInferResponse
+    the server gives this request (asked once first with grpcio); answers of another size are
+    errors, and where any is, the requests/s counts only the full-size ones' share."""
+    import struct
+
+    import grpc
+    from tritonclient.grpc import service_pb2 as pb
+    from tritonclient.grpc import service_pb2_grpc as rpc
+
+    found = shutil.which("h2load")
+    if not found:
+        raise InputError("the gRPC rows with h2load need it on the PATH (Debian: apt-get install nghttp2-client)")
+    request = pb.ModelInferRequest(model_name="cnninfer")
+    given = request.inputs.add()
+    given.name, given.datatype = "x", "UINT8" if x.dtype == np.uint8 else "FP32"
+    given.shape.extend(x.shape)
+    request.raw_input_contents.append(np.ascontiguousarray(x).tobytes())
+    with grpc.insecure_channel(target) as channel:
+        try:
+            size = 5 + rpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30).ByteSize()
+        except grpc.RpcError as e:
+            raise InputError(f"grpc://{target}: no call was answered ({e.code().name})") from None
+    message = request.SerializeToString()
+    with tempfile.TemporaryDirectory() as d:
+        body, log = Path(d) / "request.bin", Path(d) / "log.tsv"
+        body.write_bytes(b"\0" + struct.pack(">I", len(message)) + message)  # gRPC's frame: uncompressed, length
+        out = subprocess.run([found, "-D", str(max(1, round(seconds))), "-c", str(connections), "-m", str(streams),
+                              "-t", str(max(1, min(threads, connections))), "-d", str(body), "--log-file", str(log),
+                              "-H", "content-type: application/grpc", "-H", "te: trailers",
+                              f"http://{target}/inference.GRPCInferenceService/ModelInfer"],
+                             capture_output=True, text=True)
+        times = np.loadtxt(log, usecols=2, ndmin=1) if log.stat().st_size else np.empty(0)
+    full, errors, duration = h2load_answers(out.stdout + out.stderr, size, target)
+    times = np.sort(times) / 1e3
+    return dict(requests=full, rps=full / duration, errors=errors, p50_ms=float(times[len(times) // 2]),
+                p99_ms=float(times[int(len(times) * 0.99)]), connections=connections,
+                concurrency=connections * streams, client="h2load")
+
+
+def h2load_answers(text, size, target):
+    """(calls answered in full, the others, seconds) from h2load's summary `text`, each full answer
+    `size` bytes of DATA: where the DATA is not that, some answers were errors (trailers alone)
+    and which cannot be told, so none counts."""
+    done = re.search(r"finished in ([\d.]+)s", text)
+    counts = re.search(r"requests: (\d+) total, \d+ started, \d+ done, (\d+) succeeded", text)
+    data = re.search(r"traffic: .*?\((\d+)\) data", text)
+    if not (done and counts and data):
+        raise InputError(f"h2load failed: {text.strip()[-400:]}")
+    total, answered, nbytes = int(counts.group(1)), int(counts.group(2)), int(data.group(1))
+    if not answered or nbytes != answered * size:
+        raise InputError(f"grpc://{target}: no call was answered in full ({answered} HTTP answers, {nbytes} bytes "
+                         f"of data; {size} bytes each expected)")
+    return answered, total - answered, float(done.group(1))
+
+
 def check_answers(url, x, expected):
     """The server's answers for 64 single-image requests and one large one equal `expected`."""
     for i in range(64):
@@ -315,7 +375,8 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
                 r.update(server=name, request_images=big, connections=16)
                 rows.append(r)
                 if proc.grpc:  # KServe v2 gRPC at the most clients
-                    r = grpc_load(proc.grpc, u8[:1], max(clients), seconds)
+                    r = (grpc_h2load(proc.grpc, u8[:1], 16, max(1, max(clients) // 16), seconds) if shutil.which("h2load")
+                         else grpc_load(proc.grpc, u8[:1], max(clients), seconds))
                     r.update(server=name + " (gRPC)", request_images=1, connections=max(clients), non2xx=0,
                              socket_errors=r["errors"])
                     rows.append(r)
