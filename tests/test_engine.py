@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from infer.serve.batcher import Expired
-from infer.serve import engine as engine_module
-from infer.serve.engine import Engine, Region, RemoteBatcher
+from infer.serve import front as front_module
+from infer.serve.engine import Engine
+from infer.serve.front import Region, RemoteBatcher
 from infer.errors import InputError
 from tests.test_batcher import Recorder, images
 
@@ -136,7 +137,7 @@ def test_requests_larger_than_the_staging_buffer_are_read_whole_between_small_on
     """Images past the engine's 256 KiB staging buffer (and too large for the shared memory, here
     1 MiB) are read straight into their array; small requests before and after them, in the same
     reads, are parsed from the staging buffer."""
-    monkeypatch.setattr(engine_module, "SHARED_BYTES", 1 << 20)
+    monkeypatch.setattr(front_module, "SHARED_BYTES", 1 << 20)
     rng = np.random.default_rng(3)
     session = StubSession()
     big = rng.random((70, 64, 64, 1), np.float32)  # 1.1 MiB
@@ -177,7 +178,7 @@ def test_large_requests_travel_in_shared_memory_each_answered_with_its_own_rows(
         assert front.region is not None and engine.spare_bytes == 0
         out = await asyncio.gather(*(front.submit(x, scores=i % 2 == 1) for i, x in enumerate(xs)))
         # every answer's images given back: the memory is one free extent again; none on the socket
-        assert front.region.free == [(0, engine_module.SHARED_BYTES)] and not engine.spare
+        assert front.region.free == [(0, front_module.SHARED_BYTES)] and not engine.spare
         return out
 
     out = served(tmp_path, session, body)
@@ -217,7 +218,7 @@ def test_shared_memory_is_reused_only_once_the_pass_reading_it_ends(tmp_path):
         await turns()
         gate.set()
         labels, _ = await after
-        assert front.region.free == [(0, engine_module.SHARED_BYTES)]
+        assert front.region.free == [(0, front_module.SHARED_BYTES)]
         return labels
 
     labels = served(tmp_path, session, body)

@@ -668,7 +668,7 @@ class EngineFace:
 
 def _front(spec, settings, sock, path, ready):
     """A spawned front end: the app on the parent's socket, its batches the engine's."""
-    from .engine import RemoteBatcher
+    from .front import RemoteBatcher
 
     name_process("cnninfer-front")
     try:
