@@ -224,7 +224,7 @@ def test_limits_and_refusals_are_in_metrics(server):
     text = httpx.get(server.url + "/metrics", headers=AUTH).text
     for name, value in (("max_connections", 24), ("header_timeout_s", 1), ("body_timeout_s", 1),
                         ("max_pixels", 4000000), ("decoders", 2), ("request_timeout_s", 30), ("drain_s", 5),
-                        ("max_head_bytes", 16384)):
+                        ("max_head_bytes", 16384), ("max_pipelined", 16)):
         assert f'cnninfer_limit{{name="{name}"}} {value}\n' in text, name
     assert re.search(r"^cnninfer_open_connections [1-9]\d*$", text, re.M)
 
@@ -378,4 +378,33 @@ def test_a_request_line_or_headers_past_16_kib_are_refused(server, data):
         while chunk := s.recv(4096):
             answer += chunk
     assert answer.startswith(b"HTTP/1.1 200") and b'"ok"' in answer
+    assert served_correctly(server, data)
+
+
+def test_a_connection_pipelining_past_16_waiting_requests_is_closed(server, data):
+    """Requests pipelined without reading their answers (4 MB of GETs on each of 20 connections once
+    took a server to 1.3 GB: every one parsed was queued): past 16 waiting behind the one being
+    answered, the connection is closed (its 400 may be lost to the reset), counted as pipelined;
+    the server's memory stays bounded and other clients are served."""
+    from infer.serve.guard import MAX_PIPELINED
+
+    before = refusals(server)
+    pipelined = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * 30000  # 1 MB
+    for _ in range(6):
+        with socket.create_connection(address(server), timeout=10) as s:
+            try:
+                s.sendall(pipelined)
+            except OSError:  # closed by the server mid-send
+                pass
+            answer = b""
+            t = time.monotonic()
+            try:
+                while chunk := s.recv(1 << 16):
+                    answer += chunk
+            except ConnectionResetError:
+                pass
+            assert time.monotonic() - t < 5
+        assert answer.count(b"HTTP/1.1 200") <= MAX_PIPELINED + 1
+    assert refusals(server)["pipelined"] - before["pipelined"] == 6
+    assert peak_rss(server) < RSS_LIMIT
     assert served_correctly(server, data)

@@ -2,7 +2,8 @@
 # The maintainers' device measurements, one job a call, logs under $OUT (or ./device-out). On a GPU
 # machine, in the project's root after staging (bash ../shared/device/stage.sh makes .device/):
 #     . .device/setup.sh && bash tools/device.sh JOB [ARGS]
-# JOB: run, ncu [ALGO], unroll, geometry [--no-torch-compile], stream, scale [cpu], multi-stream
+# JOB: run, ncu [ALGO], unroll, geometry [--no-torch-compile], stream, scale [cpu], multi-stream,
+# serve DIR [BENCH ARGS]
 # (tools/README.md says what each measures; the per-kernel profile of one algorithm on a random
 # geometry is tools/device_profile.py).
 set -uo pipefail
@@ -257,9 +258,23 @@ for name in ("big", "big_u8"):
 PY
 }
 
+# serve DIR [ARGS]: `cnninfer bench --serve` on the staged testfull and model (ARGS added: --soak S,
+# --seconds, --clients...). The device has neither wrk, h2load nor the serve extra: DIR holds the
+# serve extra's wheels for CPython 3.12 (and litserve's, for its rows) and Debian's wrk, libluajit
+# and nghttp2-client packages unpacked there (dpkg-deb -x), all carried (tools/README.md).
+job_serve() {
+out="${OUT:-device-out}"; mkdir -p "$out"
+dir="$(cd "${1:?usage: bash tools/device.sh serve DIR [ARGS]}" && pwd)"; shift
+if compgen -G "$dir/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site "$dir"/*.whl 2>&1 | grep -v WARNING
+fi
+export PATH="$dir/usr/bin:$PATH" LD_LIBRARY_PATH="$dir/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+cnninfer bench --serve "$CNNINFER_DATA/testfull.hdf5" "$CNNINFER_DATA/model.hdf5" "$@" 2>&1 | tee "$out/serve.txt"
+}
+
 job="${1:-}"
 [ -n "$job" ] && shift
 case "$job" in
-  run|ncu|unroll|geometry|stream|scale|multi-stream) "job_${job//-/_}" "$@" ;;
-  *) echo "usage: bash tools/device.sh run|ncu|unroll|geometry|stream|scale|multi-stream [ARGS]" >&2; exit 2 ;;
+  run|ncu|unroll|geometry|stream|scale|multi-stream|serve) "job_${job//-/_}" "$@" ;;
+  *) echo "usage: bash tools/device.sh run|ncu|unroll|geometry|stream|scale|multi-stream|serve [ARGS]" >&2; exit 2 ;;
 esac

@@ -375,10 +375,11 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
                 r.update(server=name, request_images=big, connections=16)
                 rows.append(r)
                 if proc.grpc:  # KServe v2 gRPC at the most clients
-                    r = (grpc_h2load(proc.grpc, u8[:1], 16, max(1, max(clients) // 16), seconds) if shutil.which("h2load")
-                         else grpc_load(proc.grpc, u8[:1], max(clients), seconds))
-                    r.update(server=name + " (gRPC)", request_images=1, connections=max(clients), non2xx=0,
-                             socket_errors=r["errors"])
+                    most = max(clients)
+                    r = (grpc_h2load(proc.grpc, u8[:1], min(16, most), max(1, most // 16), seconds)
+                         if shutil.which("h2load") else grpc_load(proc.grpc, u8[:1], most, seconds))
+                    r.update(server=f"{name} (gRPC, {r.get('client', 'grpc.aio')})", request_images=1,
+                             connections=r["concurrency"], non2xx=0, socket_errors=r["errors"])
                     rows.append(r)
         finally:
             stop(proc)
@@ -422,12 +423,12 @@ def table(result):
                 f"({result['processes']} processes) "
                 f"({100 * result['rss_growth']:+.1f}%); exit {result['exit_code']}"]
     lines = [f"device: {result['device']}; {result['seconds']:g} s per row; wrk on 127.0.0.1",
-             f"{'server':<34} {'images/req':>10} {'clients':>7} {'req/s':>10} {'images/s':>12} "
+             f"{'server':<44} {'images/req':>10} {'clients':>7} {'req/s':>10} {'images/s':>12} "
              f"{'p50 ms':>8} {'p99 ms':>8} {'errors':>6} {'batch':>6}"]
     for r in result["rows"]:
         images = r["rps"] * r["request_images"]
         batch = f"{r['mean_batch']:.1f}" if "mean_batch" in r else "-"
-        lines.append(f"{r['server']:<34} {r['request_images']:>10} {r['connections']:>7} {r['rps']:>10.0f} "
+        lines.append(f"{r['server']:<44} {r['request_images']:>10} {r['connections']:>7} {r['rps']:>10.0f} "
                      f"{images:>12.0f} {r['p50_ms']:>8.2f} {r['p99_ms']:>8.2f} "
                      f"{r['non2xx'] + r['socket_errors']:>6} {batch:>6}")
     return lines

@@ -3,8 +3,8 @@ Updated from the event loop's thread and the batch thread: one lock."""
 import bisect
 import threading
 
-REFUSALS = ("connections", "header_timeout", "header_size", "body_timeout", "body_size", "buffered", "pixels", "busy",
-            "deadline", "draining")  # the reasons a bound refused or cut a connection or request
+REFUSALS = ("connections", "header_timeout", "header_size", "pipelined", "body_timeout", "body_size", "buffered",
+            "pixels", "busy", "deadline", "draining")  # the reasons a bound refused or cut a connection or request
 LATENCY_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
