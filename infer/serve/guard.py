@@ -6,10 +6,10 @@ subclassed here; bodies are bounded by the app (server.read_body), which can ans
 
 A connection past the cap is closed as it is accepted (its file descriptor freed at once) and
 counted; one whose headers are not complete within the header timeout is closed and counted; a
-request line and headers past MAX_HEAD_BYTES are answered 400 and the connection closed, and so is
-a connection with more than MAX_PIPELINED requests waiting behind the one being answered (uvicorn
-queues every pipelined request it parses: 20 connections each sending 4 MB of pipelined GETs
-without reading the answers took a server to 1.3 GB).
+request line and headers past MAX_HEAD_BYTES or MAX_HEADERS are answered 400 and the connection
+closed, and so is a connection with more than MAX_PIPELINED requests waiting behind the one being
+answered (uvicorn queues every pipelined request it parses: 20 connections each sending 4 MB of
+pipelined GETs without reading the answers took a server to 1.3 GB).
 
 httptools (llhttp, in C) rather than h11: h11 parses in Python, and was ~20% of a front end's time
 per single-image request and most of its time per large body (an event a 64 KiB read).
@@ -40,6 +40,7 @@ def connection_cap(asked):
 
 
 MAX_HEAD_BYTES = 16 << 10  # a request's line and headers (h11's limit, which uvicorn kept before)
+MAX_HEADERS = 100  # each a Python tuple of ~130 bytes, however short its line (Apache's limit too)
 MAX_PIPELINED = 16  # requests of one connection parsed and waiting behind the one being answered
 
 
@@ -50,7 +51,7 @@ class Refuse(Exception):
 def protocol(cap, header_timeout_s, metrics):
     """An HttpToolsProtocol class holding at most `cap` connections, each given header_timeout_s to
     send a request's line and headers (from its first byte, or from the connection's start), of at
-    most MAX_HEAD_BYTES, with at most MAX_PIPELINED requests waiting."""
+    most MAX_HEAD_BYTES and MAX_HEADERS headers, with at most MAX_PIPELINED requests waiting."""
 
     class Guarded(HttpToolsProtocol):
         def connection_made(self, transport):
@@ -84,7 +85,10 @@ def protocol(cap, header_timeout_s, metrics):
             super().on_url(url)
 
         def on_header(self, name, value):
-            self._count(len(name) + len(value))
+            self._count(len(name) + len(value) + 4)  # with ": " and the line's end
+            if len(self.headers) >= MAX_HEADERS:
+                metrics.refused("header_size")
+                raise Refuse()
             super().on_header(name, value)
 
         def on_headers_complete(self):

@@ -155,7 +155,7 @@ def make_app(session, settings, batcher, sha256=None):
     from . import guard
 
     metrics = Metrics(settings.max_batch, dict(settings.limits(), max_head_bytes=guard.MAX_HEAD_BYTES,
-                                                   max_pipelined=guard.MAX_PIPELINED))
+                                                   max_headers=guard.MAX_HEADERS, max_pipelined=guard.MAX_PIPELINED))
     batcher.metrics = metrics
     h, w, c = network.image_shape(session.model)
     token = settings.token.encode() if settings.token else None
