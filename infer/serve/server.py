@@ -603,6 +603,7 @@ def run_app(session, settings, sock, announce, batcher, sha256=None):
 
     config = uvicorn.Config(app, log_level="error", access_log=False, lifespan="on", interface="asgi3",
                             proxy_headers=False,  # nothing is proxied to 127.0.0.1: headers kept as sent
+                            ws="none",  # nothing is served over WebSocket: an Upgrade stays HTTP, within the guard
                             http=guard.protocol(cap, settings.header_timeout_s, app.state.metrics),
                             timeout_graceful_shutdown=settings.drain_s, timeout_keep_alive=30)
     # uvicorn sends a captured signal on to the previous handler after its graceful shutdown; with
