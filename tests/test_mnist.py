@@ -72,6 +72,8 @@ def test_bad_images_file(tmp_path, pair, break_it, words):
 def test_label_count_and_range(tmp_path, pair, rng):
     assert_refused(invoke("convert-mnist", pair[0], idx(tmp_path / "few.idx", np.zeros(5)), tmp_path / "o.h5"), "13 images", "5 labels")
     assert_refused(invoke("convert-mnist", pair[0], idx(tmp_path / "big.idx", np.full(13, 12)), tmp_path / "o.h5"), "not a digit")
+    ten = idx(tmp_path / "ten.idx", np.r_[rng.integers(0, 10, 12), 10])  # one label just past the digits
+    assert_refused(invoke("convert-mnist", pair[0], ten, tmp_path / "o.h5"), "label 10 is not a digit")
 
 
 def test_run_without_paths_uses_the_bundled_model_and_sample():

@@ -112,6 +112,9 @@ def test_several_files_are_one_data_set(ece408, shards):
     assert sum(s["correct"] for s in d["shards"]) == d["correct"]
     r = invoke("run", shards / "s0.h5", shards / "s2.h5", ece408 / "model.hdf5", 300, "--backend", "cpu", "--json")
     assert [s["n"] for s in json.loads(r.stdout)["shards"]] == [250, 50]
+    # files past the first N images are not opened: one that is not there is no error
+    r = infer.run([shards / "s0.h5", shards / "absent.h5"], ece408 / "model.hdf5", 200, backend="cpu")
+    assert r.n == 200 and [s[0] for s in r.shards] == [str(shards / "s0.h5")]
 
 
 def test_shards_that_disagree_or_match_nothing_are_refused(ece408, shards, tmp_path):
@@ -119,6 +122,12 @@ def test_shards_that_disagree_or_match_nothing_are_refused(ece408, shards, tmp_p
         f["x"], f["y"] = np.ones((3, 32, 32, 1), np.float32), np.eye(10)[:3]
     r = invoke("run", shards / "s0.h5", tmp_path / "odd.h5", ece408 / "model.hdf5", "--backend", "cpu")
     assert r.exit_code == 2 and "odd.h5: dataset 'x'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # 29x29 images fit the model too (its pools round down), but not beside 28x28 ones
+    with h5py.File(tmp_path / "wide.h5", "w") as f:
+        f["x"], f["y"] = np.ones((3, 29, 29, 1), np.float32), np.eye(10)[:3]
+    r = invoke("run", shards / "s0.h5", tmp_path / "wide.h5", ece408 / "model.hdf5", "--backend", "cpu")
+    assert r.exit_code == 2 and "wide.h5: dataset 'x'" in r.stderr and "must agree" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
     r = invoke("run", tmp_path / "none*.h5", ece408 / "model.hdf5", "--backend", "cpu")
     assert r.exit_code == 2 and "no file matches" in r.stderr
 
@@ -135,6 +144,19 @@ def test_scores_file_and_per_class_table(ece408, tmp_path):
     confusion = np.array(d["confusion"])
     assert confusion.sum() == 100 and np.trace(confusion) == d["correct"] == 95
     assert [c["correct"] for c in d["per_class"]] == list(np.diag(confusion))
+    # rows are the true labels, columns the predictions; each class's most frequent mistake its row's
+    with h5py.File(ece408 / "test100.hdf5") as f:
+        labels = np.argmax(f["y"][()], axis=1)
+    predictions = infer.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu").predictions
+    expected = np.zeros((10, 10), np.int64)
+    np.add.at(expected, (labels, predictions), 1)
+    assert (confusion == expected).all() and [c["n"] for c in d["per_class"]] == np.bincount(labels, minlength=10).tolist()
+    for c, row in zip(d["per_class"], expected):
+        wrong = row.copy()
+        wrong[c["class"]] = 0
+        assert c["confused_with"] == (int(np.argmax(wrong)) if wrong.any() else None)
+    assert any(c["confused_with"] is None for c in d["per_class"]) and any(c["confused_with"] is not None
+                                                                           for c in d["per_class"])
     run = infer.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu")
     assert (np.argmax(scores, axis=1) == run.predictions).all()
     r = invoke("run", ece408 / "test2.hdf5", ece408 / "model.hdf5", "--backend", "cpu", "--scores", tmp_path / "s.csv")
