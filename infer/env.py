@@ -80,4 +80,5 @@ def check():
     host_budget_mb()
     native()
     graphs()
+    codes()
     cache_root()

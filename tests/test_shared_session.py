@@ -170,6 +170,7 @@ def test_cuda_options_are_accepted_on_the_cpu(ece408, testfull):
     ("CNNINFER_HOST_BUDGET_MB", "-5", "not a whole number"),
     ("CNNINFER_NATIVE", "yes", "CNNINFER_NATIVE: 'yes' must be 0 or 1"),
     ("CNNINFER_GRAPHS", "2", "CNNINFER_GRAPHS: '2' must be 0 or 1"),
+    ("CNNINFER_CODES", "on", "CNNINFER_CODES: 'on' must be 0 or 1"),  # refused even where no file is streamed
 ])
 def test_bad_environment_variables_are_one_line_exit_2(ece408, monkeypatch, name, value, words):
     monkeypatch.setenv(name, value)
