@@ -116,6 +116,21 @@ def write(path, datasets):
     return path
 
 
+def damaged_copy(ece408, path, n, chunk, **create):
+    """testfull's first n images written to `path` with h5py's create_dataset options `create`,
+    then 16 bytes at the start of chunk `chunk` overwritten (1..16): a chunk a reader must refuse."""
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:n], f["y"][:n]
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, **create)
+        f["y"] = y
+        offset = f["x"].id.get_chunk_info(chunk).byte_offset
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(bytes(range(1, 17)))
+    return path
+
+
 def assert_refused(r, *words):
     assert r.exit_code == 2, (r.exit_code, r.stdout, r.stderr)
     lines = r.stderr.strip().splitlines()

@@ -11,7 +11,7 @@ import pytest
 import infer
 from infer.data import codes
 from infer.plan import for_backend
-from tests.conftest import Dev, assert_refused, build, invoke
+from tests.conftest import Dev, assert_refused, build, damaged_copy, invoke
 
 pytestmark = pytest.mark.gpu
 
@@ -160,16 +160,7 @@ def test_chunks_cutting_images_travel_as_codes(ece408, tmp_path, monkeypatch, as
 def test_a_damaged_chunk_cutting_images_is_one_line_and_nothing_written(ece408, tmp_path, layout):
     """A run of codes assembled from chunks cutting images (read whole), chunk 5's bytes damaged (its
     zlib header; a byte its checksum covers): exit 2, one line naming the chunk, no predictions."""
-    with h5py.File(ece408 / "testfull.hdf5") as f:
-        x, y = f["x"][:3000], f["y"][:3000]
-    path = tmp_path / "d.h5"
-    with h5py.File(path, "w") as f:
-        f.create_dataset("x", data=x, chunks=(256, 7, 28, 1), **CUT[layout])
-        f["y"] = y
-        offset = f["x"].id.get_chunk_info(5).byte_offset
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        f.write(bytes(range(1, 17)))
+    path = damaged_copy(ece408, tmp_path / "d.h5", 3000, 5, chunks=(256, 7, 28, 1), **CUT[layout])
     out = tmp_path / "p.npy"
     r = invoke("run", path, ece408 / "model.hdf5", "--backend", "cuda", "--json", "--predictions", out)
     assert_refused(r, "d.h5", "'x'", "chunk 5")

@@ -10,7 +10,7 @@ import pytest
 
 from infer import Session
 from infer.data import native
-from tests.conftest import Dev, assert_refused, build, invoke, small_model
+from tests.conftest import Dev, assert_refused, build, damaged_copy, invoke, small_model
 from tests.test_reader import bit_shuffle, byte_shuffle, shuffled_rows
 
 pytestmark = pytest.mark.gpu
@@ -139,16 +139,7 @@ def test_a_damaged_chunk_left_shuffled_is_one_line_and_nothing_written(tmp_path,
     """A streamed run whose chunks stay shuffled for the GPU, chunk 2's header damaged: exit 2, one
     line naming the chunk, no predictions file."""
     options = streamed_options(layout, monkeypatch)
-    with h5py.File(ece408 / "testfull.hdf5") as f:
-        x, y = f["x"][:4000], f["y"][:4000]
-    path = tmp_path / "d.h5"
-    with h5py.File(path, "w") as f:
-        f.create_dataset("x", data=x, chunks=(800, 28, 28, 1), **options)
-        f["y"] = y
-        offset = f["x"].id.get_chunk_info(2).byte_offset
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        f.write(bytes(range(1, 17)))
+    path = damaged_copy(ece408, tmp_path / "d.h5", 4000, 2, chunks=(800, 28, 28, 1), **options)
     out = tmp_path / "p.npy"
     r = invoke("run", path, ece408 / "model.hdf5", "--backend", "cuda", "--decode", "host", "--predictions", out)
     assert_refused(r, "d.h5", "'x'", "chunk 2")
