@@ -141,6 +141,19 @@ def load(url, body, connections, seconds, delay_ms=0, threads=None, path="/v1/pr
     return r
 
 
+def infer_request(x):
+    """A KServe v2 ModelInferRequest for images x (input `x`, its bytes in raw_input_contents),
+    serialized: what the gRPC rows send, each call alike."""
+    from tritonclient.grpc import service_pb2 as pb
+
+    request = pb.ModelInferRequest(model_name="cnninfer")
+    given = request.inputs.add()
+    given.name, given.datatype = "x", "UINT8" if x.dtype == np.uint8 else "FP32"
+    given.shape.extend(x.shape)
+    request.raw_input_contents.append(np.ascontiguousarray(x).tobytes())
+    return request.SerializeToString()
+
+
 def _grpc_client(job):
     """One client process of grpc_load: `channels` HTTP/2 connections, `per_channel` calls in flight
     on each, ModelInfer with the tensor in raw_input_contents, until `seconds` have passed."""
@@ -151,12 +164,8 @@ def _grpc_client(job):
     from tritonclient.grpc import service_pb2 as pb
     from tritonclient.grpc import service_pb2_grpc as rpc
 
-    target, raw, shape, datatype, channels, per_channel, seconds = job
-    request = pb.ModelInferRequest(model_name="cnninfer")
-    given = request.inputs.add()
-    given.name, given.datatype = "x", datatype
-    given.shape.extend(shape)
-    request.raw_input_contents.append(raw)
+    target, message, channels, per_channel, seconds = job
+    request = pb.ModelInferRequest.FromString(message)
 
     async def main():
         # a channel of its own per connection (else grpc shares one subchannel among them)
@@ -194,8 +203,7 @@ def grpc_load(target, x, concurrency, seconds, processes=4, channels=4):
     procs = max(1, min(processes, concurrency))
     chans = max(1, min(channels, concurrency // procs))
     per = max(1, concurrency // (procs * chans))
-    job = (target, np.ascontiguousarray(x).tobytes(), list(x.shape), "UINT8" if x.dtype == np.uint8 else "FP32",
-           chans, per, seconds)
+    job = (target, infer_request(x), chans, per, seconds)
     with multiprocessing.get_context("spawn").Pool(procs) as pool:
         parts = pool.map(_grpc_client, [job] * procs)
     latencies = np.sort(np.concatenate([np.asarray(p[0]) for p in parts])) if parts else np.empty(0)
@@ -224,17 +232,13 @@ def grpc_h2load(target, x, connections, streams, seconds, threads=4):
     found = shutil.which("h2load")
     if not found:
         raise InputError("the gRPC rows with h2load need it on the PATH (Debian: apt-get install nghttp2-client)")
-    request = pb.ModelInferRequest(model_name="cnninfer")
-    given = request.inputs.add()
-    given.name, given.datatype = "x", "UINT8" if x.dtype == np.uint8 else "FP32"
-    given.shape.extend(x.shape)
-    request.raw_input_contents.append(np.ascontiguousarray(x).tobytes())
+    message = infer_request(x)
     with grpc.insecure_channel(target) as channel:
         try:
-            size = 5 + rpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=30).ByteSize()
+            size = 5 + rpc.GRPCInferenceServiceStub(channel).ModelInfer(pb.ModelInferRequest.FromString(message),
+                                                                          timeout=30).ByteSize()
         except grpc.RpcError as e:
             raise InputError(f"grpc://{target}: no call was answered ({e.code().name})") from None
-    message = request.SerializeToString()
     with tempfile.TemporaryDirectory() as d:
         body, log = Path(d) / "request.bin", Path(d) / "log.tsv"
         body.write_bytes(b"\0" + struct.pack(">I", len(message)) + message)  # gRPC's frame: uncompressed, length
