@@ -53,6 +53,19 @@ class Backend:
         """A host buffer of the caller's own (calls that run at once each have theirs)."""
         raise NotImplementedError
 
+    def pin(self, array):
+        """Make `array`'s memory (the caller keeps it mapped until unpin) one forward may read in
+        place (reads_in_place): whether it could. Only a CUDA backend can."""
+        return False
+
+    def unpin(self, array):
+        """Undo pin(array) (nothing where it was not pinned)."""
+
+    def reads_in_place(self, x):
+        """Whether forward(x, in_place=True) may read images x where they lie, the run prepared
+        for them (x lies in pinned memory and the run's images stay on the device)."""
+        return False
+
     @property
     def reader(self):
         """The reader threads (data/reader.Reader)."""

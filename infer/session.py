@@ -257,6 +257,24 @@ class Session:
         """What runs the network (the GPU or the CPU), once the backend has started, else None."""
         return None if self.backend is None else self.backend.device
 
+    def pin(self, array):
+        """Let calls read images that lie in `array`'s memory (C-contiguous, read-only or not)
+        where they lie: a GPU backend registers it page-locked (cuMemHostRegister), so a call on
+        a view of it uploads with one copy to the device, none on the host. Whether it could (a
+        started CUDA backend, a driver that takes the pages). The memory stays mapped, and must
+        hold the images a call reads until it returns, until unpin(array)."""
+        self._here()
+        with self.lock:
+            backend = self._backend()
+            return self._at_home(backend.pin, array)
+
+    def unpin(self, array):
+        """Undo pin(array); calls after it copy images out of that memory as any others."""
+        self._here()
+        with self.lock:
+            if self.backend is not None:
+                self._at_home(self.backend.unpin, array)
+
     def predict(self, x):
         """The predicted class (int64) of each image of x, an (N, H, W, C) array."""
         return self.classify(x)[0]
@@ -367,9 +385,10 @@ class Session:
             else:
                 t = time.perf_counter()
                 labels = None if data.classes is None else np.empty(n, np.int64)
-                given = _as_given(data, wire) if at_once and backend.checks_values else None
-                if given is not None:  # the caller's array as it is: no copy (the backend checks the values)
-                    x, futures = given, []
+                given = _as_given(data, wire) if backend.checks_values else None
+                in_place = not at_once and given is not None and backend.reads_in_place(given)
+                if given is not None and (at_once or in_place):  # the caller's array as it is: no copy
+                    x, futures = given, []  # (the backend checks the values)
                 else:
                     x = backend.new_host_buffer(x_shape, wire) if at_once else backend.host_buffers(x_shape, wire)[0]
                     small = data.kind == "array" and x.nbytes <= INLINE_BYTES
@@ -380,7 +399,7 @@ class Session:
                 wait(futures)
                 timing["load"] = _ms(t)
                 t = time.perf_counter()
-                predictions, kept = backend.forward(x, progress)
+                predictions, kept = backend.forward(x, progress, in_place=True) if in_place else backend.forward(x, progress)
                 timing["forward"] = _ms(t)
         except BadValue as e:
             raise data.bad_value(e.image) from None

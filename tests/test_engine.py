@@ -275,3 +275,42 @@ def test_the_shared_memory_allocator_matches_a_model_of_its_extents():
         assert (free == ~taken).all()
         assert all(a[1] < b[0] for a, b in zip(region.free, region.free[1:]))  # merged: never touching
     region.close()
+
+
+def test_a_front_ends_shared_memory_is_pinned_at_its_first_large_request_and_unpinned_as_it_goes(tmp_path):
+    """The engine asks the session, on the session's thread (the loop does not wait), to pin a front
+    end's shared memory once, at its first request that travels there (small ones do not), and to
+    unpin it when the front end disconnects; the passes run on that same thread, in between."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    home = ThreadPoolExecutor(1)
+    calls = []
+
+    class Pinning(StubSession):
+        executor = home
+
+        def pin(self, array):
+            calls.append(("pin", array, threading.current_thread().name))
+            return True
+
+        def unpin(self, array):
+            calls.append(("unpin", array, threading.current_thread().name))
+
+    rng = np.random.default_rng(13)
+    session = Pinning()
+
+    async def body(front, engine):
+        await front.submit(images([1, 2]))
+        assert calls == []  # small: on the socket
+        for i in range(3):
+            labels, _ = await front.submit(large(rng, np.arange(37) + i))
+            assert labels.tolist() == list(range(i, 37 + i))
+        (link,) = engine.connections
+        return link.shared
+
+    try:
+        shared = served(tmp_path, session, body)
+    finally:
+        home.shutdown()
+    assert [c[0] for c in calls] == ["pin", "unpin"]
+    assert all(c[1] is shared for c in calls) and calls[0][2] == calls[1][2] != threading.current_thread().name

@@ -12,7 +12,7 @@ from ..data import codes
 from ..data.host import HostSide
 from ..network import geometry
 from ..options import STREAMS, Options
-from . import chunk_decode, graph, launch, pipelines, plan, shuffled
+from . import chunk_decode, graph, hostmem, launch, pipelines, plan, shuffled
 from .device import DECODE_QUEUES, Device
 from .executor import Executor, RunKey
 from .launch import Build
@@ -56,6 +56,7 @@ class CudaBackend(HostSide, Backend):
         self.decoding = "host"  # where the last stream's chunks were decoded, for --json
         self.weights, self.model = [], None
         self.executor = Executor(streams, self.profiler, graph.enabled() and not profile)
+        self.pinned = hostmem.Registered()  # the callers' memory forward may read in place (pin)
         self.copies = cuda.Stream()  # streamed uploads to resident images: never queued behind kernels
         self._host("context set-up", t)
 
@@ -204,12 +205,23 @@ class CudaBackend(HostSide, Backend):
                 else:
                     raise InputError("the GPU ran out of memory even for one image per chunk") from None
 
-    def forward(self, x, progress=None):
+    def pin(self, array):
+        return self.pinned.add(array)
+
+    def unpin(self, array):
+        self.pinned.remove(array)
+
+    def reads_in_place(self, x):
+        run = self.executor.run
+        return run is not None and run.resident and run.block >= len(x) and self.pinned.holds(x)
+
+    def forward(self, x, progress=None, in_place=False):
         """(labels, scores or None) of images x (n, H, W, C) in page-locked host memory, of the
-        wire type prepare() was given."""
+        wire type prepare() was given; in_place: x lies in pinned memory (reads_in_place), not
+        in host_buffers'."""
         run = self.executor.run
         assert run is not None and run.key[:3] == (len(x), tuple(x.shape[1:]), x.dtype.str), "prepare() first"
-        out = self.executor.forward(x, self.model.path)
+        out = self.executor.forward(x, self.model.path, in_place)
         if progress is not None:
             progress.update(len(x))
         return out
@@ -338,6 +350,7 @@ class CudaBackend(HostSide, Backend):
         if self.gpu.context is None:
             return
         cuda.Context.synchronize()
+        self.pinned.clear()
         self._free_decoder()
         self._free_placer()
         self.executor.free_run()

@@ -169,8 +169,17 @@ class Executor:
         self.enqueue_chunk(0, 0, count)
         cuda.Context.synchronize()
 
-    def forward(self, x, model_path):
-        """(labels, scores or None) of images x in page-locked host memory, of the run's wire type."""
+    def forward(self, x, model_path, in_place=False):
+        """(labels, scores or None) of images x in page-locked host memory, of the run's wire type.
+        in_place: x lies in memory registered as it is (hostmem) at an address of its own each call:
+        one upload to the resident images, then the pass recorded over them (a graph a host buffer
+        would be one a call)."""
+        if in_place:
+            self.upload(self.streams[0], 0, 0, x)
+            uploaded = event(self.streams[0])
+            for s in self.streams[1:]:
+                s.wait_for_event(uploaded)
+            x = None
         graphed = self.enqueue(x)
         for s in self.streams[:1] if graphed else self.streams:  # a graph runs as one unit on the first stream
             s.synchronize()

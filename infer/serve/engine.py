@@ -62,6 +62,28 @@ class Engine:
             return kept.pop()
         return bytearray(size)
 
+    def pin(self, link):
+        """Have the session register link's shared memory page-locked, on its thread between
+        passes (the loop does not wait): the passes after it upload large requests from there
+        directly, with no copy into the session's own page-locked buffer."""
+        link.pinned = True
+        self._at_home("pin", link.shared)
+
+    def unpin(self, link):
+        """Unregister link's shared memory (the front end is gone), between passes: a request of
+        it still queued is copied out as any other."""
+        if link.pinned:
+            link.pinned = False
+            self._at_home("unpin", link.shared)
+
+    def _at_home(self, method, array):
+        home = self.session.executor
+        if home is not None:  # none: the CPU backend (nothing to pin)
+            try:
+                home.submit(getattr(self.session, method), array)
+            except RuntimeError:  # the session is closing
+                pass
+
     def give(self, buf):
         """A large request's buffer, its pass done with it (kept up to SPARE_BYTES in all)."""
         if self.spare_bytes + len(buf) <= SPARE_BYTES:
@@ -116,6 +138,7 @@ class Link(asyncio.BufferedProtocol):
         self.filled = 0  # bytes of self.body read
         self.transport = None
         self.shared = None  # the front end's shared memory, read-only (np.uint8), once attached
+        self.pinned = False  # whether the session was asked to register it (its first large request)
 
     def connection_made(self, transport):
         self.transport = transport
@@ -125,6 +148,7 @@ class Link(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc):
         self.engine.connections.discard(self)
+        self.engine.unpin(self)
 
     def attach(self, rid, path):
         """Map the front end's shared memory (its memfd, through /proc) and say whether it worked."""
@@ -190,4 +214,6 @@ class Link(asyncio.BufferedProtocol):
             message = b"images outside the shared memory"
             self.transport.write(ANSWER.pack(rid, FAILED, 0, len(message)) + message)
             return
+        if not self.pinned:
+            self.engine.pin(self)
         self.engine.request(self, head, self.shared[offset:offset + size], shared=True)
