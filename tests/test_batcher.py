@@ -313,3 +313,33 @@ def test_a_request_cancelled_during_its_pass_leaves_the_others_answered():
     (a, c), third = asyncio.run(main())
     assert isinstance(a, asyncio.CancelledError) and c[0].tolist() == [2] and third[0].tolist() == [3]
     assert seen == [2, 1], "the cancelled request's pass ran once, with both"
+
+
+def test_inline_passes_run_on_the_loops_thread_and_what_arrives_meanwhile_is_the_next_pass():
+    """inline: classify is called on the event loop's own thread (no executor); the loop waits for
+    the pass, so the requests submitted as it runs queue and form the next pass together, each
+    answered with its own rows; a bad one still fails alone."""
+    import threading
+
+    threads, later = [], []
+
+    class Calling(Recorder):
+        def __call__(self, x, scores):
+            threads.append(threading.get_ident())
+            if not later:  # the first pass: three requests arrive while it runs
+                later.extend(asyncio.ensure_future(b.submit(images(v))) for v in ([7], [8, 9], [-1]))
+            return super().__call__(x, scores)
+
+    rec = Calling()
+    b = Batcher(rec, max_batch=100, max_delay_s=0, inline=True)
+    assert b.thread is None
+
+    async def rest():
+        await asyncio.sleep(0.01)
+        return await asyncio.gather(*later, return_exceptions=True)
+
+    first, others = run(b, lambda: [b.submit(images([5])), rest()])
+    assert first[0].tolist() == [5]
+    assert [o[0].tolist() for o in others[:2]] == [[7], [8, 9]] and isinstance(others[2], InputError)
+    assert [n for n, _ in rec.batches[:2]] == [1, 4]  # then the retry request by request
+    assert set(threads) == {threading.get_ident()}

@@ -49,10 +49,10 @@ async def holding(front, engine, x):
     return held
 
 
-def served(tmp_path, session, body):
+def served(tmp_path, session, body, inline=False):
     """body(front) with an engine over `session` and one front end connected to it."""
     async def main():
-        engine = Engine(session, SimpleNamespace(max_batch=1000, max_delay_ms=0))
+        engine = Engine(session, SimpleNamespace(max_batch=1000, max_delay_ms=0), inline=inline)
         path = str(tmp_path / "engine.sock")
         await engine.start(path)
         front = RemoteBatcher(path)
@@ -278,39 +278,39 @@ def test_the_shared_memory_allocator_matches_a_model_of_its_extents():
 
 
 def test_a_front_ends_shared_memory_is_pinned_at_its_first_large_request_and_unpinned_as_it_goes(tmp_path):
-    """The engine asks the session, on the session's thread (the loop does not wait), to pin a front
-    end's shared memory once, at its first request that travels there (small ones do not), and to
-    unpin it when the front end disconnects; the passes run on that same thread, in between."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    home = ThreadPoolExecutor(1)
+    """An inline engine (its loop on the session's thread: here the test's) runs its passes on the
+    loop's thread and pins a front end's shared memory there, once, at its first request that
+    travels there (small ones do not), and unpins it when the front end disconnects. An engine
+    that is not inline (a CPU session: passes on a thread of the batcher's) pins nothing."""
     calls = []
 
     class Pinning(StubSession):
-        executor = home
+        def classify(self, x, scores):
+            calls.append(("pass", None, threading.get_ident()))
+            return super().classify(x, scores)
 
         def pin(self, array):
-            calls.append(("pin", array, threading.current_thread().name))
+            calls.append(("pin", array, threading.get_ident()))
             return True
 
         def unpin(self, array):
-            calls.append(("unpin", array, threading.current_thread().name))
+            calls.append(("unpin", array, threading.get_ident()))
 
     rng = np.random.default_rng(13)
-    session = Pinning()
 
     async def body(front, engine):
         await front.submit(images([1, 2]))
-        assert calls == []  # small: on the socket
+        assert [c[0] for c in calls] == ["pass"]  # small: on the socket
         for i in range(3):
             labels, _ = await front.submit(large(rng, np.arange(37) + i))
             assert labels.tolist() == list(range(i, 37 + i))
         (link,) = engine.connections
         return link.shared
 
-    try:
-        shared = served(tmp_path, session, body)
-    finally:
-        home.shutdown()
-    assert [c[0] for c in calls] == ["pin", "unpin"]
-    assert all(c[1] is shared for c in calls) and calls[0][2] == calls[1][2] != threading.current_thread().name
+    shared = served(tmp_path, Pinning(), body, inline=True)
+    assert [c[0] for c in calls] == ["pass", "pin", "pass", "pass", "pass", "unpin"]
+    assert all(c[1] is shared for c in calls if c[0] != "pass")
+    assert {c[2] for c in calls} == {threading.get_ident()}
+    calls.clear()
+    served(tmp_path, Pinning(), body)
+    assert [c[0] for c in calls] == ["pass"] * 4 and threading.get_ident() not in {c[2] for c in calls}

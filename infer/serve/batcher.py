@@ -58,8 +58,11 @@ class Pending:
 
 
 class Batcher:
-    def __init__(self, classify, max_batch, max_delay_s, metrics=None, max_queued=None, pad_to=None, thread=None):
-        """classify(x, scores) -> (labels, scores or None), called on the batch thread; pad_to: the
+    def __init__(self, classify, max_batch, max_delay_s, metrics=None, max_queued=None, pad_to=None, thread=None,
+                 inline=False):
+        """classify(x, scores) -> (labels, scores or None), called on the batch thread, or with
+        inline on the loop's own thread (the loop runs where classify must: the server engine's,
+        on the GPU session's thread, so a lone request's pass costs no thread hop); pad_to: the
         ladder of pass sizes (ascending, the last max_batch), or None."""
         assert not pad_to or pad_to[-1] == max_batch, "the ladder ends at max_batch"
         self.classify, self.max_batch, self.max_delay_s = classify, max_batch, max_delay_s
@@ -70,8 +73,9 @@ class Batcher:
         self.queue = asyncio.Queue()
         self.held = None  # a request taken from the queue that opens the next batch
         self.queued = 0  # images waiting
-        self.owns_thread = thread is None
-        self.thread = thread or ThreadPoolExecutor(1, thread_name_prefix="cnninfer-batch")
+        self.inline = inline
+        self.owns_thread = thread is None and not inline
+        self.thread = None if inline else thread or ThreadPoolExecutor(1, thread_name_prefix="cnninfer-batch")
         self.task = None
         self.running = []  # the requests of the pass in progress
         self.passed = None  # a future done as the pass in progress ends
@@ -156,7 +160,10 @@ class Batcher:
                 x = np.concatenate([x, np.zeros((size - images,) + x.shape[1:], x.dtype)])
         self.running, self.passed = batch, loop.create_future()
         try:
-            labels, kept = await loop.run_in_executor(self.thread, self.classify, x, scores)
+            if self.inline:  # the loop waits: what arrives meanwhile queues for the next pass
+                labels, kept = self.classify(x, scores)
+            else:
+                labels, kept = await loop.run_in_executor(self.thread, self.classify, x, scores)
         except Exception as e:
             self._passed()
             if len(batch) == 1 or not isinstance(e, InputError):

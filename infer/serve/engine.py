@@ -26,14 +26,16 @@ SPARE_BYTES = 256 << 20  # buffers of large requests sent on the socket, kept fo
 class Engine:
     """The engine's side: a Batcher over the session, served on a Unix socket."""
 
-    def __init__(self, session, settings, pad_to=None):
-        self.session, self.settings = session, settings
+    def __init__(self, session, settings, pad_to=None, inline=False):
+        """inline: the caller runs the engine's loop on the session's own thread (a GPU session's
+        executor): passes, and pinning the front ends' memory, run on the loop, with no hop."""
+        self.session, self.settings, self.inline = session, settings, inline
         self.classes = session.classes
         from .metrics import Metrics
 
         self.metrics = Metrics(settings.max_batch)  # the batches', reported to the front ends' /metrics
         self.batcher = Batcher(session.classify, settings.max_batch, settings.max_delay_ms / 1e3,
-                               metrics=self.metrics, thread=session.executor, pad_to=pad_to)
+                               metrics=self.metrics, thread=session.executor, pad_to=pad_to, inline=inline)
         self.hello = json.dumps(dict(classes=self.classes, backend=session.backend.name,
                                      device=session.device)).encode()
         self.server = None
@@ -63,26 +65,20 @@ class Engine:
         return bytearray(size)
 
     def pin(self, link):
-        """Have the session register link's shared memory page-locked, on its thread between
-        passes (the loop does not wait): the passes after it upload large requests from there
-        directly, with no copy into the session's own page-locked buffer."""
+        """Have the session register link's shared memory page-locked (inline: on the session's
+        thread, between passes; without, a CPU session, there is nothing to pin): the passes after it
+        upload large requests from there directly, with no copy into the session's own page-locked
+        buffer."""
         link.pinned = True
-        self._at_home("pin", link.shared)
+        if self.inline:
+            self.session.pin(link.shared)
 
     def unpin(self, link):
-        """Unregister link's shared memory (the front end is gone), between passes: a request of
-        it still queued is copied out as any other."""
-        if link.pinned:
-            link.pinned = False
-            self._at_home("unpin", link.shared)
-
-    def _at_home(self, method, array):
-        home = self.session.executor
-        if home is not None:  # none: the CPU backend (nothing to pin)
-            try:
-                home.submit(getattr(self.session, method), array)
-            except RuntimeError:  # the session is closing
-                pass
+        """Unregister link's shared memory (the front end is gone): a request of it still queued
+        is copied out as any other."""
+        if link.pinned and self.inline:
+            self.session.unpin(link.shared)
+        link.pinned = False
 
     def give(self, buf):
         """A large request's buffer, its pass done with it (kept up to SPARE_BYTES in all)."""

@@ -627,23 +627,41 @@ def _engine(spec, settings, path, ready):
 
     name_process("cnninfer-engine")
 
-    async def main(session, pad_to):
-        engine = Engine(session, settings, pad_to)
+    signalled = []  # SIGTERM/SIGINT, caught on this (the main) thread, for the loop wherever it runs
+    waiting = {}  # the loop and its stop event, once it runs
+
+    def on_signal(*_):
+        signalled.append(True)
+        if waiting:
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                waiting["loop"].call_soon_threadsafe(waiting["stop"].set)
+
+    async def main(session, pad_to, inline):
+        engine = Engine(session, settings, pad_to, inline)
         await engine.start(path)
         stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop.set)
+        waiting.update(loop=asyncio.get_running_loop(), stop=stop)
+        if signalled:
+            stop.set()
         ready.put("engine ready")
         await stop.wait()
         await engine.stop()
 
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         with Session(spec.model, spec.backend, **spec.options) as session:
-            asyncio.run(main(session, warm_up(session, settings)))
+            pad_to = warm_up(session, settings)
+            home = session.executor
+            if home is None:  # the CPU backend: passes on the batcher's thread
+                asyncio.run(main(session, pad_to, False))
+            else:  # the loop on the session's thread: a pass is a call, not two thread hops (~120 us)
+                home.call(asyncio.run, main(session, pad_to, True))
     except InputError as e:
         ready.put(f"error: {e.message}")
         sys.exit(2)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 class EngineFace:
