@@ -305,9 +305,11 @@ def test_a_front_ends_shared_memory_is_pinned_at_its_first_large_request_and_unp
             labels, _ = await front.submit(large(rng, np.arange(37) + i))
             assert labels.tolist() == list(range(i, 37 + i))
         (link,) = engine.connections
-        return link.shared
+        assert f"cnninfer_pinned_bytes {front_module.SHARED_BYTES if engine.inline else 0}\n" in engine.metrics.batch_text()
+        return link.shared, engine
 
-    shared = served(tmp_path, Pinning(), body, inline=True)
+    shared, engine = served(tmp_path, Pinning(), body, inline=True)
+    assert engine.metrics.pinned == 0  # unpinned as the front end went
     assert [c[0] for c in calls] == ["pass", "pin", "pass", "pass", "pass", "unpin"]
     assert all(c[1] is shared for c in calls if c[0] != "pass")
     assert {c[2] for c in calls} == {threading.get_ident()}

@@ -70,15 +70,17 @@ class Engine:
         upload large requests from there directly, with no copy into the session's own page-locked
         buffer."""
         link.pinned = True
-        if self.inline:
-            self.session.pin(link.shared)
+        if self.inline and self.session.pin(link.shared):
+            link.pinned_bytes = link.shared.nbytes
+            self.metrics.pinned += link.pinned_bytes
 
     def unpin(self, link):
         """Unregister link's shared memory (the front end is gone): a request of it still queued
         is copied out as any other."""
         if link.pinned and self.inline:
             self.session.unpin(link.shared)
-        link.pinned = False
+        self.metrics.pinned -= link.pinned_bytes
+        link.pinned, link.pinned_bytes = False, 0
 
     def give(self, buf):
         """A large request's buffer, its pass done with it (kept up to SPARE_BYTES in all)."""
@@ -135,6 +137,7 @@ class Link(asyncio.BufferedProtocol):
         self.transport = None
         self.shared = None  # the front end's shared memory, read-only (np.uint8), once attached
         self.pinned = False  # whether the session was asked to register it (its first large request)
+        self.pinned_bytes = 0  # how much of it the session did register
 
     def connection_made(self, transport):
         self.transport = transport

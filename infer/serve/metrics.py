@@ -55,6 +55,7 @@ class Metrics:
         self.batches = Histogram(batch_buckets(max_batch))  # images per forward pass
         self.batch_requests = Histogram(batch_buckets(max_batch))  # requests merged per forward pass
         self.queued = 0  # images waiting for a forward pass
+        self.pinned = 0  # bytes of the front ends' shared memory the engine pinned (at most 64 MiB each)
 
     def answered(self, status, images, seconds):
         with self.lock:
@@ -110,5 +111,7 @@ class Metrics:
                   "# TYPE cnninfer_batch_requests histogram"]
         lines += self.batch_requests.lines("cnninfer_batch_requests")
         lines += ["# HELP cnninfer_queued_images Images waiting for a forward pass.",
-                  "# TYPE cnninfer_queued_images gauge", f"cnninfer_queued_images {self.queued}"]
+                  "# TYPE cnninfer_queued_images gauge", f"cnninfer_queued_images {self.queued}",
+                  "# HELP cnninfer_pinned_bytes Front ends' shared memory the engine holds page-locked.",
+                  "# TYPE cnninfer_pinned_bytes gauge", f"cnninfer_pinned_bytes {self.pinned}"]
         return lines
