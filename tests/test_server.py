@@ -5,6 +5,7 @@ import asyncio
 import re
 import signal
 import threading
+import time
 
 import h5py
 import numpy as np
@@ -274,7 +275,10 @@ def test_several_workers_share_the_port_answer_alike_and_drain(ece408, data, bac
         scored = post(s, npy(x[:20]), query="?scores=1").json()
         np.testing.assert_allclose(np.array(scored["scores"], np.float32), data[2].scores[:20], rtol=1e-4, atol=1e-4)
     finally:
+        started = time.perf_counter()
         assert s.stop() == 0, "".join(s.stderr)
+    # every process stopped on SIGTERM, none killed (the supervisor kills after drain_s + 10 s)
+    assert time.perf_counter() - started < 10
 
 
 def test_front_ends_answer_at_once_when_the_engine_dies_and_the_server_stops(ece408, data):
