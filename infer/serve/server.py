@@ -654,7 +654,7 @@ def _engine(spec, settings, path, ready):
             home = session.executor
             if home is None:  # the CPU backend: passes on the batcher's thread
                 asyncio.run(main(session, pad_to, False))
-            else:  # the loop on the session's thread: a pass is a call, not two thread hops (~120 us)
+            else:  # the loop on the session's thread: a pass is a call, not a hop there and back
                 home.call(asyncio.run, main(session, pad_to, True))
     except InputError as e:
         ready.put(f"error: {e.message}")
