@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import infer
-from tests.serving import NPY, Server, npy, png
+from tests.serving import NPY, Server, npy, png, wait_for
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
@@ -219,7 +219,6 @@ def test_a_signal_drains_what_is_in_flight_then_exits_0(ece408, data, sig):
     threads = [threading.Thread(target=call) for _ in range(3)]
     for t in threads:
         t.start()
-    from tests.serving import wait_for
 
     assert wait_for(lambda: _metric(s, "cnninfer_queued_images") > 0 or
                     _metric(s, "cnninfer_batch_images_count") > 1)
@@ -279,6 +278,35 @@ def test_several_workers_share_the_port_answer_alike_and_drain(ece408, data, bac
         assert s.stop() == 0, "".join(s.stderr)
     # every process stopped on SIGTERM, none killed (the supervisor kills after drain_s + 10 s)
     assert time.perf_counter() - started < 10
+
+
+def test_a_process_that_does_not_stop_on_sigterm_is_killed_and_said(ece408, data):
+    """The engine frozen (SIGSTOP) when the server gets SIGTERM: the front ends drain and exit, the
+    engine is killed drain_s + 10 s later, and the server says so in one line and exits 2, not 0."""
+    import os
+
+    from infer.bench.serve import tree
+
+    x, expected, _ = data
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--workers", "2", "--drain-s", "0.5")
+    try:
+        assert post(s, npy(x[:3])).json()["labels"] == expected[:3].tolist()
+        procs = {p: open(f"/proc/{p}/comm").read().strip() for p in tree(s.proc.pid)[1:]}
+        (engine,) = [p for p, name in procs.items() if name == "cnninfer-engine"]
+
+        def attached(pid):  # a front end past its start-up: it holds its shared memory for the engine
+            return any("cnninfer-images" in os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+
+        assert wait_for(lambda: all(attached(p) for p, name in procs.items() if name == "cnninfer-front"))
+        os.kill(engine, signal.SIGSTOP)
+        started = time.perf_counter()
+        code = s.stop(timeout=40)
+    finally:
+        s.stop()
+    assert code == 2 and 10 < time.perf_counter() - started < 30
+    said = [line for line in s.stderr if line.strip()]
+    assert said[-1].strip() == "Error: cnninfer serve: cnninfer-engine did not stop within 10.5 s of SIGTERM and was killed"
+    assert "Traceback" not in "".join(s.stderr)
 
 
 def test_front_ends_answer_at_once_when_the_engine_dies_and_the_server_stops(ece408, data):

@@ -716,7 +716,7 @@ def supervise(spec, settings, sock, workers, announce):
               for i in range(workers)]
     stop = []
     previous = {sig: signal.signal(sig, lambda sig, _: stop.append(sig)) for sig in (signal.SIGTERM, signal.SIGINT)}
-    failed = []
+    failed, killed = [], []
     try:
         engine.start()
         if _wait_for(ready, [engine], ("engine ready",), stop) is None:
@@ -744,6 +744,7 @@ def supervise(spec, settings, sock, workers, announce):
                 if p.is_alive():
                     p.kill()
                     p.join()
+                    killed.append(p.name)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         import shutil
@@ -751,6 +752,9 @@ def supervise(spec, settings, sock, workers, announce):
         shutil.rmtree(folder, ignore_errors=True)
     if failed and not stop:
         raise InputError(f"cnninfer serve: {failed[0].name} exited with code {failed[0].exitcode}")
+    if killed:  # a process that ignores SIGTERM is a defect, not a clean stop
+        raise InputError(f"cnninfer serve: {killed[0]} did not stop within {settings.drain_s + 10:g} s of SIGTERM "
+                         f"and was killed")
 
 
 def name_process(name):
