@@ -390,3 +390,32 @@ def test_npy_headers_seen_before_are_reused_never_confused():
     for _ in range(2):
         with pytest.raises(InputError, match="header cannot be read"):
             images.from_npy(bad, model)
+
+
+def test_a_front_end_whose_engine_goes_during_its_start_up_says_so_in_one_line(tmp_path, ece408):
+    """A front end (as `serve --workers` spawns it) whose engine accepts its connection and closes it
+    before the hello: one line, exit 2, no traceback (uvicorn printed the lifespan's)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    path = str(tmp_path / "engine.sock")
+    script = f"""
+import socket, threading, types
+from infer.data import loader
+from infer.serve import server
+fake = socket.socket(socket.AF_UNIX)
+fake.bind({path!r})
+fake.listen()
+threading.Thread(target=lambda: fake.accept()[0].close(), daemon=True).start()
+sock = socket.socket()
+sock.bind(("127.0.0.1", 0))
+sock.listen()
+spec = types.SimpleNamespace(model=loader.load_model({str(ece408 / "model.hdf5")!r}), sha256=None)
+server._front(spec, server.Settings(), sock, {path!r}, types.SimpleNamespace(put=print))
+"""
+    r = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "cnninfer serve: a front end lost the engine during its start-up (IncompleteReadError)"], r.stderr

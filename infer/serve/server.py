@@ -20,6 +20,7 @@ and the drain on SIGTERM.
 import asyncio
 import contextlib
 import hmac
+import os
 import signal
 import socket
 import sys
@@ -83,8 +84,6 @@ def auto_workers(backend):
     ends on three quarters of the cores (2 to 12) around one engine: the front ends' Python is
     what a single-image load spends (16 cores, 256 connections: 8 front ends 28k requests/s,
     12 front ends 39k)."""
-    import os
-
     if backend == "cpu" or (backend == "auto" and not cuda_usable()):
         return 1
     return min(12, max(2, (os.cpu_count() or 2) * 3 // 4))
@@ -423,7 +422,13 @@ def make_app(session, settings, batcher, sha256=None):
     async def lifespan(app):
         started = batcher.start()
         if started is not None:  # a front end's RemoteBatcher connects to the engine
-            await started
+            try:
+                await started
+            except (OSError, EOFError, ValueError) as e:  # the engine gone (or hung up) before its hello
+                # one line and out: raised here, uvicorn would print the lifespan's traceback
+                print(f"cnninfer serve: a front end lost the engine during its start-up ({type(e).__name__})",
+                      file=sys.stderr, flush=True)
+                os._exit(2)
         if settings.grpc:
             await start_grpc()
         try:
