@@ -69,18 +69,18 @@ class Engine:
         thread, between passes; without, a CPU session, there is nothing to pin): the passes after it
         upload large requests from there directly, with no copy into the session's own page-locked
         buffer."""
-        link.pinned = True
+        link.pin_asked = True
         if self.inline and self.session.pin(link.shared):
             link.pinned_bytes = link.shared.nbytes
             self.metrics.pinned += link.pinned_bytes
 
     def unpin(self, link):
-        """Unregister link's shared memory (the front end is gone): a request of it still queued
-        is copied out as any other."""
-        if link.pinned and self.inline:
+        """Unregister link's shared memory where it was pinned (the front end is gone): a request
+        of it still queued is copied out as any other."""
+        if link.pinned_bytes:
             self.session.unpin(link.shared)
-        self.metrics.pinned -= link.pinned_bytes
-        link.pinned, link.pinned_bytes = False, 0
+            self.metrics.pinned -= link.pinned_bytes
+            link.pinned_bytes = 0
 
     def give(self, buf):
         """A large request's buffer, its pass done with it (kept up to SPARE_BYTES in all)."""
@@ -136,7 +136,7 @@ class Link(asyncio.BufferedProtocol):
         self.filled = 0  # bytes of self.body read
         self.transport = None
         self.shared = None  # the front end's shared memory, read-only (np.uint8), once attached
-        self.pinned = False  # whether the session was asked to register it (its first large request)
+        self.pin_asked = False  # whether the session was asked to register it (its first large request)
         self.pinned_bytes = 0  # how much of it the session did register
 
     def connection_made(self, transport):
@@ -213,6 +213,6 @@ class Link(asyncio.BufferedProtocol):
             message = b"images outside the shared memory"
             self.transport.write(ANSWER.pack(rid, FAILED, 0, len(message)) + message)
             return
-        if not self.pinned:
+        if not self.pin_asked:
             self.engine.pin(self)
         self.engine.request(self, head, self.shared[offset:offset + size], shared=True)
