@@ -295,7 +295,13 @@ def test_a_process_that_does_not_stop_on_sigterm_is_killed_and_said(ece408, data
         (engine,) = [p for p, name in procs.items() if name == "cnninfer-engine"]
 
         def attached(pid):  # a front end past its start-up: it holds its shared memory for the engine
-            return any("cnninfer-images" in os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+            def target(fd):
+                try:
+                    return os.readlink(f"/proc/{pid}/fd/{fd}")
+                except FileNotFoundError:  # closed since it was listed
+                    return ""
+
+            return any("cnninfer-images" in target(fd) for fd in os.listdir(f"/proc/{pid}/fd"))
 
         assert wait_for(lambda: all(attached(p) for p, name in procs.items() if name == "cnninfer-front"))
         os.kill(engine, signal.SIGSTOP)
