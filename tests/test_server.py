@@ -176,6 +176,9 @@ def test_model_and_metrics(server, data):
     assert re.search(r'^cnninfer_request_seconds_bucket\{le="\+Inf"\} \d+$', text, re.M)
     assert re.search(r'^cnninfer_batch_images_bucket\{le="64"\} \d+$', text, re.M)
     assert "# TYPE cnninfer_request_seconds histogram" in text
+    # start-up's objects frozen out of the collector's reach (a full collection scanned them all)
+    assert int(re.search(r'^cnninfer_gc_frozen_objects\{process="server"\} (\d+)$', text, re.M).group(1)) > 10_000
+    assert re.search(r'^cnninfer_gc_pause_seconds_count\{process="server"\} \d+$', text, re.M)
 
 
 def _metric(server, name):
@@ -270,6 +273,17 @@ def test_several_workers_share_the_port_answer_alike_and_drain(ece408, data, bac
         merged = int(float(re.search(r"^cnninfer_batch_requests_sum (\S+)$", text, re.M).group(1)))
         passes = int(re.search(r"^cnninfer_batch_requests_count (\d+)$", text, re.M).group(1))
         assert merged >= 101 and passes < merged and text.count("# TYPE cnninfer_batch_images histogram") == 1
+        # both processes' start-ups frozen, each family once, the front end's samples beside the engine's
+        for process in ("engine", "front"):
+            frozen = re.search(rf'^cnninfer_gc_frozen_objects\{{process="{process}"\}} (\d+)$', text, re.M)
+            assert int(frozen.group(1)) > 10_000
+        assert text.count("# TYPE cnninfer_gc_pause_seconds histogram") == 1
+        families = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE")]
+        assert len(families) == len(set(families))
+        samples = [max((f for f in families if line.startswith(f)), key=len) for line in text.splitlines()
+                   if not line.startswith("#")]
+        runs = [name for i, name in enumerate(samples) if i == 0 or samples[i - 1] != name]
+        assert len(runs) == len(set(runs)), "a family's samples are not together"
         # Scores come back from the engine too: the command line's, within float32's tolerance
         scored = post(s, npy(x[:20]), query="?scores=1").json()
         np.testing.assert_allclose(np.array(scored["scores"], np.float32), data[2].scores[:20], rtol=1e-4, atol=1e-4)

@@ -1,11 +1,14 @@
 """The server's counters and histograms, written in Prometheus' text format (version 0.0.4).
 Updated from the event loop's thread and the batch thread: one lock."""
 import bisect
+import gc
 import threading
+import time
 
 REFUSALS = ("connections", "header_timeout", "header_size", "pipelined", "body_timeout", "body_size", "buffered",
             "pixels", "busy", "deadline", "draining")  # the reasons a bound refused or cut a connection or request
 LATENCY_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+PAUSE_S = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1)
 
 
 def batch_buckets(max_batch):
@@ -39,6 +42,53 @@ class Histogram:
         suffix = f"{{{labels}}}" if labels else ""
         out += [f"{name}_sum{suffix} {self.sum:.9g}", f"{name}_count{suffix} {self.count}"]
         return out
+
+
+class Pauses:
+    """This process's full garbage collections (the oldest generation) and how long each held it.
+    Recorded from gc's callback without a lock: a collection can start inside Metrics' lock, and
+    collections never overlap."""
+
+    def __init__(self):
+        self.histogram = Histogram(PAUSE_S)
+        self.started = None
+
+    def watch(self):
+        if self.callback not in gc.callbacks:
+            gc.callbacks.append(self.callback)
+
+    def callback(self, phase, info):
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self.started = time.perf_counter()
+        elif self.started is not None:
+            self.histogram.observe(time.perf_counter() - self.started)
+
+    def families(self, process):
+        """[(family, its HELP and TYPE lines, this process's samples)]."""
+        return [("cnninfer_gc_pause_seconds",
+                 ["# HELP cnninfer_gc_pause_seconds Full garbage collections of a process and how long each held it.",
+                  "# TYPE cnninfer_gc_pause_seconds histogram"],
+                 self.histogram.lines("cnninfer_gc_pause_seconds", f'process="{process}"')),
+                ("cnninfer_gc_frozen_objects",
+                 ["# HELP cnninfer_gc_frozen_objects Objects of a process's start-up frozen out of the collector's reach.",
+                  "# TYPE cnninfer_gc_frozen_objects gauge"],
+                 [f'cnninfer_gc_frozen_objects{{process="{process}"}} {gc.get_freeze_count()}'])]
+
+    def lines(self, process):
+        return [line for _, head, samples in self.families(process) for line in head + samples]
+
+    def join(self, lines, process):
+        """`lines` (the engine's) with this process's samples after the engine's of each family."""
+        lines = list(lines)
+        for family, _, samples in self.families(process):
+            at = max((i for i, line in enumerate(lines) if line.startswith(family)), default=len(lines) - 1)
+            lines[at + 1:at + 1] = samples
+        return lines
+
+
+PAUSES = Pauses()  # one a process: serve's settle_heap starts it
 
 
 class Metrics:
@@ -85,7 +135,10 @@ class Metrics:
             lines += ["# HELP cnninfer_request_seconds Time from a request's arrival to its answer.",
                       "# TYPE cnninfer_request_seconds histogram"]
             lines += self.latency.lines("cnninfer_request_seconds")
-            lines += self._batch_lines() if engine is None else [line for line in engine.splitlines() if line]
+            if engine is None:  # one process: batches and collections its own
+                lines += self._batch_lines() + PAUSES.lines("server")
+            else:  # the engine's, this front end's collections beside its own
+                lines += PAUSES.join([line for line in engine.splitlines() if line], "front")
             lines += ["# HELP cnninfer_refused_total Connections and requests refused or cut short by a bound, by reason.",
                       "# TYPE cnninfer_refused_total counter"]
             lines += [f'cnninfer_refused_total{{reason="{r}"}} {n}' for r, n in self.refusals.items()]
@@ -101,7 +154,7 @@ class Metrics:
     def batch_text(self):
         """The batches' part alone (what an engine process reports to its front ends)."""
         with self.lock:
-            return "\n".join(self._batch_lines()) + "\n"
+            return "\n".join(self._batch_lines() + PAUSES.lines("engine")) + "\n"
 
     def _batch_lines(self):
         lines = ["# HELP cnninfer_batch_images Images per forward pass (requests merged).",
