@@ -254,3 +254,18 @@ def test_h2load_s_summary_counts_answers_only_where_every_one_is_whole():
         h2load_answers(SUMMARY.replace("(800250) data", "(800140) data"), 110, "t")
     with pytest.raises(InputError, match="h2load failed"):
         h2load_answers("connect: Connection refused", 110, "t")
+
+
+@pytest.mark.skipif(not shutil.which("wrk"), reason="wrk (Debian's) is not on the PATH")
+def test_the_benchmarks_soak_reports_each_window(ece408):
+    """bench_serve.soak (`bench --serve --soak S`): S seconds in windows, each its own wrk run with
+    its p99 and the server's RSS after it, totals their sum; the server stopped cleanly after."""
+    from infer.bench.serve import soak, table
+
+    r = soak(ece408 / "test100.hdf5", ece408 / "model.hdf5", "cpu", seconds=4, connections=4, window=2)
+    ws = r["windows"]
+    assert len(ws) == 2 and all(w["requests"] > 0 and w["rss_mb"] > 30 for w in ws)
+    assert r["soak"]["requests"] == sum(w["requests"] for w in ws) and r["soak"]["non2xx"] == 0
+    assert r["rss_end_mb"] == ws[-1]["rss_mb"] and r["exit_code"] == 0 and r["connections"] == 4
+    lines = table(r)
+    assert len(lines) == 2 + 2 and "p99 by window" in lines[0] and "0 non-2xx" in lines[0]

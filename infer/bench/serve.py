@@ -5,8 +5,8 @@ most connections (grpc_h2load where nghttp2's h2load is on the PATH, else grpc_l
 client that saturates first), for `cnninfer serve`, the same
 with --max-batch 1 (no batching), and the endpoint a user would write without us (Starlette
 calling PyTorch per request; where torch and a GPU are). Answers are checked against a local
-Session before any timing. `--soak S` instead holds about half the peak rate for S seconds and
-reports errors, answers and the server's RSS.
+Session before any timing. `--soak S` instead holds about half the peak rate of 256 connections for
+S seconds and reports errors, answers, and p50/p99 and the server's RSS window by window.
 
 `python -m infer.bench.serve peer MODEL` runs that plain PyTorch endpoint alone."""
 import json
@@ -390,8 +390,10 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
     return dict(device=device, backend=backend, seconds=seconds, rows=rows)
 
 
-def soak(data, model, backend="auto", seconds=600.0, connections=64, workers=1, max_batch=None):
-    """About half the peak single-image rate for `seconds`: errors, answers before and after, RSS."""
+def soak(data, model, backend="auto", seconds=600.0, connections=256, workers=1, max_batch=None, window=60.0):
+    """About half the peak single-image rate of `connections` for `seconds`, in windows of `window` seconds (each
+    its own wrk run: p50/p99 and the server's RSS after it, so a drift shows): errors, answers before
+    and after."""
     from ..data import loader
     from .gpu import read_all
     from ..session import Session
@@ -408,24 +410,37 @@ def soak(data, model, backend="auto", seconds=600.0, connections=64, workers=1, 
         pause_ms = max(0.0, 2 * connections / peak["rps"] * 1e3 - peak["p50_ms"])
         load(url, npy(x[:1]), connections, 10, delay_ms=pause_ms)  # warm: RSS measured from here
         rss0, counted = rss_mb(proc.pid)
-        r = load(url, npy(x[:1]), connections, seconds, delay_ms=pause_ms)
-        rss1, _ = rss_mb(proc.pid)
+        windows, left = [], seconds
+        while left > 0.5:
+            r = load(url, npy(x[:1]), connections, min(window, left), delay_ms=pause_ms)
+            r["rss_mb"] = rss_mb(proc.pid)[0]
+            windows.append(r)
+            left -= r["duration_us"] / 1e6
         check_answers(url, x, expected)
     finally:
         code = stop(proc)
-    return dict(peak_rps=peak["rps"], pause_ms=pause_ms, soak=r, rss_start_mb=rss0, rss_end_mb=rss1, workers=workers, processes=counted,
-                rss_growth=rss1 / rss0 - 1, exit_code=code, seconds=seconds, connections=connections)
+    total = {k: sum(w[k] for w in windows) for k in ("requests", "non2xx", "socket_errors", "duration_us")}
+    total["rps"] = (total["requests"] - total["non2xx"]) / (total["duration_us"] / 1e6)
+    rss1 = windows[-1]["rss_mb"]
+    return dict(peak_rps=peak["rps"], pause_ms=pause_ms, soak=total, windows=windows, rss_start_mb=rss0, rss_end_mb=rss1,
+                workers=workers, processes=counted, rss_growth=rss1 / rss0 - 1, exit_code=code, seconds=seconds,
+                connections=connections)
 
 
 def table(result):
     if "soak" in result:
-        r = result["soak"]
-        return [f"soak: {result['seconds']:.0f} s at {r['rps']:.0f} requests/s on {result['connections']} connections "
-                f"(peak {result['peak_rps']:.0f}/s): {r['requests']} requests, {r['non2xx']} non-2xx, "
-                f"{r['socket_errors']} socket errors, p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms; "
-                f"answers equal before and after; RSS {result['rss_start_mb']:.0f} -> {result['rss_end_mb']:.0f} MB "
-                f"({result['processes']} processes) "
-                f"({100 * result['rss_growth']:+.1f}%); exit {result['exit_code']}"]
+        r, ws = result["soak"], result["windows"]
+        lines = [f"soak: {r['duration_us'] / 1e6:.0f} s at {r['rps']:.0f} requests/s on {result['connections']} connections "
+                 f"(peak {result['peak_rps']:.0f}/s): {r['requests']} requests, {r['non2xx']} non-2xx, "
+                 f"{r['socket_errors']} socket errors; p99 by window {min(w['p99_ms'] for w in ws):.2f}-"
+                 f"{max(w['p99_ms'] for w in ws):.2f} ms; answers equal before and after; RSS {result['rss_start_mb']:.0f} -> "
+                 f"{result['rss_end_mb']:.0f} MB ({result['processes']} processes, {100 * result['rss_growth']:+.1f}%); "
+                 f"exit {result['exit_code']}",
+                 f"{'window':>6} {'seconds':>8} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'errors':>6} {'RSS MB':>7}"]
+        for i, w in enumerate(ws):
+            lines.append(f"{i + 1:>6} {w['duration_us'] / 1e6:>8.1f} {w['rps']:>9.0f} {w['p50_ms']:>8.2f} {w['p99_ms']:>8.2f} "
+                         f"{w['max_ms']:>8.1f} {w['non2xx'] + w['socket_errors']:>6} {w['rss_mb']:>7.0f}")
+        return lines
     lines = [f"device: {result['device']}; {result['seconds']:g} s per row; wrk on 127.0.0.1",
              f"{'server':<44} {'images/req':>10} {'clients':>7} {'req/s':>10} {'images/s':>12} "
              f"{'p50 ms':>8} {'p99 ms':>8} {'errors':>6} {'batch':>6}"]
