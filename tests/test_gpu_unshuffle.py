@@ -1,4 +1,4 @@
-"""Shuffled chunks (HDF5's byte shuffle; Bitshuffle's and c-blosc's bitshuffle) decoded by the host
+"""Shuffled chunks (HDF5's byte shuffle; Bitshuffle's, c-blosc's and Blosc2's bitshuffle) decoded by the host
 and unshuffled on the GPU as each streamed block is placed: the placer against the values for
 blocks starting and ending inside chunks, and streamed runs whose predictions equal the host's
 unshuffle for every value size. Needs a GPU."""
@@ -48,7 +48,11 @@ STREAMED = {  # 800-image chunks of 13 x 13 values: c-blosc's blocks of 64-128 K
     "bitshuffle lz4": ("Bitshuffle", dict(cname="lz4")),
     "blosc lz4 + bitshuffle": ("Blosc", dict(cname="lz4", shuffle=2)),
     "blosc zstd + bitshuffle": ("Blosc", dict(cname="zstd", clevel=3, shuffle=2)),
+    "blosc2 lz4 + bitshuffle": ("Blosc2", dict(cname="lz4", filters=2)),
 }
+# Blosc2's chunks stay bitshuffled where its b2nd blocks (256 rows of 13 x 13 values, 64 of 28 x 28)
+# divide them: 800 rows would be padded in the frame and decoded whole
+CHUNK_ROWS = {"blosc2 lz4 + bitshuffle": 768}
 
 
 def streamed_options(layout, monkeypatch):
@@ -72,7 +76,7 @@ def test_streamed_shuffled_chunks_unshuffled_on_the_gpu_predict_as_the_host(tmp_
     y = np.eye(10)[rng.integers(0, 10, len(x))]
     path = tmp_path / "s.h5"
     with h5py.File(path, "w") as f:
-        f.create_dataset("x", data=x, chunks=(800, 13, 13, 1), **options)
+        f.create_dataset("x", data=x, chunks=(CHUNK_ROWS.get(layout, 800), 13, 13, 1), **options)
         f["y"] = y
     with h5py.File(tmp_path / "plain.h5", "w") as f:
         f["x"], f["y"] = x, y
@@ -134,12 +138,12 @@ def test_bench_stream_reads_as_the_run_reads(tmp_path, ece408):
     assert "cnninfer run --decode gpu" in r.output, r.output  # the GPU decodes shuffled deflate too
 
 
-@pytest.mark.parametrize("layout", ["shuffle+gzip", "bitshuffle lz4", "blosc lz4 + bitshuffle"])
+@pytest.mark.parametrize("layout", ["shuffle+gzip", "bitshuffle lz4", "blosc lz4 + bitshuffle", "blosc2 lz4 + bitshuffle"])
 def test_a_damaged_chunk_left_shuffled_is_one_line_and_nothing_written(tmp_path, ece408, monkeypatch, layout):
     """A streamed run whose chunks stay shuffled for the GPU, chunk 2's header damaged: exit 2, one
     line naming the chunk, no predictions file."""
     options = streamed_options(layout, monkeypatch)
-    path = damaged_copy(ece408, tmp_path / "d.h5", 4000, 2, chunks=(800, 28, 28, 1), **options)
+    path = damaged_copy(ece408, tmp_path / "d.h5", 4000, 2, chunks=(CHUNK_ROWS.get(layout, 800), 28, 28, 1), **options)
     out = tmp_path / "p.npy"
     r = invoke("run", path, ece408 / "model.hdf5", "--backend", "cuda", "--decode", "host", "--predictions", out)
     assert_refused(r, "d.h5", "'x'", "chunk 2")

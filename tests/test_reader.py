@@ -727,6 +727,9 @@ KEPT_SHUFFLED = {  # layouts whose whole chunks a read can leave shuffled: optio
     "blosc lz4 + bitshuffle": (dict(plugin=("Blosc", dict(cname="lz4", shuffle=2))), 201, None),
     "blosc zstd + bitshuffle": (dict(plugin=("Blosc", dict(cname="zstd", clevel=3, shuffle=2))), 201, None),
     "blosc zstd + bitshuffle, 8-value tail": (dict(plugin=("Blosc", dict(cname="zstd", clevel=3, shuffle=2))), 160, None),
+    # Blosc2: its b2nd blocks of 64 rows, whole in chunks of 64 or 128 rows (100 would pad the frame)
+    "blosc2 lz4 + bitshuffle": (dict(plugin=("Blosc2", dict(cname="lz4", filters=2))), 128, None),
+    "blosc2 zstd + bitshuffle": (dict(plugin=("Blosc2", dict(cname="zstd", clevel=3, filters=2))), 64, None),
 }
 
 
@@ -757,6 +760,73 @@ def test_chunks_wholly_in_a_read_can_be_left_shuffled_for_the_gpu(tmp_path, rng,
         finally:
             rows.close()
             pool.close()
+
+
+@pytest.mark.parametrize("per,kept", [(128, True), (100, False)])
+def test_blosc2_chunks_left_bitshuffled_are_decoded_by_the_pool_not_blosc2(tmp_path, rng, per, kept):
+    """Chunks of whole b2nd blocks (128 rows, blocks of 64) left bitshuffled for the GPU are decoded
+    by the pool's own loop over their blocks (LZ4 from the plugin's library), never by
+    blosc2_getitem, here a stand-in that counts its calls and fails; the chunks a read cuts, and
+    every chunk of a frame padded past its HDF5 chunk (100 rows: no bitshuffled layout kept), go
+    through it and fail with it."""
+    pytest.importorskip("hdf5plugin")
+    lib = native.library()
+    if lib is None:
+        pytest.skip("no C compiler here: the native read pool cannot be built")
+    values = (rng.random((4 * per, 30, 30, 1)) * 200).astype(np.float32)
+    write(tmp_path / "d.h5", values, chunks=(per, 30, 30, 1), plugin=("Blosc2", dict(cname="lz4", filters=2)))
+    calls = []
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
+    def getitem(src, size, start, items, dst, capacity):
+        calls.append(size)
+        return -1
+
+    pool = native.ReadPool(lib, 2)
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        assert (rows.bitshuffle is not None) == kept
+        dims = np.array([values.shape, (per, 30, 30, 1)], np.int64)
+        alone = lib.rp_chunks(rows.fd, 4, 0, 0, native.PLUGIN, rows.codec_bit, 0, 4, dims[0].ctypes.data, dims[1].ctypes.data)
+        try:
+            codecs = native.block_codecs(reader.FILTER_BLOSC2)
+            assert lib.rp_chunks_direct(alone, native.BLOSC2, ctypes.cast(getitem, ctypes.c_void_p)) == 0
+            assert lib.rp_chunks_bits(alone, native.BITS_BLOSC2, 64 * 900, codecs["lz4"], codecs["zstd"]) == 0
+            out = np.zeros_like(values)
+            status = pool.finish(pool.submit_chunks(alone, 0, 4 * per, rows.offsets, rows.sizes, rows.masks,
+                                                    out.ctypes.data, keep_shuffled=True))
+            if kept:
+                assert status == (0, 0) and calls == []
+                np.testing.assert_array_equal(out.view(np.uint8), shuffled_rows(values, 0, 4 * per, per,
+                                                                                bit_shuffle(64 * 900, False)).view(np.uint8))
+                cut = pool.finish(pool.submit_chunks(alone, 5, 4 * per, rows.offsets, rows.sizes, rows.masks,
+                                                     out.ctypes.data, keep_shuffled=True))
+                assert cut == (native.DAMAGED, 0) and len(calls) == 1  # the cut chunk 0 alone
+            else:
+                assert status[0] == native.DAMAGED and calls
+        finally:
+            lib.rp_chunks_free(alone)
+            rows.close()
+            pool.close()
+
+
+@pytest.mark.parametrize("options,kept", [(dict(cname="lz4", filters=2), True), (dict(cname="zstd", filters=2), True),
+                                           (dict(cname="lz4", filters=1), False), (dict(cname="zstd", filters=0), False),
+                                           (dict(cname="zlib", filters=2), False)])
+def test_blosc2_chunks_are_left_bitshuffled_only_where_bitshuffle_and_lz4_or_zstd(tmp_path, rng, options, kept):
+    """A Blosc2 file byte-shuffled (its streams split, too), unshuffled (one stream a block, as with
+    bitshuffle) or coded by zlib has no bitshuffled layout to keep."""
+    pytest.importorskip("hdf5plugin")
+    if native.library() is None:
+        pytest.skip("no C compiler here: the native read pool cannot be built")
+    write(tmp_path / "d.h5", (rng.random((256, 30, 30, 1)) * 200).astype(np.float32), chunks=(128, 30, 30, 1),
+          plugin=("Blosc2", options))
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        try:
+            assert rows.bitshuffle == ((64 * 900, False) if kept else None)
+        finally:
+            rows.close()
 
 
 @pytest.mark.parametrize("layout", [k for k, v in KEPT_SHUFFLED.items() if v[2] is None])

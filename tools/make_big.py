@@ -1,9 +1,9 @@
 """Write the 1,000,000-image streaming files from testfull.hdf5 (tiled 100 times) into a folder:
 big.hdf5 (float32 contiguous), big_u8.hdf5 (uint8 contiguous, rint(x * 255)), big_be.hdf5 (big-endian
 float32, contiguous: swapped as read) and, for each filtered
-layout in LAYOUTS, big_<layout>.hdf5 (float32, 1000-image chunks, whole images but in gz1_h). A filtered file is written by
-h5py's filters (hdf5plugin's for the plugin layouts) for testfull's 10 distinct chunks, whose stored bytes are then
-copied 100 times.
+layout in LAYOUTS, big_<layout>.hdf5 (float32, 1000-image chunks unless the layout says, whole images but in gz1_h). A
+filtered file is written by h5py's filters (hdf5plugin's for the plugin layouts) for testfull's 10 distinct chunks,
+whose stored bytes are then copied 100 times; chunks that do not tile testfull are each written through the filter.
 Usage:  python3 tools/make_big.py DATA_DIR OUT_DIR [big big_u8 big_gz1 big_lzf ...]"""
 import os
 import sys
@@ -26,6 +26,8 @@ LAYOUTS = {
     "blosc_lz4": dict(compression=("Blosc", dict(cname="lz4", clevel=5, shuffle=2))),  # bitshuffle inside
     "blosc_zstd": dict(compression=("Blosc", dict(cname="zstd", clevel=3, shuffle=1))),
     "blosc2_lz4": dict(compression=("Blosc2", dict(cname="lz4", clevel=5, filters=2))),
+    # 1,024-image chunks: whole 64-image b2nd blocks, so its blocks stay bitshuffled for the GPU
+    "blosc2_lz4_1024": dict(compression=("Blosc2", dict(cname="lz4", clevel=5, filters=2)), chunks=(1024, 28, 28, 1)),
     "zstd": dict(compression=("Zstd", dict(clevel=3))),
     "shuf_zstd": dict(compression=("Zstd", dict(clevel=3)), shuffle=True),
     "lz4": dict(compression=("LZ4", {})),
@@ -45,6 +47,15 @@ def _plugin(filters):
 
 def filtered(x, y, path, filters):
     chunks = _plugin(filters).pop("chunks", (ROWS,) + x.shape[1:])
+    if len(x) % chunks[0]:  # chunks that do not tile testfull: every chunk through the filter
+        with h5py.File(path, "w") as f:
+            dx = f.create_dataset("x", (100 * len(x),) + x.shape[1:], "f4", chunks=chunks, **filters)
+            step = 64 * chunks[0]
+            for lo in range(0, len(dx), step):
+                hi = min(len(dx), lo + step)
+                dx[lo:hi] = x[np.arange(lo, hi) % len(x)]
+            f.create_dataset("y", data=np.tile(y, (100, 1)))
+        return
     with h5py.File(path + ".tmp", "w", driver="core", backing_store=False) as small:
         d = small.create_dataset("x", data=x, chunks=chunks, **filters)
         offsets = [d.id.get_chunk_info(i).chunk_offset for i in range(d.id.get_num_chunks())]

@@ -24,7 +24,8 @@ EOF, DAMAGED, SIZE, CHECKSUM, NOT_FINITE, NOT_CODES = 1, 2, 3, 4, 5, 6
 # rp_submit_labels' and rp_first_max's value types (in the machine's byte order)
 LABEL_KINDS = {t: k for k, t in enumerate(("f4", "f8", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8"), 1)}
 RAW, DEFLATE, LZF, PLUGIN, ZSTD, LZ4, BLOSC, BLOSC2 = 0, 1, 2, 3, 4, 5, 6, 7  # rp_chunks' codecs
-BITS_BSHUF, BITS_BLOSC = 1, 2  # rp_chunks_bits: whole chunks left bitshuffled, the Bitshuffle filter's or c-blosc's
+BITS_BSHUF, BITS_BLOSC, BITS_BLOSC2 = 1, 2, 3  # rp_chunks_bits: whole chunks left bitshuffled: the Bitshuffle
+# filter's, c-blosc's or Blosc2's
 # hdf5plugin's filters whose codec the read pool calls itself (rp_chunks_direct): the function
 # their plugin library exports, and the read pool's codec
 DIRECT = {32015: ("ZSTD_decompress", ZSTD), 32004: ("LZ4_decompress_safe", LZ4), 32001: ("blosc_decompress_ctx", BLOSC),
@@ -111,6 +112,7 @@ def library():
                                ("rp_chunks_plugin", [p, p, ctypes.c_uint, size, p], ctypes.c_int),
                                ("rp_chunks_direct", [p, ctypes.c_int, p], ctypes.c_int),
                                ("rp_chunks_bits", [p, ctypes.c_int, size, p, p], ctypes.c_int),
+                               ("rp_blosc2_chunk", [p, p, size], i64),
                                ("rp_submit_chunks", [p, p, i64, i64, p, p, p, p, ctypes.c_int, ctypes.c_int], p),
                                ("rp_read_chunks", [p, i64, i64, p, p, p, p, ctypes.POINTER(i64)], ctypes.c_int),
                                ("rp_submit_labels", [p, ctypes.c_int, i64, i64, size, ctypes.c_int, ctypes.c_int, p,

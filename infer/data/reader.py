@@ -296,10 +296,11 @@ class ChunkedRows(_FileRows):
 
     def _bitshuffled(self, lib, spec):
         """(values per block, whether a shorter last block is bitshuffled only when whole groups of 8)
-        where the chunks are the Bitshuffle filter's or c-blosc's bitshuffled blocks of lz4 or zstd,
-        which the read pool decodes itself for the GPU to unshuffle (rp_chunks_bits); else None.
-        Read from the first chunk: a chunk stored otherwise is bitshuffled again by the pool."""
-        if self.codec not in (FILTER_BLOSC, FILTER_BITSHUFFLE) or self.shuffle or self.swapped or self.masks[0]:
+        where the chunks are the Bitshuffle filter's, c-blosc's or Blosc2's bitshuffled blocks of lz4
+        or zstd, which the read pool decodes itself for the GPU to unshuffle (rp_chunks_bits); else
+        None. Read from the first chunk: a chunk stored otherwise is bitshuffled again by the pool."""
+        if (self.codec not in (FILTER_BLOSC, FILTER_BITSHUFFLE, FILTER_BLOSC2) or self.shuffle or self.swapped
+                or self.masks[0]):
             return None
         head = os.pread(self.fd, 16, int(self.offsets[0]))
         if len(head) < 16:
@@ -311,11 +312,22 @@ class ChunkedRows(_FileRows):
             block_bytes, kind, exact_tail = int.from_bytes(head[8:12], "big"), native.BITS_BSHUF, False
             fns = [codecs.get(k) if k == name else None for k in ("lz4", "zstd")]  # its codec's alone
             usable = name in codecs and int.from_bytes(head[:8], "big") == self.chunk_bytes
-        else:  # c-blosc 1's format 2, bitshuffled (flag 4; not byte-shuffled nor copied: flags 1, 2), lz4 or zstd
+        elif self.codec == FILTER_BLOSC:  # c-blosc 1's format 2, bitshuffled (flag 4; not byte-shuffled nor copied: flags 1, 2)
             block_bytes, kind, exact_tail = int.from_bytes(head[8:12], "little"), native.BITS_BLOSC, True
             fns = [codecs.get("lz4"), codecs.get("zstd")]
             usable = (head[0] == 2 and head[2] & 0x0f == 0x04 and head[3] == size
                       and {1: "lz4", 4: "zstd"}.get(head[2] >> 5) in codecs)
+        else:  # Blosc2: its frame's one chunk, whole (rp_blosc2_chunk), its blocks bitshuffled as the Bitshuffle filter's
+            frame = os.pread(self.fd, int(self.sizes[0]), int(self.offsets[0]))
+            at = lib.rp_blosc2_chunk(spec, frame, len(frame))
+            if at < 0:
+                return None
+            chunk = frame[at:at + 32]
+            block_bytes, kind, exact_tail = int.from_bytes(chunk[8:12], "little"), native.BITS_BLOSC2, False
+            fns = [codecs.get("lz4"), codecs.get("zstd")]
+            usable = (3 <= chunk[0] <= 5 and chunk[2] & 0x17 == 0x15 and chunk[3] == size and chunk[31] == 0
+                      and chunk[16:22] == bytes([0, 0, 0, 0, 0, 2]) and int.from_bytes(chunk[4:8], "little") == self.chunk_bytes
+                      and {1: "lz4", 4: "zstd"}.get(chunk[2] >> 5) in codecs)
         block = block_bytes // size  # rp_chunks_bits refuses blocks not a positive multiple of 8 values
         if not usable or block * size != block_bytes or lib.rp_chunks_bits(spec, kind, block, *fns):
             return None
@@ -474,7 +486,7 @@ def _inflate(src, dst, label):
 
 
 FILTER_SHUFFLE, FILTER_DEFLATE, FILTER_FLETCHER32, FILTER_LZF = 2, 1, 3, 32000  # HDF5's numbers (lzf: h5py's)
-FILTER_BLOSC, FILTER_BITSHUFFLE, FILTER_ZSTD = 32001, 32008, 32015  # hdf5plugin's
+FILTER_BLOSC, FILTER_BITSHUFFLE, FILTER_ZSTD, FILTER_BLOSC2 = 32001, 32008, 32015, 32026  # hdf5plugin's
 
 
 def _chunk_index(ds):

@@ -182,10 +182,33 @@ static int mp_skip(const unsigned char *in, size_t n, size_t *at, int depth)
  * its own per call, thread-safe), block by block. 0, RP_DAMAGED or RP_SIZE from the codec, or
  * RP_OTHER_LAYOUT: anything else (blocks cutting rows, other metalayers, a header this does not
  * parse), left to the plugin, which decodes it or says it is damaged. */
+static int blosc2_frame_chunk(const struct chunks *c, const unsigned char *in, size_t size, size_t *chunk_at,
+                              size_t *padded);
+
 static int blosc2_frame_decode(const struct chunks *c, const unsigned char *in, size_t size, unsigned char *out)
 {
+    size_t n, padded;
+    if (blosc2_frame_chunk(c, in, size, &n, &padded))
+        return RP_OTHER_LAYOUT;
+    const unsigned char *chunk = in + n;
+    size_t nbytes, cbytes, typesize = chunk[3];
+    blosc_sizes(chunk, &nbytes, &cbytes);
+    if (cbytes > size - n || cbytes > 0x7fffffff || typesize < 1)
+        return RP_OTHER_LAYOUT;
+    if (nbytes != padded || c->nbytes % typesize || c->nbytes > 0x7fffffff)
+        return RP_OTHER_LAYOUT;
+    int got = ((blosc2_getitem_fn)c->direct)(chunk, (int)cbytes, 0, (int)(c->nbytes / typesize), out, (int)c->nbytes);
+    return got < 0 ? RP_DAMAGED : (size_t)got != c->nbytes ? RP_SIZE : 0;
+}
+
+/* The frame's one chunk: where it starts (*chunk_at, its 32-byte header there) and the bytes it
+ * decodes to (*padded: the HDF5 chunk's, or its rows rounded up to whole b2nd blocks); 0, or
+ * RP_OTHER_LAYOUT for a frame this does not parse or whose blocks cut rows. */
+static int blosc2_frame_chunk(const struct chunks *c, const unsigned char *in, size_t size, size_t *chunk_at,
+                              size_t *padded)
+{
     size_t at = 0;
-    long long header = 0, frame = 0, typesize = 0;
+    long long header = 0, frame = 0;
     if (size < 16 || (in[0] & 0xf0) != 0x90 || in[1] != 0xa8 || memcmp(in + 2, "b2frame", 8))
         return RP_OTHER_LAYOUT;
     int fields = in[0] & 0x0f;
@@ -248,20 +271,12 @@ static int blosc2_frame_decode(const struct chunks *c, const unsigned char *in, 
                 shape[2][d] < 1)
                 return RP_OTHER_LAYOUT;
     /* the chunk: Blosc2's header (version, flags, typesize, sizes little-endian), right after the frame's */
-    const unsigned char *chunk = in + n;
     if (size - n < 32)
         return RP_OTHER_LAYOUT;
-    size_t nbytes, cbytes;
-    blosc_sizes(chunk, &nbytes, &cbytes);
-    typesize = chunk[3];
-    size_t padded = found ? (size_t)((c->chunk[0] + shape[2][0] - 1) / shape[2][0] * shape[2][0]) * (c->nbytes / (size_t)c->chunk[0])
-                          : c->nbytes;
-    if (cbytes > size - n || cbytes > 0x7fffffff || typesize < 1)
-        return RP_OTHER_LAYOUT;
-    if (nbytes != padded || c->nbytes % (size_t)typesize || c->nbytes > 0x7fffffff)
-        return RP_OTHER_LAYOUT;
-    int got = ((blosc2_getitem_fn)c->direct)(chunk, (int)cbytes, 0, (int)(c->nbytes / (size_t)typesize), out, (int)c->nbytes);
-    return got < 0 ? RP_DAMAGED : (size_t)got != c->nbytes ? RP_SIZE : 0;
+    *chunk_at = n;
+    *padded = found ? (size_t)((c->chunk[0] + shape[2][0] - 1) / shape[2][0] * shape[2][0]) * (c->nbytes / (size_t)c->chunk[0])
+                    : c->nbytes;
+    return 0;
 }
 
 /* A chunk's `size` stored bytes decoded into its c->nbytes at out by a direct codec, as the plugin
@@ -449,6 +464,50 @@ static int blosc_blocks(const struct chunks *c, const unsigned char *in, size_t 
     return 0;
 }
 
+/* A Blosc2 frame's chunk (its header: format version, codec version, flags, value size, decoded,
+ * block and stored sizes, the filters; each block's start; per block one stream, its size and lz4
+ * or zstd bytes, stored as they are where that size is the block's) decoded into out still
+ * bitshuffled, as the Bitshuffle filter lays its blocks out (format versions 3 to 5 bitshuffle a
+ * block's values down to a multiple of 8 and leave the rest as they are): 0, RP_DAMAGED, or
+ * RP_OTHER_LAYOUT for a chunk stored otherwise (a filter but bitshuffle alone, split streams,
+ * copied whole, runs, a dictionary, another block size, or padded past the HDF5 chunk by its b2nd
+ * blocks), which is decoded the usual way and bitshuffled again. */
+static int blosc2_blocks(const struct chunks *c, const unsigned char *in, size_t size, unsigned char *out)
+{
+    static const unsigned char bitshuffle_alone[6] = {0, 0, 0, 0, 0, 2};
+    size_t n, padded;
+    if (blosc2_frame_chunk(c, in, size, &n, &padded))
+        return RP_OTHER_LAYOUT;
+    const unsigned char *chunk = in + n;
+    size_t nbytes, cbytes, block = little_endian(chunk + 8, 4);
+    blosc_sizes(chunk, &nbytes, &cbytes);
+    int flags = chunk[2], codec = flags >> 5;
+    /* flags: 0x05 an extended header, 0x02 copied whole, 0x10 one stream a block */
+    if (chunk[0] < 3 || chunk[0] > 5 || (flags & 0x17) != 0x15 || chunk[3] != c->itemsize || chunk[31] != 0
+        || memcmp(chunk + 16, bitshuffle_alone, 6) || block != c->bits_block * c->itemsize
+        || nbytes != c->nbytes || !((codec == 1 && c->lz4) || (codec == 4 && c->zstd)))
+        return RP_OTHER_LAYOUT;
+    size_t blocks = nbytes / block + (nbytes % block > 0);
+    if (cbytes > size - n || cbytes < 32 || blocks > (cbytes - 32) / 4)
+        return RP_DAMAGED;
+    for (size_t k = 0; k < blocks; k++) {
+        size_t part = k == nbytes / block ? nbytes % block : block, at = little_endian(chunk + 32 + 4 * k, 4);
+        if (at > cbytes || cbytes - at < 4)
+            return RP_DAMAGED;
+        long long stored = (int)little_endian(chunk + at, 4);  /* signed: below 0, a run of one byte */
+        at += 4;
+        if (stored <= 0)
+            return RP_OTHER_LAYOUT;
+        if ((size_t)stored > cbytes - at)
+            return RP_DAMAGED;
+        if ((size_t)stored == part)
+            memcpy(out + k * block, chunk + at, part);
+        else if (block_decode(c, codec == 4, chunk + at, (size_t)stored, out + k * block, part))
+            return RP_DAMAGED;
+    }
+    return 0;
+}
+
 /* A whole chunk kept shuffled where its filter bitshuffles: read, checked and decoded into dst still
  * bitshuffled (the GPU undoes it); one stored otherwise decoded the usual way, then bitshuffled. */
 static int decode_bitshuffled(const struct piece *job, unsigned char *dst)
@@ -465,7 +524,9 @@ static int decode_bitshuffled(const struct piece *job, unsigned char *dst)
     if (!status && c->summed && !checksum_ok(raw, payload, raw + payload))
         status = RP_CHECKSUM;
     if (!status)
-        status = c->bits == RP_BITS_BSHUF ? bshuf_blocks(c, raw, payload, dst) : blosc_blocks(c, raw, payload, dst);
+        status = c->bits == RP_BITS_BSHUF    ? bshuf_blocks(c, raw, payload, dst)
+                 : c->bits == RP_BITS_BLOSC2 ? blosc2_blocks(c, raw, payload, dst)
+                                             : blosc_blocks(c, raw, payload, dst);
     if (status != RP_OTHER_LAYOUT)
         return status;
     unsigned char *plain = grow(&l->plain, c->nbytes);
@@ -638,11 +699,11 @@ int rp_chunks_direct(struct chunks *c, int codec, void *fn)
 }
 
 /* Decode the whole chunks of a read that keeps them shuffled only to their bitshuffled blocks of
- * `block` values: bits RP_BITS_BSHUF (the Bitshuffle filter; lz4 or zstd: its codec's function) or
- * RP_BITS_BLOSC (c-blosc; either or both). 0, or -EINVAL. */
+ * `block` values: bits RP_BITS_BSHUF (the Bitshuffle filter; lz4 or zstd: its codec's function),
+ * RP_BITS_BLOSC (c-blosc) or RP_BITS_BLOSC2 (Blosc2's frames; either or both). 0, or -EINVAL. */
 int rp_chunks_bits(struct chunks *c, int bits, size_t block, void *lz4, void *zstd)
 {
-    if ((bits != RP_BITS_BSHUF && bits != RP_BITS_BLOSC) || block == 0 || block % 8 || (!lz4 && !zstd)
+    if ((bits != RP_BITS_BSHUF && bits != RP_BITS_BLOSC && bits != RP_BITS_BLOSC2) || block == 0 || block % 8 || (!lz4 && !zstd)
         || (bits == RP_BITS_BSHUF && lz4 && zstd))
         return -EINVAL;
     c->bits = bits;
@@ -650,6 +711,14 @@ int rp_chunks_bits(struct chunks *c, int bits, size_t block, void *lz4, void *zs
     c->lz4 = lz4;
     c->zstd = zstd;
     return 0;
+}
+
+/* Where a Blosc2 frame of `size` bytes holds its chunk (the chunk's header there), its b2nd blocks
+ * (where it has them) holding whole rows; else -1. */
+long long rp_blosc2_chunk(const struct chunks *c, const unsigned char *frame, size_t size)
+{
+    size_t at, padded;
+    return blosc2_frame_chunk(c, frame, size, &at, &padded) ? -1 : (long long)at;
 }
 
 /* Hand over the inflater: libdeflate's allocator, free and zlib decompressor, or (those NULL)
