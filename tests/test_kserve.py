@@ -262,7 +262,7 @@ def test_the_benchmarks_soak_reports_each_window(ece408):
     its p99 and the server's RSS after it, totals their sum; the server stopped cleanly after."""
     from infer.bench.serve import soak, table
 
-    r = soak(ece408 / "test100.hdf5", ece408 / "model.hdf5", "cpu", seconds=4, connections=4, window=2)
+    r = soak(ece408 / "test100.hdf5", ece408 / "model.hdf5", "cpu", seconds=4, connections=4, window=2, probe_s=1, warm_s=1)
     ws = r["windows"]
     assert len(ws) == 2 and all(w["requests"] > 0 and w["rss_mb"] > 30 for w in ws)
     assert r["soak"]["requests"] == sum(w["requests"] for w in ws) and r["soak"]["non2xx"] == 0

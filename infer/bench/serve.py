@@ -390,10 +390,11 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
     return dict(device=device, backend=backend, seconds=seconds, rows=rows)
 
 
-def soak(data, model, backend="auto", seconds=600.0, connections=256, workers=1, max_batch=None, window=60.0):
+def soak(data, model, backend="auto", seconds=600.0, connections=256, workers=1, max_batch=None, window=60.0,
+         probe_s=5.0, warm_s=10.0):
     """About half the peak single-image rate of `connections` for `seconds`, in windows of `window` seconds (each
     its own wrk run: p50/p99 and the server's RSS after it, so a drift shows): errors, answers before
-    and after."""
+    and after. probe_s: the peak's measurement; warm_s: the load before RSS is first read."""
     from ..data import loader
     from .gpu import read_all
     from ..session import Session
@@ -405,10 +406,10 @@ def soak(data, model, backend="auto", seconds=600.0, connections=256, workers=1,
     proc, url = start(servers(model, backend, False, workers, max_batch)[1 if workers > 1 else 0][1])
     try:
         check_answers(url, x, expected)
-        peak = load(url, npy(x[:1]), connections, 5)
+        peak = load(url, npy(x[:1]), connections, probe_s)
         # Each connection waits between requests so the rate is about half the peak
         pause_ms = max(0.0, 2 * connections / peak["rps"] * 1e3 - peak["p50_ms"])
-        load(url, npy(x[:1]), connections, 10, delay_ms=pause_ms)  # warm: RSS measured from here
+        load(url, npy(x[:1]), connections, warm_s, delay_ms=pause_ms)  # warm: RSS measured from here
         rss0, counted = rss_mb(proc.pid)
         windows, left = [], seconds
         while left > 0.5:
