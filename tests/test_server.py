@@ -412,6 +412,50 @@ def test_npy_headers_seen_before_are_reused_never_confused():
             images.from_npy(bad, model)
 
 
+def test_a_front_end_told_to_stop_while_its_engine_is_silent_exits_at_once(tmp_path, ece408):
+    """A front end whose engine accepts its connection but never sends its hello (frozen) stops on
+    SIGTERM within a second, exit 0, nothing said: it waited for the hello through the signal (the
+    supervisor killed it drain_s + 10 s later)."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    path = str(tmp_path / "engine.sock")
+    script = f"""
+import socket, threading, types
+from infer.data import loader
+from infer.serve import server
+fake = socket.socket(socket.AF_UNIX)
+fake.bind({path!r})
+fake.listen()
+held = []
+def accept():
+    held.append(fake.accept()[0])
+    print("accepted", flush=True)
+threading.Thread(target=accept, daemon=True).start()
+sock = socket.socket()
+sock.bind(("127.0.0.1", 0))
+sock.listen()
+spec = types.SimpleNamespace(model=loader.load_model({str(ece408 / "model.hdf5")!r}), sha256=None)
+server._front(spec, server.Settings(), sock, {path!r}, types.SimpleNamespace(put=print))
+"""
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline() == "accepted\n"
+        time.sleep(0.5)  # the front end waiting for the hello
+        proc.send_signal(signal.SIGTERM)
+        started = time.perf_counter()
+        assert proc.wait(10) == 0
+        assert time.perf_counter() - started < 2
+        assert proc.stderr.read() == "" and proc.stdout.read() == ""
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_front_end_whose_engine_goes_during_its_start_up_says_so_in_one_line(tmp_path, ece408):
     """A front end (as `serve --workers` spawns it) whose engine accepts its connection and closes it
     before the hello: one line, exit 2, no traceback (uvicorn printed the lifespan's)."""

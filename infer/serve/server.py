@@ -43,6 +43,7 @@ PAGE = Path(__file__).with_name("page.html")
 INLINE_BYTES = 64 << 10  # .npy bodies up to this size are parsed on the event loop (microseconds)
 SWITCH_INTERVAL_S = 0.0002
 GIVE_UP_MARGIN_S = 0.5  # stalled uploads are answered 503 this long before the drain's end
+STARTUP_POLL_S = 0.1  # a front end waiting for the engine's hello looks this often for a SIGTERM
 
 
 @dataclass(frozen=True)
@@ -423,8 +424,13 @@ def make_app(session, settings, batcher, sha256=None):
     async def lifespan(app):
         started = batcher.start()
         if started is not None:  # a front end's RemoteBatcher connects to the engine
+            hello = asyncio.ensure_future(started)
+            while not hello.done():  # SIGTERM before the engine's hello (a frozen engine) ends the wait
+                await asyncio.wait({hello}, timeout=STARTUP_POLL_S)
+                if not hello.done() and app.state.stopping():
+                    os._exit(0)  # nothing served yet, nothing to drain
             try:
-                await started
+                hello.result()
             except (OSError, EOFError, ValueError) as e:  # the engine gone (or hung up) before its hello
                 # one line and out: raised here, uvicorn would print the lifespan's traceback
                 print(f"cnninfer serve: a front end lost the engine during its start-up ({type(e).__name__})",
@@ -454,6 +460,7 @@ def make_app(session, settings, batcher, sha256=None):
     ], lifespan=lifespan)
     app.state.drain, app.state.metrics = drain, metrics
     app.state.grpc, app.state.grpc_port = None, None
+    app.state.stopping = lambda: False  # run_app's: whether the server was told to stop
     return Direct(app, {("POST", "/v1/predict"): predict})
 
 
@@ -631,6 +638,7 @@ def run_app(session, settings, sock, announce, batcher, sha256=None):
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         server = Server(config)
+        app.state.stopping = lambda: server.should_exit  # uvicorn's signal handlers set it
         server.run(sockets=[sock])
     finally:
         for sig, handler in previous.items():
