@@ -178,32 +178,9 @@ static int mp_skip(const unsigned char *in, size_t n, size_t *at, int depth)
  * header, then the one Blosc2 chunk. Its "b2nd" metalayer (where there is one) gives the array's
  * shape, the chunk's and the blocks' (the frame holds one chunk: the HDF5 chunk); blocks spanning
  * every dimension but the first hold rows in C order, the last block's rows past the chunk's
- * padding. So the chunk's first c->nbytes decode straight into place (blosc2_getitem: a context of
- * its own per call, thread-safe), block by block. 0, RP_DAMAGED or RP_SIZE from the codec, or
- * RP_OTHER_LAYOUT: anything else (blocks cutting rows, other metalayers, a header this does not
- * parse), left to the plugin, which decodes it or says it is damaged. */
-static int blosc2_frame_chunk(const struct chunks *c, const unsigned char *in, size_t size, size_t *chunk_at,
-                              size_t *padded);
-
-static int blosc2_frame_decode(const struct chunks *c, const unsigned char *in, size_t size, unsigned char *out)
-{
-    size_t n, padded;
-    if (blosc2_frame_chunk(c, in, size, &n, &padded))
-        return RP_OTHER_LAYOUT;
-    const unsigned char *chunk = in + n;
-    size_t nbytes, cbytes, typesize = chunk[3];
-    blosc_sizes(chunk, &nbytes, &cbytes);
-    if (cbytes > size - n || cbytes > 0x7fffffff || typesize < 1)
-        return RP_OTHER_LAYOUT;
-    if (nbytes != padded || c->nbytes % typesize || c->nbytes > 0x7fffffff)
-        return RP_OTHER_LAYOUT;
-    int got = ((blosc2_getitem_fn)c->direct)(chunk, (int)cbytes, 0, (int)(c->nbytes / typesize), out, (int)c->nbytes);
-    return got < 0 ? RP_DAMAGED : (size_t)got != c->nbytes ? RP_SIZE : 0;
-}
-
-/* The frame's one chunk: where it starts (*chunk_at, its 32-byte header there) and the bytes it
- * decodes to (*padded: the HDF5 chunk's, or its rows rounded up to whole b2nd blocks); 0, or
- * RP_OTHER_LAYOUT for a frame this does not parse or whose blocks cut rows. */
+ * padding. The frame's one chunk: where it starts (*chunk_at, its 32-byte header there) and the
+ * bytes it decodes to (*padded: the HDF5 chunk's, or its rows rounded up to whole b2nd blocks); 0,
+ * or RP_OTHER_LAYOUT for a frame this does not parse, other metalayers, or blocks cutting rows. */
 static int blosc2_frame_chunk(const struct chunks *c, const unsigned char *in, size_t size, size_t *chunk_at,
                               size_t *padded)
 {
@@ -277,6 +254,26 @@ static int blosc2_frame_chunk(const struct chunks *c, const unsigned char *in, s
     *padded = found ? (size_t)((c->chunk[0] + shape[2][0] - 1) / shape[2][0] * shape[2][0]) * (c->nbytes / (size_t)c->chunk[0])
                     : c->nbytes;
     return 0;
+}
+
+/* A Blosc2 frame whose blocks hold whole rows: the chunk's first c->nbytes decoded straight into
+ * place (blosc2_getitem: a context of its own per call, thread-safe), block by block. 0, RP_DAMAGED
+ * or RP_SIZE from the codec, or RP_OTHER_LAYOUT: anything else, left to the plugin, which decodes
+ * it or says it is damaged. */
+static int blosc2_frame_decode(const struct chunks *c, const unsigned char *in, size_t size, unsigned char *out)
+{
+    size_t n, padded;
+    if (blosc2_frame_chunk(c, in, size, &n, &padded))
+        return RP_OTHER_LAYOUT;
+    const unsigned char *chunk = in + n;
+    size_t nbytes, cbytes, typesize = chunk[3];
+    blosc_sizes(chunk, &nbytes, &cbytes);
+    if (cbytes > size - n || cbytes > 0x7fffffff || typesize < 1)
+        return RP_OTHER_LAYOUT;
+    if (nbytes != padded || c->nbytes % typesize || c->nbytes > 0x7fffffff)
+        return RP_OTHER_LAYOUT;
+    int got = ((blosc2_getitem_fn)c->direct)(chunk, (int)cbytes, 0, (int)(c->nbytes / typesize), out, (int)c->nbytes);
+    return got < 0 ? RP_DAMAGED : (size_t)got != c->nbytes ? RP_SIZE : 0;
 }
 
 /* A chunk's `size` stored bytes decoded into its c->nbytes at out by a direct codec, as the plugin
@@ -419,6 +416,42 @@ static int bshuf_blocks(const struct chunks *c, const unsigned char *in, size_t 
     return 0;
 }
 
+/* The blocks of a c-blosc or Blosc2 chunk of cbytes at `chunk` (header: `header` bytes, then each
+ * block's start; per block its streams, 1 or one per value byte unless flags say one, each a size
+ * and lz4 or zstd bytes, stored as they are where that size is the stream's) decoded into out as
+ * they are (still bitshuffled): 0, RP_DAMAGED, or RP_OTHER_LAYOUT for Blosc2's runs (a size not
+ * above 0), which c-blosc does not write. */
+static int blosc_streams(const struct chunks *c, const unsigned char *chunk, size_t cbytes, size_t header, size_t block,
+                         int flags, unsigned char *out)
+{
+    size_t typesize = c->itemsize, nbytes = c->nbytes, blocks = nbytes / block + (nbytes % block > 0);
+    int zstd = flags >> 5 == 4;
+    if (cbytes < header || blocks > (cbytes - header) / 4)
+        return RP_DAMAGED;
+    for (size_t k = 0; k < blocks; k++) {
+        size_t bsize = k == nbytes / block ? nbytes % block : block, at = little_endian(chunk + header + 4 * k, 4);
+        int split = !(flags & 0x10) && typesize <= 16 && bsize / typesize >= 128 && bsize == block;
+        size_t streams = split ? typesize : 1, part = bsize / streams;
+        for (size_t j = 0; j < streams; j++) {
+            if (at > cbytes || cbytes - at < 4)
+                return RP_DAMAGED;
+            long long stored = (int)little_endian(chunk + at, 4);
+            at += 4;
+            if (stored <= 0)
+                return header == 32 ? RP_OTHER_LAYOUT : RP_DAMAGED;
+            if ((size_t)stored > cbytes - at)
+                return RP_DAMAGED;
+            unsigned char *into = out + k * block + j * part;
+            if ((size_t)stored == part)
+                memcpy(into, chunk + at, part);
+            else if (block_decode(c, zstd, chunk + at, (size_t)stored, into, part))
+                return RP_DAMAGED;
+            at += (size_t)stored;
+        }
+    }
+    return 0;
+}
+
 /* A c-blosc chunk (header: format version, codec version, flags, value size, decoded size, block
  * size, stored size; each block's start; per block its streams, 1 or one per value byte, each a size
  * and lz4 or zstd bytes, stored as they are where that size is the stream's) decoded into out still
@@ -439,29 +472,7 @@ static int blosc_blocks(const struct chunks *c, const unsigned char *in, size_t 
     if (in[0] != 2 || (flags & 0x0b) || !(flags & 0x04) || typesize != c->itemsize
         || block != c->bits_block * c->itemsize || !((codec == 1 && c->lz4) || (codec == 4 && c->zstd)))
         return RP_OTHER_LAYOUT;
-    size_t blocks = nbytes / block + (nbytes % block > 0);
-    if (blocks > (size - 16) / 4)
-        return RP_DAMAGED;
-    for (size_t k = 0; k < blocks; k++) {
-        size_t bsize = k == nbytes / block ? nbytes % block : block, at = little_endian(in + 16 + 4 * k, 4);
-        int split = !(flags & 0x10) && typesize <= 16 && bsize / typesize >= 128 && bsize == block;
-        size_t streams = split ? typesize : 1, part = bsize / streams;
-        for (size_t j = 0; j < streams; j++) {
-            if (at > size || size - at < 4)
-                return RP_DAMAGED;
-            size_t stored = little_endian(in + at, 4);
-            at += 4;
-            if (stored > size - at)
-                return RP_DAMAGED;
-            unsigned char *into = out + k * block + j * part;
-            if (stored == part)
-                memcpy(into, in + at, part);
-            else if (block_decode(c, codec == 4, in + at, stored, into, part))
-                return RP_DAMAGED;
-            at += stored;
-        }
-    }
-    return 0;
+    return blosc_streams(c, in, size, 16, block, flags, out);
 }
 
 /* A Blosc2 frame's chunk (its header: format version, codec version, flags, value size, decoded,
@@ -487,25 +498,9 @@ static int blosc2_blocks(const struct chunks *c, const unsigned char *in, size_t
         || memcmp(chunk + 16, bitshuffle_alone, 6) || block != c->bits_block * c->itemsize
         || nbytes != c->nbytes || !((codec == 1 && c->lz4) || (codec == 4 && c->zstd)))
         return RP_OTHER_LAYOUT;
-    size_t blocks = nbytes / block + (nbytes % block > 0);
-    if (cbytes > size - n || cbytes < 32 || blocks > (cbytes - 32) / 4)
+    if (cbytes > size - n)
         return RP_DAMAGED;
-    for (size_t k = 0; k < blocks; k++) {
-        size_t part = k == nbytes / block ? nbytes % block : block, at = little_endian(chunk + 32 + 4 * k, 4);
-        if (at > cbytes || cbytes - at < 4)
-            return RP_DAMAGED;
-        long long stored = (int)little_endian(chunk + at, 4);  /* signed: below 0, a run of one byte */
-        at += 4;
-        if (stored <= 0)
-            return RP_OTHER_LAYOUT;
-        if ((size_t)stored > cbytes - at)
-            return RP_DAMAGED;
-        if ((size_t)stored == part)
-            memcpy(out + k * block, chunk + at, part);
-        else if (block_decode(c, codec == 4, chunk + at, (size_t)stored, out + k * block, part))
-            return RP_DAMAGED;
-    }
-    return 0;
+    return blosc_streams(c, chunk, cbytes, 32, block, flags, out);
 }
 
 /* A whole chunk kept shuffled where its filter bitshuffles: read, checked and decoded into dst still
