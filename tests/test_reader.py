@@ -727,9 +727,13 @@ KEPT_SHUFFLED = {  # layouts whose whole chunks a read can leave shuffled: optio
     "blosc lz4 + bitshuffle": (dict(plugin=("Blosc", dict(cname="lz4", shuffle=2))), 201, None),
     "blosc zstd + bitshuffle": (dict(plugin=("Blosc", dict(cname="zstd", clevel=3, shuffle=2))), 201, None),
     "blosc zstd + bitshuffle, 8-value tail": (dict(plugin=("Blosc", dict(cname="zstd", clevel=3, shuffle=2))), 160, None),
-    # Blosc2: its b2nd blocks of 64 rows, whole in chunks of 64 or 128 rows (100 would pad the frame)
+    # Blosc2: its b2nd blocks of 64 rows (4-byte values), whole in chunks of 64 or 128 rows; chunks
+    # of 100 and 101 rows are padded in the frame (to 128) and keep their own rows' layout: a shorter
+    # last block of 36 rows' values, or of 37 rows' (values left over)
     "blosc2 lz4 + bitshuffle": (dict(plugin=("Blosc2", dict(cname="lz4", filters=2))), 128, None),
     "blosc2 zstd + bitshuffle": (dict(plugin=("Blosc2", dict(cname="zstd", clevel=3, filters=2))), 64, None),
+    "blosc2 lz4 + bitshuffle, padded": (dict(plugin=("Blosc2", dict(cname="lz4", filters=2))), 100, None),
+    "blosc2 zstd + bitshuffle, padded, values left": (dict(plugin=("Blosc2", dict(cname="zstd", clevel=3, filters=2))), 101, None),
 }
 
 
@@ -762,13 +766,12 @@ def test_chunks_wholly_in_a_read_can_be_left_shuffled_for_the_gpu(tmp_path, rng,
             pool.close()
 
 
-@pytest.mark.parametrize("per,kept", [(128, True), (100, False)])
-def test_blosc2_chunks_left_bitshuffled_are_decoded_by_the_pool_not_blosc2(tmp_path, rng, per, kept):
-    """Chunks of whole b2nd blocks (128 rows, blocks of 64) left bitshuffled for the GPU are decoded
-    by the pool's own loop over their blocks (LZ4 from the plugin's library), never by
-    blosc2_getitem, here a stand-in that counts its calls and fails; the chunks a read cuts, and
-    every chunk of a frame padded past its HDF5 chunk (100 rows: no bitshuffled layout kept), go
-    through it and fail with it."""
+@pytest.mark.parametrize("per", [128, 100])
+def test_blosc2_chunks_left_bitshuffled_are_decoded_by_the_pool_not_blosc2(tmp_path, rng, per):
+    """Chunks of whole b2nd blocks (128 rows, blocks of 64), or of a frame padded past the HDF5 chunk
+    (100 rows in 128), left bitshuffled for the GPU are decoded by the pool's own loop over their
+    blocks (LZ4 from the plugin's library), never by blosc2_getitem, here a stand-in that counts its
+    calls and fails; the chunk a read cuts goes through it and fails with it."""
     pytest.importorskip("hdf5plugin")
     lib = native.library()
     if lib is None:
@@ -785,7 +788,11 @@ def test_blosc2_chunks_left_bitshuffled_are_decoded_by_the_pool_not_blosc2(tmp_p
     pool = native.ReadPool(lib, 2)
     with h5py.File(tmp_path / "d.h5") as f:
         rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
-        assert (rows.bitshuffle is not None) == kept
+        assert rows.bitshuffle == (64 * 900, False)
+        padded = ctypes.c_size_t(0)
+        first = os.pread(rows.fd, int(rows.sizes[0]), int(rows.offsets[0]))
+        assert lib.rp_blosc2_chunk(rows.spec, first, len(first), ctypes.byref(padded)) > 0
+        assert padded.value == 128 * 900 * 4  # the frame's rows: the chunk's, or padded to 128
         dims = np.array([values.shape, (per, 30, 30, 1)], np.int64)
         alone = lib.rp_chunks(rows.fd, 4, 0, 0, native.PLUGIN, rows.codec_bit, 0, 4, dims[0].ctypes.data, dims[1].ctypes.data)
         try:
@@ -795,15 +802,12 @@ def test_blosc2_chunks_left_bitshuffled_are_decoded_by_the_pool_not_blosc2(tmp_p
             out = np.zeros_like(values)
             status = pool.finish(pool.submit_chunks(alone, 0, 4 * per, rows.offsets, rows.sizes, rows.masks,
                                                     out.ctypes.data, keep_shuffled=True))
-            if kept:
-                assert status == (0, 0) and calls == []
-                np.testing.assert_array_equal(out.view(np.uint8), shuffled_rows(values, 0, 4 * per, per,
-                                                                                bit_shuffle(64 * 900, False)).view(np.uint8))
-                cut = pool.finish(pool.submit_chunks(alone, 5, 4 * per, rows.offsets, rows.sizes, rows.masks,
-                                                     out.ctypes.data, keep_shuffled=True))
-                assert cut == (native.DAMAGED, 0) and len(calls) == 1  # the cut chunk 0 alone
-            else:
-                assert status[0] == native.DAMAGED and calls
+            assert status == (0, 0) and calls == []
+            np.testing.assert_array_equal(out.view(np.uint8), shuffled_rows(values, 0, 4 * per, per,
+                                                                            bit_shuffle(64 * 900, False)).view(np.uint8))
+            cut = pool.finish(pool.submit_chunks(alone, 5, 4 * per, rows.offsets, rows.sizes, rows.masks,
+                                                 out.ctypes.data, keep_shuffled=True))
+            assert cut == (native.DAMAGED, 0) and len(calls) == 1  # the cut chunk 0 alone
         finally:
             lib.rp_chunks_free(alone)
             rows.close()

@@ -112,7 +112,7 @@ def library():
                                ("rp_chunks_plugin", [p, p, ctypes.c_uint, size, p], ctypes.c_int),
                                ("rp_chunks_direct", [p, ctypes.c_int, p], ctypes.c_int),
                                ("rp_chunks_bits", [p, ctypes.c_int, size, p, p], ctypes.c_int),
-                               ("rp_blosc2_chunk", [p, p, size], i64),
+                               ("rp_blosc2_chunk", [p, p, size, p], i64),
                                ("rp_submit_chunks", [p, p, i64, i64, p, p, p, p, ctypes.c_int, ctypes.c_int], p),
                                ("rp_read_chunks", [p, i64, i64, p, p, p, p, ctypes.POINTER(i64)], ctypes.c_int),
                                ("rp_submit_labels", [p, ctypes.c_int, i64, i64, size, ctypes.c_int, ctypes.c_int, p,

@@ -317,16 +317,17 @@ class ChunkedRows(_FileRows):
             fns = [codecs.get("lz4"), codecs.get("zstd")]
             usable = (head[0] == 2 and head[2] & 0x0f == 0x04 and head[3] == size
                       and {1: "lz4", 4: "zstd"}.get(head[2] >> 5) in codecs)
-        else:  # Blosc2: its frame's one chunk, whole (rp_blosc2_chunk), its blocks bitshuffled as the Bitshuffle filter's
-            frame = os.pread(self.fd, int(self.sizes[0]), int(self.offsets[0]))
-            at = lib.rp_blosc2_chunk(spec, frame, len(frame))
+        else:  # Blosc2: its frame's one chunk (rp_blosc2_chunk: padded past the HDF5 chunk's rows or not),
+            # its blocks bitshuffled as the Bitshuffle filter's
+            frame, padded = os.pread(self.fd, int(self.sizes[0]), int(self.offsets[0])), ctypes.c_size_t(0)
+            at = lib.rp_blosc2_chunk(spec, frame, len(frame), ctypes.byref(padded))
             if at < 0:
                 return None
             chunk = frame[at:at + 32]
             block_bytes, kind, exact_tail = int.from_bytes(chunk[8:12], "little"), native.BITS_BLOSC2, False
             fns = [codecs.get("lz4"), codecs.get("zstd")]
             usable = (3 <= chunk[0] <= 5 and chunk[2] & 0x17 == 0x15 and chunk[3] == size and chunk[31] == 0
-                      and chunk[16:22] == bytes([0, 0, 0, 0, 0, 2]) and int.from_bytes(chunk[4:8], "little") == self.chunk_bytes
+                      and chunk[16:22] == bytes([0, 0, 0, 0, 0, 2]) and int.from_bytes(chunk[4:8], "little") == padded.value
                       and {1: "lz4", 4: "zstd"}.get(chunk[2] >> 5) in codecs)
         block = block_bytes // size  # rp_chunks_bits refuses blocks not a positive multiple of 8 values
         if not usable or block * size != block_bytes or lib.rp_chunks_bits(spec, kind, block, *fns):

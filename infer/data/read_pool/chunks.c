@@ -416,22 +416,50 @@ static int bshuf_blocks(const struct chunks *c, const unsigned char *in, size_t 
     return 0;
 }
 
-/* The blocks of a c-blosc or Blosc2 chunk of cbytes at `chunk` (header: `header` bytes, then each
- * block's start; per block its streams, 1 or one per value byte unless flags say one, each a size
- * and lz4 or zstd bytes, stored as they are where that size is the stream's) decoded into out as
- * they are (still bitshuffled): 0, RP_DAMAGED, or RP_OTHER_LAYOUT for Blosc2's runs (a size not
- * above 0), which c-blosc does not write. */
-static int blosc_streams(const struct chunks *c, const unsigned char *chunk, size_t cbytes, size_t header, size_t block,
-                         int flags, unsigned char *out)
+/* The first m values of a block of n values laid out as the Bitshuffle filter's shorter last block
+ * (bits_head): from a block bitshuffled whole (its first n - n % 8 values as bit rows, then the rest
+ * as they are) to rows of m / 8 bytes, then the m % 8 values left as they are. A bit row's first
+ * bytes hold its first values' bits, so that is each row cut short. */
+static void bits_head(const unsigned char *src, size_t n, size_t size, size_t m, unsigned char *dst)
 {
-    size_t typesize = c->itemsize, nbytes = c->nbytes, blocks = nbytes / block + (nbytes % block > 0);
+    size_t n8 = n - n % 8, m8 = m - m % 8, from = n8 / 8, to = m8 / 8;
+    for (size_t r = 0; r < 8 * size; r++)
+        memcpy(dst + r * to, src + r * from, to);
+    for (size_t i = m8; i < m; i++)
+        for (size_t b = 0; b < size; b++) {
+            unsigned char v = 0;
+            if (i < n8)
+                for (int k = 0; k < 8; k++)
+                    v |= (unsigned char)((src[(8 * b + k) * from + i / 8] >> (i % 8) & 1) << k);
+            else
+                v = src[n8 * size + (i - n8) * size + b];
+            dst[m8 * size + (i - m8) * size + b] = v;
+        }
+}
+
+/* The blocks of a c-blosc or Blosc2 chunk of cbytes at `chunk` decoding to nbytes (header: `header`
+ * bytes, then each block's start; per block its streams, 1 or one per value byte unless flags say
+ * one, each a size and lz4 or zstd bytes, stored as they are where that size is the stream's)
+ * decoded into out as they are (still bitshuffled): 0, RP_DAMAGED, or RP_OTHER_LAYOUT for Blosc2's
+ * runs (a size not above 0), which c-blosc does not write. A Blosc2 frame padded past the HDF5
+ * chunk (nbytes > c->nbytes) has its block across the chunk's end decoded into `tail` (block bytes)
+ * and only the chunk's values of it laid out, as Bitshuffle's shorter last block (the padding is
+ * less than a block: that block is the last). */
+static int blosc_streams(const struct chunks *c, const unsigned char *chunk, size_t cbytes, size_t header, size_t nbytes,
+                         size_t block, int flags, unsigned char *tail, unsigned char *out)
+{
+    size_t typesize = c->itemsize, blocks = nbytes / block + (nbytes % block > 0);
     int zstd = flags >> 5 == 4;
     if (cbytes < header || blocks > (cbytes - header) / 4)
         return RP_DAMAGED;
     for (size_t k = 0; k < blocks; k++) {
         size_t bsize = k == nbytes / block ? nbytes % block : block, at = little_endian(chunk + header + 4 * k, 4);
         int split = !(flags & 0x10) && typesize <= 16 && bsize / typesize >= 128 && bsize == block;
+        int across = k * block + bsize > c->nbytes;
         size_t streams = split ? typesize : 1, part = bsize / streams;
+        unsigned char *into = across ? tail : out + k * block;
+        if (across && !tail)
+            return RP_OTHER_LAYOUT;
         for (size_t j = 0; j < streams; j++) {
             if (at > cbytes || cbytes - at < 4)
                 return RP_DAMAGED;
@@ -441,13 +469,14 @@ static int blosc_streams(const struct chunks *c, const unsigned char *chunk, siz
                 return header == 32 ? RP_OTHER_LAYOUT : RP_DAMAGED;
             if ((size_t)stored > cbytes - at)
                 return RP_DAMAGED;
-            unsigned char *into = out + k * block + j * part;
             if ((size_t)stored == part)
-                memcpy(into, chunk + at, part);
-            else if (block_decode(c, zstd, chunk + at, (size_t)stored, into, part))
+                memcpy(into + j * part, chunk + at, part);
+            else if (block_decode(c, zstd, chunk + at, (size_t)stored, into + j * part, part))
                 return RP_DAMAGED;
             at += (size_t)stored;
         }
+        if (across)
+            bits_head(tail, bsize / typesize, typesize, (c->nbytes - k * block) / typesize, out + k * block);
     }
     return 0;
 }
@@ -472,7 +501,7 @@ static int blosc_blocks(const struct chunks *c, const unsigned char *in, size_t 
     if (in[0] != 2 || (flags & 0x0b) || !(flags & 0x04) || typesize != c->itemsize
         || block != c->bits_block * c->itemsize || !((codec == 1 && c->lz4) || (codec == 4 && c->zstd)))
         return RP_OTHER_LAYOUT;
-    return blosc_streams(c, in, size, 16, block, flags, out);
+    return blosc_streams(c, in, size, 16, nbytes, block, flags, NULL, out);
 }
 
 /* A Blosc2 frame's chunk (its header: format version, codec version, flags, value size, decoded,
@@ -481,8 +510,9 @@ static int blosc_blocks(const struct chunks *c, const unsigned char *in, size_t 
  * bitshuffled, as the Bitshuffle filter lays its blocks out (format versions 3 to 5 bitshuffle a
  * block's values down to a multiple of 8 and leave the rest as they are): 0, RP_DAMAGED, or
  * RP_OTHER_LAYOUT for a chunk stored otherwise (a filter but bitshuffle alone, split streams,
- * copied whole, runs, a dictionary, another block size, or padded past the HDF5 chunk by its b2nd
- * blocks), which is decoded the usual way and bitshuffled again. */
+ * copied whole, runs, a dictionary, another block size), which is decoded the usual way and
+ * bitshuffled again. A frame padded past the HDF5 chunk by its b2nd blocks (a 1,000-row chunk of
+ * 64-row blocks: 1,024 rows) keeps the layout of the chunk's own rows (see blosc_streams). */
 static int blosc2_blocks(const struct chunks *c, const unsigned char *in, size_t size, unsigned char *out)
 {
     static const unsigned char bitshuffle_alone[6] = {0, 0, 0, 0, 0, 2};
@@ -496,11 +526,17 @@ static int blosc2_blocks(const struct chunks *c, const unsigned char *in, size_t
     /* flags: 0x05 an extended header, 0x02 copied whole, 0x10 one stream a block */
     if (chunk[0] < 3 || chunk[0] > 5 || (flags & 0x17) != 0x15 || chunk[3] != c->itemsize || chunk[31] != 0
         || memcmp(chunk + 16, bitshuffle_alone, 6) || block != c->bits_block * c->itemsize
-        || nbytes != c->nbytes || !((codec == 1 && c->lz4) || (codec == 4 && c->zstd)))
+        || nbytes != padded || !((codec == 1 && c->lz4) || (codec == 4 && c->zstd)))
         return RP_OTHER_LAYOUT;
     if (cbytes > size - n)
         return RP_DAMAGED;
-    return blosc_streams(c, chunk, cbytes, 32, block, flags, out);
+    unsigned char *tail = NULL;  /* the block across the chunk's end, where the frame is padded */
+    if (padded > c->nbytes) {
+        struct local *l = thread_local_state();
+        if (!l || !(tail = grow(&l->decoded, block)))
+            return -ENOMEM;
+    }
+    return blosc_streams(c, chunk, cbytes, 32, nbytes, block, flags, tail, out);
 }
 
 /* A whole chunk kept shuffled where its filter bitshuffles: read, checked and decoded into dst still
@@ -709,11 +745,12 @@ int rp_chunks_bits(struct chunks *c, int bits, size_t block, void *lz4, void *zs
 }
 
 /* Where a Blosc2 frame of `size` bytes holds its chunk (the chunk's header there), its b2nd blocks
- * (where it has them) holding whole rows; else -1. */
-long long rp_blosc2_chunk(const struct chunks *c, const unsigned char *frame, size_t size)
+ * (where it has them) holding whole rows, and the bytes that chunk decodes to (*padded: past the
+ * HDF5 chunk's where the blocks' rows do not divide its rows); else -1. */
+long long rp_blosc2_chunk(const struct chunks *c, const unsigned char *frame, size_t size, size_t *padded)
 {
-    size_t at, padded;
-    return blosc2_frame_chunk(c, frame, size, &at, &padded) ? -1 : (long long)at;
+    size_t at;
+    return blosc2_frame_chunk(c, frame, size, &at, padded) ? -1 : (long long)at;
 }
 
 /* Hand over the inflater: libdeflate's allocator, free and zlib decompressor, or (those NULL)
