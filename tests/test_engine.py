@@ -3,6 +3,7 @@ of one front end reach the engine as groups, each answered with its own rows; a 
 fails alone; a request given up while it waits is not sent; large requests' images travel in
 shared memory, reused only once the engine is done with them, or on the socket where it is full."""
 import asyncio
+import sys
 import threading
 from types import SimpleNamespace
 
@@ -34,6 +35,29 @@ class StubSession(Recorder):
         return self(x, scores)
 
 
+RUN = asyncio.run  # how served() runs its loop: asyncio's, or uvloop's where the fixture says
+
+
+@pytest.fixture(autouse=True, params=["asyncio", "uvloop"])
+def loop_kind(request, monkeypatch):
+    """Every test on asyncio's event loop and on uvloop's (the engine's where it is installed)."""
+    if request.param == "uvloop":
+        monkeypatch.setattr(sys.modules[__name__], "RUN", pytest.importorskip("uvloop").run)
+    return request.param
+
+
+def test_the_engine_loop_is_uvloops_where_installed_else_asyncios(monkeypatch):
+    from infer.serve.server import run_loop
+
+    async def kind():
+        return type(asyncio.get_running_loop()).__module__
+
+    pytest.importorskip("uvloop")
+    assert run_loop(kind()).startswith("uvloop")
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if not installed: its import fails
+    assert run_loop(kind()).startswith("asyncio")
+
+
 async def turns(n=3):
     """A few turns of the event loop (no timed wait): tasks just made take their first steps and
     the callbacks they schedule run."""
@@ -63,7 +87,7 @@ def served(tmp_path, session, body, inline=False):
             await front.stop()
             await engine.stop()
 
-    return asyncio.run(main())
+    return RUN(main())
 
 
 def test_requests_that_wait_together_go_as_one_group_and_get_their_own_rows(tmp_path):
