@@ -3,7 +3,7 @@ shuffle: the reader threads decode each chunk lying wholly in a block straight i
 page-locked block, still shuffled, and the GPU places its values where the network reads them.
 - HDF5's byte shuffle: no thread holds a chunk-sized buffer to unshuffle from (15 threads' 3.1 MB
   buffers were 54 MB of peak RSS) nor spends the unshuffle's memory pass (unshuffle_kernel1);
-- Bitshuffle's and c-blosc's bitshuffle (lz4 or zstd blocks): the reader threads decode the
+- Bitshuffle's, c-blosc's and Blosc2's bitshuffle (lz4 or zstd blocks): the reader threads decode the
   blocks' codec themselves and leave the bit transpose, which hdf5plugin's SSE2 builds spend
   ~40% of a chunk's decoding on, to bitunshuffle_kernel1.
 A block goes up to a device staging buffer; the rows of chunks it cuts at its ends come decoded
