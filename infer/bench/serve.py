@@ -406,14 +406,15 @@ def soak(data, model, backend="auto", seconds=600.0, connections=256, workers=1,
     proc, url = start(servers(model, backend, False, workers, max_batch)[1 if workers > 1 else 0][1])
     try:
         check_answers(url, x, expected)
-        peak = load(url, npy(x[:1]), connections, probe_s)
+        single = npy(x[:1])
+        peak = load(url, single, connections, probe_s)
         # Each connection waits between requests so the rate is about half the peak
         pause_ms = max(0.0, 2 * connections / peak["rps"] * 1e3 - peak["p50_ms"])
-        load(url, npy(x[:1]), connections, warm_s, delay_ms=pause_ms)  # warm: RSS measured from here
+        load(url, single, connections, warm_s, delay_ms=pause_ms)  # warm: RSS measured from here
         rss0, counted = rss_mb(proc.pid)
         windows, left = [], seconds
         while left > 0.5:
-            r = load(url, npy(x[:1]), connections, min(window, left), delay_ms=pause_ms)
+            r = load(url, single, connections, min(window, left), delay_ms=pause_ms)
             r["rss_mb"] = rss_mb(proc.pid)[0]
             windows.append(r)
             left -= r["duration_us"] / 1e6

@@ -442,11 +442,11 @@ static void bits_head(const unsigned char *src, size_t n, size_t size, size_t m,
  * one, each a size and lz4 or zstd bytes, stored as they are where that size is the stream's)
  * decoded into out as they are (still bitshuffled): 0, RP_DAMAGED, or RP_OTHER_LAYOUT for Blosc2's
  * runs (a size not above 0), which c-blosc does not write. A Blosc2 frame padded past the HDF5
- * chunk (nbytes > c->nbytes) has its block across the chunk's end decoded into `tail` (block bytes)
- * and only the chunk's values of it laid out, as Bitshuffle's shorter last block (the padding is
- * less than a block: that block is the last). */
+ * chunk (nbytes > c->nbytes) has its block across the chunk's end decoded into this thread's
+ * buffer and only the chunk's values of it laid out, as Bitshuffle's shorter last block (the
+ * padding is less than a block: that block is the last). */
 static int blosc_streams(const struct chunks *c, const unsigned char *chunk, size_t cbytes, size_t header, size_t nbytes,
-                         size_t block, int flags, unsigned char *tail, unsigned char *out)
+                         size_t block, int flags, unsigned char *out)
 {
     size_t typesize = c->itemsize, blocks = nbytes / block + (nbytes % block > 0);
     int zstd = flags >> 5 == 4;
@@ -457,9 +457,12 @@ static int blosc_streams(const struct chunks *c, const unsigned char *chunk, siz
         int split = !(flags & 0x10) && typesize <= 16 && bsize / typesize >= 128 && bsize == block;
         int across = k * block + bsize > c->nbytes;
         size_t streams = split ? typesize : 1, part = bsize / streams;
-        unsigned char *into = across ? tail : out + k * block;
-        if (across && !tail)
-            return RP_OTHER_LAYOUT;
+        unsigned char *into = out + k * block;
+        if (across) {
+            struct local *l = thread_local_state();
+            if (!l || !(into = grow(&l->decoded, block)))
+                return -ENOMEM;
+        }
         for (size_t j = 0; j < streams; j++) {
             if (at > cbytes || cbytes - at < 4)
                 return RP_DAMAGED;
@@ -476,7 +479,7 @@ static int blosc_streams(const struct chunks *c, const unsigned char *chunk, siz
             at += (size_t)stored;
         }
         if (across)
-            bits_head(tail, bsize / typesize, typesize, (c->nbytes - k * block) / typesize, out + k * block);
+            bits_head(into, bsize / typesize, typesize, (c->nbytes - k * block) / typesize, out + k * block);
     }
     return 0;
 }
@@ -501,7 +504,7 @@ static int blosc_blocks(const struct chunks *c, const unsigned char *in, size_t 
     if (in[0] != 2 || (flags & 0x0b) || !(flags & 0x04) || typesize != c->itemsize
         || block != c->bits_block * c->itemsize || !((codec == 1 && c->lz4) || (codec == 4 && c->zstd)))
         return RP_OTHER_LAYOUT;
-    return blosc_streams(c, in, size, 16, nbytes, block, flags, NULL, out);
+    return blosc_streams(c, in, size, 16, nbytes, block, flags, out);
 }
 
 /* A Blosc2 frame's chunk (its header: format version, codec version, flags, value size, decoded,
@@ -530,13 +533,7 @@ static int blosc2_blocks(const struct chunks *c, const unsigned char *in, size_t
         return RP_OTHER_LAYOUT;
     if (cbytes > size - n)
         return RP_DAMAGED;
-    unsigned char *tail = NULL;  /* the block across the chunk's end, where the frame is padded */
-    if (padded > c->nbytes) {
-        struct local *l = thread_local_state();
-        if (!l || !(tail = grow(&l->decoded, block)))
-            return -ENOMEM;
-    }
-    return blosc_streams(c, chunk, cbytes, 32, nbytes, block, flags, tail, out);
+    return blosc_streams(c, chunk, cbytes, 32, nbytes, block, flags, out);
 }
 
 /* A whole chunk kept shuffled where its filter bitshuffles: read, checked and decoded into dst still
