@@ -32,6 +32,11 @@ class Backend:
         """Make ready the run `plan` describes (source: the DataSet a streamed plan reads)."""
         raise NotImplementedError
 
+    def prepared_for(self, model, plan):
+        """Whether prepare(model, plan) would find all of it ready (the last prepare was of this
+        plan and model, and nothing has changed since): forward may then run without it."""
+        return False
+
     def use(self, model):
         """What forward needs for in-memory runs that skip prepare (concurrent backends only)."""
         raise NotImplementedError

@@ -137,6 +137,7 @@ class Session:
         self._notice = notice
         self._said = set()  # the plans' notices said so far (each once a session)
         self._plans = {}  # plans of in-memory arrays, by their description and scores (a server's batches)
+        self._again = {}  # (shape, dtype, scores) -> the plan of small arrays passed again as they are (_repeat)
         self.last_plan = None  # the plan of the last run
         self._own()
 
@@ -295,9 +296,47 @@ class Session:
         if len(x) == 0:
             network.geometry(self.model, (1,) + x.shape[1:], "x")
             return np.empty(0, np.int64), np.empty((0, self.classes), np.float32)
+        key = (x.shape, x.dtype.str, bool(scores))
+        again = self._again.get(key)
+        if again is not None and x.flags.c_contiguous:
+            out = self._repeat(x, again)
+            if out is not None:
+                return out
         data = DataSet.from_array(x)
         predictions, _, kept, _, _ = self._forward(data, scores, NoProgress())
+        run = self.last_plan
+        if (self.backend.checks_values and not self.backend.concurrent and not run.streamed
+                and x.nbytes <= INLINE_BYTES and np.dtype(run.wire) == x.dtype):
+            if len(self._again) >= 64:
+                self._again.clear()
+            self._again[key] = run
         return predictions, kept if scores else None
+
+    def _repeat(self, x, run):
+        """classify's pass over a small array of the shape, type and scores of an earlier call,
+        its plan `run` still the one the backend holds prepared: that call's checks and plan stand,
+        so what is left is the copy into page-locked memory and the forward pass (a server's lone
+        requests: the checks, the DataSet and the plan were ~55 us of a 125 us pass). None where
+        the backend was prepared for another run since (the caller then takes the full path)."""
+        def here():
+            backend = self.backend
+            if backend is None or not backend.prepared_for(self.model, run):
+                return None
+            in_place = backend.reads_in_place(x)
+            if not in_place:
+                buf = backend.host_buffers(x.shape, x.dtype)[0]
+                np.copyto(buf, x, casting="no")
+            try:
+                predictions, kept = backend.forward(x, in_place=True) if in_place else backend.forward(buf)
+            except BadValue as e:
+                raise DataSet.from_array(x).bad_value(e.image) from None
+            self.last_plan = run
+            return predictions, kept if run.scores else None
+
+        with self.lock:
+            if self.closed:
+                raise InputError("this session is closed")
+            return self._at_home(here)
 
     def evaluate(self, data, n=None, *, scores=False, progress=False):
         """Classify the first n images (all by default) of one data file, or of several taken as

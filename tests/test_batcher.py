@@ -343,3 +343,52 @@ def test_inline_passes_run_on_the_loops_thread_and_what_arrives_meanwhile_is_the
     assert [o[0].tolist() for o in others[:2]] == [[7], [8, 9]] and isinstance(others[2], InputError)
     assert [n for n, _ in rec.batches[:2]] == [1, 4]  # then the retry request by request
     assert set(threads) == {threading.get_ident()}
+
+
+def test_now_runs_a_lone_request_at_once_only_where_inline_and_idle():
+    """now(): on an inline batcher whose loop waits for a first request, the pass runs in the call,
+    padded to the ladder and counted in the metrics; with a request queued (it would be overtaken),
+    on a batcher that is not inline, or past max_batch, None (the caller submits). A bad image
+    raises as submit does, and the batcher stays usable."""
+    from infer.serve.batcher import ladder
+    from infer.serve.metrics import Metrics
+
+    rec = Recorder()
+    metrics = Metrics(8)
+    b = Batcher(rec, max_batch=8, max_delay_s=0, pad_to=ladder(8), metrics=metrics, inline=True)
+
+    async def main():
+        assert b.now(images([1])) is None  # not started: its loop is not waiting
+        b.start()
+        await asyncio.sleep(0)
+        labels, kept = b.now(images([4, 5, 6]), scores=True)
+        assert labels.tolist() == [4, 5, 6] and kept[:, 0].tolist() == [4, 5, 6]
+        assert rec.batches == [(4, np.float32)]  # padded to the ladder's 4, in this call
+        with pytest.raises(InputError):
+            b.now(images([3, -1]))
+        assert b.now(images(range(9))) is None  # past max_batch: split by submit
+        queued = asyncio.ensure_future(b.submit(images([7])))
+        await asyncio.sleep(0)  # in the queue, the loop not yet run
+        assert not b.queue.empty() and b.now(images([8])) is None
+        assert (await queued)[0].tolist() == [7]
+        await asyncio.sleep(0)
+        assert b.now(images([9]))[0].tolist() == [9]
+        await b.stop()
+        assert b.now(images([1])) is None  # stopped
+        b.close()
+
+    asyncio.run(main())
+    assert [n for n, _ in rec.batches] == [4, 2, 1, 1]
+    text = metrics.batch_text()  # the passes answered: 3 images and 1 now, 1 through the queue
+    assert "cnninfer_batch_images_sum 5\n" in text and "cnninfer_batch_images_count 3\n" in text
+
+    threaded = Batcher(Recorder(), max_batch=8, max_delay_s=0)
+
+    async def other():
+        threaded.start()
+        await asyncio.sleep(0)
+        assert threaded.now(images([1])) is None
+        await threaded.stop()
+        threaded.close()
+
+    asyncio.run(other())

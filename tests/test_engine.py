@@ -340,3 +340,30 @@ def test_a_front_ends_shared_memory_is_pinned_at_its_first_large_request_and_unp
     calls.clear()
     served(tmp_path, Pinning(), body)
     assert [c[0] for c in calls] == ["pass"] * 4 and threading.get_ident() not in {c[2] for c in calls}
+
+
+def test_an_idle_inline_engine_runs_a_lone_request_as_it_arrives_without_queueing_it(tmp_path):
+    """Inline and idle, the engine runs a request's pass in the turn of its loop that read it
+    (Batcher.now): nothing goes through the batcher's queue, answers are the request's own rows
+    (scores too), a bad image fails its request alone and the next is served."""
+    queued = []
+    session = StubSession()
+
+    async def body(front, engine):
+        submit = engine.batcher.submit
+
+        async def recorded(x, *args):
+            queued.append(len(x))
+            return await submit(x, *args)
+
+        engine.batcher.submit = recorded
+        first = await front.submit(images([5]), scores=True)
+        with pytest.raises(InputError):
+            await front.submit(images([4, -1]))
+        group = await asyncio.gather(front.submit(images([1])), front.submit(images([2, 3])))
+        return first, group
+
+    (labels, kept), group = served(tmp_path, session, body, inline=True)
+    assert labels.tolist() == [5] and kept[:, 0].tolist() == [5]
+    assert [g[0].tolist() for g in group] == [[1], [2, 3]]
+    assert queued == [] and session.passes == [[5], [4, -1], [1], [2, 3]]  # the first of two leaves alone

@@ -68,6 +68,36 @@ def test_repeated_cuda_calls_allocate_no_new_buffers(ece408, images):
         assert s.backend._host_buffers == buffers
 
 
+@pytest.mark.gpu
+def test_a_small_call_repeated_runs_the_prepared_run_with_the_same_answers(ece408, rng):
+    """classify again on an array of an earlier call's shape, type and scores runs the run prepared
+    for it, with no new plan or prepare (Session._repeat), and answers equal to the first call's
+    and the reference's; a call of another kind between them prepares again, and so does the
+    repeated call after it; a value that is not finite is still refused naming its image."""
+    x = rng.random((7, 28, 28, 1), np.float32)
+    u = (rng.random((5, 28, 28, 1)) * 255).astype(np.uint8)
+    with cnninfer.Session(ece408 / "model.hdf5", backend="cuda") as s:
+        first = s.classify(x, scores=True)
+        prepares, prepare = [], s.backend.prepare
+        s.backend.prepare = lambda *a, **k: (prepares.append(a[1].n), prepare(*a, **k))[1]
+        for _ in range(2):
+            again = s.classify(x.copy(), scores=True)
+            np.testing.assert_array_equal(again[0], first[0])
+            np.testing.assert_array_equal(again[1], first[1])
+        assert prepares == []
+        assert (s.predict(u) == reference.forward(u.astype(np.float32), s.model)).all()
+        assert prepares == [5]
+        np.testing.assert_array_equal(s.classify(x, scores=True)[1], first[1])
+        assert prepares == [5, 7]
+        assert (first[0] == reference.forward(x, s.model)).all()
+        bad = x.copy()
+        bad[4, 3, 5, 0] = np.nan
+        with pytest.raises(InputError, match=r"\(4, 3, 5, 0\) is nan"):
+            s.classify(bad, scores=True)
+        assert prepares == [5, 7]  # refused on the repeated run's own pass
+        np.testing.assert_array_equal(s.classify(x, scores=True)[0], first[0])
+
+
 def test_cpu_calls_keep_no_buffers_between_them(session, images):
     """Each in-memory CPU call has its own image buffer, so threads' calls run at once."""
     session.predict(images[0])

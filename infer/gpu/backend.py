@@ -55,6 +55,7 @@ class CudaBackend(HostSide, Backend):
         self.unshuffling = None  # the placer the ring streaming now hands its blocks to, or None
         self.decoding = "host"  # where the last stream's chunks were decoded, for --json
         self.weights, self.model = [], None
+        self.prepared = None  # (plan, model, pipeline, run) of the last in-memory prepare (prepared_for)
         self.executor = Executor(streams, self.profiler, graph.enabled() and not profile)
         self.pinned = hostmem.Registered()  # the callers' memory forward may read in place (pin)
         self.copies = cuda.Stream()  # streamed uploads to resident images: never queued behind kernels
@@ -169,6 +170,13 @@ class CudaBackend(HostSide, Backend):
             if not key.decoding and source is not None:  # its staging block, here rather than in the timed run
                 self._placer_for(source)
         self._host("buffers + warm-up", t)
+        self.prepared = None if plan.streamed else (plan, model, ex.pipeline, ex.run)
+
+    def prepared_for(self, model, plan):
+        """The last prepare was of this plan (an in-memory one) and model, and its pipeline and run
+        are still the executor's (any other prepare, or freeing the run, changes one of them)."""
+        ex = self.executor
+        return self.prepared is not None and all(a is b for a, b in zip(self.prepared, (plan, model, ex.pipeline, ex.run)))
 
     def description(self):
         """This GPU as a run plan sees it (gpu.device.Description), its memory free now."""

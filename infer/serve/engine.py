@@ -98,7 +98,18 @@ class Engine:
             link.transport.write(ANSWER.pack(rid, STATS, 0, len(text)) + text)
             return
         x = np.frombuffer(body, DTYPES[code]).reshape(n, h, w, c)
-        asyncio.get_running_loop().create_task(self._answer(link.transport, rid, x, bool(flags & SCORES),
+        scores = bool(flags & SCORES)
+        try:  # the batcher idle (inline): the pass now, answered in this same turn of the loop
+            out = self.batcher.now(x, scores, requests)
+        except Exception as e:  # the pass is over: nothing reads x any more
+            self._failed(link.transport, rid, e)
+            return
+        if out is not None:
+            if taken is not None:
+                self.give(taken)
+            self._answered(link.transport, rid, *out, scores)
+            return
+        asyncio.get_running_loop().create_task(self._answer(link.transport, rid, x, scores,
                                                             timeout or None, requests, taken, shared))
 
     async def _answer(self, writer, rid, x, scores, timeout, requests, taken=None, shared=False):
@@ -107,13 +118,20 @@ class Engine:
             if taken is not None:  # answered: its pass has read the images (not so when it failed
                 self.give(taken)   # or expired: a pass may still be reading them)
         except Exception as e:
-            kind = kind_of(e)
-            message = (about_request(e) if kind == INPUT else
-                       " ".join(f"{type(e).__name__}: {e}".split())).encode()
             if shared:  # the front end reuses the memory once answered: not while a pass reads it
                 await self.batcher.released(x)
-            writer.write(ANSWER.pack(rid, kind, 0, len(message)) + message)
+            self._failed(writer, rid, e)
             return
+        self._answered(writer, rid, labels, kept, scores)
+
+    @staticmethod
+    def _failed(writer, rid, e):
+        kind = kind_of(e)
+        message = (about_request(e) if kind == INPUT else " ".join(f"{type(e).__name__}: {e}".split())).encode()
+        writer.write(ANSWER.pack(rid, kind, 0, len(message)) + message)
+
+    @staticmethod
+    def _answered(writer, rid, labels, kept, scores):
         extra = np.ascontiguousarray(kept, "<f4").tobytes() if scores else b""
         parts = [ANSWER.pack(rid, OK, len(labels), len(extra)), np.ascontiguousarray(labels, "<i8").tobytes(), extra]
         if not writer.is_closing():

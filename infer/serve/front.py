@@ -25,10 +25,10 @@ class RemoteBatcher:
 
     Requests of one image type and shape go to the engine together, as one request of all their
     images: while MAX_IN_FLIGHT of this front end's groups are in the engine, new ones wait in the
-    outbox and leave with the next answer. A lone request leaves at once; under load the engine's
-    work per request (its event loop is the server's narrowest point) is divided by the group's
-    size. A group refused for one request's input is sent again request by request, so only
-    that request fails.
+    outbox and leave with the next answer. A lone request (none in flight or waiting) leaves at
+    once, from submit; under load the engine's work per request (its event loop is the server's
+    narrowest point) is divided by the group's size. A group refused for one request's input is
+    sent again request by request, so only that request fails.
 
     A group of SHARED_MIN bytes of images or more is copied into this front end's shared memory,
     which the engine maps (the socket carries its offset); where that is full or was not mapped,
@@ -75,9 +75,15 @@ class RemoteBatcher:
     async def submit(self, x, scores=False, timeout=None):
         x = np.ascontiguousarray(x, np.dtype(x.dtype).newbyteorder("<"))
         key = (CODES[x.dtype], x.shape[1:], bool(scores))
+
+        def file(future):
+            if not self.outbox and not self._in_flight():  # alone: it leaves now, not a loop turn later
+                self._send(key, 0.0 if timeout is None else timeout, [(x, future)])
+            else:
+                self.outbox.setdefault(key, []).append((x, future, timeout))
+
         try:
-            return await self._wait(lambda future: self.outbox.setdefault(key, []).append((x, future, timeout)),
-                                    timeout)
+            return await self._wait(file, timeout)
         except TimeoutError:
             raise Expired(f"not answered within {timeout:g} s") from None
 
