@@ -345,17 +345,19 @@ def test_inline_passes_run_on_the_loops_thread_and_what_arrives_meanwhile_is_the
     assert set(threads) == {threading.get_ident()}
 
 
-def test_now_runs_a_lone_request_at_once_only_where_inline_and_idle():
-    """now(): on an inline batcher whose loop waits for a first request, the pass runs in the call,
-    padded to the ladder and counted in the metrics; with a request queued (it would be overtaken),
-    on a batcher that is not inline, or past max_batch, None (the caller submits). A bad image
-    raises as submit does, and the batcher stays usable."""
+def test_now_runs_a_lone_request_at_once_only_where_inline_idle_and_quiet():
+    """now(): on an inline batcher whose loop waits for a first request, and whose last pass ended
+    QUIET_S ago or more, the pass runs in the call, padded to the ladder and counted in the
+    metrics; right after a pass (passes following one another: load), with a request queued (it
+    would be overtaken), on a batcher that is not inline, or past max_batch, None (the caller
+    submits). A bad image raises as submit does, and the batcher stays usable."""
     from infer.serve.batcher import ladder
     from infer.serve.metrics import Metrics
 
     rec = Recorder()
     metrics = Metrics(8)
     b = Batcher(rec, max_batch=8, max_delay_s=0, pad_to=ladder(8), metrics=metrics, inline=True)
+    b.QUIET_S = 0.05
 
     async def main():
         assert b.now(images([1])) is None  # not started: its loop is not waiting
@@ -364,6 +366,8 @@ def test_now_runs_a_lone_request_at_once_only_where_inline_and_idle():
         labels, kept = b.now(images([4, 5, 6]), scores=True)
         assert labels.tolist() == [4, 5, 6] and kept[:, 0].tolist() == [4, 5, 6]
         assert rec.batches == [(4, np.float32)]  # padded to the ladder's 4, in this call
+        assert b.now(images([2])) is None  # a pass just ended: not quiet
+        b.QUIET_S = 0
         with pytest.raises(InputError):
             b.now(images([3, -1]))
         assert b.now(images(range(9))) is None  # past max_batch: split by submit

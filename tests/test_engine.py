@@ -345,11 +345,13 @@ def test_a_front_ends_shared_memory_is_pinned_at_its_first_large_request_and_unp
 def test_an_idle_inline_engine_runs_a_lone_request_as_it_arrives_without_queueing_it(tmp_path):
     """Inline and idle, the engine runs a request's pass in the turn of its loop that read it
     (Batcher.now): nothing goes through the batcher's queue, answers are the request's own rows
-    (scores too), a bad image fails its request alone and the next is served."""
+    (scores too), a bad image fails its request alone and the next is served. Right after a pass
+    (within QUIET_S: under load) a request goes through the queue as before."""
     queued = []
     session = StubSession()
 
     async def body(front, engine):
+        engine.batcher.QUIET_S = 0
         submit = engine.batcher.submit
 
         async def recorded(x, *args):
@@ -361,9 +363,12 @@ def test_an_idle_inline_engine_runs_a_lone_request_as_it_arrives_without_queuein
         with pytest.raises(InputError):
             await front.submit(images([4, -1]))
         group = await asyncio.gather(front.submit(images([1])), front.submit(images([2, 3])))
+        assert queued == []
+        engine.batcher.QUIET_S = 60
+        assert (await front.submit(images([8])))[0].tolist() == [8]
         return first, group
 
     (labels, kept), group = served(tmp_path, session, body, inline=True)
     assert labels.tolist() == [5] and kept[:, 0].tolist() == [5]
     assert [g[0].tolist() for g in group] == [[1], [2, 3]]
-    assert queued == [] and session.passes == [[5], [4, -1], [1], [2, 3]]  # the first of two leaves alone
+    assert queued == [1] and session.passes == [[5], [4, -1], [1], [2, 3], [8]]  # the first of two leaves alone

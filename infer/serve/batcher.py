@@ -58,6 +58,8 @@ class Pending:
 
 
 class Batcher:
+    QUIET_S = 100e-6  # now(): idle this long, a request is taken for a lone one (one connection: ~300 us)
+
     def __init__(self, classify, max_batch, max_delay_s, metrics=None, max_queued=None, pad_to=None, thread=None,
                  inline=False):
         """classify(x, scores) -> (labels, scores or None), called on the batch thread, or with
@@ -80,6 +82,7 @@ class Batcher:
         self.running = []  # the requests of the pass in progress
         self.passed = None  # a future done as the pass in progress ends
         self.idle = False  # the loop waits for a first request, none queued or held (now())
+        self.ended = 0.0  # perf_counter() as the last pass ended
 
     def start(self):
         self.task = asyncio.get_running_loop().create_task(self._loop())
@@ -130,13 +133,19 @@ class Batcher:
 
     def now(self, x, scores=False, requests=1):
         """(labels, scores or None) of images x from a pass run now, on the loop's thread, where
-        the batcher runs inline and is idle: no request queued, held or in a batch forming, so
-        none is overtaken and x would have opened the next batch alone. A lone request then costs
-        the loop no hops through the queue and the tasks around it. None where it is not idle (the
-        caller submits). A failed pass raises, as submit does."""
-        if not (self.inline and self.idle and self.queue.empty() and len(x) <= self.max_batch):
+        the batcher runs inline and has been idle for QUIET_S: no request queued, held or in a
+        batch forming, so none is overtaken and x would have opened the next batch alone. A lone
+        request then costs the loop no hops through the queue and the tasks around it. None where
+        it is not (the caller submits): under load passes follow one another, and the requests
+        read in one turn of the loop still merge into one pass. A failed pass raises, as submit
+        does."""
+        if not (self.inline and self.idle and self.queue.empty() and len(x) <= self.max_batch
+                and time.perf_counter() - self.ended >= self.QUIET_S):
             return None
-        labels, kept = self.classify(self._padded(x, len(x)), scores)
+        try:
+            labels, kept = self.classify(self._padded(x, len(x)), scores)
+        finally:
+            self.ended = time.perf_counter()
         if self.metrics is not None:
             self.metrics.batch(len(x), requests)
         return labels[:len(x)], kept[:len(x)] if scores else None
@@ -207,6 +216,7 @@ class Batcher:
     def _passed(self):
         self.running = []
         self.passed.set_result(None)
+        self.ended = time.perf_counter()
 
     async def released(self, x):
         """Once no pass in progress reads x's memory (a request that failed or expired, its
