@@ -342,13 +342,40 @@ def test_a_front_ends_shared_memory_is_pinned_at_its_first_large_request_and_unp
     assert [c[0] for c in calls] == ["pass"] * 4 and threading.get_ident() not in {c[2] for c in calls}
 
 
-def test_an_idle_inline_engine_runs_a_lone_request_as_it_arrives_without_queueing_it(tmp_path):
+def test_a_lone_request_leaves_at_once_and_requests_after_a_recent_answer_wait_for_their_turn(tmp_path,
+                                                                                             monkeypatch):
+    """With nothing in flight or waiting and no answer for QUIET_S, a request is sent from submit
+    (the first of two submitted together leaves alone); within QUIET_S of an answer (load) requests
+    wait for the loop's turn, so those of one turn leave as one group."""
+    sent = []
+
+    async def body(front, engine):
+        send = front._send
+
+        def recorded(kind, timeout, members):
+            sent.append([len(x) for x, _ in members])
+            return send(kind, timeout, members)
+
+        front._send = recorded
+        monkeypatch.setattr(front_module, "QUIET_S", 0)
+        first = await asyncio.gather(front.submit(images([1])), front.submit(images([2, 3])))
+        monkeypatch.setattr(front_module, "QUIET_S", 60)
+        then = await asyncio.gather(front.submit(images([4])), front.submit(images([5, 6])))
+        return [a[0].tolist() for a in first + then]
+
+    assert served(tmp_path, StubSession(), body) == [[1], [2, 3], [4], [5, 6]]
+    assert sent == [[1], [2], [1, 2]]
+
+
+def test_an_idle_inline_engine_runs_a_lone_request_as_it_arrives_without_queueing_it(tmp_path, monkeypatch):
     """Inline and idle, the engine runs a request's pass in the turn of its loop that read it
     (Batcher.now): nothing goes through the batcher's queue, answers are the request's own rows
     (scores too), a bad image fails its request alone and the next is served. Right after a pass
     (within QUIET_S: under load) a request goes through the queue as before."""
     queued = []
     session = StubSession()
+
+    monkeypatch.setattr(front_module, "QUIET_S", 0)
 
     async def body(front, engine):
         engine.batcher.QUIET_S = 0
