@@ -27,8 +27,8 @@
 //   three MMAs a k16 step (al wh, ah wl, ah wh; A from registers, one 32-bit load each), host layout
 //   of w2 (K2*K2, C1/16, {hi, lo}, C2/8, 2, 8, 8 halves) of each channel's weights times 2^T, then 2^-T
 //   per channel; the sums times 2^-s, then 2^-T, before ReLU. SLABS3 slab buffers, all but one fetched
-//   ahead. IMGS is 4, or 2 for the certified path's recomputation and the exact path's chunks of a few
-//   images (a block's latency: half the tensor work a block; each image's sums the same, so its bits).
+//   ahead. IMGS is 4, or 2 for the certified path's recomputation (a block's latency at a chunk's end,
+//   half the tensor work a block; each image's sums the same, so its bits).
 //   2 x (3 H1*W1*C1*K1S + 3 H2*W2*C2*K2*K2*C1) tensor FLOPs an image (K1S: the k of conv1's steps, 24
 //   for ECE408's 25; conv2's at float16's rate, twice TF32's), plus 2 x H1*W1*C1 per tail k on FFMA.
 // The shared-memory layout is the host's (launch.Fused.plan): it passes the images per block IMGS, the

@@ -255,39 +255,3 @@ def test_images_uploaded_a_byte_a_pixel_are_certified_from_certify_from(gpu, ece
             b.close()
         np.testing.assert_array_equal(labels, exact[:count])
         assert (recomputed is not None and 0 < recomputed < 0.15 * count) if certified else recomputed is None
-
-
-@pytest.mark.parametrize("n", [1, 4, 37, 300])
-def test_the_exact_paths_short_chunks_run_two_images_a_block_with_fused_wgmmas_bits(gpu, ece408, n):
-    """The default's exact path runs its chunks of at most SHORT_CHUNK images (a server's lone
-    requests; 37 images on 8 streams are chunks of 5 and a last of 2) on fused_kernel3 2 images a
-    block, the others 4 a block; labels and scores are fused-wgmma's bits either way."""
-    from infer.gpu.backend import CudaBackend
-    from infer.gpu.pipelines import FusedCertified
-
-    hopper(gpu)
-    model = loader.load_model(ece408 / "model.hdf5")
-    x = read_all(ece408 / "testfull.hdf5", model, 10000)[1000:1000 + n]
-    b = CudaBackend()
-    try:
-        host = b.host_buffers(x.shape, np.float32)[0]
-        host[...] = x
-        plan = for_backend(b, model, x.shape, scores=True)
-        b.prepare(model, plan)
-        pipeline, seen = b.executor.pipeline, []
-        for name in ("exact", "recompute"):
-            kernel = getattr(pipeline, name)
-            setattr(pipeline, name, lambda *a, _k=kernel, _name=name, **kw: (seen.append((_name, a[4])), _k(*a, **kw))[1])
-        for g in b.executor.graphs.values():  # recorded again: the launches seen
-            g.close()
-        b.executor.graphs.clear()
-        labels, scores = b.forward(host)
-    finally:
-        b.close()
-    chunks = [min(plan.chunk, n - i) for i in range(0, n, plan.chunk)]
-    assert sorted(count for _, count in seen) == sorted(chunks)
-    assert all(name == ("recompute" if count <= FusedCertified.SHORT_CHUNK else "exact") for name, count in seen)
-    assert n != 37 or {name for name, _ in seen} == {"exact", "recompute"}
-    exact, exact_scores, _ = labels_of(EXACT, model, x, scores=True)
-    np.testing.assert_array_equal(labels, exact)
-    np.testing.assert_array_equal(scores, exact_scores)

@@ -386,10 +386,6 @@ class FusedCertified(FusedWarpgroup):
     # certify_kernel5: 5,120 codes ahead in GPU time (7%) and level to ahead end to end, 4,096 level
     CERTIFY_FROM = CERTIFY_FROM
     RECOMPUTE_IMGS = 2  # fused_kernel3's images a block when it recomputes a chunk's list
-    # The exact path's chunks of at most this many images (a server's lone requests) run the same
-    # 2-image blocks: the same bits, sooner (one H200, a whole classify: 1 image 72 -> 62 us, 4 images
-    # 108 -> 79 us; 16 images 110 -> 127 us, so not there)
-    SHORT_CHUNK = 4
 
     @classmethod
     def kernel_for(cls, g):
@@ -512,8 +508,7 @@ class FusedCertified(FusedWarpgroup):
     def enqueue_exact(self, stream, x, n, labels, scratch_base, overflow, scores=0, bad=0, scaling=-1):
         """fused-wgmma's two kernels (fused_kernel3, its fc kernel): for a run not certified."""
         s = Scratch(scratch_base, self._layout(n)).ptr
-        convs = self.recompute if n <= self.SHORT_CHUNK else self.exact
-        convs(stream, x, self.w2, s["feat"], n, bad, scaling=scaling)
+        self.exact(stream, x, self.w2, s["feat"], n, bad, scaling=scaling)
         self.fcs(stream, s["feat"], self.fc1, self.fc2, labels, n, overflow, scores, s["partial"])
 
 
