@@ -304,9 +304,10 @@ class Session:
                 return out
         data = DataSet.from_array(x)
         predictions, _, kept, _, _ = self._forward(data, scores, NoProgress())
-        run = self.last_plan
+        run = self.last_plan  # this call's, unless another thread's call ended meanwhile: checked
         if (self.backend.checks_values and not self.backend.concurrent and not run.streamed
-                and x.nbytes <= INLINE_BYTES and np.dtype(run.wire) == x.dtype):
+                and x.nbytes <= INLINE_BYTES and np.dtype(run.wire) == x.dtype and run.n == len(x)
+                and tuple(run.image_shape) == x.shape[1:] and run.scores == bool(scores)):
             if len(self._again) >= 64:
                 self._again.clear()
             self._again[key] = run
