@@ -27,6 +27,9 @@ from ..errors import InputError
 
 
 STOP = object()  # queued by stop(): the requests before it are answered first
+# A lone request: one that comes QUIET_S or more after the last pass ended (Batcher.now) or the
+# last answer came (a front end's send, front.py); one connection's requests come ~150-300 us apart
+QUIET_S = 100e-6
 
 
 def ladder(max_batch):
@@ -58,7 +61,7 @@ class Pending:
 
 
 class Batcher:
-    QUIET_S = 100e-6  # now(): idle this long, a request is taken for a lone one (one connection: ~300 us)
+    QUIET_S = QUIET_S
 
     def __init__(self, classify, max_batch, max_delay_s, metrics=None, max_queued=None, pad_to=None, thread=None,
                  inline=False):

@@ -11,14 +11,13 @@ import time
 
 import numpy as np
 
-from .batcher import Draining, Expired
+from .batcher import QUIET_S, Draining, Expired
 from .wire import (ANSWER, ATTACH_CODE, ATTACHED, CODES, OFFSET, OK, REQUEST, SCORES, SHARED, STATS, STATS_CODE,
                    error)
 from ..errors import InputError
 
 SHARED_BYTES = 64 << 20  # a front end's shared memory for images; its pages are touched as used
 SHARED_MIN = 64 << 10  # smaller requests' images go on the socket: a write either way
-QUIET_S = 100e-6  # a request with none in flight or answered for this long leaves at once (one connection: ~150 us)
 
 
 class RemoteBatcher:
