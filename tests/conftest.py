@@ -59,11 +59,12 @@ def invoke(*args):
 
 
 def pytest_terminal_summary(terminalreporter):
-    from tests.test_kernels_compile import REPORT
-
-    if REPORT:
+    # test_kernels_compile's ptxas lines, from the reports (so they come back from xdist's workers too)
+    lines = {value for report in terminalreporter.stats.get("passed", []) + terminalreporter.stats.get("failed", [])
+             for key, value in getattr(report, "user_properties", ()) if key == "ptxas"}
+    if lines:
         terminalreporter.write_sep("-", "ptxas: registers and spills per kernel")
-        for line in sorted(set(REPORT)):
+        for line in sorted(lines):
             terminalreporter.write_line(line)
 
 

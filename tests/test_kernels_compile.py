@@ -61,9 +61,6 @@ HOPPER = ([("fused3", Fused.defines(g, 3)) for g in (MNIST, Geometry(27, 29, 3, 
           + [conv(c, version=2) for c in HOPPER_CONVS] + [conv(c, version=3) for c in WHOLE_CONVS]
           + [conv(c, version=4) for c in STAGED_CONVS]
           + [gemm(4, 128, GEMM_BN=bn) for bn in (16, 32, 64)])
-REPORT = []
-
-
 def test_every_kernel_file_is_covered():
     assert sorted({name for name, _ in VARIANTS + HOPPER}) == compiler.kernel_names()
 
@@ -90,18 +87,19 @@ def ids(variants):
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("name,defines", VARIANTS, ids=ids(VARIANTS))
 @pytest.mark.slow
-def test_kernel_compiles_without_spills(tmp_path, name, defines, arch):
-    compile_without_spills(tmp_path, name, defines, arch)
+def test_kernel_compiles_without_spills(request, tmp_path, name, defines, arch):
+    compile_without_spills(request, tmp_path, name, defines, arch)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
 @pytest.mark.parametrize("name,defines", HOPPER, ids=ids(HOPPER))
 @pytest.mark.slow
-def test_hopper_kernel_compiles_without_spills(tmp_path, name, defines):
-    compile_without_spills(tmp_path, name, defines, "sm_90a")
+def test_hopper_kernel_compiles_without_spills(request, tmp_path, name, defines):
+    compile_without_spills(request, tmp_path, name, defines, "sm_90a")
 
 
-def compile_without_spills(tmp_path, name, defines, arch):
+def compile_without_spills(request, tmp_path, name, defines, arch):
+    """ptxas's registers and spills for each kernel go into the test's report (conftest prints them)."""
     cmd = compiler.command(name, arch, defines, output=tmp_path / "k.cubin", extra=("-Xptxas", "-v"))
     r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
@@ -112,7 +110,7 @@ def compile_without_spills(tmp_path, name, defines, arch):
         r"Function properties for (\w+)\n\s+\d+ bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", r.stderr)}
     assert kernels and len(usage) == len(kernels) and set(kernels) <= set(spilled), r.stderr
     for kernel, regs in zip(kernels, usage):
-        REPORT.append(f"{kernel:16} {arch}  {str(defines.get('TILE_WIDTH', '')):>3}  {regs:>4} registers  {spilled[kernel]} bytes spilled")
+        request.node.user_properties.append(("ptxas", f"{kernel:16} {arch}  {str(defines.get('TILE_WIDTH', '')):>3}  {regs:>4} registers  {spilled[kernel]} bytes spilled"))
     assert not any(spilled.values()), f"{name} spills registers on {arch}: {r.stderr}"
     # ptxas serializes the wgmma (one in flight) where registers run short (C7512) or for other
     # reasons (C75xx "Potential Performance Loss"); a kernel that did so was dropped (docs/performance.md).
