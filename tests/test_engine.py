@@ -301,11 +301,12 @@ def test_the_shared_memory_allocator_matches_a_model_of_its_extents():
     region.close()
 
 
-def test_a_front_ends_shared_memory_is_pinned_at_its_first_large_request_and_unpinned_as_it_goes(tmp_path):
+def test_a_front_ends_shared_memory_is_pinned_as_it_attaches_and_unpinned_as_it_goes(tmp_path):
     """An inline engine (its loop on the session's thread: here the test's) runs its passes on the
-    loop's thread and pins a front end's shared memory there, once, at its first request that
-    travels there (small ones do not), and unpins it when the front end disconnects. An engine
-    that is not inline (a CPU session: passes on a thread of the batcher's) pins nothing."""
+    loop's thread and pins a front end's shared memory there, once, as the front end attaches
+    (before any request: never in the middle of serving), and unpins it when the front end
+    disconnects. An engine that is not inline (a CPU session: passes on a thread of the batcher's)
+    pins nothing."""
     calls = []
 
     class Pinning(StubSession):
@@ -323,8 +324,8 @@ def test_a_front_ends_shared_memory_is_pinned_at_its_first_large_request_and_unp
     rng = np.random.default_rng(13)
 
     async def body(front, engine):
+        assert [c[0] for c in calls] == (["pin"] if engine.inline else [])  # attached
         await front.submit(images([1, 2]))
-        assert [c[0] for c in calls] == ["pass"]  # small: on the socket
         for i in range(3):
             labels, _ = await front.submit(large(rng, np.arange(37) + i))
             assert labels.tolist() == list(range(i, 37 + i))
@@ -334,7 +335,7 @@ def test_a_front_ends_shared_memory_is_pinned_at_its_first_large_request_and_unp
 
     shared, engine = served(tmp_path, Pinning(), body, inline=True)
     assert engine.metrics.pinned == 0  # unpinned as the front end went
-    assert [c[0] for c in calls] == ["pass", "pin", "pass", "pass", "pass", "unpin"]
+    assert [c[0] for c in calls] == ["pin", "pass", "pass", "pass", "pass", "unpin"]
     assert all(c[1] is shared for c in calls if c[0] != "pass")
     assert {c[2] for c in calls} == {threading.get_ident()}
     calls.clear()
