@@ -34,6 +34,12 @@ class StubSession(Recorder):
         self.passes.append(x.reshape(len(x), -1)[:, 0].tolist())
         return self(x, scores)
 
+    def pin(self, array):  # as a CPU session: memory it cannot register (Pinning below can)
+        return False
+
+    def unpin(self, array):
+        pass
+
 
 RUN = asyncio.run  # how served() runs its loop: asyncio's, or uvloop's where the fixture says
 
