@@ -68,9 +68,8 @@ class Engine:
         """Have the session register link's shared memory page-locked (inline: on the session's
         thread; without, a CPU session, there is nothing to pin): the passes upload large requests
         from there directly, with no copy into the session's own page-locked buffer. Done as the
-        front end attaches, at start: registering 64 MB takes the driver 40-50 ms, and at a front
-        end's first large request, under load, that stalled every request in flight (the p99 of
-        256 connections 25-120 ms in one row of a run in two, RSS growing by 64 MB steps)."""
+        front end attaches, at start: registering 64 MiB takes the driver 40-50 ms on this thread,
+        which at a front end's first large request under load every request in flight waited for."""
         if self.inline and self.session.pin(link.shared):
             link.pinned_bytes = link.shared.nbytes
             self.metrics.pinned += link.pinned_bytes
