@@ -275,7 +275,7 @@ def plan_command(args, backend, chunk, readers, streams, tile_width, gemm_algo, 
 @click.option("--devices", callback=parse_devices, metavar="LIST|all", help="--stream: GPUs to split the images over.")
 @click.option("--serve", "served", is_flag=True, help="Instead: wrk against `cnninfer serve` on 127.0.0.1 (and "
               "the same with --max-batch 1, and a plain Starlette + PyTorch endpoint where torch sees a GPU): "
-              "requests/s, p50/p99 for single images at each --clients, and for 4096-image uint8 requests.")
+              "requests/s, p50/p99 for single uint8 images at each --clients, and for 4096-image uint8 requests.")
 @click.option("--clients", default="1,16,64,256", show_default=True, help="--serve: concurrent connections.")
 @click.option("--seconds", type=click.FloatRange(1, 600), default=5.0, show_default=True,
               help="--serve: seconds per measurement.")

@@ -1,5 +1,5 @@
 """`cnninfer bench --serve`: wrk (not ours; Debian: apt-get install wrk) against real servers on
-127.0.0.1, bounded in time: requests/s and p50/p99 latency for single-image .npy requests at
+127.0.0.1, bounded in time: requests/s and p50/p99 latency for single-image uint8 .npy requests at
 1..256 concurrent connections, for large uint8 .npy requests, and KServe v2 gRPC calls at the
 most connections (grpc_h2load where nghttp2's h2load is on the PATH, else grpc_load, a Python
 client that saturates first), for `cnninfer serve`, the same
@@ -362,7 +362,7 @@ def serve_bench(data, model, backend="auto", clients=(1, 16, 64, 256), seconds=5
                 check_answers(url, x, expected)
                 if post(url, npy(u8))["labels"] != expected_u8.tolist():
                     raise InputError(f"{name}: uint8 answers differ from the local Session's")
-            single = encode(x[:1])
+            single = encode(u8[:1])  # the targets' single image: a byte a pixel
             for c in clients:
                 # (with several workers each counts its own: no mean batch)
                 before = metric_sum(url, "cnninfer_batch_images") if name.startswith("cnninfer serve") \
@@ -406,7 +406,7 @@ def soak(data, model, backend="auto", seconds=600.0, connections=256, workers=1,
     proc, url = start(servers(model, backend, False, workers, max_batch)[1 if workers > 1 else 0][1])
     try:
         check_answers(url, x, expected)
-        single = npy(x[:1])
+        single = npy(np.round(x[:1] * 255).astype(np.uint8))  # as bench --serve's rows
         peak = load(url, single, connections, probe_s)
         # Each connection waits between requests so the rate is about half the peak
         pause_ms = max(0.0, 2 * connections / peak["rps"] * 1e3 - peak["p50_ms"])
@@ -443,7 +443,7 @@ def table(result):
             lines.append(f"{i + 1:>6} {w['duration_us'] / 1e6:>8.1f} {w['rps']:>9.0f} {w['p50_ms']:>8.2f} {w['p99_ms']:>8.2f} "
                          f"{w['max_ms']:>8.1f} {w['non2xx'] + w['socket_errors']:>6} {w['rss_mb']:>7.0f}")
         return lines
-    lines = [f"device: {result['device']}; {result['seconds']:g} s per row; wrk on 127.0.0.1",
+    lines = [f"device: {result['device']}; {result['seconds']:g} s per row; wrk on 127.0.0.1; uint8 images",
              f"{'server':<44} {'images/req':>10} {'clients':>7} {'req/s':>10} {'images/s':>12} "
              f"{'p50 ms':>8} {'p99 ms':>8} {'errors':>6} {'batch':>6}"]
     for r in result["rows"]:
