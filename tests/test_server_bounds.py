@@ -165,6 +165,49 @@ def test_half_headers_are_cut_and_connections_are_capped(server, data):
     assert served_correctly(server, data)
 
 
+def closing_times(socks, limit_s):
+    """Seconds from now until the server closed each socket (within limit_s), by index."""
+    closed_at = {}
+    t = time.monotonic()
+    while len(closed_at) < len(socks) and time.monotonic() - t < limit_s:
+        for i, s in enumerate(socks):
+            if i not in closed_at:
+                s.settimeout(0.05)
+                try:
+                    if s.recv(1024) == b"":
+                        closed_at[i] = time.monotonic() - t
+                except socket.timeout:
+                    pass
+                except OSError:
+                    closed_at[i] = time.monotonic() - t
+    return closed_at
+
+
+def test_grpc_connections_are_capped_and_silent_ones_cut(server, data):
+    """The gRPC port keeps HTTP's bounds: 40 connections that send nothing against a cap of 24,
+    those past it closed at once, the rest at the 1 s header timeout (no HTTP/2 preface sent);
+    then a gRPC call and an HTTP request are answered as before."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    assert server.grpc
+    host, port = server.grpc.rsplit(":", 1)
+    socks = [socket.create_connection((host, int(port)), timeout=5) for _ in range(40)]
+    try:
+        early = closing_times(socks, 0.5)
+        assert len(early) >= 16, "the connections past the cap are closed as they are accepted"
+        closed_at = closing_times(socks, 6)
+        assert len(closed_at) == 40, "every silent connection is closed"
+        assert max(closed_at.values()) < 4
+    finally:
+        for s in socks:
+            s.close()
+    x, expected, _ = data
+    inp = grpcclient.InferInput("x", [5, 28, 28, 1], "FP32")
+    inp.set_data_from_numpy(x[:5])
+    r = grpcclient.InferenceServerClient(server.grpc).infer("cnninfer", [inp], headers={"authorization": "Bearer t0ken"})
+    assert r.as_numpy("labels").tolist() == expected[:5].tolist()
+    assert served_correctly(server, data)
+
+
 def test_a_body_shorter_than_its_length_is_answered_408(server, data):
     with socket.create_connection(address(server), timeout=10) as s:
         s.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0ken\r\n"

@@ -34,9 +34,10 @@ def descriptor_limit():
     return soft
 
 
-def connection_cap(asked):
-    """The connection cap: `asked`, or less where the descriptors allow fewer (InputError-free)."""
-    return max(1, min(asked, descriptor_limit() - FD_MARGIN))
+def connection_cap(asked, listeners=1):
+    """The connection cap of each of `listeners` (HTTP, and gRPC where served): `asked`, or less
+    where the descriptors allow fewer (InputError-free)."""
+    return max(1, min(asked, (descriptor_limit() - FD_MARGIN) // listeners))
 
 
 MAX_HEAD_BYTES = 16 << 10  # a request's line and headers (h11's limit, which uvicorn kept before)

@@ -44,6 +44,7 @@ INLINE_BYTES = 64 << 10  # .npy bodies up to this size are parsed on the event l
 SWITCH_INTERVAL_S = 0.0002
 GIVE_UP_MARGIN_S = 0.5  # stalled uploads are answered 503 this long before the drain's end
 STARTUP_POLL_S = 0.1  # a front end waiting for the engine's hello looks this often for a SIGTERM
+KEEP_ALIVE_S = 30  # a connection without a request (HTTP) or call (gRPC) this long is closed
 
 
 @dataclass(frozen=True)
@@ -409,9 +410,16 @@ def make_app(session, settings, batcher, sha256=None):
         import grpc
 
         limit = settings.max_body_bytes + (1 << 16)
+        cap = guard.connection_cap(settings.max_connections, 2)
+        # HTTP's connection bounds, enforced by gRPC's core (which counts no refusals for /metrics):
+        # at most the cap open at once, past it closed as accepted; the HTTP/2 preface within the
+        # header timeout; closed (GOAWAY) after as long without a call as HTTP keeps a connection alive
         server = grpc.aio.server(maximum_concurrent_rpcs=settings.max_connections,
                                  options=[("grpc.max_receive_message_length", limit),
-                                          ("grpc.max_send_message_length", limit)])
+                                          ("grpc.max_send_message_length", limit),
+                                          ("grpc.max_allowed_incoming_connections", cap),
+                                          ("grpc.server_handshake_timeout_ms", round(settings.header_timeout_s * 1e3)),
+                                          ("grpc.max_connection_idle_ms", KEEP_ALIVE_S * 1000)])
         servicer, add = kserve.grpc_servicer(Face)
         add(servicer, server)
         port = server.add_insecure_port(settings.grpc)
@@ -615,7 +623,7 @@ def run_app(session, settings, sock, announce, batcher, sha256=None):
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     app = make_app(session, settings, batcher, sha256)
     drain = app.state.drain
-    cap = guard.connection_cap(settings.max_connections)
+    cap = guard.connection_cap(settings.max_connections, 2 if settings.grpc else 1)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets=None):
@@ -643,7 +651,7 @@ def run_app(session, settings, sock, announce, batcher, sha256=None):
                             proxy_headers=False,  # nothing is proxied to 127.0.0.1: headers kept as sent
                             ws="none",  # nothing is served over WebSocket: an Upgrade stays HTTP, within the guard
                             http=guard.protocol(cap, settings.header_timeout_s, app.state.metrics),
-                            timeout_graceful_shutdown=settings.drain_s, timeout_keep_alive=30)
+                            timeout_graceful_shutdown=settings.drain_s, timeout_keep_alive=KEEP_ALIVE_S)
     # uvicorn sends a captured signal on to the previous handler after its graceful shutdown; with
     # these, a drained server exits 0 rather than dying of that signal
     previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGTERM, signal.SIGINT)}
