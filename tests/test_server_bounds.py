@@ -96,6 +96,26 @@ def test_the_pixel_limit_is_the_limit(server):
     assert within.status_code == 200 and len(within.json()["labels"]) == 1
 
 
+def decoded(server):
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    return {m[0]: int(m[1]) for m in re.findall(r'^cnninfer_decoded_total\{where="(\w+)"\} (\d+)$', text, re.M)}
+
+
+def test_pictures_and_large_bodies_are_decoded_on_a_decoder_thread(server, data):
+    """A PNG and a .npy past 64 KiB are decoded on a decoder thread, never the event loop, where a
+    slow picture would hold up every other client; a small .npy is parsed on the loop."""
+    x, expected, _ = data
+    digit = picture(np.round(x[0, :, :, 0] * 255).astype(np.uint8), "PNG")
+    before = decoded(server)
+    r = post(server, digit, {"Content-Type": "image/png"})
+    assert r.status_code == 200 and r.json()["labels"] == expected[:1].tolist()
+    assert len(npy(x[:30])) > 64 << 10 and post(server, npy(x[:30])).json()["labels"] == expected[:30].tolist()
+    after = decoded(server)
+    assert after == {"loop": before["loop"], "thread": before["thread"] + 2}
+    assert post(server, npy(x[:1])).status_code == 200
+    assert decoded(server) == {"loop": before["loop"] + 1, "thread": before["thread"] + 2}
+
+
 @pytest.mark.parametrize("fmt", ["GIF", "BMP", "TIFF", "WEBP", "JPEG"])
 def test_only_the_declared_format_is_decoded(server, data, fmt):
     """GIF, BMP, TIFF, WebP and JPEG bytes sent as image/png: 400, no other decoder runs."""

@@ -99,6 +99,7 @@ class Metrics:
         self.refusals = dict.fromkeys(REFUSALS, 0)
         self.open_connections = lambda: 0  # the server's count, set once it runs
         self.decoding = 0  # bodies being decoded now
+        self.decoded = {"loop": 0, "thread": 0}  # bodies decoded, where: only small .npy bodies on the event loop
         self.requests = {}  # status code -> requests answered
         self.images = {}  # status code -> images in them
         self.latency = Histogram(LATENCY_S)  # seconds from the request's arrival to its answer
@@ -148,7 +149,10 @@ class Metrics:
             lines += ["# HELP cnninfer_open_connections HTTP connections open now.",
                       "# TYPE cnninfer_open_connections gauge", f"cnninfer_open_connections {self.open_connections()}",
                       "# HELP cnninfer_decoding Request bodies being decoded now.",
-                      "# TYPE cnninfer_decoding gauge", f"cnninfer_decoding {self.decoding}"]
+                      "# TYPE cnninfer_decoding gauge", f"cnninfer_decoding {self.decoding}",
+                      "# HELP cnninfer_decoded_total Request bodies decoded, by where: the event loop (.npy bodies "
+                      "up to 64 KiB) or a decoder thread.", "# TYPE cnninfer_decoded_total counter"]
+            lines += [f'cnninfer_decoded_total{{where="{w}"}} {n}' for w, n in self.decoded.items()]
         return "\n".join(lines) + "\n"
 
     def batch_text(self):

@@ -249,8 +249,10 @@ def make_app(session, settings, batcher, sha256=None):
         """decode(body), at once or on a decoder thread; its InputErrors as responses."""
         try:
             if inline:
+                metrics.decoded["loop"] += 1
                 return decode(body)
             async with decode_slots:
+                metrics.decoded["thread"] += 1
                 metrics.decoding += 1
                 try:
                     return await asyncio.get_running_loop().run_in_executor(decode_pool, decode, body)
