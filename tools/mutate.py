@@ -10,7 +10,7 @@ checkout (tracked and untracked files, `../shared` beside it as in CI), the name
 (`python -m pytest -q -x`, a time limit each), and the mutation is caught when they fail. A report
 of every mutation, caught or survived, is printed and written whole to --report.
 
-    python tools/mutate.py                          # every mutation (about 10 minutes on 2 cores)
+    python tools/mutate.py                          # every mutation (about 30 minutes on 2 cores)
     python tools/mutate.py --only server --report /tmp/mutations.txt
     python tools/mutate.py --gpu                    # the kernels' mutations, on a GPU machine
 
