@@ -61,6 +61,8 @@ HOPPER = ([("fused3", Fused.defines(g, 3)) for g in (MNIST, Geometry(27, 29, 3, 
           + [conv(c, version=2) for c in HOPPER_CONVS] + [conv(c, version=3) for c in WHOLE_CONVS]
           + [conv(c, version=4) for c in STAGED_CONVS]
           + [gemm(4, 128, GEMM_BN=bn) for bn in (16, 32, 64)])
+
+
 def test_every_kernel_file_is_covered():
     assert sorted({name for name, _ in VARIANTS + HOPPER}) == compiler.kernel_names()
 
