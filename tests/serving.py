@@ -2,6 +2,7 @@
 import io
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -82,3 +83,88 @@ def wait_for(predicate, timeout=10.0):
             return True
         time.sleep(0.02)
     return False
+
+
+class StalledCall:
+    """A hostile gRPC client on a connection of its own, raw HTTP/2: one ModelInfer call whose
+    message declares `declared` bytes, of which it sends all but the last as fast as the server's
+    flow-control windows allow, and never the rest. pump() sends what the windows allow and reads
+    what came back; `status` is the call's grpc-status once the server ended it (None before)."""
+
+    PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+    def __init__(self, address, declared, token=None):
+        import socket
+
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=5)
+        self.sock.setblocking(False)
+        self.left, self.status, self.inbox = declared - 1, None, b""
+        self.conn_window = self.stream_window = 65535
+        headers = [(":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
+                   (":authority", address), ("content-type", "application/grpc"), ("te", "trailers")]
+        if token:
+            headers.append(("authorization", f"Bearer {token}"))
+        block = b"".join(b"\0" + self._string(k) + self._string(v) for k, v in headers)  # literals, not indexed
+        self.out = (self.PREFACE + self._frame(4, 0, 0, b"") + self._frame(1, 4, 1, block)
+                    + self._frame(0, 0, 1, b"\0" + declared.to_bytes(4, "big")))
+        self.stream_window -= 5
+        self.conn_window -= 5
+
+    @staticmethod
+    def _string(s):
+        b = s.encode()
+        assert len(b) < 127
+        return bytes([len(b)]) + b
+
+    @staticmethod
+    def _frame(kind, flags, stream, payload):
+        return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+    def pump(self):
+        try:
+            while True:
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    break
+                self.inbox += data
+        except (BlockingIOError, OSError):
+            pass
+        while len(self.inbox) >= 9 and len(self.inbox) >= 9 + int.from_bytes(self.inbox[:3], "big"):
+            n = int.from_bytes(self.inbox[:3], "big")
+            kind, flags, stream = self.inbox[3], self.inbox[4], int.from_bytes(self.inbox[5:9], "big") & 0x7FFFFFFF
+            payload, self.inbox = self.inbox[9:9 + n], self.inbox[9 + n:]
+            if kind == 4 and not flags & 1:  # SETTINGS: INITIAL_WINDOW_SIZE moves the stream's window
+                for i in range(0, len(payload), 6):
+                    if int.from_bytes(payload[i:i + 2], "big") == 4:
+                        self.stream_window += int.from_bytes(payload[i + 2:i + 6], "big") - 65535
+                self.out += self._frame(4, 1, 0, b"")
+            elif kind == 6 and not flags & 1:  # PING
+                self.out += self._frame(6, 1, 0, payload)
+            elif kind == 8:  # WINDOW_UPDATE
+                increment = int.from_bytes(payload, "big") & 0x7FFFFFFF
+                if stream == 0:
+                    self.conn_window += increment
+                else:
+                    self.stream_window += increment
+            elif kind == 1 and stream == 1:  # the answer's headers or trailers: grpc-status in literals
+                found = re.search(rb"grpc-status.?(\d+)", payload)
+                if found:
+                    self.status = int(found.group(1))
+            elif kind == 3 and stream == 1 and self.status is None:  # RST_STREAM without trailers
+                self.status = -1
+        if self.status is None:
+            n = min(self.left, self.conn_window, self.stream_window, 1 << 20)
+            for at in range(0, n, 16384):
+                self.out += self._frame(0, 0, 1, bytes(min(16384, n - at)))
+            self.left -= n
+            self.conn_window -= n
+            self.stream_window -= n
+        try:
+            sent = self.sock.send(self.out)
+            self.out = self.out[sent:]
+        except (BlockingIOError, OSError):
+            pass
+
+    def close(self):
+        self.sock.close()

@@ -219,6 +219,58 @@ def test_grpc_connections_are_capped_and_silent_ones_cut(server, data):
     assert served_correctly(server, data)
 
 
+def rss(pid):
+    return int(re.search(r"VmRSS:\s+(\d+) kB", open(f"/proc/{pid}/status").read()).group(1)) * 1024
+
+
+def test_grpc_messages_still_arriving_hold_at_most_the_budget(ece408, data):
+    """12 gRPC calls each declaring a 15 MB message, sent as fast as the server's windows allow
+    and never finished: they hold at most --max-buffered-mb (48 MiB: two reads of the largest
+    message, 16 MiB, at once; gRPC alone granted each its whole window: 180 MB), each read is cut
+    at the 2 s body timeout (DEADLINE_EXCEEDED) or, waiting for room, refused (UNAVAILABLE) in
+    bounded time, HTTP is served throughout, and gRPC again once they have ended."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    from tests.serving import StalledCall
+
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--max-buffered-mb", "48", "--max-body-mb", "16",
+               "--body-timeout-s", "2")
+    try:
+        assert s.grpc
+        before = rss(s.proc.pid)
+        calls = [StalledCall(s.grpc, 15 << 20) for _ in range(12)]
+        try:
+            end = time.monotonic() + 1.5
+            while time.monotonic() < end:
+                for c in calls:
+                    c.pump()
+                time.sleep(0.002)
+            held = rss(s.proc.pid) - before
+            sent = sum((15 << 20) - 1 - c.left for c in calls)
+            assert sent > 25 << 20, "two calls sent their messages but for a byte"
+            assert held < 60 << 20, f"the stalled calls hold {held >> 20} MB"
+            assert served_correctly(s, data)
+            end = time.monotonic() + 12
+            while time.monotonic() < end and any(c.status is None for c in calls):
+                for c in calls:
+                    c.pump()
+                time.sleep(0.002)
+            statuses = sorted(c.status for c in calls)
+            assert set(statuses) <= {4, 14} and statuses.count(4) >= 2, statuses  # DEADLINE_EXCEEDED, UNAVAILABLE
+            assert rss(s.proc.pid) - before < 120 << 20
+        finally:
+            for c in calls:
+                c.close()
+        x, expected, _ = data
+        inp = grpcclient.InferInput("x", [5, 28, 28, 1], "FP32")
+        inp.set_data_from_numpy(x[:5])
+        r = grpcclient.InferenceServerClient(s.grpc).infer("cnninfer", [inp])
+        assert r.as_numpy("labels").tolist() == expected[:5].tolist()
+        counted = refusals(s)
+        assert counted["body_timeout"] == statuses.count(4) and counted["buffered"] == statuses.count(14)
+    finally:
+        assert s.stop() == 0, "".join(s.stderr)
+
+
 def test_a_body_shorter_than_its_length_is_answered_408(server, data):
     with socket.create_connection(address(server), timeout=10) as s:
         s.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer t0ken\r\n"

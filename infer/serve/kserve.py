@@ -161,6 +161,7 @@ def rest_answer(labels, scores, wanted, request_id=None):
                                     "inference-header-content-length": str(len(head))}
 
 
+SERVICE = "inference.GRPCInferenceService"
 # gRPC: the status an HTTP status maps to (grpc.StatusCode names)
 GRPC_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 408: "DEADLINE_EXCEEDED",
               413: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
@@ -171,14 +172,20 @@ CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT8": "int_conte
 
 def grpc_servicer(face):
     """A GRPCInferenceService servicer over `face`, the server's side of a request: face.model,
-    face.sha256, face.authorized(token or None), async face.decode(fn, nbytes) (fn() on a decoder
-    thread where large), async face.batch(x, scores) -> (labels, scores) (both raise
-    face.Refused(status, message)), face.answered(status, images, seconds), face.failed(what, error)."""
+    face.sha256, face.authorized(token or None), `async with face.message(context) as raw` (the
+    call's one message, read within the server's bounds), async face.decode(fn, nbytes) (fn() on a
+    decoder thread where large), async face.batch(x, scores) -> (labels, scores) (these raise
+    face.Refused(status, message)), face.answered(status, images, seconds), face.failed(what, error).
+    Returns (servicer, add), add(servicer, server) registering it.
+
+    Every method is registered as a client stream of one message (the wire is a unary call's): its
+    handler then reads the message itself, when the bounds let it, rather than grpc.aio reading it
+    at once before any handler runs."""
     import time
 
     import grpc
+    from google.protobuf.message import DecodeError
     from tritonclient.grpc import service_pb2 as pb
-    from tritonclient.grpc import service_pb2_grpc as rpc
 
     def token(context):
         for key, value in context.invocation_metadata() or ():
@@ -189,50 +196,66 @@ def grpc_servicer(face):
     async def refuse(context, status, message):
         await context.abort(getattr(grpc.StatusCode, GRPC_CODES.get(status, "INTERNAL")), message)
 
-    def admitted(context, name=None, version=None):
+    def authorized(context):
         if not face.authorized(token(context)):
             raise face.Refused(401, "a valid bearer token is required (authorization: Bearer TOKEN)")
-        if name is not None and unknown_model(name, version):
+
+    def known(name, version):
+        if unknown_model(name, version):
             raise face.Refused(404, unknown_model(name, version))
 
-    async def answer(context, make, name=None, version=None):
+    def parsed(kind, raw):
         try:
-            admitted(context, name, version)
+            return kind.FromString(raw)
+        except DecodeError:
+            raise face.Refused(400, f"the message is not a {kind.DESCRIPTOR.name}") from None
+
+    async def answer(context, kind, make, model=False):
+        """make(request) of the call's one message of type `kind`, or the call refused."""
+        try:
+            authorized(context)
+            async with face.message(context) as raw:
+                request = parsed(kind, raw)
+                if model:
+                    known(request.name, request.version)
+                return make(request)
         except face.Refused as e:
             await refuse(context, e.status, e.message)
-        return make()
 
     def tensors(ts):
         return [pb.ModelMetadataResponse.TensorMetadata(name=t["name"], datatype=t["datatype"], shape=t["shape"])
                 for t in ts]
 
-    class Servicer(rpc.GRPCInferenceServiceServicer):
-        async def ServerLive(self, request, context):
-            return await answer(context, lambda: pb.ServerLiveResponse(live=True))
+    class Servicer:
+        async def ServerLive(self, requests, context):
+            return await answer(context, pb.ServerLiveRequest, lambda r: pb.ServerLiveResponse(live=True))
 
-        async def ServerReady(self, request, context):
-            return await answer(context, lambda: pb.ServerReadyResponse(ready=True))
+        async def ServerReady(self, requests, context):
+            return await answer(context, pb.ServerReadyRequest, lambda r: pb.ServerReadyResponse(ready=True))
 
-        async def ModelReady(self, request, context):
-            return await answer(context, lambda: pb.ModelReadyResponse(
-                ready=request.name == MODEL and request.version in ("", VERSION)))
+        async def ModelReady(self, requests, context):
+            return await answer(context, pb.ModelReadyRequest, lambda r: pb.ModelReadyResponse(
+                ready=r.name == MODEL and r.version in ("", VERSION)))
 
-        async def ServerMetadata(self, request, context):
+        async def ServerMetadata(self, requests, context):
             meta = server_metadata(face.version)
-            return await answer(context, lambda: pb.ServerMetadataResponse(
+            return await answer(context, pb.ServerMetadataRequest, lambda r: pb.ServerMetadataResponse(
                 name=meta["name"], version=meta["version"], extensions=meta["extensions"]))
 
-        async def ModelMetadata(self, request, context):
+        async def ModelMetadata(self, requests, context):
             meta = model_metadata(face.model, face.sha256)
-            return await answer(context, lambda: pb.ModelMetadataResponse(
+            return await answer(context, pb.ModelMetadataRequest, lambda r: pb.ModelMetadataResponse(
                 name=meta["name"], versions=meta["versions"], platform=meta["platform"],
-                inputs=tensors(meta["inputs"]), outputs=tensors(meta["outputs"])), request.name, request.version)
+                inputs=tensors(meta["inputs"]), outputs=tensors(meta["outputs"])), model=True)
 
-        async def ModelInfer(self, request, context):
-            started, count, status, refused = time.perf_counter(), 0, 200, None
+        async def ModelInfer(self, requests, context):
+            started, count, status, refused, response = time.perf_counter(), 0, 200, None, None
             try:
-                admitted(context, request.model_name, request.model_version)
-                response, count = await self._infer(request)
+                authorized(context)
+                async with face.message(context) as raw:
+                    request = parsed(pb.ModelInferRequest, raw)
+                    known(request.model_name, request.model_version)
+                    response, count = await self._infer(request)
             except face.Refused as e:
                 status, refused = e.status, e
             except InputError as e:
@@ -270,4 +293,13 @@ def grpc_servicer(face):
                 response.raw_output_contents.append(a.tobytes())
             return response, len(x)
 
-    return Servicer(), rpc.add_GRPCInferenceServiceServicer_to_server
+    answers = {"ServerLive": pb.ServerLiveResponse, "ServerReady": pb.ServerReadyResponse,
+               "ModelReady": pb.ModelReadyResponse, "ServerMetadata": pb.ServerMetadataResponse,
+               "ModelMetadata": pb.ModelMetadataResponse, "ModelInfer": pb.ModelInferResponse}
+
+    def add(servicer, server):
+        server.add_registered_method_handlers(SERVICE, {
+            name: grpc.stream_unary_rpc_method_handler(getattr(servicer, name), response_serializer=kind.SerializeToString)
+            for name, kind in answers.items()})
+
+    return Servicer(), add

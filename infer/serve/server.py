@@ -36,6 +36,7 @@ import numpy as np
 from .. import __version__, network
 from . import images, kserve
 from .batcher import Batcher, Busy, Draining, Expired, ladder
+from .budget import Budget
 from ..errors import InputError, about_request
 from .metrics import Metrics
 
@@ -44,6 +45,7 @@ INLINE_BYTES = 64 << 10  # .npy bodies up to this size are parsed on the event l
 SWITCH_INTERVAL_S = 0.0002
 GIVE_UP_MARGIN_S = 0.5  # stalled uploads are answered 503 this long before the drain's end
 STARTUP_POLL_S = 0.1  # a front end waiting for the engine's hello looks this often for a SIGTERM
+GRPC_FRAMING = 1 << 16  # a gRPC message's bytes beyond its body's limit: the protobuf around the tensor
 KEEP_ALIVE_S = 30  # a connection without a request (HTTP) or call (gRPC) this long is closed
 
 
@@ -405,20 +407,64 @@ def make_app(session, settings, batcher, sha256=None):
         async def decode(fn, nbytes):
             return (await decoded(lambda body: (fn(), None), None, nbytes <= INLINE_BYTES))[0]
 
-    Face.sha256, Face.batch = sha256, staticmethod(batch)
+    # a gRPC message's most bytes: a body's, and the framing of the protobuf around it
+    grpc_limit = min(settings.max_body_bytes, settings.max_buffered_bytes) + GRPC_FRAMING
+    grpc_budget = Budget(max(settings.max_buffered_bytes, grpc_limit))
+
+    @contextlib.asynccontextmanager
+    async def message(context):
+        """A gRPC call's one message (bytes), read within the bounds: room for the largest message
+        waited for (up to --body-timeout-s, else 503), then the message within --body-timeout-s (else
+        408; 503 once a drain gives up); its bytes counted in grpc_budget until the block ends."""
+        import grpc
+
+        try:
+            async with asyncio.timeout(settings.body_timeout_s):
+                await grpc_budget.take(grpc_limit)
+        except TimeoutError:
+            raise refused("buffered", 503, f"server busy: gRPC messages fill its {grpc_budget.total} "
+                          f"bytes (--max-buffered-mb); try again") from None
+        held = grpc_limit
+        try:
+            if drain.gave_up:
+                raise refused("draining", 503, "the server is shutting down; try again")
+            try:
+                async with asyncio.timeout(settings.body_timeout_s) as deadline:
+                    drain.reading.add(deadline)
+                    try:
+                        raw = await context.read()
+                    finally:
+                        drain.reading.discard(deadline)
+            except TimeoutError:
+                if drain.gave_up:
+                    raise refused("draining", 503, "the server is shutting down; try again") from None
+                raise refused("body_timeout", 408, f"message: not received within {settings.body_timeout_s:g} s "
+                              f"(the server's --body-timeout-s)") from None
+            if raw is grpc.aio.EOF:
+                raise Refused(400, "the call sent no message")
+            grpc_budget.give(held - len(raw))
+            held = len(raw)
+            yield raw
+        finally:
+            grpc_budget.give(held)
+
+    Face.sha256, Face.batch, Face.message = sha256, staticmethod(batch), staticmethod(message)
 
     async def start_grpc():
         """The gRPC server on settings.grpc ("host:port"), in this event loop; its port."""
         import grpc
 
-        limit = settings.max_body_bytes + (1 << 16)
         cap = guard.connection_cap(settings.max_connections, 2)
         # HTTP's connection bounds, enforced by gRPC's core (which counts no refusals for /metrics):
         # at most the cap open at once, past it closed as accepted; the HTTP/2 preface within the
-        # header timeout; closed (GOAWAY) after as long without a call as HTTP keeps a connection alive
+        # header timeout; closed (GOAWAY) after as long without a call as HTTP keeps a connection alive.
+        # Without BDP probing a call's stream window stays 64 KiB until its handler reads (with it,
+        # gRPC grows every stream's first window towards 64 MiB, read or not), so grpc_budget bounds
+        # the messages' bytes
         server = grpc.aio.server(maximum_concurrent_rpcs=settings.max_connections,
-                                 options=[("grpc.max_receive_message_length", limit),
-                                          ("grpc.max_send_message_length", limit),
+                                 options=[("grpc.max_receive_message_length", grpc_limit),
+                                          ("grpc.max_send_message_length", grpc_limit),
+                                          ("grpc.http2.bdp_probe", 0),
                                           ("grpc.max_allowed_incoming_connections", cap),
                                           ("grpc.server_handshake_timeout_ms", round(settings.header_timeout_s * 1e3)),
                                           ("grpc.max_connection_idle_ms", KEEP_ALIVE_S * 1000)])
