@@ -88,8 +88,9 @@ def wait_for(predicate, timeout=10.0):
 class StalledCall:
     """A hostile gRPC client on a connection of its own, raw HTTP/2: one ModelInfer call whose
     message declares `declared` bytes, of which it sends all but the last as fast as the server's
-    flow-control windows allow, and never the rest. pump() sends what the windows allow and reads
-    what came back; `status` is the call's grpc-status once the server ended it (None before)."""
+    flow-control windows allow, and never the rest (declared None: the call ends with its headers,
+    no message sent). pump() sends what the windows allow and reads what came back; `status` is the
+    call's grpc-status once the server ended it (None before)."""
 
     PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -99,13 +100,16 @@ class StalledCall:
         host, port = address.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=5)
         self.sock.setblocking(False)
-        self.left, self.status, self.inbox = declared - 1, None, b""
+        self.left, self.status, self.inbox = max(0, (declared or 0) - 1), None, b""
         self.conn_window = self.stream_window = 65535
         headers = [(":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
                    (":authority", address), ("content-type", "application/grpc"), ("te", "trailers")]
         if token:
             headers.append(("authorization", f"Bearer {token}"))
         block = b"".join(b"\0" + self._string(k) + self._string(v) for k, v in headers)  # literals, not indexed
+        if declared is None:  # END_HEADERS | END_STREAM
+            self.out = self.PREFACE + self._frame(4, 0, 0, b"") + self._frame(1, 5, 1, block)
+            return
         self.out = (self.PREFACE + self._frame(4, 0, 0, b"") + self._frame(1, 4, 1, block)
                     + self._frame(0, 0, 1, b"\0" + declared.to_bytes(4, "big")))
         self.stream_window -= 5

@@ -40,6 +40,7 @@ def server(ece408):
 
 
 AUTH = {"Authorization": "Bearer t0ken"}
+GAUTH = {"authorization": "Bearer t0ken"}
 
 
 def post(server, body, headers=NPY, query="", **kw):
@@ -269,6 +270,54 @@ def test_grpc_messages_still_arriving_hold_at_most_the_budget(ece408, data):
         assert counted["body_timeout"] == statuses.count(4) and counted["buffered"] == statuses.count(14)
     finally:
         assert s.stop() == 0, "".join(s.stderr)
+
+
+def buffered(server):
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    return {m[0]: int(m[1]) for m in re.findall(r'^cnninfer_buffered_bytes\{protocol="(\w+)"\} (\d+)$', text, re.M)}
+
+
+def test_a_grpc_message_holds_its_own_size_once_read_and_nothing_once_answered(server, data):
+    """While a 20,000-image uint8 call (15.7 MB) is in its pass on the CPU, the gRPC budget holds
+    its message's bytes, not the largest message's (64 MiB) that its read took; after, nothing."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    import threading
+
+    x = np.tile(data[0][:100], (200, 1, 1, 1))
+    raw = (x * 255).round().astype(np.uint8)
+    inp = grpcclient.InferInput("x", list(raw.shape), "UINT8")
+    inp.set_data_from_numpy(raw)
+    client = grpcclient.InferenceServerClient(server.grpc)
+    answer = {}
+    call = threading.Thread(target=lambda: answer.update(r=client.infer("cnninfer", [inp], headers=GAUTH)))
+    call.start()
+    seen = set()
+    while call.is_alive():
+        held = buffered(server)["grpc"]
+        if held:
+            seen.add(held)
+        time.sleep(0.01)
+    call.join()
+    assert answer["r"].as_numpy("labels").shape == (20000,)
+    assert seen and max(seen) < raw.nbytes + (1 << 16), seen  # the message and its protobuf framing
+    assert buffered(server) == {"http": 0, "grpc": 0}
+
+
+def test_a_grpc_call_without_a_message_is_refused_as_invalid(server, data):
+    """A call that ends with its headers, sending no message: INVALID_ARGUMENT, nothing on stderr."""
+    from tests.serving import StalledCall
+
+    call = StalledCall(server.grpc, None, token="t0ken")
+    try:
+        end = time.monotonic() + 5
+        while call.status is None and time.monotonic() < end:
+            call.pump()
+            time.sleep(0.005)
+    finally:
+        call.close()
+    assert call.status == 3  # INVALID_ARGUMENT
+    assert not any("failed" in line for line in server.stderr), server.stderr
+    assert served_correctly(server, data)
 
 
 def test_a_body_shorter_than_its_length_is_answered_408(server, data):

@@ -98,6 +98,7 @@ class Metrics:
         self.limits = dict(limits or {})
         self.refusals = dict.fromkeys(REFUSALS, 0)
         self.open_connections = lambda: 0  # the server's count, set once it runs
+        self.buffered = lambda: {}  # bytes held now by request bodies, by protocol (the app sets it)
         self.decoding = 0  # bodies being decoded now
         self.decoded = {"loop": 0, "thread": 0}  # bodies decoded, where: only small .npy bodies on the event loop
         self.requests = {}  # status code -> requests answered
@@ -148,7 +149,11 @@ class Metrics:
             lines += [f'cnninfer_limit{{name="{k}"}} {v:.15g}' for k, v in self.limits.items()]
             lines += ["# HELP cnninfer_open_connections HTTP connections open now.",
                       "# TYPE cnninfer_open_connections gauge", f"cnninfer_open_connections {self.open_connections()}",
-                      "# HELP cnninfer_decoding Request bodies being decoded now.",
+                      "# HELP cnninfer_buffered_bytes Bytes held now (--max-buffered-mb) by HTTP bodies, and by gRPC "
+                      "messages (a read holds the largest message's until its message has arrived).",
+                      "# TYPE cnninfer_buffered_bytes gauge"]
+            lines += [f'cnninfer_buffered_bytes{{protocol="{k}"}} {v}' for k, v in self.buffered().items()]
+            lines += ["# HELP cnninfer_decoding Request bodies being decoded now.",
                       "# TYPE cnninfer_decoding gauge", f"cnninfer_decoding {self.decoding}",
                       "# HELP cnninfer_decoded_total Request bodies decoded, by where: the event loop (.npy bodies "
                       "up to 64 KiB) or a decoder thread.", "# TYPE cnninfer_decoded_total counter"]

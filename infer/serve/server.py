@@ -410,6 +410,7 @@ def make_app(session, settings, batcher, sha256=None):
     # a gRPC message's most bytes: a body's, and the framing of the protobuf around it
     grpc_limit = min(settings.max_body_bytes, settings.max_buffered_bytes) + GRPC_FRAMING
     grpc_budget = Budget(max(settings.max_buffered_bytes, grpc_limit))
+    metrics.buffered = lambda: {"http": drain.buffered, "grpc": grpc_budget.held}
 
     @contextlib.asynccontextmanager
     async def message(context):
