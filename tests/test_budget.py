@@ -37,7 +37,7 @@ def test_a_cancelled_waiter_holds_nothing_and_lets_the_next_go():
         assert b.held == 9
         first.cancel()
         await asyncio.sleep(0)
-        await second  # 9 + 1 fits once the 5 ahead of it is gone
+        await asyncio.wait_for(second, 1)  # 9 + 1 fits once the 5 ahead of it is gone
         held = b.held
         b.give(9)
         b.give(1)
