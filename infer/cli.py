@@ -402,8 +402,9 @@ def bench(args, random_geometry, streams, warmup, repeats, torch_compile, stream
 @click.option("--body-timeout-s", type=click.FloatRange(0, min_open=True), default=10, show_default=True,
               help="A body that sends nothing for this long is answered 408.")
 @click.option("--max-buffered-mb", type=click.FloatRange(0, min_open=True), default=512, show_default=True,
-              help="Request bodies held at once by a front end, all HTTP connections together (past it 503); "
-                   "gRPC messages being read or held get as many bytes of their own (reads wait their turn).")
+              help="Request bodies held at once, all HTTP connections and front ends together (past it 503); "
+                   "each front end's gRPC messages being read or held get as many bytes of their own (reads wait "
+                   "their turn).")
 @click.option("--max-pixels", type=click.IntRange(1), default=16 << 20, show_default=True,
               help="A PNG or JPEG with more pixels (read from its header) is refused (413) undecoded.")
 @click.option("--decoders", type=click.IntRange(1, 64), default=2, show_default=True,

@@ -303,6 +303,41 @@ def test_a_grpc_message_holds_its_own_size_once_read_and_nothing_once_answered(s
     assert buffered(server) == {"http": 0, "grpc": 0}
 
 
+def test_the_front_ends_share_one_bodies_budget(ece408, data):
+    """Two front ends, --max-buffered-mb 8: 24 uploads of 1 MiB, each a MiB short of its
+    Content-Length. Wherever the kernel puts each connection, at most 8 MiB are held by the server
+    (each front end holding its own 8, 16 would be) and at least 16 uploads are answered 503 at
+    once; the gauge shows the total; the rest end at the body timeout, then HTTP is served."""
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--workers", "2", "--max-buffered-mb", "8",
+               "--body-timeout-s", "3", "--no-grpc")
+    try:
+        head = (b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-npy\r\n"
+                b"Content-Length: %d\r\n\r\n" % (2 << 20))
+        socks = [socket.create_connection(address(s), timeout=10) for _ in range(24)]
+        try:
+            for c in socks:
+                c.sendall(head + bytes(1 << 20))
+            time.sleep(1.5)
+            held = buffered(s)["http"]
+            answers = []
+            for c in socks:
+                c.setblocking(False)
+                try:
+                    answers.append(c.recv(4096))
+                except BlockingIOError:
+                    answers.append(b"")
+            busy = sum(a.startswith(b"HTTP/1.1 503") for a in answers)
+            assert 0 < held <= 8 << 20, held
+            assert busy >= 16 and busy + sum(a == b"" for a in answers) == 24, answers
+        finally:
+            for c in socks:
+                c.close()
+        assert wait_for(lambda: buffered(s)["http"] == 0, 8)
+        assert served_correctly(s, data)
+    finally:
+        assert s.stop() == 0, "".join(s.stderr)
+
+
 def test_a_grpc_call_without_a_message_is_refused_as_invalid(server, data):
     """A call that ends with its headers, sending no message: INVALID_ARGUMENT, nothing on stderr."""
     from tests.serving import StalledCall

@@ -1,5 +1,9 @@
-"""The bytes gRPC messages may hold at once in a front end (--max-buffered-mb), taken before a
-message is read. gRPC's core grants a call's stream the flow-control window for its whole declared
+"""The bytes request bodies may hold at once (--max-buffered-mb).
+
+HTTP bodies: a count all front ends share (SharedBytes), added to as each part of a body arrives,
+so the bound is the server's whatever the kernel's spread of connections over front ends.
+
+gRPC messages: a front end's own Budget, taken before a message is read. gRPC's core grants a call's stream the flow-control window for its whole declared
 message as soon as its handler reads, and the handler learns the message's size only once it is
 complete, so a read takes the largest message's bytes (--max-body-mb), keeps the message's own
 size once it has arrived, and gives that back as the call ends. Reads wait their turn in the order
@@ -52,3 +56,38 @@ class Budget:
             self._waiting.popleft()
             self.held += n
             granted.set_result(None)
+
+
+class SharedBytes:
+    """Bytes held by the server's processes together: a multiprocessing Value("q") (its lock a POSIX
+    semaphore, about a microsecond a step) given to each front end, or this process's own count
+    where `value` is None (one process)."""
+
+    def __init__(self, value=None):
+        self._value, self._own = value, 0
+
+    def add(self, n, limit):
+        """Hold n more bytes if the total stays within limit; whether it did."""
+        if self._value is None:
+            if self._own + n > limit:
+                return False
+            self._own += n
+            return True
+        if not n:
+            return True
+        with self._value.get_lock():
+            if self._value.value + n > limit:
+                return False
+            self._value.value += n
+            return True
+
+    def give(self, n):
+        if self._value is None:
+            self._own -= n
+        elif n:
+            with self._value.get_lock():
+                self._value.value -= n
+
+    @property
+    def held(self):
+        return self._own if self._value is None else self._value.value

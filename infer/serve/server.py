@@ -36,7 +36,7 @@ import numpy as np
 from .. import __version__, network
 from . import images, kserve
 from .batcher import Batcher, Busy, Draining, Expired, ladder
-from .budget import Budget
+from .budget import Budget, SharedBytes
 from ..errors import InputError, about_request
 from .metrics import Metrics
 
@@ -134,7 +134,6 @@ class Drain:
     def __init__(self):
         self.gave_up = False
         self.reading = set()  # the asyncio.timeout of every body read in progress
-        self.buffered = 0  # bytes of request bodies held now
 
     def give_up(self):
         """Stalled uploads end now (answered 503)."""
@@ -149,9 +148,10 @@ def failed(what, e):
     print(f"cnninfer serve: {what} failed: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
 
 
-def make_app(session, settings, batcher, sha256=None):
+def make_app(session, settings, batcher, sha256=None, bodies=None):
     """The ASGI app over a Session whose forward passes the batcher runs; the caller closes the
-    session once the app has shut down. Its `state.drain` is the Drain the server's shutdown uses."""
+    session once the app has shut down. Its `state.drain` is the Drain the server's shutdown uses.
+    `bodies`: the SharedBytes HTTP bodies count in (front ends share one), else the app's own."""
     from starlette.applications import Starlette
     from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
@@ -164,6 +164,7 @@ def make_app(session, settings, batcher, sha256=None):
     h, w, c = network.image_shape(session.model)
     token = settings.token.encode() if settings.token else None
     drain = Drain()
+    bodies = bodies or SharedBytes()
     decode_pool = ThreadPoolExecutor(settings.decoders, thread_name_prefix="cnninfer-decode")
     decode_slots = asyncio.Semaphore(settings.decoders)
 
@@ -208,7 +209,7 @@ def make_app(session, settings, batcher, sha256=None):
         one batch, then answer(labels, scores or None, context) -> response. (response, images)."""
         if not authorized(request):
             return unauthorized(), 0
-        held = [0]  # bytes of this request's body counted in drain.buffered
+        held = [0]  # bytes of this request's body counted in bodies
         batcher.expecting += 1  # a batch forming now may wait for this one
         try:
             try:
@@ -225,7 +226,7 @@ def make_app(session, settings, batcher, sha256=None):
             except Refused as e:
                 return error(e.status, e.message, e.headers), len(x)
         finally:
-            drain.buffered -= held[0]
+            bodies.give(held[0])
         return answer(labels, scores, context), len(x)
 
     async def batch(x, want_scores):
@@ -355,10 +356,9 @@ def make_app(session, settings, batcher, sha256=None):
             size += len(chunk)
             if size > limit:
                 raise refused("body_size", 413, too_large, close=True)
-            if drain.buffered + len(chunk) > settings.max_buffered_bytes:
+            if not bodies.add(len(chunk), settings.max_buffered_bytes):
                 raise refused("buffered", 503, f"server busy: request bodies fill its "
                               f"{settings.max_buffered_bytes} bytes (--max-buffered-mb); try again", close=True)
-            drain.buffered += len(chunk)
             held[0] += len(chunk)
             if chunk:
                 chunks.append(chunk)
@@ -410,7 +410,7 @@ def make_app(session, settings, batcher, sha256=None):
     # a gRPC message's most bytes: a body's, and the framing of the protobuf around it
     grpc_limit = min(settings.max_body_bytes, settings.max_buffered_bytes) + GRPC_FRAMING
     grpc_budget = Budget(max(settings.max_buffered_bytes, grpc_limit))
-    metrics.buffered = lambda: {"http": drain.buffered, "grpc": grpc_budget.held}
+    metrics.buffered = lambda: {"http": bodies.held, "grpc": grpc_budget.held}
 
     @contextlib.asynccontextmanager
     async def message(context):
@@ -654,7 +654,7 @@ def run_one(session, settings, sock, announce, sha256=None):
     run_app(session, settings, sock, announce, batcher, sha256)
 
 
-def run_app(session, settings, sock, announce, batcher, sha256=None):
+def run_app(session, settings, sock, announce, batcher, sha256=None, bodies=None):
     """One event loop serving the app on sock until SIGTERM or SIGINT, then draining: in-flight
     requests are answered within settings.drain_s, stalled uploads and passes not done by then get
     a JSON 503. `session`: a Session, or a front end's EngineFace."""
@@ -670,7 +670,7 @@ def run_app(session, settings, sock, announce, batcher, sha256=None):
     # The GIL passes between the event loop and the batch thread several times a pass: at the
     # default 5 ms switch interval a busy loop held each pass up for milliseconds
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    app = make_app(session, settings, batcher, sha256)
+    app = make_app(session, settings, batcher, sha256, bodies)
     drain = app.state.drain
     cap = guard.connection_cap(settings.max_connections, 2 if settings.grpc else 1)
 
@@ -783,14 +783,15 @@ class EngineFace:
         return None if self.batcher.hello is None else self.batcher.hello["device"]
 
 
-def _front(spec, settings, sock, path, ready):
-    """A spawned front end: the app on the parent's socket, its batches the engine's."""
+def _front(spec, settings, sock, path, ready, held=None):
+    """A spawned front end: the app on the parent's socket, its batches the engine's, its bodies'
+    bytes counted in `held` with the other front ends'."""
     from .front import RemoteBatcher
 
     name_process("cnninfer-front")
     try:
         batcher = RemoteBatcher(path)
-        run_app(EngineFace(spec.model, batcher), settings, sock, ready.put, batcher, spec.sha256)
+        run_app(EngineFace(spec.model, batcher), settings, sock, ready.put, batcher, spec.sha256, SharedBytes(held))
     except InputError as e:
         ready.put(f"error: {e.message}")
         sys.exit(2)
@@ -809,7 +810,8 @@ def supervise(spec, settings, sock, workers, announce):
     folder = tempfile.mkdtemp(prefix="cnninfer-engine-")
     path = str(Path(folder) / "engine.sock")
     engine = ctx.Process(target=_engine, args=(spec, settings, path, ready), name="cnninfer-engine")
-    fronts = [ctx.Process(target=_front, args=(spec, settings, sock, path, ready), name=f"cnninfer-front{i}")
+    held = ctx.Value("q", 0)  # bytes of HTTP bodies the front ends hold, all together
+    fronts = [ctx.Process(target=_front, args=(spec, settings, sock, path, ready, held), name=f"cnninfer-front{i}")
               for i in range(workers)]
     stop = []
     previous = {sig: signal.signal(sig, lambda sig, _: stop.append(sig)) for sig in (signal.SIGTERM, signal.SIGINT)}
