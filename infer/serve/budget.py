@@ -21,10 +21,16 @@ class Budget:
         self.total, self.held = total, 0
         self._waiting = deque()  # (bytes, future) in the order they asked
 
-    async def take(self, n):
-        """Wait until n bytes fit (n <= total), then hold them. Cancelled, it holds nothing."""
+    def take_now(self, n):
+        """Hold n bytes now if they fit and no one waits; whether it did."""
         if not self._waiting and self.held + n <= self.total:
             self.held += n
+            return True
+        return False
+
+    async def take(self, n):
+        """Wait until n bytes fit (n <= total), then hold them. Cancelled, it holds nothing."""
+        if self.take_now(n):
             return
         granted = asyncio.get_running_loop().create_future()
         entry = (n, granted)
