@@ -100,7 +100,7 @@ class StalledCall:
         host, port = address.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=5)
         self.sock.setblocking(False)
-        self.left, self.status, self.inbox = max(0, (declared or 0) - 1), None, b""
+        self.left, self.status, self.message, self.inbox = max(0, (declared or 0) - 1), None, None, b""
         self.conn_window = self.stream_window = 65535
         headers = [(":method", "POST"), (":scheme", "http"), (":path", "/inference.GRPCInferenceService/ModelInfer"),
                    (":authority", address), ("content-type", "application/grpc"), ("te", "trailers")]
@@ -155,6 +155,10 @@ class StalledCall:
                 found = re.search(rb"grpc-status.?(\d+)", payload)
                 if found:
                     self.status = int(found.group(1))
+                at = payload.find(b"grpc-message")
+                if at >= 0 and payload[at + 12] < 127:  # a literal, not Huffman-coded
+                    n = payload[at + 12]
+                    self.message = payload[at + 13:at + 13 + n].decode()
             elif kind == 3 and stream == 1 and self.status is None:  # RST_STREAM without trailers
                 self.status = -1
         if self.status is None:

@@ -434,12 +434,20 @@ def test_a_request_queued_past_its_deadline_gets_504(ece408, data):
 
 
 def test_sigterm_with_a_stalled_upload_answers_json_503_and_exits_0_within_the_drain(ece408, data):
+    """An HTTP upload and a gRPC message both stalled: the drain ends them (503, UNAVAILABLE)."""
+    from tests.serving import StalledCall
+
     s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--drain-s", "2", "--body-timeout-s", "60")
     stalled = socket.create_connection(address(s), timeout=20)
+    call = StalledCall(s.grpc, 1 << 20)
     try:
         stalled.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-npy\r\n"
                         b"Content-Length: 100000\r\n\r\n" + b"\x93NUMPY")
         assert wait_for(lambda: served_correctly_plain(s, data))
+        for _ in range(50):
+            call.pump()
+            time.sleep(0.01)
+        assert call.status is None and call.left < 1 << 20  # its message arriving, then stalled
         t = time.monotonic()
         s.signal(signal.SIGTERM)
         answer = b""
@@ -448,10 +456,15 @@ def test_sigterm_with_a_stalled_upload_answers_json_503_and_exits_0_within_the_d
             if not chunk:
                 break
             answer += chunk
+        while call.status is None and time.monotonic() - t < 4:
+            call.pump()
+            time.sleep(0.01)
         assert s.proc.wait(20) == 0
         assert time.monotonic() - t < 4
+        assert (call.status, call.message) == (14, "the server is shutting down; try again")  # UNAVAILABLE
     finally:
         stalled.close()
+        call.close()
         s.stop()
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503") and b"application/json" in head
