@@ -3,12 +3,14 @@
 HTTP bodies: a count all front ends share (SharedBytes), added to as each part of a body arrives,
 so the bound is the server's whatever the kernel's spread of connections over front ends.
 
-gRPC messages: a front end's own Budget, taken before a message is read. gRPC's core grants a call's stream the flow-control window for its whole declared
-message as soon as its handler reads, and the handler learns the message's size only once it is
-complete, so a read takes the largest message's bytes (--max-body-mb), keeps the message's own
-size once it has arrived, and gives that back as the call ends. Reads wait their turn in the order
-they asked; a call not reading yet holds at most its stream's first window (64 KiB: the server
-turns gRPC's window growth, BDP probing, off)."""
+gRPC messages: a front end's own Budget, taken before a message is read. gRPC's core grants a
+call's stream the flow-control window for its whole declared message as soon as its handler reads,
+and the handler learns the message's size only once it is complete, so a read takes the largest
+message's bytes (--max-body-mb), keeps the message's own size once it has arrived, and gives that
+back as the call ends. Reads wait their turn in the order they asked; a call not reading yet holds
+at most its stream's first window (64 KiB: the server turns gRPC's window growth, BDP probing,
+off). Shared over front ends, those reservations of the largest message would leave 12 front ends
+a handful of reads between them."""
 import asyncio
 from collections import deque
 
