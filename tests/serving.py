@@ -176,3 +176,12 @@ class StalledCall:
 
     def close(self):
         self.sock.close()
+
+
+def pump(calls, seconds, until=lambda: False):
+    """Pump every StalledCall for `seconds`, or until until() holds."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end and not until():
+        for c in calls:
+            c.pump()
+        time.sleep(0.002)

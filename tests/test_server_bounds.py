@@ -53,14 +53,38 @@ def served_correctly(server, data):
     return r.status_code == 200 and r.json()["labels"] == expected[:7].tolist()
 
 
-def peak_rss(server):
+def memory(server, field="VmHWM"):
+    """The server process's bytes of /proc status `field`: VmHWM its peak, VmRSS now."""
     status = open(f"/proc/{server.proc.pid}/status").read()
-    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) * 1024
+    return int(re.search(field + r":\s+(\d+) kB", status).group(1)) * 1024
+
+
+def peak_rss(server):
+    return memory(server)
+
+
+def by_label(server, metric, label):
+    """{label's value: count} of one labelled metric in /metrics (of whichever front end answers)."""
+    text = httpx.get(server.url + "/metrics", headers=AUTH).text
+    return {m[0]: int(m[1]) for m in re.findall(rf'^cnninfer_{metric}\{{{label}="(\w+)"\}} (\d+)$', text, re.M)}
 
 
 def refusals(server):
-    text = httpx.get(server.url + "/metrics", headers=AUTH).text
-    return {m[0]: int(m[1]) for m in re.findall(r'^cnninfer_refused_total\{reason="(\w+)"\} (\d+)$', text, re.M)}
+    return by_label(server, "refused_total", "reason")
+
+
+def buffered(server):
+    return by_label(server, "buffered_bytes", "protocol")
+
+
+def grpc_served_correctly(server, data, headers=None):
+    """tritonclient.grpc's answer for 5 images equals the command line's."""
+    grpcclient = pytest.importorskip("tritonclient.grpc")
+    x, expected, _ = data
+    inp = grpcclient.InferInput("x", [5, 28, 28, 1], "FP32")
+    inp.set_data_from_numpy(x[:5])
+    r = grpcclient.InferenceServerClient(server.grpc).infer("cnninfer", [inp], headers=headers)
+    return r.as_numpy("labels").tolist() == expected[:5].tolist()
 
 
 def address(server):
@@ -201,7 +225,7 @@ def test_grpc_connections_are_capped_and_silent_ones_cut(server, data):
     """The gRPC port keeps HTTP's bounds: 40 connections that send nothing against a cap of 24,
     those past it closed at once, the rest at the 1 s header timeout (no HTTP/2 preface sent);
     then a gRPC call and an HTTP request are answered as before."""
-    grpcclient = pytest.importorskip("tritonclient.grpc")
+    pytest.importorskip("tritonclient.grpc")
     assert server.grpc
     host, port = server.grpc.rsplit(":", 1)
     socks = [socket.create_connection((host, int(port)), timeout=5) for _ in range(40)]
@@ -212,16 +236,8 @@ def test_grpc_connections_are_capped_and_silent_ones_cut(server, data):
     finally:
         for s in socks:
             s.close()
-    x, expected, _ = data
-    inp = grpcclient.InferInput("x", [5, 28, 28, 1], "FP32")
-    inp.set_data_from_numpy(x[:5])
-    r = grpcclient.InferenceServerClient(server.grpc).infer("cnninfer", [inp], headers={"authorization": "Bearer t0ken"})
-    assert r.as_numpy("labels").tolist() == expected[:5].tolist()
+    assert grpc_served_correctly(server, data, GAUTH)
     assert served_correctly(server, data)
-
-
-def rss(pid):
-    return int(re.search(r"VmRSS:\s+(\d+) kB", open(f"/proc/{pid}/status").read()).group(1)) * 1024
 
 
 def test_grpc_messages_still_arriving_hold_at_most_the_budget(ece408, data):
@@ -230,51 +246,34 @@ def test_grpc_messages_still_arriving_hold_at_most_the_budget(ece408, data):
     message, 16 MiB, at once; gRPC alone granted each its whole window: 180 MB), each read is cut
     at the 2 s body timeout (DEADLINE_EXCEEDED) or, waiting for room, refused (UNAVAILABLE) in
     bounded time, HTTP is served throughout, and gRPC again once they have ended."""
-    grpcclient = pytest.importorskip("tritonclient.grpc")
-    from tests.serving import StalledCall
+    pytest.importorskip("tritonclient.grpc")
+    from tests.serving import StalledCall, pump
 
     s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--max-buffered-mb", "48", "--max-body-mb", "16",
                "--body-timeout-s", "2")
     try:
         assert s.grpc
-        before = rss(s.proc.pid)
+        before = memory(s, "VmRSS")
         calls = [StalledCall(s.grpc, 15 << 20) for _ in range(12)]
         try:
-            end = time.monotonic() + 1.5
-            while time.monotonic() < end:
-                for c in calls:
-                    c.pump()
-                time.sleep(0.002)
-            held = rss(s.proc.pid) - before
+            pump(calls, 1.5)
+            held = memory(s, "VmRSS") - before
             sent = sum((15 << 20) - 1 - c.left for c in calls)
             assert sent > 25 << 20, "two calls sent their messages but for a byte"
             assert held < 60 << 20, f"the stalled calls hold {held >> 20} MB"
             assert served_correctly(s, data)
-            end = time.monotonic() + 12
-            while time.monotonic() < end and any(c.status is None for c in calls):
-                for c in calls:
-                    c.pump()
-                time.sleep(0.002)
+            pump(calls, 12, until=lambda: all(c.status is not None for c in calls))
             statuses = sorted(c.status for c in calls)
             assert set(statuses) <= {4, 14} and statuses.count(4) >= 2, statuses  # DEADLINE_EXCEEDED, UNAVAILABLE
-            assert rss(s.proc.pid) - before < 120 << 20
+            assert memory(s, "VmRSS") - before < 120 << 20
         finally:
             for c in calls:
                 c.close()
-        x, expected, _ = data
-        inp = grpcclient.InferInput("x", [5, 28, 28, 1], "FP32")
-        inp.set_data_from_numpy(x[:5])
-        r = grpcclient.InferenceServerClient(s.grpc).infer("cnninfer", [inp])
-        assert r.as_numpy("labels").tolist() == expected[:5].tolist()
+        assert grpc_served_correctly(s, data)
         counted = refusals(s)
         assert counted["body_timeout"] == statuses.count(4) and counted["buffered"] == statuses.count(14)
     finally:
         assert s.stop() == 0, "".join(s.stderr)
-
-
-def buffered(server):
-    text = httpx.get(server.url + "/metrics", headers=AUTH).text
-    return {m[0]: int(m[1]) for m in re.findall(r'^cnninfer_buffered_bytes\{protocol="(\w+)"\} (\d+)$', text, re.M)}
 
 
 def test_a_grpc_message_holds_its_own_size_once_read_and_nothing_once_answered(server, data):
@@ -349,14 +348,11 @@ def test_the_front_ends_share_one_bodies_budget(ece408, data):
 
 def test_a_grpc_call_without_a_message_is_refused_as_invalid(server, data):
     """A call that ends with its headers, sending no message: INVALID_ARGUMENT, nothing on stderr."""
-    from tests.serving import StalledCall
+    from tests.serving import StalledCall, pump
 
     call = StalledCall(server.grpc, None, token="t0ken")
     try:
-        end = time.monotonic() + 5
-        while call.status is None and time.monotonic() < end:
-            call.pump()
-            time.sleep(0.005)
+        pump([call], 5, until=lambda: call.status is not None)
     finally:
         call.close()
     assert call.status == 3  # INVALID_ARGUMENT
@@ -444,7 +440,7 @@ def test_a_request_queued_past_its_deadline_gets_504(ece408, data):
 
 def test_sigterm_with_a_stalled_upload_answers_json_503_and_exits_0_within_the_drain(ece408, data):
     """An HTTP upload and a gRPC message both stalled: the drain ends them (503, UNAVAILABLE)."""
-    from tests.serving import StalledCall
+    from tests.serving import StalledCall, pump
 
     s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--drain-s", "2", "--body-timeout-s", "60")
     stalled = socket.create_connection(address(s), timeout=20)
@@ -453,9 +449,7 @@ def test_sigterm_with_a_stalled_upload_answers_json_503_and_exits_0_within_the_d
         stalled.sendall(b"POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/x-npy\r\n"
                         b"Content-Length: 100000\r\n\r\n" + b"\x93NUMPY")
         assert wait_for(lambda: served_correctly_plain(s, data))
-        for _ in range(50):
-            call.pump()
-            time.sleep(0.01)
+        pump([call], 0.5)
         assert call.status is None and call.left < 1 << 20  # its message arriving, then stalled
         t = time.monotonic()
         s.signal(signal.SIGTERM)
@@ -465,9 +459,7 @@ def test_sigterm_with_a_stalled_upload_answers_json_503_and_exits_0_within_the_d
             if not chunk:
                 break
             answer += chunk
-        while call.status is None and time.monotonic() - t < 4:
-            call.pump()
-            time.sleep(0.01)
+        pump([call], 4 - (time.monotonic() - t), until=lambda: call.status is not None)
         assert s.proc.wait(20) == 0
         assert time.monotonic() - t < 4
         assert (call.status, call.message) == (14, "the server is shutting down; try again")  # UNAVAILABLE
