@@ -162,42 +162,32 @@ def rest_answer(labels, scores, wanted, request_id=None):
 
 
 SERVICE = "inference.GRPCInferenceService"
-# gRPC: the status an HTTP status maps to (grpc.StatusCode names)
+# gRPC: the status an HTTP status maps to (grpc_h2.CODES' names)
 GRPC_CODES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 404: "NOT_FOUND", 408: "DEADLINE_EXCEEDED",
-              413: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+              413: "RESOURCE_EXHAUSTED", 415: "UNIMPLEMENTED", 500: "INTERNAL", 503: "UNAVAILABLE",
+              504: "DEADLINE_EXCEEDED"}
 CONTENTS = {"FP32": "fp32_contents", "FP64": "fp64_contents", "INT8": "int_contents", "INT16": "int_contents",
             "INT32": "int_contents", "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
             "UINT32": "uint_contents", "UINT64": "uint64_contents"}
 
 
-def grpc_servicer(face):
-    """A GRPCInferenceService servicer over `face`, the server's side of a request: face.model,
-    face.sha256, face.authorized(token or None), `async with face.message(context) as raw` (the
-    call's one message, read within the server's bounds), async face.decode(fn, nbytes) (fn() on a
-    decoder thread where large), async face.batch(x, scores) -> (labels, scores) (these raise
-    face.Refused(status, message)), face.answered(status, images, seconds), face.failed(what, error).
-    Returns (servicer, add), add(servicer, server) registering it.
-
-    Every method is registered as a client stream of one message (the wire is a unary call's): its
-    handler then reads the message itself, when the bounds let it, rather than grpc.aio reading it
-    at once before any handler runs."""
+def grpc_handlers(face):
+    """The GRPCInferenceService's methods as grpc_h2 handlers {path: async fn(call) -> the answer's
+    bytes}, over `face`, the server's side of a request: face.model, face.sha256,
+    face.authorized(token or None), `async with face.message(call) as raw` (the call's one message,
+    read within the server's bounds), async face.decode(fn, nbytes) (fn() on a decoder thread where
+    large), async face.batch(x, scores) -> (labels, scores) (these raise face.Refused(status,
+    message)), face.answered(status, images, seconds), face.failed(what, error)."""
     import time
 
-    import grpc
     from google.protobuf.message import DecodeError
     from tritonclient.grpc import service_pb2 as pb
 
-    def token(context):
-        for key, value in context.invocation_metadata() or ():
-            if key.lower() == "authorization":
-                return value
-        return None
+    def refuse(call, status, message):
+        call.abort(GRPC_CODES.get(status, "INTERNAL"), message)
 
-    async def refuse(context, status, message):
-        await context.abort(getattr(grpc.StatusCode, GRPC_CODES.get(status, "INTERNAL")), message)
-
-    def authorized(context):
-        if not face.authorized(token(context)):
+    def authorized(call):
+        if not face.authorized(call.header("authorization")):
             raise face.Refused(401, "a valid bearer token is required (authorization: Bearer TOKEN)")
 
     def known(name, version):
@@ -210,96 +200,80 @@ def grpc_servicer(face):
         except DecodeError:
             raise face.Refused(400, f"the message is not a {kind.DESCRIPTOR.name}") from None
 
-    async def answer(context, kind, make, model=False):
-        """make(request) of the call's one message of type `kind`, or the call refused."""
-        try:
-            authorized(context)
-            async with face.message(context) as raw:
-                request = parsed(kind, raw)
-                if model:
-                    known(request.name, request.version)
-                return make(request)
-        except face.Refused as e:
-            await refuse(context, e.status, e.message)
+    def method(kind, make, model=False):
+        """A method answering make(request) of its one message of type `kind`, or refusing."""
+        async def handle(call):
+            try:
+                authorized(call)
+                async with face.message(call) as raw:
+                    request = parsed(kind, raw)
+                    if model:
+                        known(request.name, request.version)
+                    return make(request).SerializeToString()
+            except face.Refused as e:
+                refuse(call, e.status, e.message)
+        return handle
 
     def tensors(ts):
         return [pb.ModelMetadataResponse.TensorMetadata(name=t["name"], datatype=t["datatype"], shape=t["shape"])
                 for t in ts]
 
-    class Servicer:
-        async def ServerLive(self, requests, context):
-            return await answer(context, pb.ServerLiveRequest, lambda r: pb.ServerLiveResponse(live=True))
+    server_meta, model_meta = server_metadata(face.version), model_metadata(face.model, face.sha256)
 
-        async def ServerReady(self, requests, context):
-            return await answer(context, pb.ServerReadyRequest, lambda r: pb.ServerReadyResponse(ready=True))
+    async def model_infer(call):
+        started, count, status, refused, response = time.perf_counter(), 0, 200, None, None
+        try:
+            authorized(call)
+            async with face.message(call) as raw:
+                request = parsed(pb.ModelInferRequest, raw)
+                known(request.model_name, request.model_version)
+                response, count = await infer(request)
+        except face.Refused as e:
+            status, refused = e.status, e
+        except InputError as e:
+            status, refused = 400, face.Refused(400, e.message)
+        except Exception as e:  # a defect: one line on stderr, INTERNAL, counted
+            face.failed("a gRPC request", e)
+            status, refused = 500, face.Refused(500, "the server failed to answer this request")
+        face.answered(status, count, time.perf_counter() - started)
+        if refused is not None:
+            refuse(call, refused.status, refused.message)
+        return response
 
-        async def ModelReady(self, requests, context):
-            return await answer(context, pb.ModelReadyRequest, lambda r: pb.ModelReadyResponse(
-                ready=r.name == MODEL and r.version in ("", VERSION)))
+    async def infer(request):
+        if len(request.inputs) != 1:
+            raise face.Refused(400, f"an inference request has one input, {INPUT!r}")
+        given = request.inputs[0]
+        raw = request.raw_input_contents[0] if request.raw_input_contents else None
+        field = CONTENTS.get(given.datatype)
+        data = None if raw is not None or field is None else list(getattr(given.contents, field))
+        wanted = [o.name for o in request.outputs] or list(OUTPUTS)
+        for name in wanted:
+            if name not in OUTPUTS:
+                raise face.Refused(400, f"output {name!r}: the model's outputs are {', '.join(OUTPUTS)}")
+        x = await face.decode(lambda: tensor(given.name, given.datatype, list(given.shape), face.model, raw, data),
+                              len(raw) if raw is not None else 8 * len(data or ()))
+        labels, scores = (np.empty(0, np.int64), np.empty((0, face.model.fc2.shape[1]), np.float32)) if len(x) == 0 \
+            else await face.batch(x, "scores" in wanted)
+        arrays = {"labels": np.ascontiguousarray(labels, "<i8"), "scores": scores}
+        response = pb.ModelInferResponse(model_name=MODEL, model_version=VERSION, id=request.id)
+        for name in wanted:
+            a = np.ascontiguousarray(arrays[name], "<i8" if name == "labels" else "<f4")
+            out = response.outputs.add()
+            out.name, out.datatype = name, NAMES[np.dtype(a.dtype.type)]
+            out.shape.extend(a.shape)
+            response.raw_output_contents.append(a.tobytes())
+        return response.SerializeToString(), len(x)
 
-        async def ServerMetadata(self, requests, context):
-            meta = server_metadata(face.version)
-            return await answer(context, pb.ServerMetadataRequest, lambda r: pb.ServerMetadataResponse(
-                name=meta["name"], version=meta["version"], extensions=meta["extensions"]))
-
-        async def ModelMetadata(self, requests, context):
-            meta = model_metadata(face.model, face.sha256)
-            return await answer(context, pb.ModelMetadataRequest, lambda r: pb.ModelMetadataResponse(
-                name=meta["name"], versions=meta["versions"], platform=meta["platform"],
-                inputs=tensors(meta["inputs"]), outputs=tensors(meta["outputs"])), model=True)
-
-        async def ModelInfer(self, requests, context):
-            started, count, status, refused, response = time.perf_counter(), 0, 200, None, None
-            try:
-                authorized(context)
-                async with face.message(context) as raw:
-                    request = parsed(pb.ModelInferRequest, raw)
-                    known(request.model_name, request.model_version)
-                    response, count = await self._infer(request)
-            except face.Refused as e:
-                status, refused = e.status, e
-            except InputError as e:
-                status, refused = 400, face.Refused(400, e.message)
-            except Exception as e:  # a defect: one line on stderr, INTERNAL, counted
-                face.failed("a gRPC request", e)
-                status, refused = 500, face.Refused(500, "the server failed to answer this request")
-            face.answered(status, count, time.perf_counter() - started)
-            if refused is not None:
-                await refuse(context, refused.status, refused.message)
-            return response
-
-        async def _infer(self, request):
-            if len(request.inputs) != 1:
-                raise face.Refused(400, f"an inference request has one input, {INPUT!r}")
-            given = request.inputs[0]
-            raw = request.raw_input_contents[0] if request.raw_input_contents else None
-            field = CONTENTS.get(given.datatype)
-            data = None if raw is not None or field is None else list(getattr(given.contents, field))
-            wanted = [o.name for o in request.outputs] or list(OUTPUTS)
-            for name in wanted:
-                if name not in OUTPUTS:
-                    raise face.Refused(400, f"output {name!r}: the model's outputs are {', '.join(OUTPUTS)}")
-            x = await face.decode(lambda: tensor(given.name, given.datatype, list(given.shape), face.model, raw, data),
-                                  len(raw) if raw is not None else 8 * len(data or ()))
-            labels, scores = (np.empty(0, np.int64), np.empty((0, face.model.fc2.shape[1]), np.float32)) if len(x) == 0 \
-                else await face.batch(x, "scores" in wanted)
-            arrays = {"labels": np.ascontiguousarray(labels, "<i8"), "scores": scores}
-            response = pb.ModelInferResponse(model_name=MODEL, model_version=VERSION, id=request.id)
-            for name in wanted:
-                a = np.ascontiguousarray(arrays[name], "<i8" if name == "labels" else "<f4")
-                out = response.outputs.add()
-                out.name, out.datatype = name, NAMES[np.dtype(a.dtype.type)]
-                out.shape.extend(a.shape)
-                response.raw_output_contents.append(a.tobytes())
-            return response, len(x)
-
-    answers = {"ServerLive": pb.ServerLiveResponse, "ServerReady": pb.ServerReadyResponse,
-               "ModelReady": pb.ModelReadyResponse, "ServerMetadata": pb.ServerMetadataResponse,
-               "ModelMetadata": pb.ModelMetadataResponse, "ModelInfer": pb.ModelInferResponse}
-
-    def add(servicer, server):
-        server.add_registered_method_handlers(SERVICE, {
-            name: grpc.stream_unary_rpc_method_handler(getattr(servicer, name), response_serializer=kind.SerializeToString)
-            for name, kind in answers.items()})
-
-    return Servicer(), add
+    methods = {
+        "ServerLive": method(pb.ServerLiveRequest, lambda r: pb.ServerLiveResponse(live=True)),
+        "ServerReady": method(pb.ServerReadyRequest, lambda r: pb.ServerReadyResponse(ready=True)),
+        "ModelReady": method(pb.ModelReadyRequest, lambda r: pb.ModelReadyResponse(
+            ready=r.name == MODEL and r.version in ("", VERSION))),
+        "ServerMetadata": method(pb.ServerMetadataRequest, lambda r: pb.ServerMetadataResponse(
+            name=server_meta["name"], version=server_meta["version"], extensions=server_meta["extensions"])),
+        "ModelMetadata": method(pb.ModelMetadataRequest, lambda r: pb.ModelMetadataResponse(
+            name=model_meta["name"], versions=model_meta["versions"], platform=model_meta["platform"],
+            inputs=tensors(model_meta["inputs"]), outputs=tensors(model_meta["outputs"])), model=True),
+        "ModelInfer": model_infer}
+    return {f"/{SERVICE}/{name}": handle for name, handle in methods.items()}

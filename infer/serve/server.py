@@ -111,10 +111,10 @@ def cuda_usable():
 
 
 def grpc_available():
-    """Whether grpcio and tritonclient's service definitions are installed (the serve extra)."""
+    """Whether hpack and tritonclient's service definitions are installed (the serve extra)."""
     try:
-        import grpc  # noqa: F401
-        from tritonclient.grpc import service_pb2_grpc  # noqa: F401
+        import hpack  # noqa: F401
+        from tritonclient.grpc import service_pb2  # noqa: F401
     except ImportError:
         return False
     return True
@@ -148,10 +148,11 @@ def failed(what, e):
     print(f"cnninfer serve: {what} failed: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
 
 
-def make_app(session, settings, batcher, sha256=None, bodies=None):
+def make_app(session, settings, batcher, sha256=None, bodies=None, shared_port=False):
     """The ASGI app over a Session whose forward passes the batcher runs; the caller closes the
     session once the app has shut down. Its `state.drain` is the Drain the server's shutdown uses.
-    `bodies`: the SharedBytes HTTP bodies count in (front ends share one), else the app's own."""
+    `bodies`: the SharedBytes HTTP bodies count in (front ends share one), else the app's own;
+    `shared_port`: the gRPC port is bound by every front end (SO_REUSEPORT)."""
     from starlette.applications import Starlette
     from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
     from starlette.routing import Route
@@ -396,7 +397,7 @@ def make_app(session, settings, batcher, sha256=None, bodies=None):
         return HTMLResponse(page)
 
     class Face:
-        """What the gRPC service needs of the server (kserve.grpc_servicer)."""
+        """What the gRPC service needs of the server (kserve.grpc_handlers)."""
         Refused = Refused
         model, version = session.model, __version__
         authorized = staticmethod(bearer)
@@ -411,62 +412,80 @@ def make_app(session, settings, batcher, sha256=None, bodies=None):
     grpc_limit = min(settings.max_body_bytes, settings.max_buffered_bytes) + GRPC_FRAMING
     grpc_budget = Budget(max(settings.max_buffered_bytes, grpc_limit))
     metrics.buffered = lambda: {"http": bodies.held, "grpc": grpc_budget.held}
+    draining = "the server is shutting down; try again"
 
     class Message:
-        """`async with Message(context) as raw`: a gRPC call's one message (bytes), read within the
-        bounds: room for the largest message taken (waited for up to --body-timeout-s, else 503),
-        then the message within --body-timeout-s (else 408; 503 once a drain gives up); its bytes
-        counted in grpc_budget until the block ends. The read's deadline is one timer on the loop:
-        asyncio.timeout cost ~10 us a call, a few percent of a front end's time per gRPC call."""
-        __slots__ = ("context", "held", "task", "timer", "expired")
+        """`async with Message(call) as raw`: a gRPC call's one message (bytes), read within the
+        bounds: its size from its prefix, refused past the limit (413); room for that size in
+        grpc_budget (waited for up to --body-timeout-s, else 503), then the rest of it let in and
+        read; each wait within --body-timeout-s (else 408; 503 once a drain gives up); its bytes
+        counted until the block ends. A message that came with its call's headers (a single
+        image's) waits for nothing. A wait's deadline is one timer on the loop."""
+        __slots__ = ("call", "held", "task", "timer", "expired")
 
-        def __init__(self, context):
-            self.context, self.held, self.expired = context, 0, False
+        def __init__(self, call):
+            self.call, self.held, self.expired = call, 0, False
 
         def expire(self):
             self.expired = True
             self.task.cancel()
 
-        def reschedule(self, when):  # a drain giving up ends every read now (asyncio.Timeout's name)
+        def reschedule(self, when):  # a drain giving up ends every wait now (asyncio.Timeout's name)
             self.timer.cancel()
             self.expire()
 
         async def __aenter__(self):
-            if not grpc_budget.take_now(grpc_limit):
+            call = self.call
+            if call.size is None:
+                await self._until(lambda: call.size is not None, "the call sent no message")
+            size = call.size
+            if call.compressed:
+                raise Refused(415, "message: compressed messages are not read (send it uncompressed)")
+            if size > grpc_limit:
+                raise refused("body_size", 413, f"message: {size} bytes, larger than the server's limit of "
+                                                f"{grpc_limit} bytes")
+            if not grpc_budget.take_now(size):
                 try:
                     async with asyncio.timeout(settings.body_timeout_s):
-                        await grpc_budget.take(grpc_limit)
+                        await grpc_budget.take(size)
                 except TimeoutError:
                     raise refused("buffered", 503, f"server busy: gRPC messages fill its {grpc_budget.total} "
                                   f"bytes (--max-buffered-mb); try again") from None
-            self.held = grpc_limit
+            self.held = size
             try:
-                if drain.gave_up:
-                    raise refused("draining", 503, "the server is shutting down; try again")
-                self.task = asyncio.current_task()
-                self.timer = asyncio.get_running_loop().call_later(settings.body_timeout_s, self.expire)
-                drain.reading.add(self)
-                try:
-                    raw = await self.context.read()
-                except asyncio.CancelledError:
-                    if not self.expired:
-                        raise
-                    self.task.uncancel()
-                    if drain.gave_up:
-                        raise refused("draining", 503, "the server is shutting down; try again") from None
-                    raise refused("body_timeout", 408, f"message: not received within {settings.body_timeout_s:g} "
-                                  f"s (the server's --body-timeout-s)") from None
-                finally:
-                    self.timer.cancel()
-                    drain.reading.discard(self)
-                if not isinstance(raw, bytes):  # grpc.aio.EOF: the call ended without a message
-                    raise Refused(400, "the call sent no message")
+                call.accept()
+                if not call.complete():
+                    await self._until(call.complete, "the call ended before its message did")
+                return call.message()
             except BaseException:
-                grpc_budget.give(self.held)
+                grpc_budget.give(size)
+                self.held = 0
                 raise
-            grpc_budget.give(self.held - len(raw))
-            self.held = len(raw)
-            return raw
+
+        async def _until(self, done, short):
+            """Wait for done() as the call's bytes arrive, within --body-timeout-s."""
+            if drain.gave_up:
+                raise refused("draining", 503, draining)
+            call = self.call
+            self.task = asyncio.current_task()
+            self.timer = asyncio.get_running_loop().call_later(settings.body_timeout_s, self.expire)
+            drain.reading.add(self)
+            try:
+                while not done():
+                    if call.ended:
+                        raise Refused(400, short)
+                    await call.changed()
+            except asyncio.CancelledError:
+                if not self.expired:
+                    raise
+                self.task.uncancel()
+                if drain.gave_up:
+                    raise refused("draining", 503, draining) from None
+                raise refused("body_timeout", 408, f"message: not received within {settings.body_timeout_s:g} "
+                              f"s (the server's --body-timeout-s)") from None
+            finally:
+                self.timer.cancel()
+                drain.reading.discard(self)
 
         async def __aexit__(self, *exc):
             grpc_budget.give(self.held)
@@ -474,29 +493,20 @@ def make_app(session, settings, batcher, sha256=None, bodies=None):
     Face.sha256, Face.batch, Face.message = sha256, staticmethod(batch), Message
 
     async def start_grpc():
-        """The gRPC server on settings.grpc ("host:port"), in this event loop; its port."""
-        import grpc
+        """The gRPC service (grpc_h2) on settings.grpc ("host:port"), in this event loop; its port.
+        HTTP's connection bounds hold on it too: the cap, the preface within the header timeout,
+        closed after as long without a call as HTTP keeps a connection alive; at most
+        --max-connections calls at once."""
+        from . import grpc_h2
 
-        cap = guard.connection_cap(settings.max_connections, 2)
-        # HTTP's connection bounds, enforced by gRPC's core (which counts no refusals for /metrics):
-        # at most the cap open at once, past it closed as accepted; the HTTP/2 preface within the
-        # header timeout; closed (GOAWAY) after as long without a call as HTTP keeps a connection alive.
-        # Without BDP probing a call's stream window stays 64 KiB until its handler reads (with it,
-        # gRPC grows every stream's first window towards 64 MiB, read or not), so grpc_budget bounds
-        # the messages' bytes
-        server = grpc.aio.server(maximum_concurrent_rpcs=settings.max_connections,
-                                 options=[("grpc.max_receive_message_length", grpc_limit),
-                                          ("grpc.max_send_message_length", grpc_limit),
-                                          ("grpc.http2.bdp_probe", 0),
-                                          ("grpc.max_allowed_incoming_connections", cap),
-                                          ("grpc.server_handshake_timeout_ms", round(settings.header_timeout_s * 1e3)),
-                                          ("grpc.max_connection_idle_ms", KEEP_ALIVE_S * 1000)])
-        servicer, add = kserve.grpc_servicer(Face)
-        add(servicer, server)
-        port = server.add_insecure_port(settings.grpc)
-        if not port:
-            raise InputError(f"--grpc-port: cannot listen on {settings.grpc}")
-        await server.start()
+        host, _, port = settings.grpc.rpartition(":")
+        server = grpc_h2.Server(kserve.grpc_handlers(Face), guard.connection_cap(settings.max_connections, 2),
+                                settings.max_connections, settings.header_timeout_s, KEEP_ALIVE_S, metrics.refused,
+                                failed)
+        try:
+            port = await server.start(host.strip("[]"), int(port), reuse_port=shared_port)
+        except OSError as e:
+            raise InputError(f"--grpc-port: cannot listen on {settings.grpc} ({e.strerror})") from None
         app.state.grpc, app.state.grpc_port = server, port
 
     @contextlib.asynccontextmanager
@@ -676,7 +686,7 @@ def run_one(session, settings, sock, announce, sha256=None):
     run_app(session, settings, sock, announce, batcher, sha256)
 
 
-def run_app(session, settings, sock, announce, batcher, sha256=None, bodies=None):
+def run_app(session, settings, sock, announce, batcher, sha256=None, bodies=None, shared_port=False):
     """One event loop serving the app on sock until SIGTERM or SIGINT, then draining: in-flight
     requests are answered within settings.drain_s, stalled uploads and passes not done by then get
     a JSON 503. `session`: a Session, or a front end's EngineFace."""
@@ -692,7 +702,7 @@ def run_app(session, settings, sock, announce, batcher, sha256=None, bodies=None
     # The GIL passes between the event loop and the batch thread several times a pass: at the
     # default 5 ms switch interval a busy loop held each pass up for milliseconds
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    app = make_app(session, settings, batcher, sha256, bodies)
+    app = make_app(session, settings, batcher, sha256, bodies, shared_port)
     drain = app.state.drain
     cap = guard.connection_cap(settings.max_connections, 2 if settings.grpc else 1)
 
@@ -813,7 +823,8 @@ def _front(spec, settings, sock, path, ready, held=None):
     name_process("cnninfer-front")
     try:
         batcher = RemoteBatcher(path)
-        run_app(EngineFace(spec.model, batcher), settings, sock, ready.put, batcher, spec.sha256, SharedBytes(held))
+        run_app(EngineFace(spec.model, batcher), settings, sock, ready.put, batcher, spec.sha256, SharedBytes(held),
+                shared_port=True)
     except InputError as e:
         ready.put(f"error: {e.message}")
         sys.exit(2)
