@@ -185,3 +185,120 @@ def pump(calls, seconds, until=lambda: False):
         for c in calls:
             c.pump()
         time.sleep(0.002)
+
+
+class H2:
+    """A raw HTTP/2 client on a connection of its own, to do what a gRPC library would not: small
+    windows, chosen header blocks, resets, pings, bad frames. Each stream's answer is gathered in
+    `streams[id]`: "headers" (each block, decoded), "data", "reset" (RST_STREAM's code); `goaway`
+    holds (last stream, code) once the server sent it, `closed` whether it closed the connection.
+    `auto_window`: every DATA frame's bytes given back at once, connection and stream."""
+
+    PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+    def __init__(self, address, settings=(), auto_window=True):
+        import socket
+
+        from hpack import Decoder
+
+        host, port = address.rsplit(":", 1)
+        self.address, self.auto_window = address, auto_window
+        self.sock = socket.create_connection((host, int(port)), timeout=5)
+        self.decoder, self.inbox = Decoder(), b""
+        self.streams, self.goaway, self.closed, self.pings = {}, None, False, []
+        self.data_sizes = []  # (stream, bytes) of every DATA frame, in order
+        self.send(self.PREFACE + self.frame(4, 0, 0, b"".join(k.to_bytes(2, "big") + v.to_bytes(4, "big")
+                                                               for k, v in settings)))
+
+    @staticmethod
+    def frame(kind, flags, stream, payload=b""):
+        return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+    @staticmethod
+    def literal(name, value, indexed=False):
+        """A header field as a literal, its name new: with incremental indexing (into the server's
+        HPACK table) or without."""
+        name, value = name.encode(), value.encode()
+        assert len(name) < 127 and len(value) < 127
+        return (b"\x40" if indexed else b"\0") + bytes([len(name)]) + name + bytes([len(value)]) + value
+
+    def block(self, method, token=None):
+        fields = [(":method", "POST"), (":scheme", "http"), (":path", f"/inference.GRPCInferenceService/{method}"),
+                  (":authority", self.address), ("content-type", "application/grpc"), ("te", "trailers")]
+        if token:
+            fields.append(("authorization", f"Bearer {token}"))
+        return b"".join(self.literal(k, v) for k, v in fields)
+
+    def call(self, stream, block, message=b"", end=True, compressed=False, declared=None):
+        """HEADERS (the block as given), then the message with its prefix (`declared` its length,
+        else the message's) in DATA frames of 16 KiB, END_STREAM where `end`; within the server's
+        first windows (64 KiB)."""
+        body = bytes([compressed]) + (len(message) if declared is None else declared).to_bytes(4, "big") + message
+        assert len(body) < 65535
+        parts = [body[i:i + 16384] for i in range(0, len(body), 16384)]
+        self.send(self.frame(1, 4, stream, block) + b"".join(
+            self.frame(0, 1 if end and i == len(parts) - 1 else 0, stream, part) for i, part in enumerate(parts)))
+
+    def send(self, data):
+        self.sock.sendall(data)
+
+    def read(self, until, timeout=5.0):
+        """Read frames until until(self) holds (True) or `timeout` s pass (False)."""
+        import socket
+
+        end = time.monotonic() + timeout
+        while not until(self):
+            left = end - time.monotonic()
+            if left <= 0 or self.closed:
+                return until(self)
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(1 << 16)
+            except socket.timeout:
+                continue
+            except OSError:
+                data = b""
+            if not data:
+                self.closed = True
+                continue
+            self.inbox += data
+            self._frames()
+        return True
+
+    def _frames(self):
+        while len(self.inbox) >= 9 and len(self.inbox) >= 9 + int.from_bytes(self.inbox[:3], "big"):
+            n = int.from_bytes(self.inbox[:3], "big")
+            kind, flags, stream = self.inbox[3], self.inbox[4], int.from_bytes(self.inbox[5:9], "big") & 0x7FFFFFFF
+            payload, self.inbox = self.inbox[9:9 + n], self.inbox[9 + n:]
+            s = self.streams.setdefault(stream, {"headers": [], "data": b"", "reset": None}) if stream else None
+            if kind == 1:
+                s["headers"].append(dict((k.decode(), v.decode()) for k, v in self.decoder.decode(payload, raw=True)))
+            elif kind == 0:
+                s["data"] += payload
+                self.data_sizes.append((stream, n))
+                if self.auto_window and n:
+                    self.send(self.frame(8, 0, 0, n.to_bytes(4, "big")) + self.frame(8, 0, stream, n.to_bytes(4, "big")))
+            elif kind == 3:
+                s["reset"] = int.from_bytes(payload, "big")
+            elif kind == 4 and not flags & 1:
+                self.send(self.frame(4, 1, 0))
+            elif kind == 6 and flags & 1:
+                self.pings.append(payload)
+            elif kind == 7:
+                self.goaway = (int.from_bytes(payload[:4], "big") & 0x7FFFFFFF, int.from_bytes(payload[4:8], "big"))
+
+    def status(self, stream):
+        """The call's grpc-status (its trailers'), or None."""
+        for block in self.streams.get(stream, {}).get("headers", ()):
+            if "grpc-status" in block:
+                return int(block["grpc-status"])
+        return None
+
+    def message(self, stream):
+        """The answer's message: its DATA without the 5-byte prefix."""
+        data = self.streams[stream]["data"]
+        assert data[0] == 0 and int.from_bytes(data[1:5], "big") == len(data) - 5
+        return data[5:]
+
+    def close(self):
+        self.sock.close()

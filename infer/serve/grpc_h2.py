@@ -250,7 +250,7 @@ class Connection(asyncio.Protocol):
             self.timer.cancel()
         for call in list(self.streams.values()):
             if call.task is not None and not call.task.done():
-                call.task.cancel()
+                call.task.cancel()  # the client is gone: its handler ends
             else:
                 self._forget(call)
 
