@@ -3,14 +3,13 @@
 HTTP bodies: a count all front ends share (SharedBytes), added to as each part of a body arrives,
 so the bound is the server's whatever the kernel's spread of connections over front ends.
 
-gRPC messages: a front end's own Budget, taken before a message is read. gRPC's core grants a
-call's stream the flow-control window for its whole declared message as soon as its handler reads,
-and the handler learns the message's size only once it is complete, so a read takes the largest
-message's bytes (--max-body-mb), keeps the message's own size once it has arrived, and gives that
-back as the call ends. Reads wait their turn in the order they asked; a call not reading yet holds
-at most its stream's first window (64 KiB: the server turns gRPC's window growth, BDP probing,
-off). Shared over front ends, those reservations of the largest message would leave 12 front ends
-a handful of reads between them."""
+gRPC messages: a front end's own Budget. A call's message is let in (its stream's window opened
+past HTTP/2's first 64 KiB, grpc_h2.Call.accept) only once the size its 5-byte prefix declares has
+room; it is held until the call ends. Reads wait their turn in the order they asked, so a small
+read never overtakes a large one. Reads wait for room (HTTP bodies are refused at once), and a
+wait on a count shared over processes would need a wake-up across them: so this bound is a front
+end's, and N front ends hold at most N budgets of gRPC messages.
+"""
 import asyncio
 from collections import deque
 
