@@ -207,6 +207,7 @@ class H2:
         self.decoder, self.inbox = Decoder(), b""
         self.streams, self.goaway, self.closed, self.pings = {}, None, False, []
         self.data_sizes = []  # (stream, bytes) of every DATA frame, in order
+        self.conn_window, self.windows = 65535, {}  # what the server lets us send: the connection, each stream
         self.send(self.PREFACE + self.frame(4, 0, 0, b"".join(k.to_bytes(2, "big") + v.to_bytes(4, "big")
                                                                for k, v in settings)))
 
@@ -238,6 +239,24 @@ class H2:
         parts = [body[i:i + 16384] for i in range(0, len(body), 16384)]
         self.send(self.frame(1, 4, stream, block) + b"".join(
             self.frame(0, 1 if end and i == len(parts) - 1 else 0, stream, part) for i, part in enumerate(parts)))
+
+    def send_message(self, stream, block, message, timeout=10.0):
+        """HEADERS, then the message in DATA frames as the server's windows let them go (reading
+        its WINDOW_UPDATEs between), END_STREAM on the last; stops once the call has a status."""
+        body = b"\0" + len(message).to_bytes(4, "big") + message
+        self.send(self.frame(1, 4, stream, block))
+        sent, end = 0, time.monotonic() + timeout
+        while sent < len(body) and self.status(stream) is None:
+            room = min(self.conn_window, self.windows.get(stream, 65535), 16384, len(body) - sent)
+            if room <= 0:
+                before = (self.conn_window, self.windows.get(stream))
+                assert self.read(lambda c: (c.conn_window, c.windows.get(stream)) != before
+                                 or c.status(stream) is not None, end - time.monotonic()), "no window came"
+                continue
+            self.send(self.frame(0, 1 if sent + room == len(body) else 0, stream, body[sent:sent + room]))
+            sent += room
+            self.conn_window -= room
+            self.windows[stream] = self.windows.get(stream, 65535) - room
 
     def send(self, data):
         self.sock.sendall(data)
@@ -280,6 +299,12 @@ class H2:
                     self.send(self.frame(8, 0, 0, n.to_bytes(4, "big")) + self.frame(8, 0, stream, n.to_bytes(4, "big")))
             elif kind == 3:
                 s["reset"] = int.from_bytes(payload, "big")
+            elif kind == 8:
+                step = int.from_bytes(payload, "big") & 0x7FFFFFFF
+                if stream:
+                    self.windows[stream] = self.windows.get(stream, 65535) + step
+                else:
+                    self.conn_window += step
             elif kind == 4 and not flags & 1:
                 self.send(self.frame(4, 1, 0))
             elif kind == 6 and flags & 1:

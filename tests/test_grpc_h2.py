@@ -50,9 +50,9 @@ def roomy(ece408):
 def infer_request(x, outputs=()):
     r = pb.ModelInferRequest(model_name="cnninfer")
     given = r.inputs.add()
-    given.name, given.datatype = "x", "FP32"
+    given.name, given.datatype = "x", "UINT8" if x.dtype == np.uint8 else "FP32"
     given.shape.extend(x.shape)
-    r.raw_input_contents.append(np.ascontiguousarray(x, "<f4").tobytes())
+    r.raw_input_contents.append(x.tobytes() if x.dtype == np.uint8 else np.ascontiguousarray(x, "<f4").tobytes())
     for name in outputs:
         r.outputs.add().name = name
     return r.SerializeToString()
@@ -228,3 +228,46 @@ def test_a_broken_connection_gets_goaway_and_is_closed(roomy, data):
         assert outputs(c.message(1))["labels"].tolist() == expected[:2].tolist()
     finally:
         c.close()
+
+
+def test_answers_waiting_for_the_client_s_window_hold_the_budget(ece408, data):
+    """A client that opens no window for answers (SETTINGS_INITIAL_WINDOW_SIZE 0) sends calls of
+    340 uint8 images (267 KB), one after another, against a 1 MiB budget: each answer (16 KB) waits
+    in the server holding its own size of the budget, not its message's; once they fill it, the
+    next message is not let in (UNAVAILABLE at the 1 s body timeout). Given a window, every answer
+    arrives whole and equal to the command line's, and the budget empties."""
+    from infer.data import loader
+    from infer.session import Session
+
+    x = np.tile(data[0][:100], (4, 1, 1, 1))[:340]
+    u8 = np.round(x * 255).astype(np.uint8)
+    with Session(loader.load_model(ece408 / "model.hdf5"), "cpu") as session:
+        expected = session.predict(u8)
+    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--max-buffered-mb", "1", "--body-timeout-s", "1")
+    try:
+        c = H2(s.grpc, settings=[(4, 0)], auto_window=False)
+        try:
+            block, request = c.block("ModelInfer"), infer_request(u8, ("labels", "scores"))
+            streams = []
+            for i in range(80):
+                stream = 1 + 2 * i
+                c.send_message(stream, block, request)
+                assert c.read(lambda c: c.streams.get(stream, {}).get("headers"), 5)  # answered or refused
+                if c.status(stream) is not None:
+                    break
+                streams.append(stream)
+            assert c.status(stream) == 14, "a message past the budget's room is refused"  # UNAVAILABLE
+            held = grpc_buffered(s)
+            assert 40 <= len(streams) <= 60, len(streams)  # (1 MiB + 64 KiB - 267 KB) / 16 KB answers
+            assert (len(streams) - 1) * 16000 < held <= len(streams) * 17000, (held, len(streams))
+            c.send(H2.frame(8, 0, 0, (1 << 30).to_bytes(4, "big"))
+                   + b"".join(H2.frame(8, 0, st, (1 << 20).to_bytes(4, "big")) for st in streams))
+            assert c.read(lambda c: all(c.status(st) is not None for st in streams), 10)
+            assert all(c.status(st) == 0 for st in streams)
+            for st in streams:
+                assert outputs(c.message(st))["labels"].tolist() == expected.tolist()
+        finally:
+            c.close()
+        assert wait_for(lambda: grpc_buffered(s) == 0, 3)
+    finally:
+        assert s.stop() == 0, "".join(s.stderr)

@@ -16,6 +16,8 @@ Bounds (each a serve option's, or HTTP's own):
 - a message's bytes: a call's stream window stays HTTP/2's first 64 KiB, and the bytes it has
   sent stay outside its connection's window (256 KiB), until its handler accepts the message
   (server.Message, once the message's size has room in the budget); then both open for it alone;
+- answers waiting for the client's window: each keeps its own size of its message's bytes held in
+  the budget (Call.keep) until it is sent;
 - answers a client does not read: past the transport's high-water mark its connection stops being
   read until they drain.
 """
@@ -95,7 +97,8 @@ class Call:
     (the client sent all it will), complete(), message(), and awaits changed() between them;
     accept() lets the rest of the message come."""
     __slots__ = ("conn", "id", "path", "metadata", "parts", "received", "size", "window", "held", "accepted",
-                 "ended", "answered", "waiter", "task", "send_window", "pending", "tail", "headed", "compressed")
+                 "ended", "answered", "waiter", "task", "send_window", "pending", "tail", "headed", "compressed",
+                 "kept", "gone")
 
     def __init__(self, conn, stream, path, metadata):
         self.conn, self.id, self.path, self.metadata = conn, stream, path, metadata
@@ -106,6 +109,8 @@ class Call:
         self.waiter = self.task = None
         self.send_window = conn.peer_window
         self.pending = self.tail = None
+        self.kept = None  # (budget, bytes) held until the call ends
+        self.gone = False  # ended and forgotten
 
     def header(self, name):
         """The value of metadata `name` (lower case), or None."""
@@ -136,6 +141,20 @@ class Call:
 
     def abort(self, name, message):
         raise Abort(CODES[name], message)
+
+    def keep(self, budget, n):
+        """n bytes of `budget` (its message's) stay held until the call ends: an answer waiting for
+        the client's window holds up to that much (as much as its own size)."""
+        if self.gone:
+            budget.give(n)
+        else:
+            self.kept = (budget, n)
+
+    def _release(self, down_to=0):
+        if self.kept is not None and self.kept[1] > down_to:
+            budget, n = self.kept
+            budget.give(n - down_to)
+            self.kept = (budget, down_to) if down_to else None
 
     def _wake(self):
         if self.waiter is not None and not self.waiter.done():
@@ -547,6 +566,7 @@ class Connection(asyncio.Protocol):
             self._close_stream(call)
             return
         call.pending, call.tail = memoryview(body), OK_TRAILERS
+        call._release(len(body))
         self.blocked.append(call)
         self._push()
 
@@ -615,7 +635,8 @@ class Connection(asyncio.Protocol):
         if self.streams.pop(call.id, None) is None:
             return
         self.give_back(call)
-        call.parts = None
+        call.parts, call.gone = None, True
+        call._release()
         server = self.server
         server.calls -= 1
         if not self.streams:

@@ -419,8 +419,10 @@ def make_app(session, settings, batcher, sha256=None, bodies=None, shared_port=F
         bounds: its size from its prefix, refused past the limit (413); room for that size in
         grpc_budget (waited for up to --body-timeout-s, else 503), then the rest of it let in and
         read; each wait within --body-timeout-s (else 408; 503 once a drain gives up); its bytes
-        counted until the block ends. A message that came with its call's headers (a single
-        image's) waits for nothing. A wait's deadline is one timer on the loop."""
+        counted until the call ends, an answer waiting for the client's window holding as many of
+        them as its own size (an answer is smaller than its message). A message that came with its
+        call's headers (a single image's) waits for nothing. A wait's deadline is one timer on the
+        loop."""
         __slots__ = ("call", "held", "task", "timer", "expired")
 
         def __init__(self, call):
@@ -488,7 +490,7 @@ def make_app(session, settings, batcher, sha256=None, bodies=None, shared_port=F
                 drain.reading.discard(self)
 
         async def __aexit__(self, *exc):
-            grpc_budget.give(self.held)
+            self.call.keep(grpc_budget, self.held)  # until the answer is sent (grpc_h2: as much as it needs)
 
     Face.sha256, Face.batch, Face.message = sha256, staticmethod(batch), Message
 
