@@ -194,6 +194,8 @@ class Server:
             await asyncio.wait_for(asyncio.shield(self.stopping), grace)
         except TimeoutError:
             for conn in list(self.connections):
+                for _ in range(len(conn.streams)):
+                    self.refused("draining")
                 conn.close_calls(CODES["UNAVAILABLE"], "the server is shutting down; try again")
             await asyncio.sleep(0)  # the answers written, the connections closing
         for conn in list(self.connections):

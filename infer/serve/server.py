@@ -412,13 +412,12 @@ def make_app(session, settings, batcher, sha256=None, bodies=None, shared_port=F
     grpc_limit = min(settings.max_body_bytes, settings.max_buffered_bytes) + GRPC_FRAMING
     grpc_budget = Budget(max(settings.max_buffered_bytes, grpc_limit))
     metrics.buffered = lambda: {"http": bodies.held, "grpc": grpc_budget.held}
-    draining = "the server is shutting down; try again"
 
     class Message:
         """`async with Message(call) as raw`: a gRPC call's one message (bytes), read within the
         bounds: its size from its prefix, refused past the limit (413); room for that size in
         grpc_budget (waited for up to --body-timeout-s, else 503), then the rest of it let in and
-        read; each wait within --body-timeout-s (else 408; 503 once a drain gives up); its bytes
+        read; each wait within --body-timeout-s (else 408; a drain's end is grpc_h2's stop); its bytes
         counted until the call ends, an answer waiting for the client's window holding as many of
         them as its own size (an answer is smaller than its message). A message that came with its
         call's headers (a single image's) waits for nothing. A wait's deadline is one timer on the
@@ -431,10 +430,6 @@ def make_app(session, settings, batcher, sha256=None, bodies=None, shared_port=F
         def expire(self):
             self.expired = True
             self.task.cancel()
-
-        def reschedule(self, when):  # a drain giving up ends every wait now (asyncio.Timeout's name)
-            self.timer.cancel()
-            self.expire()
 
         async def __aenter__(self):
             call = self.call
@@ -466,12 +461,9 @@ def make_app(session, settings, batcher, sha256=None, bodies=None, shared_port=F
 
         async def _until(self, done, short):
             """Wait for done() as the call's bytes arrive, within --body-timeout-s."""
-            if drain.gave_up:
-                raise refused("draining", 503, draining)
             call = self.call
             self.task = asyncio.current_task()
             self.timer = asyncio.get_running_loop().call_later(settings.body_timeout_s, self.expire)
-            drain.reading.add(self)
             try:
                 while not done():
                     if call.ended:
@@ -481,13 +473,10 @@ def make_app(session, settings, batcher, sha256=None, bodies=None, shared_port=F
                 if not self.expired:
                     raise
                 self.task.uncancel()
-                if drain.gave_up:
-                    raise refused("draining", 503, draining) from None
                 raise refused("body_timeout", 408, f"message: not received within {settings.body_timeout_s:g} "
                               f"s (the server's --body-timeout-s)") from None
             finally:
                 self.timer.cancel()
-                drain.reading.discard(self)
 
         async def __aexit__(self, *exc):
             self.call.keep(grpc_budget, self.held)  # until the answer is sent (grpc_h2: as much as it needs)
