@@ -76,6 +76,26 @@ def png(gray_u8):
     return b.getvalue()
 
 
+def answers_of_test100(ece408):
+    """test100's images and the command line's predictions and scores for them (CPU backend)."""
+    import h5py
+
+    import infer
+
+    with h5py.File(ece408 / "test100.hdf5") as f:
+        x = f["x"][()]
+    cli = infer.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu", scores=True)
+    return x, cli.predictions, cli.scores
+
+
+def by_label(server, metric, label, token="t0ken"):
+    """{label's value: count} of one labelled metric in /metrics (of whichever front end answers)."""
+    import httpx
+
+    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {token}"}).text
+    return {m[0]: int(m[1]) for m in re.findall(rf'^cnninfer_{metric}\{{{label}="(\w+)"\}} (\d+)$', text, re.M)}
+
+
 def wait_for(predicate, timeout=10.0):
     end = time.monotonic() + timeout
     while time.monotonic() < end:

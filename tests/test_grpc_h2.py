@@ -2,16 +2,12 @@
 where tritonclient would not go: a small window, the HPACK table moving under the same bytes, the
 calls' bounds, a message past the limit, resets, pings, unknown and broken frames. A real server
 process on 127.0.0.1 (CPU backend)."""
-import re
 import socket
 
-import h5py
-import httpx
 import numpy as np
 import pytest
 
-import infer
-from tests.serving import H2, Server, wait_for
+from tests.serving import H2, Server, by_label, answers_of_test100, wait_for
 
 pytest.importorskip("starlette")
 pytest.importorskip("hpack")
@@ -24,10 +20,7 @@ TOKEN = "t0ken"
 
 @pytest.fixture(scope="module")
 def data(ece408):
-    with h5py.File(ece408 / "test100.hdf5") as f:
-        x = f["x"][()]
-    cli = infer.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu", scores=True)
-    return x, cli.predictions, cli.scores
+    return answers_of_test100(ece408)
 
 
 @pytest.fixture(scope="module")
@@ -65,17 +58,12 @@ def outputs(raw):
             for i, o in enumerate(r.outputs)}
 
 
-def metrics(server, label_of):
-    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {TOKEN}"}).text
-    return {m[0]: int(m[1]) for m in re.findall(rf'^cnninfer_{label_of}="(\w+)"\}} (\d+)$', text, re.M)}
-
-
 def refused(server):
-    return metrics(server, 'refused_total{reason')
+    return by_label(server, "refused_total", "reason", TOKEN)
 
 
 def grpc_buffered(server):
-    return metrics(server, 'buffered_bytes{protocol').get("grpc")
+    return by_label(server, "buffered_bytes", "protocol", TOKEN).get("grpc")
 
 
 def test_an_answer_larger_than_the_client_s_window_waits_for_it(server, data):

@@ -9,12 +9,10 @@ import signal
 import socket
 import time
 
-import h5py
 import numpy as np
 import pytest
 
-import infer
-from tests.serving import NPY, Server, npy, png, wait_for
+from tests.serving import NPY, Server, by_label, npy, png, answers_of_test100, wait_for
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
@@ -25,10 +23,7 @@ RSS_LIMIT = 1 << 30
 
 @pytest.fixture(scope="module")
 def data(ece408):
-    with h5py.File(ece408 / "test100.hdf5") as f:
-        x = f["x"][()]
-    cli = infer.run(ece408 / "test100.hdf5", ece408 / "model.hdf5", backend="cpu", scores=True)
-    return x, cli.predictions, cli.scores
+    return answers_of_test100(ece408)
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +56,6 @@ def memory(server, field="VmHWM"):
 
 def peak_rss(server):
     return memory(server)
-
-
-def by_label(server, metric, label):
-    """{label's value: count} of one labelled metric in /metrics (of whichever front end answers)."""
-    text = httpx.get(server.url + "/metrics", headers=AUTH).text
-    return {m[0]: int(m[1]) for m in re.findall(rf'^cnninfer_{metric}\{{{label}="(\w+)"\}} (\d+)$', text, re.M)}
 
 
 def refusals(server):

@@ -97,7 +97,7 @@ class Call:
     (the client sent all it will), complete(), message(), and awaits changed() between them;
     accept() lets the rest of the message come."""
     __slots__ = ("conn", "id", "path", "metadata", "parts", "received", "size", "window", "held", "accepted",
-                 "ended", "answered", "waiter", "task", "send_window", "pending", "tail", "headed", "compressed",
+                 "ended", "waiter", "task", "send_window", "pending", "headed", "compressed",
                  "kept", "gone")
 
     def __init__(self, conn, stream, path, metadata):
@@ -105,10 +105,10 @@ class Call:
         self.parts, self.received, self.size = [], 0, None
         self.window = WINDOW  # what the client may still send on this stream
         self.held = 0  # bytes it sent that its connection's window has not been given back yet
-        self.accepted = self.ended = self.answered = self.headed = self.compressed = False
+        self.accepted = self.ended = self.headed = self.compressed = False
         self.waiter = self.task = None
         self.send_window = conn.peer_window
-        self.pending = self.tail = None
+        self.pending = None  # the answer's bytes its window has not let go yet
         self.kept = None  # (budget, bytes) held until the call ends
         self.gone = False  # ended and forgotten
 
@@ -194,8 +194,6 @@ class Server:
             await asyncio.wait_for(asyncio.shield(self.stopping), grace)
         except TimeoutError:
             for conn in list(self.connections):
-                for _ in range(len(conn.streams)):
-                    self.refused("draining")
                 conn.close_calls(CODES["UNAVAILABLE"], "the server is shutting down; try again")
             await asyncio.sleep(0)  # the answers written, the connections closing
         for conn in list(self.connections):
@@ -298,7 +296,7 @@ class Connection(asyncio.Protocol):
         else:
             self.goaway(NO_ERROR)
 
-    def goaway(self, code, close=None):
+    def goaway(self, code):
         """GOAWAY: no new calls; the connection closes once its calls end (at once for an error)."""
         if not self.going:
             self.going = True
@@ -385,10 +383,7 @@ class Connection(asyncio.Protocol):
             self.goaway(e.code)
             return
         self.buf = data[i:]
-        if self.to_give >= MIN_UPDATE or (self.to_give and self.recv_window < CONNECTION_WINDOW // 2):
-            self.write(frame(WINDOW_UPDATE, 0, 0, _WORD.pack(self.to_give)))
-            self.recv_window += self.to_give
-            self.to_give = 0
+        self._top_up()
 
     def _data(self, stream, flags, payload):
         size = len(payload)
@@ -452,9 +447,7 @@ class Connection(asyncio.Protocol):
         known = self.blocks.get(block)
         if known is not None:
             return known
-        table = self.decoder.header_table
-        before = (len(table.dynamic_entries), table.dynamic_entries[0] if table.dynamic_entries else None,
-                  table.maxsize)
+        before = self._table()
         try:
             fields = self.decoder.decode(block, raw=True)
         except OversizedHeaderListError:
@@ -468,13 +461,16 @@ class Connection(asyncio.Protocol):
         method, path, kind = headers.pop(":method", None), headers.pop(":path", None), headers.get("content-type", "")
         metadata = {k: v for k, v in headers.items() if not k.startswith(":")}
         known = (method, path, kind, metadata)
-        after = (len(table.dynamic_entries), table.dynamic_entries[0] if table.dynamic_entries else None,
-                 table.maxsize)
-        if after != before:
+        if self._table() != before:
             self.blocks.clear()  # indices into the table moved: what was kept may decode differently now
         elif len(self.blocks) < 64:
             self.blocks[block] = known
         return known
+
+    def _table(self):
+        """What the HPACK table holds, as far as indices into it go: its length, newest entry, size."""
+        table = self.decoder.header_table
+        return len(table.dynamic_entries), table.dynamic_entries[0] if table.dynamic_entries else None, table.maxsize
 
     def _opened(self, stream, flags, block):
         method, path, kind, metadata = self._decoded(block)  # decoded whatever follows: the table moves on
@@ -567,7 +563,7 @@ class Connection(asyncio.Protocol):
                        + frame(HEADERS, END_HEADERS | END_STREAM, call.id, OK_TRAILERS))
             self._close_stream(call)
             return
-        call.pending, call.tail = memoryview(body), OK_TRAILERS
+        call.pending = memoryview(body)
         call._release(len(body))
         self.blocked.append(call)
         self._push()
@@ -601,12 +597,13 @@ class Connection(asyncio.Protocol):
                 call.send_window -= step
             if not call.pending:
                 self.blocked.remove(call)
-                self.write(frame(HEADERS, END_HEADERS | END_STREAM, call.id, call.tail))
+                self.write(frame(HEADERS, END_HEADERS | END_STREAM, call.id, OK_TRAILERS))
                 self._close_stream(call)
 
     def close_calls(self, code, message):
-        """Every call still open ends with this status (a stop's grace is over)."""
+        """Every call still open ends with this status (a stop's grace is over), counted `draining`."""
         for call in list(self.streams.values()):
+            self.server.refused("draining")
             if call.task is not None and not call.task.done():
                 call.task.cancel()
             if call in self.blocked:
@@ -620,14 +617,18 @@ class Connection(asyncio.Protocol):
         if call.held:
             self.to_give += call.held
             call.held = 0
-            if self.to_give >= MIN_UPDATE or self.recv_window < CONNECTION_WINDOW // 2:
-                self.write(frame(WINDOW_UPDATE, 0, 0, _WORD.pack(self.to_give)))
-                self.recv_window += self.to_give
-                self.to_give = 0
+            self._top_up()
+
+    def _top_up(self):
+        """The bytes received that count in the connection's window again, given back to the client
+        once there are MIN_UPDATE of them or its window is half spent."""
+        if self.to_give >= MIN_UPDATE or (self.to_give and self.recv_window < CONNECTION_WINDOW // 2):
+            self.write(frame(WINDOW_UPDATE, 0, 0, _WORD.pack(self.to_give)))
+            self.recv_window += self.to_give
+            self.to_give = 0
 
     def _close_stream(self, call):
         """The call's answer is written: if the client is still sending, it is told to stop."""
-        call.answered = True
         if not call.ended:
             call.ended = True
             self.write(frame(RST_STREAM, 0, call.id, _WORD.pack(NO_ERROR)))
