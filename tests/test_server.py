@@ -241,6 +241,9 @@ def test_bad_options_and_a_busy_port_are_one_line_exit_2(ece408, server):
     port = server.url.rsplit(":", 1)[1]
     r = invoke("serve", ece408 / "model.hdf5", "--backend", "cpu", "--port", port)
     assert r.exit_code == 2 and "cannot listen there" in r.stderr and r.stderr.count("\n") == 1
+    r = invoke("serve", ece408 / "model.hdf5", "--backend", "cpu", "--port", "0", "--grpc-port", port)
+    assert r.exit_code == 2 and "--grpc-port" in r.stderr and "cannot listen there" in r.stderr \
+        and r.stderr.count("\n") == 1
     r = invoke("serve", ece408 / "nothing.hdf5", "--backend", "cpu")
     assert r.exit_code == 2 and "no such file" in r.stderr
 

@@ -497,7 +497,7 @@ def make_app(session, settings, batcher, sha256=None, bodies=None, shared_port=F
         try:
             port = await server.start(host.strip("[]"), int(port), reuse_port=shared_port)
         except OSError as e:
-            raise InputError(f"--grpc-port: cannot listen on {settings.grpc} ({e.strerror})") from None
+            raise InputError(f"--grpc-port {port}: cannot listen on {host} ({e.strerror})") from None
         app.state.grpc, app.state.grpc_port = server, port
 
     @contextlib.asynccontextmanager
@@ -517,7 +517,11 @@ def make_app(session, settings, batcher, sha256=None, bodies=None, shared_port=F
                       file=sys.stderr, flush=True)
                 os._exit(2)
         if settings.grpc:
-            await start_grpc()
+            try:
+                await start_grpc()
+            except InputError as e:  # its port taken since serve() found it free: one line, as above
+                print(f"cnninfer serve: {e.message}", file=sys.stderr, flush=True)
+                os._exit(2)
         try:
             yield
         finally:
@@ -564,8 +568,8 @@ class Direct:
             await response(scope, receive, send)
 
 
-def bind(host, port):
-    """A listening socket on host:port (0: a free port), or one InputError line."""
+def bind(host, port, option="--port"):
+    """A listening socket on host:port (0: a free port), or one InputError line naming `option`."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:
@@ -578,7 +582,7 @@ def bind(host, port):
         sock.listen(2048)
     except OSError as e:
         sock.close()
-        raise InputError(f"--host {host} --port {port}: cannot listen there ({e.strerror})") from None
+        raise InputError(f"--host {host} {option} {port}: cannot listen there ({e.strerror})") from None
     return sock
 
 
@@ -618,6 +622,8 @@ def serve(spec, settings, host="127.0.0.1", port=8000, workers=1, announce=print
 
         settings = dataclasses.replace(settings, grpc=f"{settings.grpc[:-2]}:{free_port(host)}")
     try:
+        if settings.grpc and not settings.grpc.endswith(":0"):  # a busy gRPC port: one line now, not at start-up
+            bind(host, int(settings.grpc.rsplit(":", 1)[1]), "--grpc-port").close()
         if workers == 1:
             with Session(spec.model, spec.backend, **spec.options) as session:
                 run_one(session, settings, sock, announce, spec.sha256)
