@@ -75,12 +75,14 @@ def assert_same_as_host(sessions, path, model, what="GPU"):
 
 
 @pytest.mark.parametrize("name", ["gzip1", "gzip6", "gzip1_shuffle", "gzip6_shuffle", "lzf", "lzf_shuffle"])
-@pytest.mark.parametrize("chunk", [16, 37])  # 16 float32 images: 50,176 bytes, back to back; 37: a stride apart
-def test_mnist_float32_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, name, chunk):
+@pytest.mark.parametrize("chunk", [16, 37, 350])  # 16 float32 images: 50,176 bytes, back to back; 37: a stride
+def test_mnist_float32_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, name, chunk):  # apart; 350: 1.1 MB
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][:1999], f["y"][:1999]
     r = assert_same_as_host(sessions, write(tmp_path / "c.h5", x, y, chunk, name), ece408 / "model.hdf5")
     assert r.correct > 1700
+    if chunk == 350 and name.startswith("gzip"):  # deflate chunks of a MB or more: their blocks decoded apart
+        assert r.reader["decode"].startswith("GPU: inflate_kernel2"), r.reader
 
 
 @pytest.mark.parametrize("chunk", [16, 37])
@@ -350,12 +352,12 @@ def test_damaged_lzf_chunks_are_refused_or_read_as_the_host_reads_them(tmp_path,
     assert 0 < refused < 16
 
 
-def damaged(tmp_path, ece408, name, where):
-    """A copy of 900 testfull images in chunks of 50, chunk 3's bytes damaged at `where` (a
+def damaged(tmp_path, ece408, name, where, chunk=50):
+    """A copy of 900 testfull images in chunks of `chunk`, chunk 3's bytes damaged at `where` (a
     function of the chunk's size: the offsets to flip)."""
     with h5py.File(ece408 / "testfull.hdf5") as f:
-        x, y = f["x"][:900], f["y"][:900]
-    path = write(tmp_path / "bad.h5", x, y, 50, name)
+        x, y = f["x"][:max(900, 4 * chunk)], f["y"][:max(900, 4 * chunk)]
+    path = write(tmp_path / "bad.h5", x, y, chunk, name)
     with h5py.File(path) as f:
         info = f["x"].id.get_chunk_info(3)
     raw = bytearray(path.read_bytes())
@@ -370,24 +372,26 @@ def damaged(tmp_path, ece408, name, where):
     (lambda size: [size - 1], ["chunk 3", "adler32"]),
     (lambda size: [0], ["chunk 3", "not a zlib stream"]),
 ])
-def test_a_damaged_chunk_is_refused_in_one_line(tmp_path, ece408, where, words):
-    path = damaged(tmp_path, ece408, "gzip1", where)
+@pytest.mark.parametrize("chunk", [50, 350])  # 350 images: 1.1 MB, its blocks decoded apart
+def test_a_damaged_chunk_is_refused_in_one_line(tmp_path, ece408, where, words, chunk):
+    path = damaged(tmp_path, ece408, "gzip1", where, chunk)
     out = tmp_path / "p.npy"
     r = invoke("run", path, ece408 / "model.hdf5", "--decode", "gpu", "--predictions", out)
     assert_refused(r, "bad.h5", "'x'", *words)
     assert not out.exists()
 
 
-def test_damage_anywhere_in_a_chunk_is_found_and_the_session_goes_on(tmp_path, ece408, sessions, rng):
+@pytest.mark.parametrize("chunk", [50, 350])
+def test_damage_anywhere_in_a_chunk_is_found_and_the_session_goes_on(tmp_path, ece408, sessions, rng, chunk):
     """24 damages of 1 to 64 bytes at random places of chunk 3 (the kernel's own checks or adler32
     find each); after each, the same session decodes the good file right."""
     s = sessions(ece408 / "model.hdf5", "gpu")
     with h5py.File(ece408 / "testfull.hdf5") as f:
-        good = write(tmp_path / "good.h5", f["x"][:900], f["y"][:900], 50, "gzip1")
+        good = write(tmp_path / "good.h5", f["x"][:max(900, 4 * chunk)], f["y"][:max(900, 4 * chunk)], chunk, "gzip1")
     want = s.evaluate(good).predictions
     for k in range(24):
         count = int(rng.integers(1, 65))
-        path = damaged(tmp_path, ece408, "gzip1", lambda size: rng.choice(size, count, replace=False))
+        path = damaged(tmp_path, ece408, "gzip1", lambda size: rng.choice(size, count, replace=False), chunk)
         with pytest.raises(InputError, match="chunk 3"):
             s.evaluate(path)
         np.testing.assert_array_equal(s.evaluate(good).predictions, want)

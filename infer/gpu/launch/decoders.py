@@ -61,6 +61,112 @@ class Inflate(FrameDecoder):
         super().__init__(build, WINDOW=window)
 
 
+class InflateRetry(Inflate):
+    """inflate_kernel1 on the streams whose status is InflateApart.RETRY, the others left as they are."""
+    kernel = "inflate_retry_kernel1"
+
+
+class _InflateModule(Launcher):
+    """A kernel of inflate.cu built as Inflate's (one module for them all)."""
+    source = "inflate"
+
+    def __init__(self, build):
+        super().__init__(build, WINDOW=Inflate.WINDOW)
+
+
+class InflateFind(_InflateModule):
+    """Each stream's candidate block starts (inflate_find_kernel1): counts[k] (zeroed before) is how
+    many stream k has, the first MAX of them in its Apart record."""
+    kernel, arg_types = "inflate_find_kernel1", "PPPP"
+    BLOCKS = 8  # blocks of 256 threads a stream: a 1,000-image MNIST chunk (2.5M bits) in ~1,200 steps
+
+    def __call__(self, stream, count, src_ptrs, src_bytes, counts, aparts):
+        self.launch(stream, (self.BLOCKS, count), (256, 1, 1), src_ptrs, src_bytes, counts, aparts)
+
+
+class InflateUnits(_InflateModule):
+    """inflate_kernel2: each stream's units (from its start and from each candidate start) decoded
+    apart into their shares of its region of region_bytes."""
+    kernel, arg_types = "inflate_kernel2", "PPPPPq"
+
+    def __init__(self, build):
+        import pycuda.driver as cuda
+
+        super().__init__(build)
+        self.function.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+
+    def __call__(self, stream, count, src_ptrs, src_bytes, counts, aparts, regions, region_bytes):
+        self.launch(stream, (InflateApart.MAX + 1, count), (32, 1, 1), src_ptrs, src_bytes, counts, aparts, regions,
+                    region_bytes)
+
+
+class InflateJoin(_InflateModule):
+    """inflate_join_kernel1: each stream's units joined into its output, or the stream marked RETRY."""
+    kernel, arg_types = "inflate_join_kernel1", "PPPPPPPPq"
+
+    def __call__(self, stream, count, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses, counts, aparts, regions,
+                 region_bytes):
+        self.launch(stream, (count, 1), (1024, 1, 1), src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses, counts,
+                    aparts, regions, region_bytes)
+
+
+class InflateApart:
+    """Deflate streams decoded with their blocks apart, as Inflate's arguments and statuses say, and
+    scratch memory: find each stream's candidate block starts (a dynamic block's header checked at
+    every bit), decode from its start and from each candidate a warp each, to a block's end where
+    another candidate starts, into 16-bit symbols (a byte, or a marker for one before the unit's
+    start), then join the units that chain from the start to the last block into the output. A
+    stream whose units do not join up is decoded whole (inflate_kernel1's way): correct whatever the
+    candidates, fast where they are the blocks' starts (zlib's blocks of 16,384 symbols: 10 a
+    1,000-image MNIST chunk at gzip 1)."""
+    OK, BAD, FULL, RETRY = Inflate.OK, Inflate.BAD, Inflate.FULL, 3
+    MAX = 128  # candidate starts a stream (cuda/inflate.cu's APART_MAX); past it, the stream is decoded whole
+    APART_BYTES = 4 * (2 * MAX + 3 * (MAX + 1))  # a stream's Apart record
+    SLACK = 1.5  # a region's symbols, per decoded byte: a unit's share, in proportion to its bits, may be exceeded so much
+    MIN_BYTES = 1 << 20  # streams decoding to less are decoded whole (their one warp takes a few ms)
+
+    def __init__(self, build):
+        self.find, self.units, self.join = InflateFind(build), InflateUnits(build), InflateJoin(build)
+        self.retry = InflateRetry(build)
+
+    @classmethod
+    def scratch_bytes(cls, count, out_bytes):
+        """The scratch memory decoding count streams of out_bytes bytes each takes."""
+        return cls.layout(count, cls.region_bytes(out_bytes))[-1]
+
+    @classmethod
+    def region_bytes(cls, out_bytes):
+        return -(-int(2 * cls.SLACK * out_bytes) // 256) * 256
+
+    @classmethod
+    def layout(cls, count, region_bytes):
+        """(offsets of the counts, the Apart records, the regions; the bytes they take)."""
+        counts = 0
+        aparts = -(-4 * count // 256) * 256
+        regions = aparts + -(-cls.APART_BYTES * count // 256) * 256
+        return counts, aparts, regions, regions + count * region_bytes
+
+    def __call__(self, stream, count, src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses, scratch,
+                 scratch_bytes):
+        """As Inflate's, and `scratch`: a device buffer of scratch_bytes bytes, shared among the count
+        streams' regions (at least region_bytes(a stream's output) each)."""
+        import pycuda.driver as cuda
+
+        if not 0 < count <= 65535:
+            raise ValueError(f"inflate_kernel2 decodes 1 to 65,535 streams a launch, not {count}")
+        counts, aparts, regions, _ = self.layout(count, 0)
+        region = (scratch_bytes - regions) // count // 256 * 256
+        if region < 256:
+            raise ValueError(f"{scratch_bytes} bytes of scratch memory leave no region for {count} streams")
+        scratch = int(scratch)
+        cuda.memset_d32_async(scratch + counts, 0, count, stream)
+        self.find(stream, count, src_ptrs, src_bytes, scratch + counts, scratch + aparts)
+        self.units(stream, count, src_ptrs, src_bytes, scratch + counts, scratch + aparts, scratch + regions, region)
+        self.join(stream, count, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses, scratch + counts,
+                  scratch + aparts, scratch + regions, region)
+        self.retry(stream, count, src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses)
+
+
 class Zstd(FrameDecoder):
     """Zstandard frames (no dictionary; a content checksum skipped) decoded by zstd_kernel1."""
     source, kernel, arg_types = "zstd", "zstd_kernel1", "PPPPPP"
