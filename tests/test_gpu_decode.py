@@ -75,14 +75,13 @@ def assert_same_as_host(sessions, path, model, what="GPU"):
 
 
 @pytest.mark.parametrize("name", ["gzip1", "gzip6", "gzip1_shuffle", "gzip6_shuffle", "lzf", "lzf_shuffle"])
-@pytest.mark.parametrize("chunk", [16, 37, 350])  # 16 float32 images: 50,176 bytes, back to back; 37: a stride
-def test_mnist_float32_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, name, chunk):  # apart; 350: 1.1 MB
+# 16 float32 images: 50,176 bytes, back to back; 37: a stride apart; 350: 1.1 MB, several deflate blocks
+@pytest.mark.parametrize("chunk", [16, 37, 350])
+def test_mnist_float32_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, name, chunk):
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][:1999], f["y"][:1999]
     r = assert_same_as_host(sessions, write(tmp_path / "c.h5", x, y, chunk, name), ece408 / "model.hdf5")
     assert r.correct > 1700
-    if chunk == 350 and name.startswith("gzip"):  # deflate chunks of a MB or more: their blocks decoded apart
-        assert r.reader["decode"].startswith("GPU: inflate_kernel2"), r.reader
 
 
 @pytest.mark.parametrize("chunk", [16, 37])
@@ -372,7 +371,7 @@ def damaged(tmp_path, ece408, name, where, chunk=50):
     (lambda size: [size - 1], ["chunk 3", "adler32"]),
     (lambda size: [0], ["chunk 3", "not a zlib stream"]),
 ])
-@pytest.mark.parametrize("chunk", [50, 350])  # 350 images: 1.1 MB, its blocks decoded apart
+@pytest.mark.parametrize("chunk", [50, 350])  # 350 images: 1.1 MB, several deflate blocks
 def test_a_damaged_chunk_is_refused_in_one_line(tmp_path, ece408, where, words, chunk):
     path = damaged(tmp_path, ece408, "gzip1", where, chunk)
     out = tmp_path / "p.npy"

@@ -1,22 +1,19 @@
-"""inflate_kernel1 (cuda/inflate.cu) and the blocks-apart decoder (launch.InflateApart: find, units,
-join, retry) against zlib: every level and strategy, window sizes, flushes that add stored and empty
-blocks, literal-heavy and match-heavy data, distances from 1 to 32,768 (copied from the kernel's
-window in shared memory, of 1 KB to 32 KB, or read back from the output), streams at every
-misalignment, outputs exactly full and one byte short; and damaged streams: where zlib decodes one,
-the kernel gives the same bytes, and it never writes past its output. The apart decoder also joins
-zlib's blocks without falling back to decoding whole, and falls back correctly where its regions are
-too small. Needs a GPU."""
+"""inflate_kernel1 (cuda/inflate.cu) against zlib: every level and strategy, window sizes, flushes
+that add stored and empty blocks, literal-heavy and match-heavy data, distances from 1 to 32,768
+(copied from the kernel's window in shared memory, of 1 KB to 32 KB, or read back from the output),
+streams at every misalignment, outputs exactly full and one byte short; and damaged streams: where
+zlib decodes one, the kernel gives the same bytes, and it never writes past its output. Needs a GPU."""
 import zlib
 
 import numpy as np
 import pytest
 
-from infer.gpu.launch import Inflate, InflateApart
+from infer.gpu.launch import Inflate
 from tests.conftest import build
 
 pytestmark = pytest.mark.gpu
 GUARD = 64  # bytes after each output that must stay as they were
-OK, BAD, FULL, RETRY = Inflate.OK, Inflate.BAD, Inflate.FULL, InflateApart.RETRY
+OK, BAD, FULL = Inflate.OK, Inflate.BAD, Inflate.FULL
 
 
 def deflate(data, level=6, strategy=zlib.Z_DEFAULT_STRATEGY, wbits=15, flush_every=None, mem=8):
@@ -29,11 +26,10 @@ def deflate(data, level=6, strategy=zlib.Z_DEFAULT_STRATEGY, wbits=15, flush_eve
     return b"".join(parts) + c.flush()
 
 
-def inflate(gpu, streams, caps, skews=None, window=None, apart=False, region=None, joined=None):
-    """Run inflate_kernel1 (keeping `window` bytes in shared memory), or with apart InflateApart (its
-    regions `region` bytes, or as the launcher asks), over streams (bytes), stream k starting
-    skews[k] bytes past a 16-byte boundary, into outputs of caps[k] bytes: (statuses, decoded sizes,
-    outputs, guards intact). joined: a list, given the statuses after the join (RETRY: falling back)."""
+def inflate(gpu, streams, caps, skews=None, window=None):
+    """Run inflate_kernel1 (keeping `window` bytes in shared memory) over streams (bytes), stream k
+    starting skews[k] bytes past a 16-byte boundary, into outputs of caps[k] bytes: (statuses,
+    decoded sizes, outputs, guards intact)."""
     import pycuda.driver as cuda
 
     n = len(streams)
@@ -53,26 +49,7 @@ def inflate(gpu, streams, caps, skews=None, window=None, apart=False, region=Non
     d_table = cuda.to_device(table)
     d_status = cuda.to_device(np.full(n, -1, np.int32))
     row = [int(d_table) + 8 * n * k for k in range(5)]
-    if apart:
-        decoder, stream = InflateApart(build(gpu)), cuda.Stream()
-        scratch_bytes = InflateApart.layout(n, region)[-1] if region else InflateApart.scratch_bytes(n, max(caps))
-        scratch = cuda.mem_alloc(scratch_bytes)
-        if joined is None:
-            decoder(stream, n, row[0], row[1], row[2], row[3], row[4], d_status, scratch, scratch_bytes)
-        else:  # its stages one by one, the statuses read before the retry
-            counts, aparts, regions, _ = InflateApart.layout(n, 0)
-            region_bytes = (scratch_bytes - regions) // n // 256 * 256
-            s = int(scratch)
-            cuda.memset_d32_async(s + counts, 0, n, stream)
-            decoder.find(stream, n, row[0], row[1], s + counts, s + aparts)
-            decoder.units(stream, n, row[0], row[1], s + counts, s + aparts, s + regions, region_bytes)
-            decoder.join(stream, n, row[1], row[2], row[3], row[4], d_status, s + counts, s + aparts, s + regions,
-                         region_bytes)
-            stream.synchronize()
-            joined.extend(cuda.from_device_like(d_status, np.zeros(n, np.int32)))
-            decoder.retry(stream, n, row[0], row[1], row[2], row[3], row[4], d_status)
-    else:
-        Inflate(build(gpu), window)(cuda.Stream(), n, row[0], row[1], row[2], row[3], row[4], d_status)
+    Inflate(build(gpu), window)(cuda.Stream(), n, row[0], row[1], row[2], row[3], row[4], d_status)
     cuda.Context.synchronize()
     status, back, out = cuda.from_device_like(d_status, np.zeros(n, np.int32)), cuda.from_device_like(d_table, table), \
         cuda.from_device_like(d_out, np.zeros(int(outs[-1]), np.uint8))
@@ -81,18 +58,12 @@ def inflate(gpu, streams, caps, skews=None, window=None, apart=False, region=Non
     return status, back[3].astype(np.int64), outputs, guards
 
 
-def mnist_like(rng, images):
-    """images 28 x 28 float32 images, 80% zeros: about MNIST's bytes and its gzip ratio."""
-    pixels = rng.random((images, 28, 28)) < 0.8
-    return np.where(pixels, 0, rng.integers(1, 256, (images, 28, 28)) / np.float32(255)).astype(np.float32)
-
-
 def corpus(rng):
     """Named byte strings of odd sizes, each stressing one part of the decoder."""
     with_text = b" ".join(rng.choice([b"the", b"cnninfer", b"deflate", b"chunk", b"warp", b"GPU", b"\n"], 20_000))
     period = lambda p, n: np.tile(rng.integers(0, 256, p, dtype=np.uint8), n // p + 1)[:n].tobytes()
     far = rng.integers(0, 256, 32_768, dtype=np.uint8).tobytes()
-    mnist = mnist_like(rng, 37)
+    mnist = np.where(rng.random((37, 28, 28)) < 0.8, 0, rng.integers(1, 256, (37, 28, 28)) / np.float32(255)).astype(np.float32)
     return {
         "empty": b"", "one byte": b"\x07", "random 100,003": rng.integers(0, 256, 100_003, dtype=np.uint8).tobytes(),
         "four symbols": rng.integers(0, 4, 77_777, dtype=np.uint8).tobytes(), "words": with_text,
@@ -108,73 +79,36 @@ SETTINGS = {"level 0": dict(level=0), "level 1": dict(level=1), "level 6": dict(
             "flushes": dict(level=1, flush_every=7_001), "small memory": dict(level=4, mem=1)}
 
 
-@pytest.mark.parametrize("window", [1024, None, 32768, "apart"])  # None: the launcher's own
+@pytest.mark.parametrize("window", [1024, None, 32768])  # None: the launcher's own
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_the_kernel_decodes_what_zlib_does(gpu, rng, setting, window):
     data = corpus(rng)
-    if window == "apart":  # and streams of many blocks, with matches across them
-        data["mnist-like 700"] = mnist_like(rng, 700).tobytes()
-        data["words x 20"] = data["words"] * 20
     names = list(data)
     streams = [deflate(data[k], **SETTINGS[setting]) for k in names]
     caps = [len(data[k]) for k in names]
-    apart = window == "apart"
-    status, sizes, outputs, guards = inflate(gpu, streams, caps, window=None if apart else window, apart=apart)
+    status, sizes, outputs, guards = inflate(gpu, streams, caps, window=window)
     for k, name in enumerate(names):
         assert (status[k], sizes[k], guards[k]) == (OK, caps[k], True), name
         assert outputs[k] == data[name], name
 
 
-@pytest.mark.parametrize("level", [1, 6, 9])
-@pytest.mark.parametrize("shuffled", [False, True])
-def test_apart_joins_zlibs_blocks_without_falling_back(gpu, rng, level, shuffled):
-    """A 1,000-image chunk as h5py writes it (gzip `level`, with HDF5's shuffle or not) holds 8-26
-    blocks; the join puts their units together (no RETRY), at every misalignment."""
-    images = mnist_like(rng, 1000)
-    data = (images.view(np.uint8).reshape(-1, 4).T if shuffled else images).tobytes()
-    s = deflate(data, level=level)
-    joined = []
-    status, sizes, outputs, guards = inflate(gpu, [s] * 4, [len(data)] * 4, skews=[0, 1, 2, 3], apart=True,
-                                             joined=joined)
-    assert list(joined) == [OK] * 4 and list(status) == [OK] * 4 and all(guards)
-    assert all(o == data for o in outputs) and list(sizes) == [len(data)] * 4
-
-
-def test_apart_falls_back_where_its_regions_are_too_small(gpu, rng):
-    """Regions of a quarter of the output: every unit of a long stream runs out of its share, the
-    stream is decoded whole by the retry, and the bytes are zlib's; a stream too long for its output
-    is still FULL, a cut one BAD."""
-    data = mnist_like(rng, 300).tobytes()
-    s = deflate(data, level=1)
-    joined = []
-    status, sizes, outputs, guards = inflate(gpu, [s, s, s[:len(s) // 2]], [len(data), len(data) - 1, len(data)],
-                                             apart=True, region=len(data) // 2 // 256 * 256, joined=joined)
-    assert list(joined) == [RETRY] * 3
-    assert list(status) == [OK, FULL, BAD] and all(guards)
-    assert outputs[0] == data and sizes[0] == len(data)
-
-
-@pytest.mark.parametrize("apart", [False, True])
-def test_every_misalignment_and_a_full_output(gpu, rng, apart):
+def test_every_misalignment_and_a_full_output(gpu, rng):
     data = rng.integers(0, 6, 50_001, dtype=np.uint8).tobytes()
     s = deflate(data, level=1)
-    status, sizes, outputs, guards = inflate(gpu, [s] * 8, [len(data)] * 4 + [len(data) - 1] * 4, skews=[0, 1, 2, 3] * 2,
-                                             apart=apart)
+    status, sizes, outputs, guards = inflate(gpu, [s] * 8, [len(data)] * 4 + [len(data) - 1] * 4, skews=[0, 1, 2, 3] * 2)
     assert list(status) == [OK] * 4 + [FULL] * 4 and all(guards)
     assert all(o == data for o in outputs[:4]) and list(sizes[:4]) == [len(data)] * 4
 
 
-@pytest.mark.parametrize("apart", [False, True])
-def test_streams_that_end_early_or_are_not_deflate(gpu, rng, apart):
+def test_streams_that_end_early_or_are_not_deflate(gpu, rng):
     data = rng.integers(0, 6, 20_000, dtype=np.uint8).tobytes()
     s = deflate(data, level=6)
     cases = [s[:len(s) // 2], s[:-1], b"\xff" * 100, bytes([0x07]) + bytes(50), b"\x00\x05\x00\x00\x00"]
-    status, _, _, guards = inflate(gpu, cases, [len(data)] * len(cases), apart=apart)
+    status, _, _, guards = inflate(gpu, cases, [len(data)] * len(cases))
     assert list(status) == [BAD] * len(cases) and all(guards)
 
 
-@pytest.mark.parametrize("apart", [False, True])
-def test_damaged_streams_decode_as_zlib_does_or_fail(gpu, rng, apart):
+def test_damaged_streams_decode_as_zlib_does_or_fail(gpu, rng):
     """400 streams with 1-8 bytes changed: where zlib decodes one whole, the kernel gives its bytes;
     where zlib refuses it, the kernel fails too or gives other bytes than the stream's (which the
     chunk's adler32 then refuses); never a byte past the output."""
@@ -196,7 +130,7 @@ def test_damaged_streams_decode_as_zlib_does_or_fail(gpu, rng, apart):
         streams.append(bytes(s))
         caps.append(len(originals[j]))
         expect.append((out if whole else None, originals[j]))
-    status, sizes, outputs, guards = inflate(gpu, streams, caps, apart=apart)
+    status, sizes, outputs, guards = inflate(gpu, streams, caps)
     assert all(guards)
     for k, (want, original) in enumerate(expect):
         if want is not None:

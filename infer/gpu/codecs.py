@@ -3,8 +3,7 @@ blocks): per codec, its kernels, the table of a group's chunks it fills, its che
 places a block's images.
 - deflate (Deflate): inflate_kernel1 (cuda/inflate.cu: a warp a chunk), a kernel checking them (the
   kernel's status, the decoded size, deflate's adler32), HDF5's shuffle undone as they are placed. A
-  chunk of 1,000 MNIST images takes one warp 43-71 ms (H100), and an SM holds twelve; chunks of a MB
-  or more (DeflateApart) have their blocks decoded apart, a warp a block;
+  chunk of 1,000 MNIST images takes one warp 43-71 ms (H100), and an SM holds twelve;
 - Zstd (Zstd): zstd_kernel2 (cuda/zstd.cu: 3 warps a frame, two decoding its blocks apart into
   scratch memory, one carrying their sequences out in order), checked and unshuffled as deflate's. A
   1,000-image MNIST chunk takes 15 ms alone (H100), shuffled 23;
@@ -155,21 +154,6 @@ class Deflate:
             return InputError(f"{what} cannot be decompressed (damaged {self.what} data, or not {dec.chunk_bytes} "
                               "bytes once decoded)")
         return InputError(f"{what} fails its adler32 checksum once decompressed: the file is damaged")
-
-
-class DeflateApart(Deflate):
-    """Deflate's chunks of a MB or more, their blocks decoded apart (launch.InflateApart): a chunk's
-    ten or so blocks each a warp's, so a chunk is ready in about a block's time, not the whole
-    stream's (a 1,000-image MNIST chunk: ~5 ms against ~60 under load), and the network starts on a
-    group's images while later groups decode. Checked and unshuffled as Deflate's."""
-    kernel = launch.InflateApart
-    scratch = 2 * launch.InflateApart.SLACK + 0.01  # the regions' 16-bit symbols, and a chunk's Apart record
-
-    def run(self, stream, count, at, scratch, scratch_bytes):
-        self.decoder(stream, count, at[0], at[1], at[2], at[4], at[3], at[5], scratch, scratch_bytes)
-
-    def describe(self):
-        return f"inflate_kernel2 (blocks apart){' + unshuffle' if self.shuffled else ''}"
 
 
 class Zstd(Deflate):
@@ -519,8 +503,6 @@ CODECS = {reader.FILTER_DEFLATE: Deflate, reader.FILTER_LZF: Lzf, reader.FILTER_
 def codec_for(rows):
     """How the GPU decodes the chunks of `rows` (a ChunkedRows whose filter is in CODECS)."""
     codec = CODECS[rows.codec]
-    if codec is Deflate and rows.chunk_bytes >= launch.InflateApart.MIN_BYTES:
-        return DeflateApart
     if codec is BloscLz4:
         head = os.pread(rows.fd, 3, int(rows.index[0][0]))
         if len(head) == 3 and head[2] >> 5 == BloscZstd.ZSTD:
