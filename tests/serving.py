@@ -13,6 +13,10 @@ from infer.bench.serve import npy  # noqa: F401  (the tests' .npy bodies, as the
 from tests.conftest import REPO
 
 STARTUP_S = 60
+TOKEN = "t0ken"
+# The bounds the hostile-client tests count on: 24 calls at once, 1 s for a header or a body, a token.
+TIGHT = ("--backend", "cpu", "--max-connections", "24", "--header-timeout-s", "1", "--body-timeout-s", "1",
+         "--token", TOKEN)
 
 
 class Server:
@@ -68,6 +72,13 @@ class Server:
 NPY = {"Content-Type": "application/x-npy"}
 
 
+def serving(model, *options):
+    """A Server for a module's fixture (yield from it): stopped at the module's end, exiting 0."""
+    s = Server(model, *options)
+    yield s
+    assert s.stop() == 0, "".join(s.stderr)
+
+
 def png(gray_u8):
     from PIL import Image
 
@@ -88,7 +99,7 @@ def answers_of_test100(ece408):
     return x, cli.predictions, cli.scores
 
 
-def by_label(server, metric, label, token="t0ken"):
+def by_label(server, metric, label, token=TOKEN):
     """{label's value: count} of one labelled metric in /metrics (of whichever front end answers)."""
     import httpx
 

@@ -7,16 +7,13 @@ import socket
 import numpy as np
 import pytest
 
-from tests.serving import H2, Server, by_label, answers_of_test100, wait_for
+from tests.serving import H2, TIGHT, TOKEN, Server, by_label, answers_of_test100, serving, wait_for
 
 pytest.importorskip("starlette")
 pytest.importorskip("hpack")
 pb = pytest.importorskip("tritonclient.grpc.service_pb2")
 
 from infer.serve.grpc_h2 import MAX_STREAMS  # noqa: E402  (after the serve extra's check)
-
-TOKEN = "t0ken"
-
 
 @pytest.fixture(scope="module")
 def data(ece408):
@@ -26,18 +23,13 @@ def data(ece408):
 @pytest.fixture(scope="module")
 def server(ece408):
     """Tight bounds: at most 24 calls at once (--max-connections), 1 s for a message, a token."""
-    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--max-connections", "24", "--header-timeout-s", "1",
-               "--body-timeout-s", "1", "--token", TOKEN)
-    yield s
-    assert s.stop() == 0, "".join(s.stderr)
+    yield from serving(ece408 / "model.hdf5", *TIGHT)
 
 
 @pytest.fixture(scope="module")
 def roomy(ece408):
     """The default bounds, no token."""
-    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--body-timeout-s", "2")
-    yield s
-    assert s.stop() == 0, "".join(s.stderr)
+    yield from serving(ece408 / "model.hdf5", "--backend", "cpu", "--body-timeout-s", "2")
 
 
 def infer_request(x, outputs=()):

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.serving import NPY, Server, by_label, npy, png, answers_of_test100, wait_for
+from tests.serving import NPY, TIGHT, Server, by_label, npy, png, answers_of_test100, serving, wait_for
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("starlette")
@@ -28,10 +28,7 @@ def data(ece408):
 
 @pytest.fixture(scope="module")
 def server(ece408):
-    s = Server(ece408 / "model.hdf5", "--backend", "cpu", "--max-connections", "24", "--header-timeout-s", "1",
-               "--body-timeout-s", "1", "--max-pixels", "4000000", "--token", "t0ken")
-    yield s
-    assert s.stop() == 0, "".join(s.stderr)
+    yield from serving(ece408 / "model.hdf5", *TIGHT, "--max-pixels", "4000000")
 
 
 AUTH = {"Authorization": "Bearer t0ken"}
