@@ -90,6 +90,24 @@ def test_a_file_over_two_blocks_streams_within_the_budget(ece408, tmp_path):
     assert (streamed.predictions == np.tile(whole.predictions, 7)).all() and streamed.correct == 7 * whole.correct
 
 
+def test_a_streamed_run_pins_its_scores_only_where_it_keeps_them(ece408, monkeypatch):
+    """Streamed without scores, no page-locked (images, classes) copy is made (40 MB of host memory
+    for 1M images); with them, it is, and they are the in-memory run's."""
+    import pycuda.driver as cuda
+
+    model, data = ece408 / "model.hdf5", ece408 / "testfull.hdf5"
+    whole = infer.run(data, model, backend="cuda", scores=True)
+    pinned, real = [], cuda.pagelocked_empty
+    monkeypatch.setattr(cuda, "pagelocked_empty", lambda shape, *a, **k: pinned.append(shape) or real(shape, *a, **k))
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
+    plain = infer.run(data, model, backend="cuda")
+    assert plain.streamed and plain.scores is None and (10000, 10) not in pinned and pinned
+    scored = infer.run(data, model, backend="cuda", scores=True)
+    assert scored.streamed and (10000, 10) in pinned
+    np.testing.assert_allclose(scored.scores, whole.scores, rtol=1e-5, atol=1e-5)
+    assert (plain.predictions == whole.predictions).all()
+
+
 @pytest.mark.parametrize("budget", ["512", "4"])
 def test_a_nan_in_the_last_block_is_refused_on_the_gpu(ece408, tmp_path, monkeypatch, budget):
     with h5py.File(ece408 / "testfull.hdf5") as f:

@@ -38,7 +38,11 @@ class Run:
     not read as uploaded (Algorithm.staging), scratch, labels, scores
     (40 bytes an image for 10 classes: always there, copied back only when asked for),
     and per chunk two flags: its first image with non-finite scores, its first image holding a
-    non-finite value (INT_MAX if none), on the device and in page-locked memory (chunks, 2)."""
+    non-finite value (INT_MAX if none), on the device and in page-locked memory (chunks, 2). A
+    streamed run's scores get their page-locked copy only where it keeps them (or when first asked
+    for): 40 MB of a 1M-image run's host memory that a run without scores never touches; a run in
+    memory has its copy from the start, so a server's kept runs answer with or without scores and
+    allocate nothing."""
     key: RunKey
     chunk: int
     block: int
@@ -52,11 +56,20 @@ class Run:
     labels_dev: object
     labels: np.ndarray
     scores_dev: object
-    scores: np.ndarray
+    classes: int
     flags_dev: object
     flags: np.ndarray
     buffers: list  # every device allocation above, freed when the run is replaced
     nbytes: int = 0  # device bytes of the buffers
+    host_scores: np.ndarray = None
+
+    @property
+    def scores(self):
+        """The scores' page-locked copy, (images, classes) float32."""
+        if self.host_scores is None:
+            self.host_scores = cuda.pagelocked_empty((len(self.labels), self.classes), np.float32)
+            self.buffers.append(self.host_scores)
+        return self.host_scores
 
     @property
     def wire_bytes(self):
@@ -107,7 +120,8 @@ class Executor:
                                else None for _ in self.streams],
                        scratch=[alloc(4 * self.pipeline.scratch_floats(chunk)) for _ in self.streams],
                        labels_dev=alloc(4 * n), labels=host(n, np.int32),
-                       scores_dev=alloc(4 * n * classes), scores=host((n, classes), np.float32),
+                       scores_dev=alloc(4 * n * classes), classes=classes,
+                       host_scores=host((n, classes), np.float32) if self.keep_scores or not key.streamed else None,
                        flags_dev=alloc(8 * chunks), flags=host((chunks, 2), np.int32), buffers=taken + pinned,
                        nbytes=size[0])
         except BaseException:
