@@ -64,8 +64,9 @@ def cuda_options(f):
                           "does not prove are recomputed exactly, so the answers are the exact path's (sm_90, "
                           "32 -> 64 channels, 128 hidden units, 10 classes; elsewhere the exact path runs, with "
                           "a notice). exact: never float16. Default: certified for runs of "
-                          f"{CERTIFY_FROM} images or more (a GPU's share) uploaded a byte a pixel "
-                          "(uint8 files, float32 files of 8-bit codes) that write no --scores (there it is "
+                          f"{CERTIFY_FROM} images or more (a GPU's share) uploaded a byte a pixel or less "
+                          "(uint8 files, float32 files of 8-bit codes, chunks the GPU decodes) that write no "
+                          "--scores (there it is "
                           "faster: docs/certified.md), exact for the rest."),
         click.option("--device", "device_ordinal", type=click.IntRange(0), default=0, show_default=True,
                      help="CUDA device number."),

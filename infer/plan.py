@@ -237,7 +237,9 @@ def _gpu(data, g, gpu, options, scores, budget, backend_reason, decoding_mode, d
     by_default = algo is pipelines.FusedCertified and options.precision is None and options.conv_algo == AUTO
     shares = gpu_plan.split(n_all, len(devices), data.align if streamed else 1)
     n = max(hi - lo for lo, hi in shares)
-    narrow = np.dtype(wire).itemsize == 1
+    # At most a byte a pixel crosses PCIe (uint8, 8-bit codes, or chunks the GPU decodes: their
+    # compressed bytes): the upload does not bound the run, so the certified pass's speed shows
+    narrow = np.dtype(wire).itemsize == 1 or decode == "gpu"
     certified = algo is pipelines.FusedCertified and (not by_default or algo.certified_by_default(n, scores, narrow))
     algorithm = algo.NAME if certified or algo is not pipelines.FusedCertified else pipelines.FusedWarpgroup.NAME
     arch_words = f"{gpu.arch}" + (" (Hopper)" if gpu.arch.startswith("sm_9") else "")
@@ -248,14 +250,15 @@ def _gpu(data, g, gpu, options, scores, budget, backend_reason, decoding_mode, d
     else:
         reasons["algorithm"] = f"the fastest algorithm that runs this model on {arch_words}"
     if certified and by_default:
+        carried = "compressed chunks the GPU decodes" if decode == "gpu" else "a byte a pixel"
         reasons["precision"] = (f"certified by default: {n:,} images of {'8-bit codes' if np.dtype(wire).kind == 'V' else wire}"
-                                f" (a byte a pixel, {pipelines.CERTIFY_FROM:,} or more), {arch_words}, no --scores; "
+                                f" ({carried}, {pipelines.CERTIFY_FROM:,} or more), {arch_words}, no --scores; "
                                 "float16 where certified, the rest recomputed exactly: the same answers")
     elif certified:
         reasons["precision"] = "--precision certified" if options.precision else f"--conv-algo {algo.NAME}"
     elif by_default:
         missing = [what for what, ok in ((f"{pipelines.CERTIFY_FROM:,} images or more", n >= pipelines.CERTIFY_FROM),
-                                         ("a byte a pixel (uint8 or 8-bit codes)", narrow), ("no --scores", not scores)) if not ok]
+                                         ("a byte a pixel (uint8, 8-bit codes, or chunks the GPU decodes)", narrow), ("no --scores", not scores)) if not ok]
         reasons["precision"] = ("exact: the default certifies runs of " + ", ".join(missing) +
                                 " only (below, the exact path ends sooner)")
     else:

@@ -124,6 +124,25 @@ def test_where_a_compressed_file_is_decoded(gzip_file, ece408, monkeypatch):
     assert described(gzip_file, ece408, decode="host").decode == "host"
 
 
+def test_chunks_the_gpu_decodes_are_certified_by_default_as_a_byte_a_pixel_is(tmp_path, ece408, monkeypatch):
+    """A streamed run of 6,000 float32 images in gzip chunks: decoded on the GPU, only their
+    compressed bytes cross PCIe, so the default certifies it as it does 8-bit codes; decoded on the
+    host, float32 crosses and the run stays exact."""
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:6000], f["y"][:6000]
+    path = tmp_path / "gz6000.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, chunks=(1000, 28, 28, 1), compression="gzip")
+        f["y"] = y
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
+    gpu, host = described(path, ece408, "H200"), described(path, ece408, "H200", decode="host")
+    assert (gpu.decode, gpu.precision, gpu.algorithm) == ("gpu", "certified", "fused-certified")
+    assert "compressed chunks the GPU decodes" in gpu.reasons["precision"]
+    assert (host.decode, host.precision, host.algorithm) == ("host", "exact", "fused-wgmma")
+    assert "a byte a pixel" in host.reasons["precision"]
+    assert described(path, ece408, "H200", scores=True).precision == "exact"
+
+
 @pytest.mark.parametrize("options", [dict(fletcher32=True), {}, dict(chunks=(256, 7, 28, 1), compression="gzip")],
                          ids=["fletcher32", "no filter", "gzip, chunks cutting images"])
 def test_chunks_the_readers_decode_travel_as_codes(tmp_path, ece408, monkeypatch, options):

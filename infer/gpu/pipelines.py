@@ -419,8 +419,9 @@ class FusedCertified(FusedWarpgroup):
 
     @classmethod
     def certified_by_default(cls, n, scores, narrow=False):
-        """Whether the default certifies a run of n images: uploaded a byte a pixel, from CERTIFY_FROM,
-        unless it asks for scores (those are then the exact path's bits)."""
+        """Whether the default certifies a run of n images: uploaded a byte a pixel or less (narrow:
+        uint8, 8-bit codes, or compressed chunks the GPU decodes), from CERTIFY_FROM, unless it asks
+        for scores (those are then the exact path's bits)."""
         return narrow and n >= cls.CERTIFY_FROM and not scores
 
     def certifies(self, n, scores, narrow=False):
