@@ -271,12 +271,12 @@ def _gpu(data, g, gpu, options, scores, budget, backend_reason, decoding_mode, d
     facts = _pipeline_facts(algo, g, gpu, options)
     elems = int(np.prod(data.image_shape))
     wire_bytes = elems * np.dtype(wire).itemsize
-    best = facts.chunk
-    if streamed and facts.stream_chunk:  # a host block a launch
-        best = gpu_plan.streamed_chunk(facts.stream_chunk, wire_bytes, gpu_plan.STREAM_BYTES)
     align = data.align if streamed else 1
     block_bytes, depth = ((decoding.block_bytes, chunk_decode.slots(gpu.free, decoding)) if decoding
                           else (gpu_plan.STREAM_BYTES, gpu_plan.RING_DEPTH))
+    best = facts.chunk
+    if streamed and facts.stream_chunk:  # a block a launch (a decoded block's 64 MB too: half the launches)
+        best = gpu_plan.streamed_chunk(facts.stream_chunk, wire_bytes, block_bytes)
     chunk, resident = gpu_plan.memory(n, gpu.free, options.streams, options.chunk,
                                       gpu_plan.aligned_chunk(best, align) if streamed else best, facts.scratch_floats,
                                       g.classes, wire_bytes, 4 * elems, streamed, block_bytes, depth)
