@@ -49,10 +49,13 @@ class Deflate:
 
     copies_stored = True  # chunks stored without the codec (their filter skipped) are copied into place
     arrays = 6  # of the table, uint64 a chunk: stream, size, capacity, output, decoded size, status
-    # A launch takes 20 blocks of 64 MB (320 MNIST chunks, a warp each, ~60 ms), read 6 at a time: a
-    # 1M-image file's 1,000 chunks all in flight at once. (Blocks of 32 MB, 4 deep: gzip 1 4.6-5.7M
-    # images/s against 5.9-6.3M, shuffled 4.2-4.3M against 4.6-4.8M, H100, one host)
-    group, block_bytes, ring = 20, 64 << 20, 6
+    # A launch takes 10 blocks of 128 MB (400 MNIST chunks, a warp each, ~60 ms), read 4 at a time: a
+    # 1M-image file's 1,000 chunks all in flight at once, a block (40,000 images) one launch of the
+    # network. (H200, 1M images, the same calls: gzip 1 111.8-119.4 ms against 121.5-137.6 with 20
+    # blocks of 64 MB read 6 at a time, Zstd 93.6-96.3 against 94.4-108.5, shuffle + gzip 1
+    # 148.6-156.6 against 160.3-187.4, peak RSS 344-394 MB against 327-358; 64 MB blocks had beaten
+    # 32 MB ones on an H100: gzip 1 5.9-6.3M images/s against 4.6-5.7M)
+    group, block_bytes, ring = 10, 128 << 20, 4
 
     @staticmethod
     def stride(chunk_bytes):
@@ -340,11 +343,12 @@ class BloscZstd(BloscLz4):
     c-blosc's shuffle, a block at a time, undone as the images are placed (blosc_unshuffle_kernel1).
     A block stored as it is (it did not shrink) is copied into place; a chunk stored otherwise
     (copied whole, split, another codec or block size) is decoded by the reader threads. The group,
-    blocks and ring of the Zstd filter's plan: a 1,000-image MNIST chunk is 13 frames of 256 KB."""
+    blocks and ring deflate's were until 2026-12-03: a 1,000-image MNIST chunk is 13 frames of 256 KB."""
     ZSTD = 4  # c-blosc's codec number, in a header's flags >> 5
     arrays = 6  # of the table, uint64 a block: frame, size, capacity, output, decoded size, status
     scratch = launch.ZstdApart.SCRATCH
-    group, block_bytes, ring = Deflate.group, Deflate.block_bytes, Deflate.ring
+    # (deflate's 10 of 128 MB, 4 deep, took a 1M-image file to 201 ms, under 5M images/s: H200)
+    group, block_bytes, ring = 20, 64 << 20, 6
     stride = staticmethod(Deflate.stride)
 
     def __init__(self, build, rows):
