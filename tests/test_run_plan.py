@@ -125,12 +125,13 @@ def test_where_a_compressed_file_is_decoded(gzip_file, ece408, monkeypatch):
 
 
 def test_chunks_the_gpu_decodes_are_certified_by_default_as_a_byte_a_pixel_is(tmp_path, ece408, monkeypatch):
-    """A streamed run of 6,000 float32 images in gzip chunks: decoded on the GPU, only their
-    compressed bytes cross PCIe, so the default certifies it as it does 8-bit codes; decoded on the
-    host, float32 crosses and the run stays exact."""
+    """A streamed run of 10,000 float32 images in gzip chunks: decoded on the GPU, only their
+    compressed bytes cross PCIe, so the default certifies it as it does 8-bit codes, and a decoded
+    block (128 MB of images at most) is one launch; decoded on the host, float32 crosses, the run
+    stays exact, and a launch takes at most a host block's 25 MB (8,192 images)."""
     with h5py.File(ece408 / "testfull.hdf5") as f:
-        x, y = f["x"][:6000], f["y"][:6000]
-    path = tmp_path / "gz6000.h5"
+        x, y = f["x"][()], f["y"][()]
+    path = tmp_path / "gz10000.h5"
     with h5py.File(path, "w") as f:
         f.create_dataset("x", data=x, chunks=(1000, 28, 28, 1), compression="gzip")
         f["y"] = y
@@ -141,6 +142,9 @@ def test_chunks_the_gpu_decodes_are_certified_by_default_as_a_byte_a_pixel_is(tm
     assert (host.decode, host.precision, host.algorithm) == ("host", "exact", "fused-wgmma")
     assert "a byte a pixel" in host.reasons["precision"]
     assert described(path, ece408, "H200", scores=True).precision == "exact"
+    one, host = described(path, ece408, "H200", streams=1), described(path, ece408, "H200", streams=1, decode="host")
+    assert one.chunk == one.block == 10000 and "a host block a launch" in one.reasons["chunk"]
+    assert host.chunk == host.block <= 8192
 
 
 @pytest.mark.parametrize("options", [dict(fletcher32=True), {}, dict(chunks=(256, 7, 28, 1), compression="gzip")],
