@@ -275,7 +275,7 @@ def _gpu(data, g, gpu, options, scores, budget, backend_reason, decoding_mode, d
     block_bytes, depth = ((decoding.block_bytes, chunk_decode.slots(gpu.free, decoding)) if decoding
                           else (gpu_plan.STREAM_BYTES, gpu_plan.RING_DEPTH))
     best = facts.chunk
-    if streamed and facts.stream_chunk:  # a block a launch (a decoded block's 64 MB too: half the launches)
+    if streamed and facts.stream_chunk:  # a block a launch, a decoded block's (chunk_decode.Plan) too
         best = gpu_plan.streamed_chunk(facts.stream_chunk, wire_bytes, block_bytes)
     chunk, resident = gpu_plan.memory(n, gpu.free, options.streams, options.chunk,
                                       gpu_plan.aligned_chunk(best, align) if streamed else best, facts.scratch_floats,

@@ -109,7 +109,8 @@ class Session:
     streams, tile_width, conv_algo, gemm_algo, device, devices (a list of GPU numbers or "all"),
     fast_math, profile, decode, precision ("certified": float16 where certified, the rest exact, the
     same answers; "exact"; None: certified for runs of 5,120 images or more uploaded a byte a pixel
-    or less (8-bit codes, uint8, chunks the GPU decodes) without scores where conv_algo is "auto", see --precision); a name not among them is a TypeError.
+    or less (8-bit codes, uint8, chunks the GPU decodes) without scores where conv_algo is "auto",
+    see --precision); a name not among them is a TypeError.
 
     Thread-safe: calls from several threads give each the answers it would get alone. On the GPU
     they take turns (each call keeps the GPU busy; one set of buffers) on one thread of the

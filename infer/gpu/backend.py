@@ -152,6 +152,8 @@ class CudaBackend(HostSide, Backend):
             ex.warm_up()
             if key.decoding:
                 chunk_decode.warm_up(self.build, source.parts[0][1])
+        if plan.scores:
+            _ = ex.run.scores  # a streamed run's page-locked copy made here, not in the timed run
         if key.decoding and not ex.run.resident:
             raise InputError(f"{source.parts[0][0]}: --decode gpu: the GPU has too little free memory for the "
                              "decoded blocks")

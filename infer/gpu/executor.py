@@ -39,10 +39,10 @@ class Run:
     (40 bytes an image for 10 classes: always there, copied back only when asked for),
     and per chunk two flags: its first image with non-finite scores, its first image holding a
     non-finite value (INT_MAX if none), on the device and in page-locked memory (chunks, 2). A
-    streamed run's scores get their page-locked copy only where it keeps them (or when first asked
-    for): 40 MB of a 1M-image run's host memory that a run without scores never touches; a run in
-    memory has its copy from the start, so a server's kept runs answer with or without scores and
-    allocate nothing."""
+    streamed run's scores get their page-locked copy when first asked for (the backend's prepare,
+    where its plan keeps them): 40 MB of a 1M-image run's host memory that a run without scores
+    never touches; a run in memory has its copy from the start, so a server's kept runs answer with
+    or without scores and allocate nothing."""
     key: RunKey
     chunk: int
     block: int
@@ -121,7 +121,7 @@ class Executor:
                        scratch=[alloc(4 * self.pipeline.scratch_floats(chunk)) for _ in self.streams],
                        labels_dev=alloc(4 * n), labels=host(n, np.int32),
                        scores_dev=alloc(4 * n * classes), classes=classes,
-                       host_scores=host((n, classes), np.float32) if self.keep_scores or not key.streamed else None,
+                       host_scores=None if key.streamed else host((n, classes), np.float32),
                        flags_dev=alloc(8 * chunks), flags=host((chunks, 2), np.int32), buffers=taken + pinned,
                        nbytes=size[0])
         except BaseException:
