@@ -1,4 +1,4 @@
-// Compressed HDF5 chunks decoded on the GPU (by inflate_kernel1, into a block of whole chunks, `stride` bytes
+// Compressed HDF5 chunks decoded on the GPU (by inflate_kernel2, into a block of whole chunks, `stride` bytes
 // apart) -> checked, then placed as the images the network reads, in the stored type.
 // decode_check_kernel1: one block per chunk (but those of no stored size: copied into place, not
 //   decoded): the inflater's status and decoded size, then where ADLER is

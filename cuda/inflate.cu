@@ -2,16 +2,19 @@
 // HDF5's deflate filter stores chunks) decoded on the GPU, each into its own output buffer. Arguments:
 // arrays of `count` source pointers, source sizes, output capacities, decoded sizes (out), output
 // pointers (4-byte aligned) and statuses (out: INFLATE_OK, _BAD, _FULL).
-// inflate_kernel1: a block of one warp per stream, every lane decoding the same symbols in lockstep
-//   (no shuffles): Huffman codes through tables of 2^LIT_BITS and 2^DIST_BITS entries in shared
-//   memory (longer codes bit by bit, canonically; two literals a step where the bits allow; the next
-//   symbol's entry looked up before this one's copy and store), tables
-//   built by the 32 lanes (ballots rank each length's symbols); the stream read 32 bits at a time,
-//   the next word loaded a refill ahead, no branch; literals and matches land in a window of the last
-//   WINDOW bytes in shared memory (a match copied by the lanes, 32 bytes a step; one from further
-//   back read from the output already stored), each finished 128-byte line stored in one coalesced
-//   store: reads the stream once, writes the output about once; with 8 KB, 17 KB of shared memory
-//   and 140 registers a block, twelve blocks an SM.
+// inflate_kernel2: a block of two warps per stream. Warp 1 parses, every lane in lockstep: Huffman
+//   codes through tables of 2^LIT_BITS and 2^DIST_BITS entries in shared memory (built by the 32
+//   lanes, ballots ranking each length's symbols; longer codes bit by bit, canonically; two literals
+//   a step where the bits allow), the stream read 32 bits at a time, the next word loaded a refill
+//   ahead. Its tokens (a literal, a match's length and distance, a stored block, the end) go through
+//   a ring of RING in shared memory, published 32 at a time. Warp 0 writes them out a batch of up to
+//   32 tokens and BATCH bytes at once: positions by a warp scan, the batch's literals stored together,
+//   its matches copied in order by the lanes (32 bytes a step) in a window of the last WINDOW bytes,
+//   those from further back read from the output already stored (four loads in flight), then each
+//   finished 128-byte line in one coalesced store. So the parse, the serial part, does not wait on
+//   copies, stores or the output's latency. Reads the stream once, writes the output about once; 19
+//   KB of shared memory and 80 registers a thread, twelve blocks an SM.
+//   (Version 1, a warp a stream parsing and writing in lockstep, is dev/cuda/inflate_early.cu.)
 
 #ifndef LIT_BITS
 #define LIT_BITS 10
@@ -22,6 +25,12 @@
 #ifndef WINDOW
 #define WINDOW 8192u  // the recent output kept in shared memory (a power of two, >= 1024); older bytes are read back from the output
 #endif
+#ifndef RING
+#define RING 256u  // tokens between inflate_kernel2's parser and writer (a power of two, >= 128)
+#endif
+// output bytes inflate_kernel2's writer takes a batch (a lone first token up to 258): with a line's
+// and a match's bytes, less than the window
+#define BATCH (WINDOW >= 4096u ? 1024u : WINDOW / 4u)
 #define LINE 128u      // output bytes a warp stores at once
 #define INFLATE_OK 0
 #define INFLATE_BAD 1   // not a deflate stream, damaged, or one that ends past its size
@@ -62,14 +71,6 @@ struct Canonical {
     unsigned short offset[16];  // and its first symbol's place in `symbol`
 };
 
-struct Scratch {
-    unsigned int lit[1u << LIT_BITS];
-    unsigned int dist[1u << DIST_BITS];
-    Canonical lit_code, dist_code;
-    unsigned char lens[288 + 32];
-    unsigned char mod[32][64];  // j % d: the lanes' places in a repeated pattern of d < 32 bytes
-    __align__(16) unsigned char window[WINDOW];
-};
 
 // The table of the code given by lens[0..n) (n <= 288); false where the lengths oversubscribe the
 // code. An incomplete code is accepted: its missing codes are entries of 0, refused when met.
@@ -205,21 +206,57 @@ __device__ __forceinline__ bool flush(unsigned p, unsigned& flushed, unsigned ca
     return true;
 }
 
-extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned char* const* __restrict__ src_ptrs,
-                                                                 const unsigned long long* __restrict__ src_bytes,
-                                                                 const unsigned long long* __restrict__ dst_bytes,
-                                                                 unsigned long long* __restrict__ actual_bytes,
-                                                                 unsigned char* const* __restrict__ dst_ptrs,
-                                                                 int* __restrict__ statuses) {
-    __shared__ Scratch sh;
-    const int c = blockIdx.x, lane = threadIdx.x;
-    const unsigned char* src = src_ptrs[c];
-    const long long size = (long long)src_bytes[c];
-    const unsigned cap = (unsigned)min(dst_bytes[c], 0x7fffffffull);
-    unsigned* out = reinterpret_cast<unsigned*>(dst_ptrs[c]);  // 4-byte aligned (chunk_decode: 256-byte strides)
-    unsigned char* win = sh.window;
-    for (int i = lane; i < 32 * 64; i += 32) sh.mod[i / 64][i % 64] = i / 64 ? (i % 64) % (i / 64) : 0;
+// inflate_kernel2's tokens: x = kind << 16 | length (a literal's 1, a stored block's bytes), y = the
+// literal, the match's distance, the stored block's offset in the stream, or the end's status.
+#define TOKEN_LITERAL 0u
+#define TOKEN_MATCH 1u
+#define TOKEN_STORED 2u
+#define TOKEN_END 3u
 
+struct Parser {  // warp 1's: the codes of the block it parses
+    unsigned int lit[1u << LIT_BITS];
+    unsigned int dist[1u << DIST_BITS];
+    Canonical lit_code, dist_code;
+    unsigned char lens[288 + 32];
+};
+
+struct Handoff {
+    uint2 token[RING];
+    volatile unsigned head;  // tokens published by the parser
+    volatile unsigned tail;  // tokens the writer has taken (their slots free again)
+    volatile int stop;       // the writer stopped (its output full): the parser stops too
+    volatile int done;       // the parser has stopped: 1, or 2 where it read past the stream's end
+};
+
+struct Writer {  // warp 0's
+    unsigned char mod[32][64];
+    __align__(16) unsigned char window[WINDOW];
+};
+
+// The parser's tokens up to h published; then, until the ring has room for 40 more (a step adds at
+// most 2 and a publication follows 32), it waits. False where the writer has stopped.
+__device__ bool publish(Handoff& ho, unsigned h, unsigned& published, int lane) {
+    __syncwarp();
+    __threadfence_block();  // the tokens written before head says so
+    if (lane == 0) ho.head = h;
+    published = h;
+    for (;;) {
+        int go = 0;
+        if (lane == 0) go = ho.stop ? 2 : (h + 40u - ho.tail <= RING ? 1 : 0);
+        go = __shfl_sync(0xffffffffu, go, 0);
+        if (go) return go == 1;
+        __nanosleep(64);
+    }
+}
+
+__device__ __forceinline__ void put(Handoff& ho, unsigned& h, unsigned kind, unsigned n, unsigned y, int lane) {
+    if (lane == 0) ho.token[h & (RING - 1u)] = make_uint2(kind << 16 | n, y);
+    ++h;
+}
+
+// Warp 1: the stream parsed into tokens, ending with TOKEN_END and its status (INFLATE_OK or _BAD),
+// unless the writer stops first. Returns whether it read past the stream's end.
+__device__ bool parse(Parser& sh, Handoff& ho, const unsigned char* src, long long size, int lane) {
     Bits in;
     const int head = (int)((size_t)src & 3u);
     in.words = reinterpret_cast<const unsigned*>(src - head);
@@ -227,16 +264,17 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
     in.skip = 8 * head;
     in.seek(0);
 
-    unsigned p = 0, flushed = 0;  // bytes decoded; bytes stored to the output (whole lines)
+    unsigned h = 0, published = 0;
+    unsigned p = 0;  // bytes decoded (a match from before the start is refused)
     int status = INFLATE_OK;
-    bool last = false, fixed = false;  // fixed: the tables hold the fixed codes
+    bool last = false, fixed = false;
     while (!last) {
         in.refill();
         if (in.consumed() + 3 > 8 * size) { status = INFLATE_BAD; break; }
         last = in.bits & 1u;
         const unsigned type = (in.bits >> 1) & 3u;
         in.drop(3);
-        if (type == 0) {  // stored: LEN, ~LEN, then LEN bytes from the next byte on
+        if (type == 0) {
             in.drop(in.count & 7);
             in.refill();
             const unsigned n = in.bits & 0xffffu;
@@ -244,14 +282,10 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
             in.drop(32);
             const long long from = in.consumed() / 8;
             if (from + n > size) { status = INFLATE_BAD; break; }
-            for (unsigned base = 0; base < n && status == INFLATE_OK; base += 32) {
-                if (base + lane < n) win[(p + base + lane) & (WINDOW - 1u)] = src[from + base + lane];
-                __syncwarp();
-                if (!flush(p + min(base + 32, n), flushed, cap, out, win, lane)) status = INFLATE_FULL;
-            }
-            if (status != INFLATE_OK) break;
+            if (n) put(ho, h, TOKEN_STORED, n, (unsigned)from, lane);
             p += n;
             in.seek(from + n);
+            if (h - published >= 32 && !publish(ho, h, published, lane)) return in.consumed() > 8 * size;
             continue;
         }
         if (type == 3) { status = INFLATE_BAD; break; }
@@ -263,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
                 build<DISTANCE, DIST_BITS>(sh.lens + 288, 32, sh.dist, sh.dist_code, lane);
                 fixed = true;
             }
-        } else {  // dynamic: the code lengths' code, then the two codes' lengths in it
+        } else {
             fixed = false;
             in.refill();
             const int nlit = 257 + (int)(in.bits & 31u), ndist = 1 + (int)((in.bits >> 5) & 31u);
@@ -312,8 +346,7 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
             }
             if (status != INFLATE_OK) break;
             __syncwarp();
-            if (sh.lens[256] == 0) { status = INFLATE_BAD; break; }  // no end-of-block code
-            // the distance lengths move up past 288, where the fixed code keeps them
+            if (sh.lens[256] == 0) { status = INFLATE_BAD; break; }
             const unsigned char moved = lane < ndist ? sh.lens[nlit + lane] : 0;
             __syncwarp();
             sh.lens[288 + lane] = moved;
@@ -324,38 +357,37 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
                 break;
             }
         }
-        // The next symbol's table entry is looked up as soon as its bits are known, before the work
-        // on this one (a match's copy, a line's store) that does not need it.
         in.refill();
         unsigned e = lookup<LIT_BITS>(sh.lit, in.bits);
         for (;;) {  // the block's symbols; e: the next one's entry (>= 33 bits in hand)
-            if (e - 1u < 0xfffu) {  // a literal (every lane writes the same byte, so each sees it), and
-                in.drop(e & 15u);   // another where the table gives one for the bits left (>= 23)
-                win[p & (WINDOW - 1u)] = (unsigned char)(e >> 4);
+            if (e - 1u < 0xfffu) {  // a literal, and another where the table gives one for the bits left
+                in.drop(e & 15u);
+                put(ho, h, TOKEN_LITERAL, 1, (e >> 4) & 0xffu, lane);
                 e = lookup<LIT_BITS>(sh.lit, in.bits);
                 const bool two = e - 1u < 0xfffu;
                 if (two) {
                     in.drop(e & 15u);
-                    win[(p + 1) & (WINDOW - 1u)] = (unsigned char)(e >> 4);
+                    put(ho, h, TOKEN_LITERAL, 1, (e >> 4) & 0xffu, lane);
                 }
                 p += 1 + two;
                 in.refill();
                 if (two) e = lookup<LIT_BITS>(sh.lit, in.bits);
-                if (p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
+                if (h - published >= 32 && !publish(ho, h, published, lane)) return in.consumed() > 8 * size;
                 continue;
             }
-            if ((e & 15u) == 0) {  // a code longer than the table, or none
+            if ((e & 15u) == 0) {
                 e = long_code<LITLEN>(in.bits, e, sh.lit_code);
                 if (e - 1u < 0xfffu) {
                     in.drop(e & 15u);
-                    win[p & (WINDOW - 1u)] = (unsigned char)(e >> 4);
+                    put(ho, h, TOKEN_LITERAL, 1, (e >> 4) & 0xffu, lane);
+                    ++p;
                     in.refill();
                     e = lookup<LIT_BITS>(sh.lit, in.bits);
-                    if (++p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
+                    if (h - published >= 32 && !publish(ho, h, published, lane)) return in.consumed() > 8 * size;
                     continue;
                 }
             }
-            if ((e >> 20) != 1u) {  // not a length: the block's end, or no such code
+            if ((e >> 20) != 1u) {
                 if (e >= KIND_END && e < KIND_LONG) {
                     in.drop(e & 15u);
                     break;
@@ -379,41 +411,175 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
             in.drop(dextra);
             in.refill();
             e = lookup<LIT_BITS>(sh.lit, in.bits);
-            const unsigned from = p - dist;
-            if (dist + len > WINDOW || dist > p) {  // its source left the window: it lies in the output, stored
-                if (dist > p) { status = INFLATE_BAD; break; }  // (as dist >= len + LINE), or is before the start
-                const unsigned char* stored = reinterpret_cast<const unsigned char*>(out) + from;
-                for (unsigned i = lane; i < len; i += 32) win[(p + i) & (WINDOW - 1u)] = __ldcg(stored + i);
-                __syncwarp();
-                p += len;
-                if (p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
-                continue;
-            }
-            // lane i copies byte i of each 32: from before p where dist < 32 (the pattern's byte i % dist),
-            // else from a step that an earlier step (or an earlier match) wrote; as dist + len <= WINDOW,
-            // no step writes a byte that the same step reads
-            unsigned r = dist >= 32 ? lane : sh.mod[dist][lane];
-            if (lane < len) win[(p + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
-            __syncwarp();
-#pragma unroll 1
-            for (unsigned base = 32; base < len; base += 32) {
-                r = dist >= 32 ? r + 32 : sh.mod[dist][r + 32];
-                if (base + lane < len) win[(p + base + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
-                __syncwarp();
-            }
+            if (dist > p) { status = INFLATE_BAD; break; }  // from before the start
+            put(ho, h, TOKEN_MATCH, len, dist, lane);
             p += len;
-            if (p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
+            if (h - published >= 32 && !publish(ho, h, published, lane)) return in.consumed() > 8 * size;
         }
         if (status != INFLATE_OK) break;
     }
-    if (in.consumed() > 8 * size) status = INFLATE_BAD;  // it read past its end (and what it decoded there)
-    else if (status == INFLATE_OK && p > cap) status = INFLATE_FULL;
+    if (in.consumed() > 8 * size) status = INFLATE_BAD;  // it read past its end
+    put(ho, h, TOKEN_END, 0, (unsigned)status, lane);
+    publish(ho, h, published, lane);
+    return in.consumed() > 8 * size;
+}
+
+// Warp 0: the tokens written out, in batches. Returns the status; *decoded: the bytes written.
+__device__ int write(Writer& sh, Handoff& ho, const unsigned char* src, unsigned cap, unsigned* out, unsigned* decoded,
+                     int lane) {
+    unsigned char* win = sh.window;
+    const unsigned char* stored = reinterpret_cast<const unsigned char*>(out);
+    unsigned tail = 0, p = 0, flushed = 0;
+    int status = INFLATE_OK;
+    for (;;) {
+        unsigned h = 0;
+        for (;;) {
+            if (lane == 0) h = ho.head;
+            h = __shfl_sync(0xffffffffu, h, 0);
+            if (h != tail) break;
+            __nanosleep(32);
+        }
+        __threadfence_block();  // head read before the tokens it covers
+        const unsigned n = min(h - tail, 32u);
+        const uint2 t = lane < n ? ho.token[(tail + lane) & (RING - 1u)] : make_uint2(TOKEN_END << 16, 0u);
+        const unsigned kind = t.x >> 16;
+        const unsigned special = __ballot_sync(0xffffffffu, kind >= TOKEN_STORED);  // (every lane past n too)
+        if (special & 1u) {  // a stored block or the end comes first
+            const unsigned k0 = __shfl_sync(0xffffffffu, kind, 0), n0 = __shfl_sync(0xffffffffu, t.x & 0xffffu, 0);
+            const unsigned y0 = __shfl_sync(0xffffffffu, t.y, 0);
+            ++tail;
+            if (lane == 0) ho.tail = tail;
+            if (k0 == TOKEN_END) {
+                status = (int)y0;
+                break;
+            }
+            for (unsigned base = 0; base < n0 && status == INFLATE_OK; base += 32) {
+                if (base + lane < n0) win[(p + base + lane) & (WINDOW - 1u)] = src[y0 + base + lane];
+                __syncwarp();
+                if (!flush(p + min(base + 32, n0), flushed, cap, out, win, lane)) status = INFLATE_FULL;
+            }
+            p += n0;
+            if (status != INFLATE_OK) break;
+            continue;
+        }
+        const unsigned m = special ? __ffs(special) - 1 : 32u;  // the tokens before a stored block or the end (>= 1)
+        const unsigned len = lane < m ? (t.x & 0xffffu) : 0u;
+        unsigned incl = len;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += v;
+        }
+        const unsigned take = __ballot_sync(0xffffffffu, lane < m && (incl <= BATCH || lane == 0));  // a prefix
+        const unsigned k = __popc(take);
+        tail += k;
+        if (lane == 0) ho.tail = tail;  // (after the ballot, which needed the tokens loaded)
+        const unsigned at = p + incl - len;  // this token's place in the output
+        const unsigned end = p + __shfl_sync(0xffffffffu, incl, k - 1);
+        const bool mine = (take >> lane) & 1u;
+        if (mine && kind == TOKEN_LITERAL) win[at & (WINDOW - 1u)] = (unsigned char)t.y;
+        // A match whose source starts before end - WINDOW reads it from the output, as the batch's
+        // literals (stored above) may have taken its place in the window; it was stored by the last
+        // batch's flush, as max(BATCH, 258) + 258 + LINE <= WINDOW.
+        const bool far_one = mine && kind == TOKEN_MATCH && at - t.y + WINDOW < end;
+        unsigned matches = __ballot_sync(0xffffffffu, mine && kind == TOKEN_MATCH);
+        unsigned far = __ballot_sync(0xffffffffu, far_one);
+        unsigned char ahead[4];  // the next far matches' first 32 bytes (byte lane of each), loaded together
+        int loaded = 0;
+        __syncwarp();
+        while (matches) {
+            const int j = __ffs(matches) - 1;
+            matches &= matches - 1u;
+            const unsigned ml = __shfl_sync(0xffffffffu, len, j), dist = __shfl_sync(0xffffffffu, t.y, j);
+            const unsigned q = __shfl_sync(0xffffffffu, at, j), from = q - dist;
+            if ((far >> j) & 1u) {
+                if (loaded == 0) {
+                    unsigned f = far;
+#pragma unroll
+                    for (int g = 0; g < 4; ++g) {
+                        const int i = f ? __ffs(f) - 1 : 0;
+                        const unsigned fl = __shfl_sync(0xffffffffu, len, i), fa = __shfl_sync(0xffffffffu, at - t.y, i);
+                        ahead[g] = f && lane < fl ? __ldcg(stored + fa + lane) : 0;
+                        loaded += f != 0;
+                        f &= f - 1u;
+                    }
+                }
+                if (lane < ml) win[(q + lane) & (WINDOW - 1u)] = ahead[0];
+                ahead[0] = ahead[1];
+                ahead[1] = ahead[2];
+                ahead[2] = ahead[3];
+                --loaded;
+                far &= far - 1u;
+                for (unsigned i = 32 + lane; i < ml; i += 32) win[(q + i) & (WINDOW - 1u)] = __ldcg(stored + from + i);
+                __syncwarp();
+                continue;
+            }
+            unsigned r = dist >= 32 ? lane : sh.mod[dist][lane];
+            if (lane < ml) win[(q + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
+            __syncwarp();
+#pragma unroll 1
+            for (unsigned base = 32; base < ml; base += 32) {
+                r = dist >= 32 ? r + 32 : sh.mod[dist][r + 32];
+                if (base + lane < ml) win[(q + base + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
+                __syncwarp();
+            }
+        }
+        p = end;
+        if (p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) {
+            status = INFLATE_FULL;
+            break;
+        }
+    }
+    if (status == INFLATE_FULL) {  // the parser stopped too, and a stream it read past the end of is BAD (as kernel1's)
+        if (lane == 0) ho.stop = 1;
+        int done = 0;
+        for (;;) {
+            if (lane == 0) done = ho.done;
+            done = __shfl_sync(0xffffffffu, done, 0);
+            if (done) break;
+            __nanosleep(64);
+        }
+        if (done == 2) status = INFLATE_BAD;
+    }
+    if (status == INFLATE_OK && p > cap) status = INFLATE_FULL;
     if (p > cap) p = cap;
     __syncwarp();
-    unsigned char* tail = reinterpret_cast<unsigned char*>(out);
-    for (unsigned i = flushed + lane; i < p; i += 32) tail[i] = win[i & (WINDOW - 1u)];
+    unsigned char* tail_bytes = reinterpret_cast<unsigned char*>(out);
+    for (unsigned i = flushed + lane; i < p; i += 32) tail_bytes[i] = win[i & (WINDOW - 1u)];
+    *decoded = p;
+    return status;
+}
+
+extern "C" __global__ void __launch_bounds__(64) inflate_kernel2(const unsigned char* const* __restrict__ src_ptrs,
+                                                                 const unsigned long long* __restrict__ src_bytes,
+                                                                 const unsigned long long* __restrict__ dst_bytes,
+                                                                 unsigned long long* __restrict__ actual_bytes,
+                                                                 unsigned char* const* __restrict__ dst_ptrs,
+                                                                 int* __restrict__ statuses) {
+    __shared__ Parser parser;
+    __shared__ Writer writer;
+    __shared__ Handoff handoff;
+    const int c = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) {
+        handoff.head = 0;
+        handoff.tail = 0;
+        handoff.stop = 0;
+        handoff.done = 0;
+    }
+    for (int i = threadIdx.x; i < 32 * 64; i += 64) writer.mod[i / 64][i % 64] = i / 64 ? (i % 64) % (i / 64) : 0;
+    __syncthreads();
+    const unsigned char* src = src_ptrs[c];
+    if (warp == 1) {
+        const bool past = parse(parser, handoff, src, (long long)src_bytes[c], lane);
+        __syncwarp();
+        if (lane == 0) handoff.done = past ? 2 : 1;
+        return;
+    }
+    unsigned decoded;
+    const int status = write(writer, handoff, src, (unsigned)min(dst_bytes[c], 0x7fffffffull),
+                             reinterpret_cast<unsigned*>(dst_ptrs[c]), &decoded, lane);
     if (lane == 0) {
         statuses[c] = status;
-        actual_bytes[c] = p;
+        actual_bytes[c] = decoded;
     }
 }

@@ -1,6 +1,6 @@
 // LZF streams (h5py's lzf filter: one stream a chunk) decoded on the GPU, each into its own output
 // buffer. Arguments: arrays of `count` source pointers, source sizes, output capacities, decoded
-// sizes (out), output pointers and statuses (out: ZSTD_OK, _BAD, _FULL), as inflate_kernel1's.
+// sizes (out), output pointers and statuses (out: ZSTD_OK, _BAD, _FULL), as inflate_kernel2's.
 // lzf_kernel1: a block of one warp per stream (cuda/lzf.cuh: the lanes parse 32 tokens in lockstep,
 //   then build their output in a 16 KB ring in shared memory: literals and references reaching
 //   before the batch a lane each, references into the batch and long ones in order by the warp;

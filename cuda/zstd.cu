@@ -1,6 +1,6 @@
 // Zstandard frames (hdf5plugin's Zstd filter: one frame a chunk) decoded on the GPU, each into its
 // own output buffer. Arguments: arrays of `count` source pointers, source sizes, output capacities,
-// decoded sizes (out), output pointers and statuses (out: ZSTD_OK, _BAD, _FULL), as inflate_kernel1's.
+// decoded sizes (out), output pointers and statuses (out: ZSTD_OK, _BAD, _FULL), as inflate_kernel2's.
 // zstd_kernel1: a block of one warp per frame (cuda/zstd.cuh: the lanes step through the frame in
 //   lockstep and share its copies, up to 256 bytes a step, and a block's 4 literal streams); the
 //   tables (Huffman 2^11 entries, FSE 2 x 2^9 + 2^8) in 15 KB of shared memory; literals decoded into

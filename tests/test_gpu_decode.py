@@ -1,4 +1,4 @@
-"""Deflate chunks decoded on the GPU by inflate_kernel1 (--decode gpu), LZF chunks by lzf_kernel1, Zstd
+"""Deflate chunks decoded on the GPU by inflate_kernel2 (--decode gpu), LZF chunks by lzf_kernel1, Zstd
 chunks by zstd_kernel2, and Blosc lz4 + bitshuffle chunks by blosc_lz4_kernel1: the predictions of the host's decoding for
 every level, shuffle, value type and chunk size (blocks starting and ending inside chunks, chunks a
 stride apart or back to back, odd byte counts), and a damaged chunk refused in one line naming it. Needs a GPU."""
@@ -296,14 +296,14 @@ def test_auto_decodes_on_the_gpu_where_it_can_and_gpu_refuses_what_it_cannot(tmp
         f.create_dataset("x", data=x, chunks=(50, 28, 28, 1), compression="lzf", fletcher32=True)
         f["y"] = y
     s = sessions(ece408 / "model.hdf5", "gpu")
-    assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel1")
+    assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel2")
     assert sessions(ece408 / "model.hdf5", "host").evaluate(gz).reader["decode"] == "host"
     with Session(ece408 / "model.hdf5", "cuda") as default:  # auto: the GPU where it decodes the file
-        assert default.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel1")
+        assert default.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel2")
         assert default.evaluate(tmp_path / "l.h5").reader["decode"] == "host"
     with pytest.raises(InputError, match="fletcher32"):
         s.evaluate(tmp_path / "l.h5")
-    assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel1")  # and the session goes on
+    assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel2")  # and the session goes on
     r = invoke("run", tmp_path / "l.h5", ece408 / "model.hdf5", "--decode", "gpu")
     assert_refused(r, "l.h5", "--decode gpu", "its chunks carry fletcher32 checksums")
 

@@ -1,5 +1,5 @@
-"""inflate_kernel1 (cuda/inflate.cu) against zlib: every level and strategy, window sizes, flushes
-that add stored and empty blocks, literal-heavy and match-heavy data, distances from 1 to 32,768
+"""inflate_kernel2 (cuda/inflate.cu) and inflate_kernel1 (dev/cuda/inflate_early.cu) against zlib:
+every level and strategy, window sizes, flushes that add stored and empty blocks, literal-heavy and match-heavy data, distances from 1 to 32,768
 (copied from the kernel's window in shared memory, of 1 KB to 32 KB, or read back from the output),
 streams at every misalignment, outputs exactly full and one byte short; and damaged streams: where
 zlib decodes one, the kernel gives the same bytes, and it never writes past its output. Needs a GPU."""
@@ -9,11 +9,17 @@ import numpy as np
 import pytest
 
 from infer.gpu.launch import Inflate
-from tests.conftest import build
+from tests.conftest import build, dev_module
 
 pytestmark = pytest.mark.gpu
 GUARD = 64  # bytes after each output that must stay as they were
 OK, BAD, FULL = Inflate.OK, Inflate.BAD, Inflate.FULL
+KERNELS = ("inflate_kernel1", "inflate_kernel2")  # dev/cuda/inflate_early.py's, and the product's
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request):
+    return dev_module("inflate_early").KERNELS[request.param]
 
 
 def deflate(data, level=6, strategy=zlib.Z_DEFAULT_STRATEGY, wbits=15, flush_every=None, mem=8):
@@ -26,8 +32,8 @@ def deflate(data, level=6, strategy=zlib.Z_DEFAULT_STRATEGY, wbits=15, flush_eve
     return b"".join(parts) + c.flush()
 
 
-def inflate(gpu, streams, caps, skews=None, window=None):
-    """Run inflate_kernel1 (keeping `window` bytes in shared memory) over streams (bytes), stream k
+def inflate(gpu, kernel, streams, caps, skews=None, window=None):
+    """Run the kernel (keeping `window` bytes in shared memory) over streams (bytes), stream k
     starting skews[k] bytes past a 16-byte boundary, into outputs of caps[k] bytes: (statuses,
     decoded sizes, outputs, guards intact)."""
     import pycuda.driver as cuda
@@ -49,7 +55,7 @@ def inflate(gpu, streams, caps, skews=None, window=None):
     d_table = cuda.to_device(table)
     d_status = cuda.to_device(np.full(n, -1, np.int32))
     row = [int(d_table) + 8 * n * k for k in range(5)]
-    Inflate(build(gpu), window)(cuda.Stream(), n, row[0], row[1], row[2], row[3], row[4], d_status)
+    kernel(build(gpu), window)(cuda.Stream(), n, row[0], row[1], row[2], row[3], row[4], d_status)
     cuda.Context.synchronize()
     status, back, out = cuda.from_device_like(d_status, np.zeros(n, np.int32)), cuda.from_device_like(d_table, table), \
         cuda.from_device_like(d_out, np.zeros(int(outs[-1]), np.uint8))
@@ -81,34 +87,35 @@ SETTINGS = {"level 0": dict(level=0), "level 1": dict(level=1), "level 6": dict(
 
 @pytest.mark.parametrize("window", [1024, None, 32768])  # None: the launcher's own
 @pytest.mark.parametrize("setting", SETTINGS)
-def test_the_kernel_decodes_what_zlib_does(gpu, rng, setting, window):
+def test_the_kernel_decodes_what_zlib_does(gpu, kernel, rng, setting, window):
     data = corpus(rng)
     names = list(data)
     streams = [deflate(data[k], **SETTINGS[setting]) for k in names]
     caps = [len(data[k]) for k in names]
-    status, sizes, outputs, guards = inflate(gpu, streams, caps, window=window)
+    status, sizes, outputs, guards = inflate(gpu, kernel, streams, caps, window=window)
     for k, name in enumerate(names):
         assert (status[k], sizes[k], guards[k]) == (OK, caps[k], True), name
         assert outputs[k] == data[name], name
 
 
-def test_every_misalignment_and_a_full_output(gpu, rng):
+def test_every_misalignment_and_a_full_output(gpu, kernel, rng):
     data = rng.integers(0, 6, 50_001, dtype=np.uint8).tobytes()
     s = deflate(data, level=1)
-    status, sizes, outputs, guards = inflate(gpu, [s] * 8, [len(data)] * 4 + [len(data) - 1] * 4, skews=[0, 1, 2, 3] * 2)
+    status, sizes, outputs, guards = inflate(gpu, kernel, [s] * 8, [len(data)] * 4 + [len(data) - 1] * 4,
+                                             skews=[0, 1, 2, 3] * 2)
     assert list(status) == [OK] * 4 + [FULL] * 4 and all(guards)
     assert all(o == data for o in outputs[:4]) and list(sizes[:4]) == [len(data)] * 4
 
 
-def test_streams_that_end_early_or_are_not_deflate(gpu, rng):
+def test_streams_that_end_early_or_are_not_deflate(gpu, kernel, rng):
     data = rng.integers(0, 6, 20_000, dtype=np.uint8).tobytes()
     s = deflate(data, level=6)
     cases = [s[:len(s) // 2], s[:-1], b"\xff" * 100, bytes([0x07]) + bytes(50), b"\x00\x05\x00\x00\x00"]
-    status, _, _, guards = inflate(gpu, cases, [len(data)] * len(cases))
+    status, _, _, guards = inflate(gpu, kernel, cases, [len(data)] * len(cases))
     assert list(status) == [BAD] * len(cases) and all(guards)
 
 
-def test_damaged_streams_decode_as_zlib_does_or_fail(gpu, rng):
+def test_damaged_streams_decode_as_zlib_does_or_fail(gpu, kernel, rng):
     """400 streams with 1-8 bytes changed: where zlib decodes one whole, the kernel gives its bytes;
     where zlib refuses it, the kernel fails too or gives other bytes than the stream's (which the
     chunk's adler32 then refuses); never a byte past the output."""
@@ -130,7 +137,7 @@ def test_damaged_streams_decode_as_zlib_does_or_fail(gpu, rng):
         streams.append(bytes(s))
         caps.append(len(originals[j]))
         expect.append((out if whole else None, originals[j]))
-    status, sizes, outputs, guards = inflate(gpu, streams, caps)
+    status, sizes, outputs, guards = inflate(gpu, kernel, streams, caps)
     assert all(guards)
     for k, (want, original) in enumerate(expect):
         if want is not None:

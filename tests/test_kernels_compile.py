@@ -142,3 +142,15 @@ def test_the_development_certificates_build():
     cubin = early.cubin(tuple(sorted(early.EarlyCertify.defines(MNIST).items())))
     for name in (*early.EarlyCertify.KERNELS.values(), "pair_kernel1", "certify_kernel4"):
         assert name.encode() in cubin, name
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+def test_the_development_inflate_builds():
+    """dev/cuda/inflate_early.cu (inflate_kernel1, on inflate.cu's tables and bit reader) builds: the
+    development folder keeps compiling as the product's decoder changes."""
+    from tests.conftest import dev_module
+
+    for window in (1024, 8192):
+        cubin = dev_module("inflate_early").cubin("sm_80", (("WINDOW", window),))
+        assert b"inflate_kernel1" in cubin and b"inflate_kernel2" in cubin

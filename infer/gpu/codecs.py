@@ -1,9 +1,10 @@
 """How the GPU decodes each HDF5 filter it takes (CODECS, for chunk_decode's stream of compressed
 blocks): per codec, its kernels, the table of a group's chunks it fills, its checks, and how it
 places a block's images.
-- deflate (Deflate): inflate_kernel1 (cuda/inflate.cu: a warp a chunk), a kernel checking them (the
-  kernel's status, the decoded size, deflate's adler32), HDF5's shuffle undone as they are placed. A
-  chunk of 1,000 MNIST images takes one warp 43-71 ms (H100), and an SM holds twelve;
+- deflate (Deflate): inflate_kernel2 (cuda/inflate.cu: two warps a chunk, one parsing, one writing),
+  a kernel checking them (the kernel's status, the decoded size, deflate's adler32), HDF5's shuffle
+  undone as they are placed. A chunk of 1,024 MNIST images at gzip 1 takes 31 ms alone (H200), and an
+  SM holds twelve;
 - Zstd (Zstd): zstd_kernel2 (cuda/zstd.cu: 3 warps a frame, two decoding its blocks apart into
   scratch memory, one carrying their sequences out in order), checked and unshuffled as deflate's. A
   1,000-image MNIST chunk takes 15 ms alone (H100), shuffled 23;
@@ -26,7 +27,7 @@ from . import launch
 
 class Deflate:
     """HDF5's deflate filter: a zlib stream a chunk (its 2-byte header and adler32 trailer around the
-    deflate data), decoded by inflate_kernel1 into chunks 256 bytes apart, checked by
+    deflate data), decoded by inflate_kernel2 into chunks 256 bytes apart, checked by
     decode_check_kernel1 (status, size, adler32), and HDF5's shuffle undone as the images are placed."""
     head, tail = 2, 4  # bytes of the zlib stream around its deflate data
     kernel, adler, what, frame = launch.Inflate, True, "deflate", "not a zlib stream"

@@ -27,9 +27,10 @@ class StreamCheck(Launcher):
 
 
 class FrameDecoder(Launcher):
-    """Compressed streams decoded a warp each, every stream into its own output; statuses OK, BAD
+    """Compressed streams decoded a block each, every stream into its own output; statuses OK, BAD
     (damaged, or reading past its size) or FULL (decoding to more than its output holds)."""
     OK, BAD, FULL = 0, 1, 2
+    threads = 32  # a stream's block: a warp
 
     def check_count(self, count):
         if not 0 < count <= INT_MAX:
@@ -46,12 +47,15 @@ class FrameDecoder(Launcher):
         """Every argument but count a device address of an array of count: source pointers, source
         sizes, output capacities, decoded sizes (out, uint64), output pointers, statuses (out, int32)."""
         self.check_count(count)
-        self.launch(stream, (count, 1), (32, 1, 1), src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses)
+        self.launch(stream, (count, 1), (self.threads, 1, 1), src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs,
+                    statuses)
 
 
 class Inflate(FrameDecoder):
-    """Deflate streams (zlib's without header and trailer) decoded by inflate_kernel1, outputs 4-byte aligned."""
-    source, kernel, arg_types = "inflate", "inflate_kernel1", "PPPPPP"
+    """Deflate streams (zlib's without header and trailer) decoded by inflate_kernel2 (a warp parsing
+    each into tokens, another writing them out), outputs 4-byte aligned."""
+    source, kernel, arg_types = "inflate", "inflate_kernel2", "PPPPPP"
+    threads = 64
     WINDOW = 8192  # recent output bytes a block keeps in shared memory (matches from further back read the output)
 
     def __init__(self, build, window=None):

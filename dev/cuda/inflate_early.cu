@@ -1,0 +1,239 @@
+// The deflate decoder's first version (cuda/inflate.cu, whose tables, bit reader and flush it
+// includes; built with -I cuda), kept to validate against zlib and time beside the product's
+// inflate_kernel2 (dev/cuda/inflate_early.py, tests/test_inflate.py). Arguments as inflate_kernel2's.
+// inflate_kernel1: a block of one warp per stream, every lane decoding the same symbols in lockstep
+//   (no shuffles): Huffman codes through tables of 2^LIT_BITS and 2^DIST_BITS entries in shared
+//   memory (longer codes bit by bit, canonically; two literals a step where the bits allow; the next
+//   symbol's entry looked up before this one's copy and store), tables
+//   built by the 32 lanes (ballots rank each length's symbols); the stream read 32 bits at a time,
+//   the next word loaded a refill ahead, no branch; literals and matches land in a window of the last
+//   WINDOW bytes in shared memory (a match copied by the lanes, 32 bytes a step; one from further
+//   back read from the output already stored), each finished 128-byte line stored in one coalesced
+//   store: reads the stream once, writes the output about once; with 8 KB, 17 KB of shared memory
+//   and 140 registers a block, twelve blocks an SM.
+//   Replaced by version 2, whose parse does not wait on the copies and stores: a 3.2 MB chunk
+//   alone 49 ms against 31 (H200), but 86 GB/s of output with every slot full against 65-74.
+
+#include "inflate.cu"
+
+struct Scratch {
+    unsigned int lit[1u << LIT_BITS];
+    unsigned int dist[1u << DIST_BITS];
+    Canonical lit_code, dist_code;
+    unsigned char lens[288 + 32];
+    unsigned char mod[32][64];  // j % d: the lanes' places in a repeated pattern of d < 32 bytes
+    __align__(16) unsigned char window[WINDOW];
+};
+
+extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned char* const* __restrict__ src_ptrs,
+                                                                 const unsigned long long* __restrict__ src_bytes,
+                                                                 const unsigned long long* __restrict__ dst_bytes,
+                                                                 unsigned long long* __restrict__ actual_bytes,
+                                                                 unsigned char* const* __restrict__ dst_ptrs,
+                                                                 int* __restrict__ statuses) {
+    __shared__ Scratch sh;
+    const int c = blockIdx.x, lane = threadIdx.x;
+    const unsigned char* src = src_ptrs[c];
+    const long long size = (long long)src_bytes[c];
+    const unsigned cap = (unsigned)min(dst_bytes[c], 0x7fffffffull);
+    unsigned* out = reinterpret_cast<unsigned*>(dst_ptrs[c]);  // 4-byte aligned (chunk_decode: 256-byte strides)
+    unsigned char* win = sh.window;
+    for (int i = lane; i < 32 * 64; i += 32) sh.mod[i / 64][i % 64] = i / 64 ? (i % 64) % (i / 64) : 0;
+
+    Bits in;
+    const int head = (int)((size_t)src & 3u);
+    in.words = reinterpret_cast<const unsigned*>(src - head);
+    in.nwords = (head + size + 3) / 4;
+    in.skip = 8 * head;
+    in.seek(0);
+
+    unsigned p = 0, flushed = 0;  // bytes decoded; bytes stored to the output (whole lines)
+    int status = INFLATE_OK;
+    bool last = false, fixed = false;  // fixed: the tables hold the fixed codes
+    while (!last) {
+        in.refill();
+        if (in.consumed() + 3 > 8 * size) { status = INFLATE_BAD; break; }
+        last = in.bits & 1u;
+        const unsigned type = (in.bits >> 1) & 3u;
+        in.drop(3);
+        if (type == 0) {  // stored: LEN, ~LEN, then LEN bytes from the next byte on
+            in.drop(in.count & 7);
+            in.refill();
+            const unsigned n = in.bits & 0xffffu;
+            if (((in.bits >> 16) & 0xffffu) != (~n & 0xffffu)) { status = INFLATE_BAD; break; }
+            in.drop(32);
+            const long long from = in.consumed() / 8;
+            if (from + n > size) { status = INFLATE_BAD; break; }
+            for (unsigned base = 0; base < n && status == INFLATE_OK; base += 32) {
+                if (base + lane < n) win[(p + base + lane) & (WINDOW - 1u)] = src[from + base + lane];
+                __syncwarp();
+                if (!flush(p + min(base + 32, n), flushed, cap, out, win, lane)) status = INFLATE_FULL;
+            }
+            if (status != INFLATE_OK) break;
+            p += n;
+            in.seek(from + n);
+            continue;
+        }
+        if (type == 3) { status = INFLATE_BAD; break; }
+        if (type == 1) {
+            if (!fixed) {
+                for (int s = lane; s < 320; s += 32) sh.lens[s] = s < 144 ? 8 : s < 256 ? 9 : s < 280 ? 7 : s < 288 ? 8 : 5;
+                __syncwarp();
+                build<LITLEN, LIT_BITS>(sh.lens, 288, sh.lit, sh.lit_code, lane);
+                build<DISTANCE, DIST_BITS>(sh.lens + 288, 32, sh.dist, sh.dist_code, lane);
+                fixed = true;
+            }
+        } else {  // dynamic: the code lengths' code, then the two codes' lengths in it
+            fixed = false;
+            in.refill();
+            const int nlit = 257 + (int)(in.bits & 31u), ndist = 1 + (int)((in.bits >> 5) & 31u);
+            const int ncode = 4 + (int)((in.bits >> 10) & 15u);
+            in.drop(14);
+            if (nlit > 286 || ndist > 30) { status = INFLATE_BAD; break; }
+            if (lane < 19) sh.lens[lane] = 0;
+            __syncwarp();
+            for (int i = 0; i < ncode; ++i) {
+                in.refill();
+                if (lane == 0) sh.lens[CODE_ORDER[i]] = in.bits & 7u;
+                in.drop(3);
+            }
+            __syncwarp();
+            if (!build<CODE_LENGTH, DIST_BITS>(sh.lens, 19, sh.dist, sh.dist_code, lane)) { status = INFLATE_BAD; break; }
+            int i = 0;
+            const int total = nlit + ndist;
+            while (i < total) {
+                in.refill();
+                const unsigned e = lookup<DIST_BITS>(sh.dist, in.bits);
+                if (e == 0) { status = INFLATE_BAD; break; }
+                in.drop(e & 15u);
+                const unsigned s = e >> 8;
+                if (s < 16) {
+                    if (lane == 0) sh.lens[i] = s;
+                    ++i;
+                    continue;
+                }
+                unsigned value = 0, repeat;
+                if (s == 16) {
+                    if (i == 0) { status = INFLATE_BAD; break; }
+                    __syncwarp();
+                    value = sh.lens[i - 1];
+                    repeat = 3 + (in.bits & 3u);
+                    in.drop(2);
+                } else if (s == 17) {
+                    repeat = 3 + (in.bits & 7u);
+                    in.drop(3);
+                } else {
+                    repeat = 11 + (in.bits & 127u);
+                    in.drop(7);
+                }
+                if (i + (int)repeat > total) { status = INFLATE_BAD; break; }
+                for (unsigned j = lane; j < repeat; j += 32) sh.lens[i + j] = value;
+                i += repeat;
+            }
+            if (status != INFLATE_OK) break;
+            __syncwarp();
+            if (sh.lens[256] == 0) { status = INFLATE_BAD; break; }  // no end-of-block code
+            // the distance lengths move up past 288, where the fixed code keeps them
+            const unsigned char moved = lane < ndist ? sh.lens[nlit + lane] : 0;
+            __syncwarp();
+            sh.lens[288 + lane] = moved;
+            __syncwarp();
+            if (!build<LITLEN, LIT_BITS>(sh.lens, nlit, sh.lit, sh.lit_code, lane)
+                || !build<DISTANCE, DIST_BITS>(sh.lens + 288, ndist, sh.dist, sh.dist_code, lane)) {
+                status = INFLATE_BAD;
+                break;
+            }
+        }
+        // The next symbol's table entry is looked up as soon as its bits are known, before the work
+        // on this one (a match's copy, a line's store) that does not need it.
+        in.refill();
+        unsigned e = lookup<LIT_BITS>(sh.lit, in.bits);
+        for (;;) {  // the block's symbols; e: the next one's entry (>= 33 bits in hand)
+            if (e - 1u < 0xfffu) {  // a literal (every lane writes the same byte, so each sees it), and
+                in.drop(e & 15u);   // another where the table gives one for the bits left (>= 23)
+                win[p & (WINDOW - 1u)] = (unsigned char)(e >> 4);
+                e = lookup<LIT_BITS>(sh.lit, in.bits);
+                const bool two = e - 1u < 0xfffu;
+                if (two) {
+                    in.drop(e & 15u);
+                    win[(p + 1) & (WINDOW - 1u)] = (unsigned char)(e >> 4);
+                }
+                p += 1 + two;
+                in.refill();
+                if (two) e = lookup<LIT_BITS>(sh.lit, in.bits);
+                if (p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
+                continue;
+            }
+            if ((e & 15u) == 0) {  // a code longer than the table, or none
+                e = long_code<LITLEN>(in.bits, e, sh.lit_code);
+                if (e - 1u < 0xfffu) {
+                    in.drop(e & 15u);
+                    win[p & (WINDOW - 1u)] = (unsigned char)(e >> 4);
+                    in.refill();
+                    e = lookup<LIT_BITS>(sh.lit, in.bits);
+                    if (++p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
+                    continue;
+                }
+            }
+            if ((e >> 20) != 1u) {  // not a length: the block's end, or no such code
+                if (e >= KIND_END && e < KIND_LONG) {
+                    in.drop(e & 15u);
+                    break;
+                }
+                status = INFLATE_BAD;
+                break;
+            }
+            in.drop(e & 15u);
+            const unsigned extra = (e >> 4) & 15u;
+            const unsigned len = ((e >> 8) & 0x1ffu) + (unsigned)(in.bits & ((1u << extra) - 1u));
+            in.drop(extra);
+            in.refill();
+            unsigned d = lookup<DIST_BITS>(sh.dist, in.bits);
+            if ((d & 15u) == 0) {
+                d = long_code<DISTANCE>(in.bits, d, sh.dist_code);
+                if (d == 0) { status = INFLATE_BAD; break; }
+            }
+            in.drop(d & 15u);
+            const unsigned dextra = (d >> 4) & 15u;
+            const unsigned dist = ((d >> 8) & 0xffffu) + (unsigned)(in.bits & ((1u << dextra) - 1u));
+            in.drop(dextra);
+            in.refill();
+            e = lookup<LIT_BITS>(sh.lit, in.bits);
+            const unsigned from = p - dist;
+            if (dist + len > WINDOW || dist > p) {  // its source left the window: it lies in the output, stored
+                if (dist > p) { status = INFLATE_BAD; break; }  // (as dist >= len + LINE), or is before the start
+                const unsigned char* stored = reinterpret_cast<const unsigned char*>(out) + from;
+                for (unsigned i = lane; i < len; i += 32) win[(p + i) & (WINDOW - 1u)] = __ldcg(stored + i);
+                __syncwarp();
+                p += len;
+                if (p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
+                continue;
+            }
+            // lane i copies byte i of each 32: from before p where dist < 32 (the pattern's byte i % dist),
+            // else from a step that an earlier step (or an earlier match) wrote; as dist + len <= WINDOW,
+            // no step writes a byte that the same step reads
+            unsigned r = dist >= 32 ? lane : sh.mod[dist][lane];
+            if (lane < len) win[(p + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
+            __syncwarp();
+#pragma unroll 1
+            for (unsigned base = 32; base < len; base += 32) {
+                r = dist >= 32 ? r + 32 : sh.mod[dist][r + 32];
+                if (base + lane < len) win[(p + base + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
+                __syncwarp();
+            }
+            p += len;
+            if (p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
+        }
+        if (status != INFLATE_OK) break;
+    }
+    if (in.consumed() > 8 * size) status = INFLATE_BAD;  // it read past its end (and what it decoded there)
+    else if (status == INFLATE_OK && p > cap) status = INFLATE_FULL;
+    if (p > cap) p = cap;
+    __syncwarp();
+    unsigned char* tail = reinterpret_cast<unsigned char*>(out);
+    for (unsigned i = flushed + lane; i < p; i += 32) tail[i] = win[i & (WINDOW - 1u)];
+    if (lane == 0) {
+        statuses[c] = status;
+        actual_bytes[c] = p;
+    }
+}

@@ -1,0 +1,138 @@
+"""The deflate decoder's first version (dev/cuda/inflate_early.cu: inflate_kernel1, a warp a stream
+parsing and writing in lockstep), validated and timed beside the product's inflate_kernel2
+(cuda/inflate.cu) on copies of one HDF5 chunk's deflate stream. Needs a GPU:
+
+    . .device/setup.sh && python dev/cuda/inflate_early.py ../shared/data/ece408/testfull.hdf5 \\
+        [--images 1024] [--level 1] [--shuffle] [--copies 132,400,1000,1584] [--repeats 5]
+
+The stream: the file's first --images images (float32, HDF5's byte shuffle with --shuffle) deflated
+at --level, as h5py's gzip filter stores a chunk. One row a kernel and number of copies (each decoded
+into its own output, all in one launch): the median of --repeats launches after one warm-up (CUDA
+events), and the output's GB/s. Every launch is checked: each copy's status and size, and the first,
+middle and last outputs byte for byte (a mismatch stops the script, exit 1). A chunk's latency is the
+row of one copy an SM; with every block slot full, the rows' GB/s is the decoder's throughput.
+tests/test_inflate.py runs the validation of both kernels; test_kernels_compile.py builds the file."""
+import argparse
+import subprocess
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from infer.gpu import compiler, launch  # noqa: E402
+
+SOURCE = Path(__file__).with_suffix(".cu")
+
+
+def cubin(arch, defines):
+    """nvcc's cubin of inflate_early.cu for arch with -D defines (a tuple of pairs), cuda/ on the include path."""
+    with tempfile.TemporaryDirectory(prefix="cnninfer-dev-") as tmp:
+        out = Path(tmp) / "inflate_early.cubin"
+        cmd = [compiler.nvcc(), "-cubin", f"-arch={arch}", *compiler.NVCC_FLAGS, "-I", str(compiler.kernel_dir()),
+               "-o", str(out), *[f"-D{k}={v}" for k, v in defines], str(SOURCE)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise compiler.KernelCompileError(f"{SOURCE.name}: nvcc failed: {(r.stderr or r.stdout)[:2000]}")
+        return out.read_bytes()
+
+
+class EarlyInflate(launch.Inflate):
+    """inflate_kernel1: a block of one warp a stream, as launch.Inflate's arguments."""
+    source, kernel, threads = "dev/cuda/inflate_early", "inflate_kernel1", 32
+
+    def __init__(self, build, window=None):
+        import pycuda.driver as cuda
+
+        # put the module among build's first: the package's compiler knows only cuda/'s files
+        defines = (("WINDOW", window or self.WINDOW),)
+        key = (self.source, build.arch, defines, build.fast_math)
+        if key not in build.modules:
+            build.modules[key] = cuda.module_from_buffer(cubin(build.arch, defines))
+        super().__init__(build, window)
+
+
+KERNELS = {"inflate_kernel1": EarlyInflate, "inflate_kernel2": launch.Inflate}
+
+
+def stream_of(path, images, level, shuffle):
+    """(the chunk's bytes, its raw deflate stream)."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        x = np.ascontiguousarray(f["x"][:images], dtype="<f4")
+    raw = x.view(np.uint8).reshape(-1, 4).T.tobytes() if shuffle else x.tobytes()
+    c = zlib.compressobj(level, zlib.DEFLATED, -15)
+    return raw, c.compress(raw) + c.flush()
+
+
+def timed(decoder, stream_bytes, expect, copies, repeats):
+    """The median ms of launches decoding `copies` copies of the stream; SystemExit where one is wrong."""
+    import pycuda.driver as cuda
+
+    stride = -(-(len(expect) + 64) // 256) * 256
+    src = cuda.to_device(np.frombuffer(stream_bytes + bytes(16), np.uint8))
+    out = cuda.mem_alloc(stride * copies)
+    table = np.array([[int(src)] * copies, [len(stream_bytes)] * copies, [len(expect)] * copies, [0] * copies,
+                      [int(out) + stride * i for i in range(copies)]], np.uint64)
+    d_table, d_status = cuda.to_device(table), cuda.mem_alloc(4 * copies)
+    rows = [int(d_table) + 8 * copies * j for j in range(5)]
+    stream, start, end = cuda.Stream(), cuda.Event(), cuda.Event()
+    ms = []
+    for r in range(repeats + 1):
+        cuda.memset_d32(d_status, 0xFFFFFFFF, copies)
+        start.record(stream)
+        decoder(stream, copies, *rows, d_status)
+        end.record(stream)
+        end.synchronize()
+        status = cuda.from_device(d_status, (copies,), np.int32)
+        sizes = cuda.from_device_like(d_table, table)[3]
+        bad = [i for i in range(copies) if status[i] != decoder.OK or sizes[i] != len(expect)]
+        for i in {0, copies // 2, copies - 1} - set(bad):
+            got = np.empty(len(expect), np.uint8)
+            cuda.memcpy_dtoh(got, int(out) + stride * i)
+            if got.tobytes() != expect:
+                bad.append(i)
+        if bad:
+            raise SystemExit(f"{decoder.kernel}: copy {bad[0]} of {copies} decoded wrong (status {status[bad[0]]})")
+        if r:
+            ms.append(start.time_till(end))
+    for buf in (src, out, d_table, d_status):
+        buf.free()
+    return float(np.median(ms))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("data", help="an HDF5 data set with x (n, 28, 28, 1)")
+    p.add_argument("--images", type=int, default=1024)
+    p.add_argument("--level", type=int, default=1)
+    p.add_argument("--shuffle", action="store_true")
+    p.add_argument("--copies", default="132,400,1000,1584")
+    p.add_argument("--repeats", type=int, default=5)
+    a = p.parse_args(argv)
+    from infer.gpu.device import Device
+    from infer.gpu.profile import NullProfiler
+
+    raw, deflated = stream_of(a.data, a.images, a.level, a.shuffle)
+    print(f"{a.images} images, {len(raw):,} bytes{' shuffled' if a.shuffle else ''}, deflated at level {a.level} "
+          f"to {len(deflated):,}")
+    gpu = Device(0)
+    try:
+        b = launch.Build(gpu.arch, False, None, NullProfiler(), "auto", gpu.l2_bytes, gpu.sms)
+        for name, kernel in KERNELS.items():
+            decoder = kernel(b)
+            for copies in (int(c) for c in a.copies.split(",")):
+                ms = timed(decoder, deflated, raw, copies, a.repeats)
+                print(f"{name}  {copies:5d} copies  {ms:8.2f} ms  {copies * len(raw) / ms / 1e6:6.1f} GB/s out",
+                      flush=True)
+    finally:
+        gpu.close()
+
+
+if __name__ == "__main__":
+    main()
