@@ -395,20 +395,32 @@ __device__ bool parse(Parser& sh, Handoff& ho, const unsigned char* src, long lo
                 status = INFLATE_BAD;
                 break;
             }
-            in.drop(e & 15u);
-            const unsigned extra = (e >> 4) & 15u;
-            const unsigned len = ((e >> 8) & 0x1ffu) + (unsigned)(in.bits & ((1u << extra) - 1u));
-            in.drop(extra);
-            in.refill();
-            unsigned d = lookup<DIST_BITS>(sh.dist, in.bits);
-            if ((d & 15u) == 0) {
-                d = long_code<DISTANCE>(in.bits, d, sh.dist_code);
-                if (d == 0) { status = INFLATE_BAD; break; }
+            // The distance's entry is looked up at once, past the length's code and extra bits (at most
+            // 20 + DIST_BITS <= 28 bits of the >= 33 in hand); where the whole match is in hand (mostly)
+            // it is taken in one drop, else the length first, a refill, then the distance.
+            const unsigned code = e & 15u, extra = (e >> 4) & 15u, at = code + extra;
+            unsigned d = lookup<DIST_BITS>(sh.dist, in.bits >> at);
+            const unsigned dcode = d & 15u, dextra = (d >> 4) & 15u;
+            unsigned len, dist;
+            if (dcode != 0 && at + dcode + dextra <= (unsigned)in.count) {
+                len = ((e >> 8) & 0x1ffu) + ((unsigned)(in.bits >> code) & ((1u << extra) - 1u));
+                dist = ((d >> 8) & 0xffffu) + ((unsigned)(in.bits >> (at + dcode)) & ((1u << dextra) - 1u));
+                in.drop(at + dcode + dextra);
+            } else {
+                in.drop(code);
+                len = ((e >> 8) & 0x1ffu) + (unsigned)(in.bits & ((1u << extra) - 1u));
+                in.drop(extra);
+                in.refill();
+                d = lookup<DIST_BITS>(sh.dist, in.bits);
+                if ((d & 15u) == 0) {
+                    d = long_code<DISTANCE>(in.bits, d, sh.dist_code);
+                    if (d == 0) { status = INFLATE_BAD; break; }
+                }
+                in.drop(d & 15u);
+                const unsigned more = (d >> 4) & 15u;
+                dist = ((d >> 8) & 0xffffu) + (unsigned)(in.bits & ((1u << more) - 1u));
+                in.drop(more);
             }
-            in.drop(d & 15u);
-            const unsigned dextra = (d >> 4) & 15u;
-            const unsigned dist = ((d >> 8) & 0xffffu) + (unsigned)(in.bits & ((1u << dextra) - 1u));
-            in.drop(dextra);
             in.refill();
             e = lookup<LIT_BITS>(sh.lit, in.bits);
             if (dist > p) { status = INFLATE_BAD; break; }  // from before the start

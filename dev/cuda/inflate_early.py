@@ -13,6 +13,7 @@ middle and last outputs byte for byte (a mismatch stops the script, exit 1). A c
 row of one copy an SM; with every block slot full, the rows' GB/s is the decoder's throughput.
 tests/test_inflate.py runs the validation of both kernels; test_kernels_compile.py builds the file."""
 import argparse
+import functools
 import subprocess
 import sys
 import tempfile
@@ -29,8 +30,9 @@ from infer.gpu import compiler, launch  # noqa: E402
 SOURCE = Path(__file__).with_suffix(".cu")
 
 
+@functools.lru_cache(maxsize=None)
 def cubin(arch, defines):
-    """nvcc's cubin of inflate_early.cu for arch with -D defines (a tuple of pairs), cuda/ on the include path."""
+    """nvcc's cubin (once a process) of inflate_early.cu for arch with -D defines (a tuple of pairs), cuda/ on the include path."""
     with tempfile.TemporaryDirectory(prefix="cnninfer-dev-") as tmp:
         out = Path(tmp) / "inflate_early.cubin"
         cmd = [compiler.nvcc(), "-cubin", f"-arch={arch}", *compiler.NVCC_FLAGS, "-I", str(compiler.kernel_dir()),
