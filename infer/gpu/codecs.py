@@ -52,8 +52,8 @@ class Deflate:
     arrays = 6  # of the table, uint64 a chunk: stream, size, capacity, output, decoded size, status
     # A launch takes 10 blocks of 128 MB (400 MNIST chunks, two warps each, ~34 ms), read 4 at a time: a
     # 1M-image file's 1,000 chunks all in flight at once, a block (40,000 images) one launch of the
-    # network. (H200, 1M images, inflate_kernel1, the same calls: gzip 1 111.8-119.4 ms against 121.5-137.6 with 20
-    # blocks of 64 MB read 6 at a time, Zstd 93.6-96.3 against 94.4-108.5, shuffle + gzip 1
+    # network. (H200, 1M images, inflate_kernel1, the same calls: gzip 1 111.8-119.4 ms against
+    # 121.5-137.6 with 20 blocks of 64 MB read 6 at a time, Zstd 93.6-96.3 against 94.4-108.5, shuffle + gzip 1
     # 148.6-156.6 against 160.3-187.4, peak RSS 344-394 MB against 327-358; 64 MB blocks had beaten
     # 32 MB ones on an H100: gzip 1 5.9-6.3M images/s against 4.6-5.7M)
     group, block_bytes, ring = 10, 128 << 20, 4
