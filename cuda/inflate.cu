@@ -32,6 +32,10 @@
 // and a match's bytes, less than the window
 #define BATCH (WINDOW >= 4096u ? 1024u : WINDOW / 4u)
 #define LINE 128u      // output bytes a warp stores at once
+static_assert(WINDOW >= 1024u && (WINDOW & (WINDOW - 1u)) == 0, "WINDOW: a power of two of at least 1 KB");
+static_assert(RING >= 128u && (RING & (RING - 1u)) == 0, "RING: a power of two, room for a batch and a publication");
+// a match inflate_kernel2's writer reads from the output lies in lines the batch before stored
+static_assert((BATCH > 258u ? BATCH : 258u) + 258u + LINE <= WINDOW, "BATCH: too large for the window");
 #define INFLATE_OK 0
 #define INFLATE_BAD 1   // not a deflate stream, damaged, or one that ends past its size
 #define INFLATE_FULL 2  // decodes to more bytes than its output holds

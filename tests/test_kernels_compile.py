@@ -154,3 +154,15 @@ def test_the_development_inflate_builds():
     for window in (1024, 8192):
         cubin = dev_module("inflate_early").cubin("sm_80", (("WINDOW", window),))
         assert b"inflate_kernel1" in cubin and b"inflate_kernel2" in cubin
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+@pytest.mark.parametrize("defines, why", [({"WINDOW": 512}, "WINDOW"), ({"WINDOW": 3000}, "WINDOW"),
+                                          ({"RING": 64}, "RING"), ({"RING": 200}, "RING")])
+def test_inflate_refuses_sizes_its_writer_cannot_keep_to(defines, why):
+    """inflate_kernel2's writer reads a far match from output that the batch before stored only where
+    a batch and a match fit in the window, and its ring holds a batch beside a publication: other
+    sizes stop the build, naming the size, rather than decode wrong bytes."""
+    with pytest.raises(compiler.KernelCompileError, match=f"static assertion failed.*{why}"):
+        compiler.build("inflate", "sm_80", defines)
