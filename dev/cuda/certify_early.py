@@ -13,9 +13,7 @@ builds the file."""
 import argparse
 import dataclasses
 import functools
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -34,14 +32,7 @@ VERSIONS = (1, 2, 3)
 @functools.lru_cache(maxsize=None)
 def cubin(defines):
     """nvcc's sm_90a cubin of certify_early.cu with -D defines (a tuple of pairs), cuda/ on the include path."""
-    with tempfile.TemporaryDirectory(prefix="cnninfer-dev-") as tmp:
-        out = Path(tmp) / "certify_early.cubin"
-        cmd = [compiler.nvcc(), "-cubin", "-arch=sm_90a", *compiler.NVCC_FLAGS, "-I", str(compiler.kernel_dir()),
-               "-o", str(out), *[f"-D{k}={v}" for k, v in defines], str(SOURCE)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise compiler.KernelCompileError(f"{SOURCE.name}: nvcc failed: {(r.stderr or r.stdout)[:2000]}")
-        return out.read_bytes()
+    return compiler.build(SOURCE.stem, "sm_90a", dict(defines), source=SOURCE)
 
 
 class EarlyCertify(launch.Certify):

@@ -14,9 +14,7 @@ row of one copy an SM; with every block slot full, the rows' GB/s is the decoder
 tests/test_inflate.py runs the validation of both kernels; test_kernels_compile.py builds the file."""
 import argparse
 import functools
-import subprocess
 import sys
-import tempfile
 import zlib
 from pathlib import Path
 
@@ -32,15 +30,8 @@ SOURCE = Path(__file__).with_suffix(".cu")
 
 @functools.lru_cache(maxsize=None)
 def cubin(arch, defines):
-    """nvcc's cubin (once a process) of inflate_early.cu for arch with -D defines (a tuple of pairs), cuda/ on the include path."""
-    with tempfile.TemporaryDirectory(prefix="cnninfer-dev-") as tmp:
-        out = Path(tmp) / "inflate_early.cubin"
-        cmd = [compiler.nvcc(), "-cubin", f"-arch={arch}", *compiler.NVCC_FLAGS, "-I", str(compiler.kernel_dir()),
-               "-o", str(out), *[f"-D{k}={v}" for k, v in defines], str(SOURCE)]
-        r = subprocess.run(cmd, capture_output=True, text=True)
-        if r.returncode != 0:
-            raise compiler.KernelCompileError(f"{SOURCE.name}: nvcc failed: {(r.stderr or r.stdout)[:2000]}")
-        return out.read_bytes()
+    """nvcc's cubin of inflate_early.cu for arch with -D defines (a tuple of pairs), once a process."""
+    return compiler.build(SOURCE.stem, arch, dict(defines), source=SOURCE)
 
 
 class EarlyInflate(launch.Inflate):

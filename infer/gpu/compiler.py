@@ -85,13 +85,16 @@ def nvcc():
     return found
 
 
-def command(name, arch, defines, fast_math=False, output="-", extra=()):
-    """The nvcc command line that builds cuda/NAME.cu into a cubin for `arch` (e.g. sm_90)."""
+def command(name, arch, defines, fast_math=False, output="-", extra=(), source=None):
+    """The nvcc command line that builds cuda/NAME.cu (or the file `source`, cuda/ on its include
+    path: dev/cuda's kernels) into a cubin for `arch` (e.g. sm_90)."""
     cmd = [nvcc(), "-cubin", f"-arch={arch}", *NVCC_FLAGS, *extra, "-o", str(output)]
+    if source is not None:
+        cmd += ["-I", str(kernel_dir())]
     if fast_math:
         cmd.append("--use_fast_math")
     cmd += [f"-D{k}={v}" for k, v in sorted(defines.items())]
-    return cmd + [str(kernel_dir() / f"{name}.cu")]
+    return cmd + [str(source or kernel_dir() / f"{name}.cu")]
 
 
 def cache_name(name, arch, defines, fast_math=False):
@@ -129,14 +132,15 @@ def nvcc_version():
     return (r.stdout.strip().splitlines() or ["unknown"])[-1]
 
 
-def build(name, arch, defines, fast_math=False):
-    """nvcc's cubin of cuda/NAME.cu (KernelCompileError naming the file and quoting nvcc)."""
+def build(name, arch, defines, fast_math=False, source=None):
+    """nvcc's cubin of cuda/NAME.cu, or of `source` (see command), not cached (KernelCompileError
+    naming the file and quoting nvcc)."""
     with tempfile.TemporaryDirectory(prefix="cnninfer-nvcc-") as tmp:
         out = Path(tmp) / f"{name}.cubin"
-        r = subprocess.run(command(name, arch, defines, fast_math, out), capture_output=True, text=True)
+        r = subprocess.run(command(name, arch, defines, fast_math, out, source=source), capture_output=True, text=True)
         if r.returncode != 0:
             quoted = " | ".join(line.strip() for line in (r.stderr or r.stdout).splitlines() if line.strip())[:600]
-            raise KernelCompileError(f"cuda/{name}.cu: nvcc failed to compile it for {arch}: {quoted}")
+            raise KernelCompileError(f"{source or f'cuda/{name}.cu'}: nvcc failed to compile it for {arch}: {quoted}")
         return out.read_bytes()
 
 
