@@ -227,3 +227,30 @@ def test_decode_streams_take_every_group_at_once_where_the_run_fits_the_ring():
     assert chunk_decode.slots(80 << 30, plan._replace(scratch=1.0)) == (streams + 1) * 20
     assert chunk_decode.slots(32 << 30, plan) == 4 * 20
     assert chunk_decode.slots(32 << 30, plan._replace(scratch=1.0)) == 2 * 20
+
+
+def test_a_codecs_blocks_halve_until_the_host_ring_of_compressed_chunks_fits(tmp_path, model, rng, monkeypatch):
+    path = tmp_path / "lzf.h5"
+    with h5py.File(path, "w") as f:  # noise: LZF keeps nearly every byte
+        f.create_dataset("x", data=rng.random((500, 28, 28, 1), np.float32), chunks=(50, 28, 28, 1),
+                         compression="lzf")
+        f["y"] = np.eye(10)[rng.integers(0, 10, 500)]
+    data = DataSet.open([path], model)
+    try:
+        rows = data.parts[0][1]
+        stored = int(np.array(rows.index, np.int64).reshape(-1, 3)[:, 1].max())
+        assert stored > 0.9 * 50 * 784 * 4
+        codec = codecs.Lzf
+        assert chunk_decode.plan(rows) == chunk_decode.Plan(codec.group, codec.block_bytes, codec.ring, codec.scratch)
+
+        def pinned(block_bytes):
+            return codec.ring * chunk_decode.layout(rows, block_bytes // rows.row_bytes)[1]
+        monkeypatch.setattr(chunk_decode, "RING_PINNED", codec.ring * 7 * stored)  # blocks of 7 chunks at most
+        monkeypatch.setattr(chunk_decode, "MIN_BLOCK_BYTES", 1 << 16)
+        plan = chunk_decode.plan(rows)
+        assert pinned(plan.block_bytes) <= chunk_decode.RING_PINNED < pinned(2 * plan.block_bytes)
+        assert plan.group * plan.block_bytes == codec.group * codec.block_bytes  # the same decoded bytes a launch
+        monkeypatch.setattr(chunk_decode, "MIN_BLOCK_BYTES", codec.block_bytes // 4)
+        assert chunk_decode.plan(rows).block_bytes == codec.block_bytes // 4
+    finally:
+        data.close()

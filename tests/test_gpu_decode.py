@@ -23,7 +23,7 @@ def small_blocks(monkeypatch):
     """Every file streamed, in blocks of a few chunks, decoded in groups of 3 blocks (a shorter
     group at the end), over a ring shallower than its blocks."""
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
-    for codec in ("Deflate", "Zstd", "BloscLz4"):
+    for codec in ("Deflate", "Zstd", "Lzf", "BloscLz4"):
         monkeypatch.setattr(f"infer.gpu.codecs.{codec}.block_bytes", 150_000)
         monkeypatch.setattr(f"infer.gpu.codecs.{codec}.group", 3)
     monkeypatch.setattr("infer.gpu.chunk_decode.MAX_STREAMS", 2)

@@ -20,6 +20,12 @@ from .codecs import CODECS, codec_for
 
 IN_FLIGHT_BYTES = 5 << 30  # decoded bytes decoding at once at most (~1,700 such chunks), an eighth of the free memory
 MAX_STREAMS = 8  # decode streams, a group each; with the network's 8 and the uploads', about DECODE_QUEUES
+# Compressed bytes the host's ring of blocks may pin: their pages count in the peak RSS (about 290
+# MB without them, 400 the aim). 1M MNIST images: gzip 1 in 128 MB blocks pins 53 MB, LZF 72 (peak
+# 364 MB), shuffled gzip 1 102 (393); shuffled LZF would pin 137, so its blocks are halved (72 MB,
+# 351 peak). Blosc lz4 + bitshuffle in 64 MB blocks pinned 128 (394 peak): its own are 32 MB.
+RING_PINNED = 112 << 20
+MIN_BLOCK_BYTES = 16 << 20
 SPARE_GROUPS = 1  # device slots beyond one group per decode stream: blocks decoded, waiting for or in compute
 
 
@@ -53,9 +59,15 @@ class Plan(NamedTuple):
 
 
 def plan(rows):
-    """The Plan of `rows` (a ChunkedRows the GPU decodes): its codec's."""
+    """The Plan of `rows` (a ChunkedRows the GPU decodes): its codec's, its blocks halved (and its
+    groups doubled: the same decoded bytes a launch) until the host ring's page-locked blocks of
+    the file's compressed chunks fit RING_PINNED, down to MIN_BLOCK_BYTES."""
     codec = codec_for(rows)
-    return Plan(codec.group, codec.block_bytes, codec.ring, codec.scratch)
+    block_bytes, group = codec.block_bytes, codec.group
+    while (block_bytes > MIN_BLOCK_BYTES
+           and codec.ring * layout(rows, max(1, block_bytes // rows.row_bytes))[1] > RING_PINNED):
+        block_bytes, group = block_bytes // 2, group * 2
+    return Plan(group, block_bytes, codec.ring, codec.scratch)
 
 
 def slots(free, plan):
