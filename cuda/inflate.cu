@@ -199,6 +199,79 @@ __device__ __noinline__ unsigned long_code(unsigned long long bits, unsigned e, 
     return s < 0 ? 0u : entry<A>(s, used);
 }
 
+// The codes of a block of type 1 (fixed: built unless `fixed` says the tables hold them) or 2
+// (dynamic: the code lengths' code, then the two codes' lengths in it, read from the stream) in the
+// tables of sh (lit, dist, lit_code, dist_code, lens: inflate_kernel2's Parser or inflate_kernel1's
+// Scratch); false where the block's header is damaged.
+template <class Tables>
+__device__ __forceinline__ bool read_codes(Tables& sh, Bits& in, unsigned type, bool& fixed, int lane) {
+    if (type == 1) {
+        if (!fixed) {
+            for (int s = lane; s < 320; s += 32) sh.lens[s] = s < 144 ? 8 : s < 256 ? 9 : s < 280 ? 7 : s < 288 ? 8 : 5;
+            __syncwarp();
+            build<LITLEN, LIT_BITS>(sh.lens, 288, sh.lit, sh.lit_code, lane);
+            build<DISTANCE, DIST_BITS>(sh.lens + 288, 32, sh.dist, sh.dist_code, lane);
+            fixed = true;
+        }
+        return true;
+    }
+    fixed = false;
+    in.refill();
+    const int nlit = 257 + (int)(in.bits & 31u), ndist = 1 + (int)((in.bits >> 5) & 31u);
+    const int ncode = 4 + (int)((in.bits >> 10) & 15u);
+    in.drop(14);
+    if (nlit > 286 || ndist > 30) return false;
+    if (lane < 19) sh.lens[lane] = 0;
+    __syncwarp();
+    for (int i = 0; i < ncode; ++i) {
+        in.refill();
+        if (lane == 0) sh.lens[CODE_ORDER[i]] = in.bits & 7u;
+        in.drop(3);
+    }
+    __syncwarp();
+    if (!build<CODE_LENGTH, DIST_BITS>(sh.lens, 19, sh.dist, sh.dist_code, lane)) return false;
+    int i = 0;
+    const int total = nlit + ndist;
+    while (i < total) {
+        in.refill();
+        const unsigned e = lookup<DIST_BITS>(sh.dist, in.bits);
+        if (e == 0) return false;
+        in.drop(e & 15u);
+        const unsigned s = e >> 8;
+        if (s < 16) {
+            if (lane == 0) sh.lens[i] = s;
+            ++i;
+            continue;
+        }
+        unsigned value = 0, repeat;
+        if (s == 16) {
+            if (i == 0) return false;
+            __syncwarp();
+            value = sh.lens[i - 1];
+            repeat = 3 + (in.bits & 3u);
+            in.drop(2);
+        } else if (s == 17) {
+            repeat = 3 + (in.bits & 7u);
+            in.drop(3);
+        } else {
+            repeat = 11 + (in.bits & 127u);
+            in.drop(7);
+        }
+        if (i + (int)repeat > total) return false;
+        for (unsigned j = lane; j < repeat; j += 32) sh.lens[i + j] = value;
+        i += repeat;
+    }
+    __syncwarp();
+    if (sh.lens[256] == 0) return false;  // no end-of-block code
+    // the distance lengths move up past 288, where the fixed code keeps them
+    const unsigned char moved = lane < ndist ? sh.lens[nlit + lane] : 0;
+    __syncwarp();
+    sh.lens[288 + lane] = moved;
+    __syncwarp();
+    return build<LITLEN, LIT_BITS>(sh.lens, nlit, sh.lit, sh.lit_code, lane)
+           && build<DISTANCE, DIST_BITS>(sh.lens + 288, ndist, sh.dist, sh.dist_code, lane);
+}
+
 // Store the window's finished lines up to p; false where one would end past the output's cap.
 __device__ __forceinline__ bool flush(unsigned p, unsigned& flushed, unsigned cap, unsigned* out, const unsigned char* win,
                                       int lane) {
@@ -293,111 +366,46 @@ __device__ bool parse(Parser& sh, Handoff& ho, const unsigned char* src, long lo
             continue;
         }
         if (type == 3) { status = INFLATE_BAD; break; }
-        if (type == 1) {
-            if (!fixed) {
-                for (int s = lane; s < 320; s += 32) sh.lens[s] = s < 144 ? 8 : s < 256 ? 9 : s < 280 ? 7 : s < 288 ? 8 : 5;
-                __syncwarp();
-                build<LITLEN, LIT_BITS>(sh.lens, 288, sh.lit, sh.lit_code, lane);
-                build<DISTANCE, DIST_BITS>(sh.lens + 288, 32, sh.dist, sh.dist_code, lane);
-                fixed = true;
-            }
-        } else {
-            fixed = false;
-            in.refill();
-            const int nlit = 257 + (int)(in.bits & 31u), ndist = 1 + (int)((in.bits >> 5) & 31u);
-            const int ncode = 4 + (int)((in.bits >> 10) & 15u);
-            in.drop(14);
-            if (nlit > 286 || ndist > 30) { status = INFLATE_BAD; break; }
-            if (lane < 19) sh.lens[lane] = 0;
-            __syncwarp();
-            for (int i = 0; i < ncode; ++i) {
-                in.refill();
-                if (lane == 0) sh.lens[CODE_ORDER[i]] = in.bits & 7u;
-                in.drop(3);
-            }
-            __syncwarp();
-            if (!build<CODE_LENGTH, DIST_BITS>(sh.lens, 19, sh.dist, sh.dist_code, lane)) { status = INFLATE_BAD; break; }
-            int i = 0;
-            const int total = nlit + ndist;
-            while (i < total) {
-                in.refill();
-                const unsigned e = lookup<DIST_BITS>(sh.dist, in.bits);
-                if (e == 0) { status = INFLATE_BAD; break; }
-                in.drop(e & 15u);
-                const unsigned s = e >> 8;
-                if (s < 16) {
-                    if (lane == 0) sh.lens[i] = s;
-                    ++i;
-                    continue;
-                }
-                unsigned value = 0, repeat;
-                if (s == 16) {
-                    if (i == 0) { status = INFLATE_BAD; break; }
-                    __syncwarp();
-                    value = sh.lens[i - 1];
-                    repeat = 3 + (in.bits & 3u);
-                    in.drop(2);
-                } else if (s == 17) {
-                    repeat = 3 + (in.bits & 7u);
-                    in.drop(3);
-                } else {
-                    repeat = 11 + (in.bits & 127u);
-                    in.drop(7);
-                }
-                if (i + (int)repeat > total) { status = INFLATE_BAD; break; }
-                for (unsigned j = lane; j < repeat; j += 32) sh.lens[i + j] = value;
-                i += repeat;
-            }
-            if (status != INFLATE_OK) break;
-            __syncwarp();
-            if (sh.lens[256] == 0) { status = INFLATE_BAD; break; }
-            const unsigned char moved = lane < ndist ? sh.lens[nlit + lane] : 0;
-            __syncwarp();
-            sh.lens[288 + lane] = moved;
-            __syncwarp();
-            if (!build<LITLEN, LIT_BITS>(sh.lens, nlit, sh.lit, sh.lit_code, lane)
-                || !build<DISTANCE, DIST_BITS>(sh.lens + 288, ndist, sh.dist, sh.dist_code, lane)) {
-                status = INFLATE_BAD;
-                break;
-            }
-        }
+        if (!read_codes(sh, in, type, fixed, lane)) { status = INFLATE_BAD; break; }
         in.refill();
         unsigned e = lookup<LIT_BITS>(sh.lit, in.bits);
         for (;;) {  // the block's symbols; e: the next one's entry (>= 33 bits in hand)
-            if (e - 1u < 0xfffu) {  // a literal, and another where the table gives one for the bits left
-                in.drop(e & 15u);
-                put(ho, h, TOKEN_LITERAL, 1, (e >> 4) & 0xffu, lane);
-                e = lookup<LIT_BITS>(sh.lit, in.bits);
-                const bool two = e - 1u < 0xfffu;
-                if (two) {
+            if ((e >> 20) != 1u) {  // not a length in the table (most symbols are: one test for them)
+                if (e - 1u < 0xfffu) {  // a literal, and another where the table gives one for the bits left
                     in.drop(e & 15u);
                     put(ho, h, TOKEN_LITERAL, 1, (e >> 4) & 0xffu, lane);
-                }
-                p += 1 + two;
-                in.refill();
-                if (two) e = lookup<LIT_BITS>(sh.lit, in.bits);
-                if (h - published >= 32 && !publish(ho, h, published, lane)) return in.consumed() > 8 * size;
-                continue;
-            }
-            if ((e & 15u) == 0) {
-                e = long_code<LITLEN>(in.bits, e, sh.lit_code);
-                if (e - 1u < 0xfffu) {
-                    in.drop(e & 15u);
-                    put(ho, h, TOKEN_LITERAL, 1, (e >> 4) & 0xffu, lane);
-                    ++p;
-                    in.refill();
                     e = lookup<LIT_BITS>(sh.lit, in.bits);
+                    const bool two = e - 1u < 0xfffu;
+                    if (two) {
+                        in.drop(e & 15u);
+                        put(ho, h, TOKEN_LITERAL, 1, (e >> 4) & 0xffu, lane);
+                    }
+                    p += 1 + two;
+                    in.refill();
+                    if (two) e = lookup<LIT_BITS>(sh.lit, in.bits);
                     if (h - published >= 32 && !publish(ho, h, published, lane)) return in.consumed() > 8 * size;
                     continue;
                 }
-            }
-            if ((e >> 20) != 1u) {
-                if (e >= KIND_END && e < KIND_LONG) {
-                    in.drop(e & 15u);
+                if ((e & 15u) == 0) {
+                    e = long_code<LITLEN>(in.bits, e, sh.lit_code);
+                    if (e - 1u < 0xfffu) {
+                        in.drop(e & 15u);
+                        put(ho, h, TOKEN_LITERAL, 1, (e >> 4) & 0xffu, lane);
+                        ++p;
+                        in.refill();
+                        e = lookup<LIT_BITS>(sh.lit, in.bits);
+                        if (h - published >= 32 && !publish(ho, h, published, lane)) return in.consumed() > 8 * size;
+                        continue;
+                    }
+                }
+                if ((e >> 20) != 1u) {
+                    if (e >= KIND_END && e < KIND_LONG) {
+                        in.drop(e & 15u);
+                        break;
+                    }
+                    status = INFLATE_BAD;
                     break;
                 }
-                status = INFLATE_BAD;
-                break;
             }
             // The distance's entry is looked up at once, past the length's code and extra bits (at most
             // 20 + DIST_BITS <= 28 bits of the >= 33 in hand); where the whole match is in hand (mostly)

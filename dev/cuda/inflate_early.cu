@@ -75,75 +75,7 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
             continue;
         }
         if (type == 3) { status = INFLATE_BAD; break; }
-        if (type == 1) {
-            if (!fixed) {
-                for (int s = lane; s < 320; s += 32) sh.lens[s] = s < 144 ? 8 : s < 256 ? 9 : s < 280 ? 7 : s < 288 ? 8 : 5;
-                __syncwarp();
-                build<LITLEN, LIT_BITS>(sh.lens, 288, sh.lit, sh.lit_code, lane);
-                build<DISTANCE, DIST_BITS>(sh.lens + 288, 32, sh.dist, sh.dist_code, lane);
-                fixed = true;
-            }
-        } else {  // dynamic: the code lengths' code, then the two codes' lengths in it
-            fixed = false;
-            in.refill();
-            const int nlit = 257 + (int)(in.bits & 31u), ndist = 1 + (int)((in.bits >> 5) & 31u);
-            const int ncode = 4 + (int)((in.bits >> 10) & 15u);
-            in.drop(14);
-            if (nlit > 286 || ndist > 30) { status = INFLATE_BAD; break; }
-            if (lane < 19) sh.lens[lane] = 0;
-            __syncwarp();
-            for (int i = 0; i < ncode; ++i) {
-                in.refill();
-                if (lane == 0) sh.lens[CODE_ORDER[i]] = in.bits & 7u;
-                in.drop(3);
-            }
-            __syncwarp();
-            if (!build<CODE_LENGTH, DIST_BITS>(sh.lens, 19, sh.dist, sh.dist_code, lane)) { status = INFLATE_BAD; break; }
-            int i = 0;
-            const int total = nlit + ndist;
-            while (i < total) {
-                in.refill();
-                const unsigned e = lookup<DIST_BITS>(sh.dist, in.bits);
-                if (e == 0) { status = INFLATE_BAD; break; }
-                in.drop(e & 15u);
-                const unsigned s = e >> 8;
-                if (s < 16) {
-                    if (lane == 0) sh.lens[i] = s;
-                    ++i;
-                    continue;
-                }
-                unsigned value = 0, repeat;
-                if (s == 16) {
-                    if (i == 0) { status = INFLATE_BAD; break; }
-                    __syncwarp();
-                    value = sh.lens[i - 1];
-                    repeat = 3 + (in.bits & 3u);
-                    in.drop(2);
-                } else if (s == 17) {
-                    repeat = 3 + (in.bits & 7u);
-                    in.drop(3);
-                } else {
-                    repeat = 11 + (in.bits & 127u);
-                    in.drop(7);
-                }
-                if (i + (int)repeat > total) { status = INFLATE_BAD; break; }
-                for (unsigned j = lane; j < repeat; j += 32) sh.lens[i + j] = value;
-                i += repeat;
-            }
-            if (status != INFLATE_OK) break;
-            __syncwarp();
-            if (sh.lens[256] == 0) { status = INFLATE_BAD; break; }  // no end-of-block code
-            // the distance lengths move up past 288, where the fixed code keeps them
-            const unsigned char moved = lane < ndist ? sh.lens[nlit + lane] : 0;
-            __syncwarp();
-            sh.lens[288 + lane] = moved;
-            __syncwarp();
-            if (!build<LITLEN, LIT_BITS>(sh.lens, nlit, sh.lit, sh.lit_code, lane)
-                || !build<DISTANCE, DIST_BITS>(sh.lens + 288, ndist, sh.dist, sh.dist_code, lane)) {
-                status = INFLATE_BAD;
-                break;
-            }
-        }
+        if (!read_codes(sh, in, type, fixed, lane)) { status = INFLATE_BAD; break; }
         // The next symbol's table entry is looked up as soon as its bits are known, before the work
         // on this one (a match's copy, a line's store) that does not need it.
         in.refill();
