@@ -1,6 +1,7 @@
-// The deflate decoder's first version (cuda/inflate.cu, whose tables, bit reader and flush it
-// includes; built with -I cuda), kept to validate against zlib and time beside the product's
-// inflate_kernel2 (dev/cuda/inflate_early.py, tests/test_inflate.py). Arguments as inflate_kernel2's.
+// The deflate decoder's first version (cuda/inflate.cu, whose tables, bit reader, block headers
+// (read_codes) and flush it includes; built with -I cuda), kept to validate against zlib and time
+// beside the product's inflate_kernel2 (dev/cuda/inflate_early.py, tests/test_inflate.py).
+// Arguments as inflate_kernel2's.
 // inflate_kernel1: a block of one warp per stream, every lane decoding the same symbols in lockstep
 //   (no shuffles): Huffman codes through tables of 2^LIT_BITS and 2^DIST_BITS entries in shared
 //   memory (longer codes bit by bit, canonically; two literals a step where the bits allow; the next
