@@ -272,6 +272,23 @@ __device__ __forceinline__ bool read_codes(Tables& sh, Bits& in, unsigned type, 
            && build<DISTANCE, DIST_BITS>(sh.lens + 288, ndist, sh.dist, sh.dist_code, lane);
 }
 
+// A match of len bytes from `from` (dist back) to `to` in the window, by the warp: lane i copies byte
+// i of each 32, from before `to` where dist < 32 (the pattern's byte i % dist, mod[dist][i]), else
+// from a step that an earlier step (or an earlier match) wrote; as dist + len <= WINDOW, no step
+// writes a byte that the same step reads.
+__device__ __forceinline__ void window_copy(unsigned char* win, const unsigned char (*mod)[64], unsigned to,
+                                            unsigned from, unsigned dist, unsigned len, int lane) {
+    unsigned r = dist >= 32 ? lane : mod[dist][lane];
+    if (lane < len) win[(to + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
+    __syncwarp();
+#pragma unroll 1
+    for (unsigned base = 32; base < len; base += 32) {
+        r = dist >= 32 ? r + 32 : mod[dist][r + 32];
+        if (base + lane < len) win[(to + base + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
+        __syncwarp();
+    }
+}
+
 // Store the window's finished lines up to p; false where one would end past the output's cap.
 __device__ __forceinline__ bool flush(unsigned p, unsigned& flushed, unsigned cap, unsigned* out, const unsigned char* win,
                                       int lane) {
@@ -538,15 +555,7 @@ __device__ int write(Writer& sh, Handoff& ho, const unsigned char* src, unsigned
                 __syncwarp();
                 continue;
             }
-            unsigned r = dist >= 32 ? lane : sh.mod[dist][lane];
-            if (lane < ml) win[(q + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
-            __syncwarp();
-#pragma unroll 1
-            for (unsigned base = 32; base < ml; base += 32) {
-                r = dist >= 32 ? r + 32 : sh.mod[dist][r + 32];
-                if (base + lane < ml) win[(q + base + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
-                __syncwarp();
-            }
+            window_copy(win, sh.mod, q, from, dist, ml, lane);
         }
         p = end;
         if (p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) {

@@ -142,18 +142,7 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
                 if (p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
                 continue;
             }
-            // lane i copies byte i of each 32: from before p where dist < 32 (the pattern's byte i % dist),
-            // else from a step that an earlier step (or an earlier match) wrote; as dist + len <= WINDOW,
-            // no step writes a byte that the same step reads
-            unsigned r = dist >= 32 ? lane : sh.mod[dist][lane];
-            if (lane < len) win[(p + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
-            __syncwarp();
-#pragma unroll 1
-            for (unsigned base = 32; base < len; base += 32) {
-                r = dist >= 32 ? r + 32 : sh.mod[dist][r + 32];
-                if (base + lane < len) win[(p + base + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
-                __syncwarp();
-            }
+            window_copy(win, sh.mod, p, from, dist, len, lane);
             p += len;
             if (p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
         }
