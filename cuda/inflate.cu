@@ -14,6 +14,11 @@
 //   finished 128-byte line in one coalesced store. So the parse, the serial part, does not wait on
 //   copies, stores or the output's latency. Reads the stream once, writes the output about once; 19
 //   KB of shared memory and 80 registers a thread, twelve blocks an SM.
+// inflate_kernel3 (the product's): inflate_kernel2's two warps for each of PARTS parts of a stream. A
+//   part past the first finds its first dynamic block (32 bits tested a step, each passing header read
+//   in full) and writes 16-bit values; a part's parse ends where a later part began, which proves that
+//   start; inflate_join_kernel3 (256 threads a stream) puts the parts in order, reading 2 bytes and
+//   writing 1 a byte of the later parts. A gzip 1 MNIST chunk: 20.6 ms alone, not 31.3 (H200).
 //   (Version 1, a warp a stream parsing and writing in lockstep, is dev/cuda/inflate_early.cu.)
 
 #ifndef LIT_BITS
@@ -77,8 +82,8 @@ struct Canonical {
 
 
 // The table of the code given by lens[0..n) (n <= 288); false where the lengths oversubscribe the
-// code. An incomplete code is accepted: its missing codes are entries of 0, refused when met.
-template <Alphabet A, int BITS>
+// code. An incomplete code is accepted (unless COMPLETE): its missing codes are entries of 0, refused when met.
+template <Alphabet A, int BITS, bool COMPLETE = false>
 __device__ bool build(const unsigned char* lens, int n, unsigned* table, Canonical& code, int lane) {
     for (int i = lane; i < (1 << BITS); i += 32) table[i] = 0u;
     unsigned run[16];
@@ -113,7 +118,7 @@ __device__ bool build(const unsigned char* lens, int n, unsigned* table, Canonic
     }
     if (lane == 0) code.count[0] = 0;
     __syncwarp();
-    if (left < 0) return false;
+    if (left < 0 || (COMPLETE && left != 0)) return false;
 #pragma unroll
     for (int g = 0; g < 9; ++g) {
         const int s = g * 32 + lane;
@@ -165,6 +170,10 @@ struct Bits {
         next = load(++at);
         drop(8 * (int)(b & 3));
     }
+    __device__ void seek_bit(long long bit) {  // to a bit of the stream (then refill before reading)
+        seek(bit >> 3);
+        drop((int)(bit & 7));
+    }
 };
 
 // The table entry of the stream's next bits.
@@ -202,8 +211,8 @@ __device__ __noinline__ unsigned long_code(unsigned long long bits, unsigned e, 
 // The codes of a block of type 1 (fixed: built unless `fixed` says the tables hold them) or 2
 // (dynamic: the code lengths' code, then the two codes' lengths in it, read from the stream) in the
 // tables of sh (lit, dist, lit_code, dist_code, lens: inflate_kernel2's Parser or inflate_kernel1's
-// Scratch); false where the block's header is damaged.
-template <class Tables>
+// Scratch); false where the block's header is damaged (or, STRICT, its literal/length code incomplete).
+template <class Tables, bool STRICT = false>
 __device__ __forceinline__ bool read_codes(Tables& sh, Bits& in, unsigned type, bool& fixed, int lane) {
     if (type == 1) {
         if (!fixed) {
@@ -268,44 +277,58 @@ __device__ __forceinline__ bool read_codes(Tables& sh, Bits& in, unsigned type, 
     __syncwarp();
     sh.lens[288 + lane] = moved;
     __syncwarp();
-    return build<LITLEN, LIT_BITS>(sh.lens, nlit, sh.lit, sh.lit_code, lane)
+    return build<LITLEN, LIT_BITS, STRICT>(sh.lens, nlit, sh.lit, sh.lit_code, lane)
            && build<DISTANCE, DIST_BITS>(sh.lens + 288, ndist, sh.dist, sh.dist_code, lane);
 }
 
-// A match of len bytes from `from` (dist back) to `to` in the window, by the warp: lane i copies byte
-// i of each 32, from before `to` where dist < 32 (the pattern's byte i % dist, mod[dist][i]), else
-// from a step that an earlier step (or an earlier match) wrote; as dist + len <= WINDOW, no step
-// writes a byte that the same step reads.
-__device__ __forceinline__ void window_copy(unsigned char* win, const unsigned char (*mod)[64], unsigned to,
-                                            unsigned from, unsigned dist, unsigned len, int lane) {
+// A window of output elements T (bytes; or inflate_kernel3's 16-bit values, a byte or a mark naming a
+// byte before its part): WINDOW bytes of shared memory, LINE bytes a store.
+template <typename T>
+struct Win {
+    static constexpr unsigned SIZE = WINDOW / sizeof(T), MASK = SIZE - 1u, LINE_E = LINE / sizeof(T);
+    static constexpr unsigned BATCH_E = SIZE >= 4096u ? 1024u : SIZE / 4u;  // inflate_kernel2's writer's batch
+};
+
+// A match of len elements from `from` (dist back) to `to` in the window, by the warp: lane i copies
+// element i of each 32, from before `to` where dist < 32 (the pattern's element i % dist, mod[dist][i]),
+// else from a step that an earlier step (or an earlier match) wrote; as dist + len <= the window, no
+// step writes an element that the same step reads.
+template <typename T>
+__device__ __forceinline__ void window_copy(T* win, const unsigned char (*mod)[64], unsigned to, unsigned from,
+                                            unsigned dist, unsigned len, int lane) {
+    constexpr unsigned M = Win<T>::MASK;
     unsigned r = dist >= 32 ? lane : mod[dist][lane];
-    if (lane < len) win[(to + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
+    if (lane < len) win[(to + lane) & M] = win[(from + r) & M];
     __syncwarp();
 #pragma unroll 1
     for (unsigned base = 32; base < len; base += 32) {
         r = dist >= 32 ? r + 32 : mod[dist][r + 32];
-        if (base + lane < len) win[(to + base + lane) & (WINDOW - 1u)] = win[(from + r) & (WINDOW - 1u)];
+        if (base + lane < len) win[(to + base + lane) & M] = win[(from + r) & M];
         __syncwarp();
     }
 }
 
 // Store the window's finished lines up to p; false where one would end past the output's cap.
-__device__ __forceinline__ bool flush(unsigned p, unsigned& flushed, unsigned cap, unsigned* out, const unsigned char* win,
-                                      int lane) {
-    for (; p - flushed >= LINE; flushed += LINE) {
-        if (flushed + LINE > cap) return false;
-        out[flushed / 4 + lane] = *reinterpret_cast<const unsigned*>(win + ((flushed + 4 * lane) & (WINDOW - 1u)));
+template <typename T>
+__device__ __forceinline__ bool flush(unsigned p, unsigned& flushed, unsigned cap, unsigned* out, const T* win, int lane) {
+    constexpr unsigned L = Win<T>::LINE_E;
+    for (; p - flushed >= L; flushed += L) {
+        if (flushed + L > cap) return false;
+        out[flushed * sizeof(T) / 4 + lane] =
+            *reinterpret_cast<const unsigned*>(win + ((flushed + 4 / sizeof(T) * lane) & Win<T>::MASK));
     }
     __syncwarp();  // the stores ordered before any lane's read of them (a far match)
     return true;
 }
 
-// inflate_kernel2's tokens: x = kind << 16 | length (a literal's 1, a stored block's bytes), y = the
-// literal, the match's distance, the stored block's offset in the stream, or the end's status.
+// inflate_kernel2's and 3's tokens: x = kind << 16 | length (a literal's 1, a stored block's bytes),
+// y = the literal, the match's distance, the stored block's offset in the stream, the end's status,
+// or (TOKEN_NEXT) the later part whose start the parse reached (inflate_kernel3).
 #define TOKEN_LITERAL 0u
 #define TOKEN_MATCH 1u
 #define TOKEN_STORED 2u
 #define TOKEN_END 3u
+#define TOKEN_NEXT 4u
 
 struct Parser {  // warp 1's: the codes of the block it parses
     unsigned int lit[1u << LIT_BITS];
@@ -348,21 +371,51 @@ __device__ __forceinline__ void put(Handoff& ho, unsigned& h, unsigned kind, uns
     ++h;
 }
 
-// Warp 1: the stream parsed into tokens, ending with TOKEN_END and its status (INFLATE_OK or _BAD),
-// unless the writer stops first. Returns whether it read past the stream's end.
-__device__ bool parse(Parser& sh, Handoff& ho, const unsigned char* src, long long size, int lane) {
+// inflate_kernel3's record of one part of a stream (set to all ones before the launch).
+struct Part {
+    long long start;  // the bit of the stream its parse starts at (a block's first), -1 until found
+    int status;       // its writer's: INFLATE_OK, _BAD or _FULL
+    int next;         // the part whose start its parse reached (its output follows), or -1
+    unsigned length;  // the bytes (or 16-bit values) it wrote
+    unsigned pad[3];
+};
+
+// Where a parse may stop (inflate_kernel3): the end of a block where a later part's parse started,
+// parts[from..count) (their start read as it is published).
+struct Stops {
+    const Part* parts;
+    int from, count;
+};
+
+// Warp 1: the stream parsed into tokens from bit `start` (a block's first), p bytes already decoded
+// before it, ending with TOKEN_END and its status (INFLATE_OK or _BAD), or with TOKEN_NEXT where
+// STOPS and a block ends where a later part starts; unless the writer stops first. Returns whether
+// it read past the stream's end.
+template <bool STOPS>
+__device__ bool parse(Parser& sh, Handoff& ho, const unsigned char* src, long long size, long long start, unsigned p,
+                      Stops stops, int lane) {
     Bits in;
     const int head = (int)((size_t)src & 3u);
     in.words = reinterpret_cast<const unsigned*>(src - head);
     in.nwords = (head + size + 3) / 4;
     in.skip = 8 * head;
-    in.seek(0);
+    in.seek_bit(start);
 
     unsigned h = 0, published = 0;
-    unsigned p = 0;  // bytes decoded (a match from before the start is refused)
     int status = INFLATE_OK;
     bool last = false, fixed = false;
     while (!last) {
+        if (STOPS) {  // (once a block)
+            const long long here = in.consumed();
+            int next = -1;
+            for (int j = stops.from; j < stops.count && next < 0; ++j)
+                if (*reinterpret_cast<const volatile long long*>(&stops.parts[j].start) == here) next = j;
+            if (next >= 0) {
+                put(ho, h, TOKEN_NEXT, 0, (unsigned)next, lane);
+                publish(ho, h, published, lane);
+                return false;
+            }
+        }
         in.refill();
         if (in.consumed() + 3 > 8 * size) { status = INFLATE_BAD; break; }
         last = in.bits & 1u;
@@ -465,12 +518,18 @@ __device__ bool parse(Parser& sh, Handoff& ho, const unsigned char* src, long lo
     return in.consumed() > 8 * size;
 }
 
-// Warp 0: the tokens written out, in batches. Returns the status; *decoded: the bytes written.
-__device__ int write(Writer& sh, Handoff& ho, const unsigned char* src, unsigned cap, unsigned* out, unsigned* decoded,
-                     int lane) {
-    unsigned char* win = sh.window;
-    const unsigned char* stored = reinterpret_cast<const unsigned char*>(out);
-    unsigned tail = 0, p = 0, flushed = 0;
+// Warp 0: the tokens written out as elements T (bytes, or inflate_kernel3's 16-bit values), in
+// batches, from element p on (the window already holding the elements before it). Returns the
+// status; *decoded: the elements written, up to p; *next: a TOKEN_NEXT's part, if one ended it.
+template <typename T>
+__device__ int write(Writer& sh, Handoff& ho, const unsigned char* src, unsigned cap, T* out_elements, unsigned p,
+                     unsigned* decoded, int* next, int lane) {
+    constexpr unsigned M = Win<T>::MASK, SIZE = Win<T>::SIZE, BATCH_E = Win<T>::BATCH_E;
+    static_assert((BATCH_E > 258u ? BATCH_E : 258u) + 258u + Win<T>::LINE_E <= SIZE, "BATCH: too large for the window");
+    T* win = reinterpret_cast<T*>(sh.window);
+    unsigned* out = reinterpret_cast<unsigned*>(out_elements);
+    const T* stored = out_elements;
+    unsigned tail = 0, flushed = p;
     int status = INFLATE_OK;
     for (;;) {
         unsigned h = 0;
@@ -485,7 +544,7 @@ __device__ int write(Writer& sh, Handoff& ho, const unsigned char* src, unsigned
         const uint2 t = lane < n ? ho.token[(tail + lane) & (RING - 1u)] : make_uint2(TOKEN_END << 16, 0u);
         const unsigned kind = t.x >> 16;
         const unsigned special = __ballot_sync(0xffffffffu, kind >= TOKEN_STORED);  // (every lane past n too)
-        if (special & 1u) {  // a stored block or the end comes first
+        if (special & 1u) {  // a stored block, the end or the next part comes first
             const unsigned k0 = __shfl_sync(0xffffffffu, kind, 0), n0 = __shfl_sync(0xffffffffu, t.x & 0xffffu, 0);
             const unsigned y0 = __shfl_sync(0xffffffffu, t.y, 0);
             ++tail;
@@ -494,8 +553,12 @@ __device__ int write(Writer& sh, Handoff& ho, const unsigned char* src, unsigned
                 status = (int)y0;
                 break;
             }
+            if (k0 == TOKEN_NEXT) {
+                *next = (int)y0;
+                break;
+            }
             for (unsigned base = 0; base < n0 && status == INFLATE_OK; base += 32) {
-                if (base + lane < n0) win[(p + base + lane) & (WINDOW - 1u)] = src[y0 + base + lane];
+                if (base + lane < n0) win[(p + base + lane) & M] = src[y0 + base + lane];
                 __syncwarp();
                 if (!flush(p + min(base + 32, n0), flushed, cap, out, win, lane)) status = INFLATE_FULL;
             }
@@ -503,7 +566,7 @@ __device__ int write(Writer& sh, Handoff& ho, const unsigned char* src, unsigned
             if (status != INFLATE_OK) break;
             continue;
         }
-        const unsigned m = special ? __ffs(special) - 1 : 32u;  // the tokens before a stored block or the end (>= 1)
+        const unsigned m = special ? __ffs(special) - 1 : 32u;  // the tokens before a special one (>= 1)
         const unsigned len = lane < m ? (t.x & 0xffffu) : 0u;
         unsigned incl = len;
 #pragma unroll
@@ -511,21 +574,21 @@ __device__ int write(Writer& sh, Handoff& ho, const unsigned char* src, unsigned
             const unsigned v = __shfl_up_sync(0xffffffffu, incl, o);
             if (lane >= o) incl += v;
         }
-        const unsigned take = __ballot_sync(0xffffffffu, lane < m && (incl <= BATCH || lane == 0));  // a prefix
+        const unsigned take = __ballot_sync(0xffffffffu, lane < m && (incl <= BATCH_E || lane == 0));  // a prefix
         const unsigned k = __popc(take);
         tail += k;
         if (lane == 0) ho.tail = tail;  // (after the ballot, which needed the tokens loaded)
         const unsigned at = p + incl - len;  // this token's place in the output
         const unsigned end = p + __shfl_sync(0xffffffffu, incl, k - 1);
         const bool mine = (take >> lane) & 1u;
-        if (mine && kind == TOKEN_LITERAL) win[at & (WINDOW - 1u)] = (unsigned char)t.y;
-        // A match whose source starts before end - WINDOW reads it from the output, as the batch's
+        if (mine && kind == TOKEN_LITERAL) win[at & M] = (T)t.y;
+        // A match whose source starts before end - SIZE reads it from the output, as the batch's
         // literals (stored above) may have taken its place in the window; it was stored by the last
-        // batch's flush, as max(BATCH, 258) + 258 + LINE <= WINDOW.
-        const bool far_one = mine && kind == TOKEN_MATCH && at - t.y + WINDOW < end;
+        // batch's flush, as max(BATCH, 258) + 258 + LINE <= the window.
+        const bool far_one = mine && kind == TOKEN_MATCH && at - t.y + SIZE < end;
         unsigned matches = __ballot_sync(0xffffffffu, mine && kind == TOKEN_MATCH);
         unsigned far = __ballot_sync(0xffffffffu, far_one);
-        unsigned char ahead[4];  // the next far matches' first 32 bytes (byte lane of each), loaded together
+        T ahead[4];  // the next far matches' first 32 elements (element lane of each), loaded together
         int loaded = 0;
         __syncwarp();
         while (matches) {
@@ -540,25 +603,25 @@ __device__ int write(Writer& sh, Handoff& ho, const unsigned char* src, unsigned
                     for (int g = 0; g < 4; ++g) {
                         const int i = f ? __ffs(f) - 1 : 0;
                         const unsigned fl = __shfl_sync(0xffffffffu, len, i), fa = __shfl_sync(0xffffffffu, at - t.y, i);
-                        ahead[g] = f && lane < fl ? __ldcg(stored + fa + lane) : 0;
+                        ahead[g] = f && lane < fl ? __ldcg(stored + fa + lane) : (T)0;
                         loaded += f != 0;
                         f &= f - 1u;
                     }
                 }
-                if (lane < ml) win[(q + lane) & (WINDOW - 1u)] = ahead[0];
+                if (lane < ml) win[(q + lane) & M] = ahead[0];
                 ahead[0] = ahead[1];
                 ahead[1] = ahead[2];
                 ahead[2] = ahead[3];
                 --loaded;
                 far &= far - 1u;
-                for (unsigned i = 32 + lane; i < ml; i += 32) win[(q + i) & (WINDOW - 1u)] = __ldcg(stored + from + i);
+                for (unsigned i = 32 + lane; i < ml; i += 32) win[(q + i) & M] = __ldcg(stored + from + i);
                 __syncwarp();
                 continue;
             }
             window_copy(win, sh.mod, q, from, dist, ml, lane);
         }
         p = end;
-        if (p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) {
+        if (p - flushed >= Win<T>::LINE_E && !flush(p, flushed, cap, out, win, lane)) {
             status = INFLATE_FULL;
             break;
         }
@@ -577,10 +640,27 @@ __device__ int write(Writer& sh, Handoff& ho, const unsigned char* src, unsigned
     if (status == INFLATE_OK && p > cap) status = INFLATE_FULL;
     if (p > cap) p = cap;
     __syncwarp();
-    unsigned char* tail_bytes = reinterpret_cast<unsigned char*>(out);
-    for (unsigned i = flushed + lane; i < p; i += 32) tail_bytes[i] = win[i & (WINDOW - 1u)];
+    for (unsigned i = flushed + lane; i < p; i += 32) out_elements[i] = win[i & M];
     *decoded = p;
     return status;
+}
+
+// The block's shared memory, and its setup: the handoff's counters, the writer's pattern table.
+struct Shared {
+    Parser parser;
+    Writer writer;
+    Handoff handoff;
+};
+
+__device__ __forceinline__ void setup(Shared& sh) {
+    if (threadIdx.x == 0) {
+        sh.handoff.head = 0;
+        sh.handoff.tail = 0;
+        sh.handoff.stop = 0;
+        sh.handoff.done = 0;
+    }
+    for (int i = threadIdx.x; i < 32 * 64; i += 64) sh.writer.mod[i / 64][i % 64] = i / 64 ? (i % 64) % (i / 64) : 0;
+    __syncthreads();
 }
 
 extern "C" __global__ void __launch_bounds__(64) inflate_kernel2(const unsigned char* const* __restrict__ src_ptrs,
@@ -589,30 +669,197 @@ extern "C" __global__ void __launch_bounds__(64) inflate_kernel2(const unsigned 
                                                                  unsigned long long* __restrict__ actual_bytes,
                                                                  unsigned char* const* __restrict__ dst_ptrs,
                                                                  int* __restrict__ statuses) {
-    __shared__ Parser parser;
-    __shared__ Writer writer;
-    __shared__ Handoff handoff;
+    __shared__ Shared sh;
     const int c = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (threadIdx.x == 0) {
-        handoff.head = 0;
-        handoff.tail = 0;
-        handoff.stop = 0;
-        handoff.done = 0;
-    }
-    for (int i = threadIdx.x; i < 32 * 64; i += 64) writer.mod[i / 64][i % 64] = i / 64 ? (i % 64) % (i / 64) : 0;
-    __syncthreads();
+    setup(sh);
     const unsigned char* src = src_ptrs[c];
     if (warp == 1) {
-        const bool past = parse(parser, handoff, src, (long long)src_bytes[c], lane);
+        const bool past = parse<false>(sh.parser, sh.handoff, src, (long long)src_bytes[c], 0, 0, Stops{}, lane);
         __syncwarp();
-        if (lane == 0) handoff.done = past ? 2 : 1;
+        if (lane == 0) sh.handoff.done = past ? 2 : 1;
         return;
     }
     unsigned decoded;
-    const int status = write(writer, handoff, src, (unsigned)min(dst_bytes[c], 0x7fffffffull),
-                             reinterpret_cast<unsigned*>(dst_ptrs[c]), &decoded, lane);
+    int next;
+    const int status = write(sh.writer, sh.handoff, src, (unsigned)min(dst_bytes[c], 0x7fffffffull), dst_ptrs[c], 0u,
+                             &decoded, &next, lane);
     if (lane == 0) {
         statuses[c] = status;
         actual_bytes[c] = decoded;
     }
 }
+
+#if WINDOW >= 2048u  // (a 16-bit window of at least 1,024 values)
+#ifndef PARTS
+#define PARTS 2
+#endif
+#ifndef SPLIT_MIN
+#define SPLIT_MIN 4096  // a stream of fewer bytes is not split
+#endif
+#define MARK 0x8000u   // a 16-bit value naming one of the 32,768 bytes before its part: MARK | (32768 + offset)
+#define BEFORE 32768u  // a part's values start after that many marks (deflate's farthest distance)
+static_assert(PARTS >= 2 && PARTS <= 8, "PARTS: 2 to 8 parts a stream");
+
+// Whether a dynamic block's header starts at the stream's bit `bit` and passes find_block's checks
+// (out of line: the search's registers stay its own).
+__device__ __noinline__ bool block_at(Parser& sh, const unsigned* words, int nwords, int skip, long long size,
+                                      long long bit, int lane) {
+    Bits in;
+    in.words = words;
+    in.nwords = nwords;
+    in.skip = skip;
+    in.seek_bit(bit);
+    in.refill();
+    in.drop(3);
+    bool fixed = false;
+    return read_codes<Parser, true>(sh, in, 2u, fixed, lane) && in.consumed() <= 8 * size;
+}
+
+// The first bit in [from, to) of the stream (words, skip: as Bits) where a dynamic block's header
+// starts that passes every check (the code lengths' code and the literal/length code complete, its
+// lengths read to their exact count, an end-of-block code), its codes then in sh's tables; or -1.
+// The warp tests 32 bits at once for the header's fixed fields and a complete code lengths' code
+// (about 1 in 1,200 bits of a deflate stream pass), then reads each such header in full.
+__device__ long long find_block(Parser& sh, const unsigned* words, int nwords, int skip, long long size, long long from,
+                                long long to, int lane) {
+    auto word = [&](long long i) { return i < nwords ? __ldg(words + i) : 0u; };
+    for (long long base = (from + skip) & ~31ll; base < to + skip; base += 32) {
+        const unsigned a0 = word(base >> 5), a1 = word((base >> 5) + 1), a2 = word((base >> 5) + 2),
+                       a3 = word((base >> 5) + 3);
+        const unsigned x0 = __funnelshift_r(a0, a1, lane), x1 = __funnelshift_r(a1, a2, lane),
+                       x2 = __funnelshift_r(a2, a3, lane);  // the 96 bits from this lane's bit on
+        const long long at = base + lane - skip;
+        bool ok = at >= from && at < to && ((x0 >> 1) & 3u) == 2u && ((x0 >> 3) & 31u) <= 29u && ((x0 >> 8) & 31u) <= 29u;
+        if (__any_sync(0xffffffffu, ok)) {
+            const unsigned ncode = 4u + ((x0 >> 13) & 15u);
+            const unsigned long long lo = ((unsigned long long)x1 << 32 | x0) >> 17;  // the first 15 lengths
+            const unsigned hi = __funnelshift_r(x1, x2, 30);                         // the last 4
+            unsigned kraft = 0;
+#pragma unroll
+            for (unsigned i = 0; i < 19; ++i) {
+                const unsigned l = i < 15 ? (unsigned)(lo >> (3 * i)) & 7u : (hi >> (3 * (i - 15))) & 7u;
+                kraft += i < ncode && l ? 128u >> l : 0u;
+            }
+            ok = ok && kraft == 128u;
+        }
+        for (unsigned m = __ballot_sync(0xffffffffu, ok); m; m &= m - 1u) {
+            const long long bit = base + (__ffs(m) - 1) - skip;
+            if (block_at(sh, words, nwords, skip, size, bit, lane)) return bit;
+        }
+    }
+    return -1;
+}
+
+// inflate_kernel3: inflate_kernel2's two warps for each of PARTS parts of a stream, a block each
+//   (blockIdx: the last parts' first). Part k > 0 starts at the first dynamic block its parser finds
+//   past k/PARTS of the stream (find_block) and writes 16-bit values into its scratch memory: bytes,
+//   and marks for the bytes before its start its matches copy. A part's parse stops at the end of a
+//   block where a later part started (so that part's start is proven: a deflate block ends there);
+//   inflate_join_kernel3 then puts the parts in order. Part 0 writes the output itself. Scratch: the
+//   parts' records (count x PARTS), then for each stream (PARTS - 1) x `stride` bytes: BEFORE marks
+//   and the part's values (a stream whose values do not fit is not split).
+extern "C" __global__ void __launch_bounds__(64) inflate_kernel3(const unsigned char* const* __restrict__ src_ptrs,
+                                                                 const unsigned long long* __restrict__ src_bytes,
+                                                                 const unsigned long long* __restrict__ dst_bytes,
+                                                                 unsigned char* const* __restrict__ dst_ptrs,
+                                                                 Part* __restrict__ parts,
+                                                                 unsigned short* __restrict__ values,
+                                                                 unsigned long long stride, int count) {
+    __shared__ Shared sh;
+    __shared__ long long start;
+    const int part = PARTS - 1 - (int)blockIdx.x / count, c = (int)blockIdx.x % count;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const unsigned char* src = src_ptrs[c];
+    const long long size = (long long)src_bytes[c];
+    const unsigned cap = (unsigned)min(dst_bytes[c], 0x7fffffffull - BEFORE);
+    Part* rec = parts + (long long)c * PARTS;
+    unsigned short* mine = values + ((long long)c * (PARTS - 1) + part - 1) * (long long)(stride / 2);
+    if (part > 0) {  // find the part's first block, or leave the stream to the others
+        if (warp == 1) {
+            const int head = (int)((size_t)src & 3u);
+            long long bit = -1;
+            if (size >= SPLIT_MIN && 2ull * (BEFORE + cap) <= stride)
+                bit = find_block(sh.parser, reinterpret_cast<const unsigned*>(src - head), (int)((head + size + 3) / 4),
+                                 8 * head, size, 8 * size * part / PARTS, 8 * size * (part + 1) / PARTS, lane);
+            if (lane == 0) start = bit;
+        }
+        __syncthreads();
+        if (start < 0) return;
+    }
+    setup(sh);
+    if (warp == 1) {
+        if (part > 0 && lane == 0) *reinterpret_cast<volatile long long*>(&rec[part].start) = start;
+        const bool past = parse<true>(sh.parser, sh.handoff, src, size, part ? start : 0, part ? BEFORE : 0u,
+                                      Stops{rec, part + 1, PARTS}, lane);
+        __syncwarp();
+        if (lane == 0) sh.handoff.done = past ? 2 : 1;
+        return;
+    }
+    unsigned decoded;
+    int next = -1, status;
+    if (part == 0) {
+        status = write(sh.writer, sh.handoff, src, cap, dst_ptrs[c], 0u, &decoded, &next, lane);
+    } else {  // the marks before the part, in the output and the window
+        unsigned short* win = reinterpret_cast<unsigned short*>(sh.writer.window);
+        for (unsigned i = lane; i < BEFORE; i += 32) mine[i] = (unsigned short)(MARK | i);
+        for (unsigned i = BEFORE - Win<unsigned short>::SIZE + lane; i < BEFORE; i += 32)
+            win[i & Win<unsigned short>::MASK] = (unsigned short)(MARK | i);
+        __syncwarp();
+        status = write(sh.writer, sh.handoff, src, BEFORE + cap, mine, BEFORE, &decoded, &next, lane);
+        decoded -= BEFORE;
+    }
+    if (lane == 0) {
+        rec[part].status = status;
+        rec[part].next = next;
+        rec[part].length = decoded;
+    }
+}
+
+// inflate_join_kernel3: a block of 256 threads a stream follows its parts from part 0 (in the output
+//   already) through each part whose start the one before reached, each part's values stored after
+//   the output so far, its marks replaced by the bytes they name; the stream's status and decoded size.
+//   Reads 2 bytes and writes 1 a byte of the parts past the first.
+extern "C" __global__ void __launch_bounds__(256) inflate_join_kernel3(const unsigned long long* __restrict__ dst_bytes,
+                                                                       unsigned long long* __restrict__ actual_bytes,
+                                                                       unsigned char* const* __restrict__ dst_ptrs,
+                                                                       int* __restrict__ statuses,
+                                                                       const Part* __restrict__ parts,
+                                                                       const unsigned short* __restrict__ values,
+                                                                       unsigned long long stride) {
+    const int c = blockIdx.x;
+    const Part* rec = parts + (long long)c * PARTS;
+    unsigned char* out = dst_ptrs[c];
+    const unsigned cap = (unsigned)min(dst_bytes[c], 0x7fffffffull - BEFORE);
+    int status = rec[0].status, next = rec[0].next;
+    unsigned at = rec[0].length;
+    while (status == INFLATE_OK && next > 0) {
+        const unsigned n = rec[next].length;
+        if (n > cap - at) {
+            status = INFLATE_FULL;
+            break;
+        }
+        const unsigned short* v = values + ((long long)c * (PARTS - 1) + next - 1) * (long long)(stride / 2) + BEFORE;
+        bool bad = false;
+        for (unsigned i = threadIdx.x; i < n; i += 256) {
+            unsigned x = v[i];
+            if (x & MARK) {
+                x &= MARK - 1u;
+                bad |= at + x < BEFORE;  // a byte before the stream's start
+                x = bad ? 0u : out[at + x - BEFORE];
+            }
+            out[at + i] = (unsigned char)x;
+        }
+        if (__syncthreads_or(bad)) {  // (and the part's bytes stored before the next part reads them)
+            status = INFLATE_BAD;
+            break;
+        }
+        at += n;
+        status = rec[next].status;
+        next = rec[next].next;
+    }
+    if (threadIdx.x == 0) {
+        statuses[c] = status;
+        actual_bytes[c] = at;
+    }
+}
+#endif

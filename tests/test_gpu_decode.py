@@ -1,4 +1,4 @@
-"""Deflate chunks decoded on the GPU by inflate_kernel2 (--decode gpu), LZF chunks by lzf_kernel1, Zstd
+"""Deflate chunks decoded on the GPU by inflate_kernel3 (--decode gpu), LZF chunks by lzf_kernel1, Zstd
 chunks by zstd_kernel2, and Blosc lz4 + bitshuffle chunks by blosc_lz4_kernel1: the predictions of the host's decoding for
 every level, shuffle, value type and chunk size (blocks starting and ending inside chunks, chunks a
 stride apart or back to back, odd byte counts), and a damaged chunk refused in one line naming it. Needs a GPU."""
@@ -296,14 +296,14 @@ def test_auto_decodes_on_the_gpu_where_it_can_and_gpu_refuses_what_it_cannot(tmp
         f.create_dataset("x", data=x, chunks=(50, 28, 28, 1), compression="lzf", fletcher32=True)
         f["y"] = y
     s = sessions(ece408 / "model.hdf5", "gpu")
-    assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel2")
+    assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel3")
     assert sessions(ece408 / "model.hdf5", "host").evaluate(gz).reader["decode"] == "host"
     with Session(ece408 / "model.hdf5", "cuda") as default:  # auto: the GPU where it decodes the file
-        assert default.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel2")
+        assert default.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel3")
         assert default.evaluate(tmp_path / "l.h5").reader["decode"] == "host"
     with pytest.raises(InputError, match="fletcher32"):
         s.evaluate(tmp_path / "l.h5")
-    assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel2")  # and the session goes on
+    assert s.evaluate(gz).reader["decode"].startswith("GPU: inflate_kernel3")  # and the session goes on
     r = invoke("run", tmp_path / "l.h5", ece408 / "model.hdf5", "--decode", "gpu")
     assert_refused(r, "l.h5", "--decode gpu", "its chunks carry fletcher32 checksums")
 
@@ -475,3 +475,33 @@ def test_devices_all_asks_for_the_hardware_queues_before_the_driver_starts(monke
     with pytest.raises(BackendUnavailable):
         infer.gpu.create("all", decode="gpu")
     assert seen == [str(device.DECODE_QUEUES)]
+
+
+@pytest.mark.parametrize("ring", ["every chunk in flight", "a ring used again"])
+def test_deflate_chunks_are_split_in_parts_only_where_all_are_in_flight(tmp_path, ece408, sessions, monkeypatch, ring):
+    """Where a run's chunks all fit the device ring (latency bound), inflate_kernel3 splits each in
+    parts; where the ring is used again (throughput bound), it decodes them whole. Either way the
+    predictions are the host's."""
+    from infer.gpu import chunk_decode, launch
+
+    monkeypatch.setattr("infer.gpu.codecs.Deflate.block_bytes", 2_000_000)  # 4 chunks of 160 images a block
+    monkeypatch.setattr("infer.gpu.codecs.Deflate.group", 1)
+    if ring == "every chunk in flight":
+        monkeypatch.setattr(chunk_decode, "MAX_STREAMS", 8)  # 9 slots of a block for its 4 blocks
+    else:
+        monkeypatch.setattr(chunk_decode, "IN_FLIGHT_BYTES", 2_000_000)  # 2 slots: one group decoding at a time
+    splits, call = [], launch.InflateParts.__call__
+    def spied(self, *a):  # (a[1]: the streams; the warm-up's single stream aside)
+        if a[1] > 1:
+            splits.append(a[-1])
+        return call(self, *a)
+    monkeypatch.setattr(launch.InflateParts, "__call__", spied)
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:2000], f["y"][:2000]
+    path = write(tmp_path / "s.h5", x, y, 160, "gzip1 shuffle")
+    with Session(ece408 / "model.hdf5", "cuda", decode="gpu") as s:  # its own: a run planned for this ring
+        gpu = s.evaluate(path)
+    host = sessions(ece408 / "model.hdf5", "host").evaluate(path)
+    assert gpu.streamed and gpu.reader["decode"].startswith("GPU: inflate_kernel3")
+    np.testing.assert_array_equal(gpu.predictions, host.predictions)
+    assert splits and set(splits) == {ring == "every chunk in flight"}

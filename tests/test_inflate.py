@@ -1,4 +1,4 @@
-"""inflate_kernel2 (cuda/inflate.cu) and inflate_kernel1 (dev/cuda/inflate_early.cu) against zlib:
+"""inflate_kernel3 and 2 (cuda/inflate.cu) and inflate_kernel1 (dev/cuda/inflate_early.cu) against zlib:
 every level and strategy, window sizes, flushes that add stored and empty blocks, literal-heavy and match-heavy data, distances from 1 to 32,768
 (copied from the kernel's window in shared memory, of 1 KB to 32 KB, or read back from the output),
 streams at every misalignment, outputs exactly full and one byte short; and damaged streams: where
@@ -8,13 +8,14 @@ import zlib
 import numpy as np
 import pytest
 
+from infer.gpu import launch
 from infer.gpu.launch import Inflate
 from tests.conftest import build, dev_module
 
 pytestmark = pytest.mark.gpu
 GUARD = 64  # bytes after each output that must stay as they were
 OK, BAD, FULL = Inflate.OK, Inflate.BAD, Inflate.FULL
-KERNELS = ("inflate_kernel1", "inflate_kernel2")  # dev/cuda/inflate_early.py's, and the product's
+KERNELS = ("inflate_kernel1", "inflate_kernel2", "inflate_kernel3")  # dev/cuda/inflate_early.py's; the product's 3
 
 
 @pytest.fixture(params=KERNELS)
@@ -32,11 +33,16 @@ def deflate(data, level=6, strategy=zlib.Z_DEFAULT_STRATEGY, wbits=15, flush_eve
     return b"".join(parts) + c.flush()
 
 
-def inflate(gpu, kernel, streams, caps, skews=None, window=None):
-    """Run the kernel (keeping `window` bytes in shared memory) over streams (bytes), stream k
-    starting skews[k] bytes past a 16-byte boundary, into outputs of caps[k] bytes: (statuses,
-    decoded sizes, outputs, guards intact)."""
+def inflate(gpu, kernel, streams, caps, skews=None, window=None, parts=None, records=None):
+    """Run the kernel (keeping `window` bytes in shared memory; inflate_kernel3 in `parts` parts,
+    with the scratch memory it takes) over streams (bytes), stream k starting skews[k] bytes past a
+    16-byte boundary, into outputs of caps[k] bytes: (statuses, decoded sizes, outputs, guards
+    intact). records: a list that takes inflate_kernel3's parts' records (start bit, status, next
+    part, length: an array of (streams, parts, 4))."""
     import pycuda.driver as cuda
+
+    if kernel is launch.InflateParts and window and window < 2048:
+        pytest.skip("inflate_kernel3 keeps a window of at least 2 KB (1,024 16-bit values)")
 
     n = len(streams)
     skews = skews or [k % 4 for k in range(n)]
@@ -55,8 +61,16 @@ def inflate(gpu, kernel, streams, caps, skews=None, window=None):
     d_table = cuda.to_device(table)
     d_status = cuda.to_device(np.full(n, -1, np.int32))
     row = [int(d_table) + 8 * n * k for k in range(5)]
-    kernel(build(gpu), window)(cuda.Stream(), n, row[0], row[1], row[2], row[3], row[4], d_status)
+    decoder = kernel(build(gpu), window, parts) if parts else kernel(build(gpu), window)
+    scratch = ()
+    if hasattr(decoder, "scratch_for"):
+        nbytes = decoder.scratch_for(n, max(caps))
+        scratch = (cuda.mem_alloc(256 + nbytes), nbytes)
+    decoder(cuda.Stream(), n, row[0], row[1], row[2], row[3], row[4], d_status, *scratch)
     cuda.Context.synchronize()
+    if records is not None:
+        raw = cuda.from_device(int(scratch[0]) + 256, (n, decoder.parts, 4), np.int64)
+        records.append(np.stack([raw[..., 0], raw[..., 1] & 0xFFFFFFFF, raw[..., 1] >> 32, raw[..., 2] & 0xFFFFFFFF], -1))
     status, back, out = cuda.from_device_like(d_status, np.zeros(n, np.int32)), cuda.from_device_like(d_table, table), \
         cuda.from_device_like(d_out, np.zeros(int(outs[-1]), np.uint8))
     outputs = [out[outs[k]:outs[k] + caps[k]].tobytes() for k in range(n)]
@@ -144,3 +158,39 @@ def test_damaged_streams_decode_as_zlib_does_or_fail(gpu, kernel, rng):
             assert status[k] == OK and outputs[k][:sizes[k]] == want, k
         else:
             assert status[k] != OK or outputs[k][:sizes[k]] != original, k
+
+
+@pytest.mark.parametrize("parts", [2, 3, 5])
+def test_kernel3_decodes_its_parts_from_the_blocks_it_finds(gpu, rng, parts):
+    """Streams of many deflate blocks (MNIST-like floats, shuffled or not, text, flushes adding stored
+    and empty blocks between) decoded in parts: the bytes zlib gives, and the parts did start at
+    blocks (each part's record: the block it found, the part its predecessor's parse reached), so
+    a wrong start or join cannot pass as the first part decoding the whole stream."""
+    data = corpus(rng)
+    mnist = np.where(rng.random((301, 28, 28)) < 0.8, 0, rng.integers(1, 256, (301, 28, 28)) / np.float32(255))
+    mnist = mnist.astype(np.float32)
+    sources = {"mnist": mnist.tobytes(), "mnist, shuffled": mnist.view(np.uint8).reshape(-1, 4).T.tobytes(),
+               "words": data["words"] * 5, "four symbols": data["four symbols"] * 3}
+    streams, caps, names = [], [], []
+    for name, raw in sources.items():
+        for setting in (dict(level=1), dict(level=6), dict(level=1, flush_every=40_003), dict(level=6, mem=1)):
+            streams.append(deflate(raw, **setting))
+            caps.append(len(raw))
+            names.append(f"{name} {setting}")
+    records = []
+    status, sizes, outputs, guards = inflate(gpu, launch.InflateParts, streams, caps, parts=parts, records=records)
+    rec = records[0]
+    joined = 0
+    for k, name in enumerate(names):
+        raw = sources[name.split(" {")[0]]
+        assert (status[k], sizes[k], guards[k]) == (OK, caps[k], True), name
+        assert outputs[k] == raw, name
+        chain, j = [], 0
+        while rec[k, j, 2] > 0:  # the parts whose starts a parse reached, in order
+            j = int(rec[k, j, 2])
+            chain.append(j)
+        assert chain == sorted(set(chain)) and all(rec[k, i, 0] > 0 and rec[k, i, 1] == OK for i in chain), name
+        assert sum(int(rec[k, i, 3]) for i in [0] + chain) == caps[k], name
+        joined += len(chain)
+    assert joined >= len(names) * (parts - 1) // 2  # most of the parts joined
+

@@ -1,9 +1,10 @@
 """The deflate decoder's first version (dev/cuda/inflate_early.cu: inflate_kernel1, a warp a stream
-parsing and writing in lockstep), validated and timed beside the product's inflate_kernel2
-(cuda/inflate.cu) on copies of one HDF5 chunk's deflate stream. Needs a GPU:
+parsing and writing in lockstep), validated and timed beside inflate_kernel2 and the product's
+inflate_kernel3 (cuda/inflate.cu) on copies of one HDF5 chunk's deflate stream. Needs a GPU:
 
     . .device/setup.sh && python dev/cuda/inflate_early.py ../shared/data/ece408/testfull.hdf5 \\
-        [--images 1024] [--level 1] [--shuffle] [--copies 132,400,1000,1584] [--repeats 5]
+        [--images 1024] [--level 1] [--shuffle] [--copies 132,400,1000,1584] [--repeats 5] \\
+        [--kernels inflate_kernel1,inflate_kernel2,inflate_kernel3]
 
 The stream: the file's first --images images (float32, HDF5's byte shuffle with --shuffle) deflated
 at --level, as h5py's gzip filter stores a chunk. One row a kernel and number of copies (each decoded
@@ -11,7 +12,7 @@ into its own output, all in one launch): the median of --repeats launches after 
 events), and the output's GB/s. Every launch is checked: each copy's status and size, and the first,
 middle and last outputs byte for byte (a mismatch stops the script, exit 1). A chunk's latency is the
 row of one copy an SM; with every block slot full, the rows' GB/s is the decoder's throughput.
-tests/test_inflate.py runs the validation of both kernels; test_kernels_compile.py builds the file."""
+tests/test_inflate.py runs the validation of the three kernels; test_kernels_compile.py builds the file."""
 import argparse
 import functools
 import sys
@@ -49,7 +50,7 @@ class EarlyInflate(launch.Inflate):
         super().__init__(build, window)
 
 
-KERNELS = {"inflate_kernel1": EarlyInflate, "inflate_kernel2": launch.Inflate}
+KERNELS = {"inflate_kernel1": EarlyInflate, "inflate_kernel2": launch.Inflate, "inflate_kernel3": launch.InflateParts}
 
 
 def stream_of(path, images, level, shuffle):
@@ -73,13 +74,17 @@ def timed(decoder, stream_bytes, expect, copies, repeats):
     table = np.array([[int(src)] * copies, [len(stream_bytes)] * copies, [len(expect)] * copies, [0] * copies,
                       [int(out) + stride * i for i in range(copies)]], np.uint64)
     d_table, d_status = cuda.to_device(table), cuda.mem_alloc(4 * copies)
+    scratch = ()
+    if hasattr(decoder, "scratch_for"):  # inflate_kernel3's parts
+        nbytes = decoder.scratch_for(copies, len(expect))
+        scratch = (cuda.mem_alloc(256 + nbytes), nbytes)
     rows = [int(d_table) + 8 * copies * j for j in range(5)]
     stream, start, end = cuda.Stream(), cuda.Event(), cuda.Event()
     ms = []
     for r in range(repeats + 1):
         cuda.memset_d32(d_status, 0xFFFFFFFF, copies)
         start.record(stream)
-        decoder(stream, copies, *rows, d_status)
+        decoder(stream, copies, *rows, d_status, *scratch)
         end.record(stream)
         end.synchronize()
         status = cuda.from_device(d_status, (copies,), np.int32)
@@ -94,7 +99,7 @@ def timed(decoder, stream_bytes, expect, copies, repeats):
             raise SystemExit(f"{decoder.kernel}: copy {bad[0]} of {copies} decoded wrong (status {status[bad[0]]})")
         if r:
             ms.append(start.time_till(end))
-    for buf in (src, out, d_table, d_status):
+    for buf in (src, out, d_table, d_status, *scratch[:1]):
         buf.free()
     return float(np.median(ms))
 
@@ -107,6 +112,7 @@ def main(argv=None):
     p.add_argument("--shuffle", action="store_true")
     p.add_argument("--copies", default="132,400,1000,1584")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--kernels", default=",".join(KERNELS), help="which of them, by name")
     a = p.parse_args(argv)
     from infer.gpu.device import Device
     from infer.gpu.profile import NullProfiler
@@ -117,8 +123,8 @@ def main(argv=None):
     gpu = Device(0)
     try:
         b = launch.Build(gpu.arch, False, None, NullProfiler(), "auto", gpu.l2_bytes, gpu.sms)
-        for name, kernel in KERNELS.items():
-            decoder = kernel(b)
+        for name in a.kernels.split(","):
+            decoder = KERNELS[name](b)
             for copies in (int(c) for c in a.copies.split(",")):
                 ms = timed(decoder, deflated, raw, copies, a.repeats)
                 print(f"{name}  {copies:5d} copies  {ms:8.2f} ms  {copies * len(raw) / ms / 1e6:6.1f} GB/s out",

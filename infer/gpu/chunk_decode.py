@@ -202,6 +202,7 @@ class Decoder:
                            self.group_rows, self.scratch_bytes) for _ in range(streams)]
         self.copy = copy  # the stream of the uploads: the backend's, not sharing a hardware queue with a lane
         self.used, self.pool, self.lane, self.pieces = 0, None, None, []
+        self.split = True  # whether a codec that can split its streams (deflate's) does: see backend's _decoder_for
         self.bind(rows)
 
     def fits(self, rows, block):

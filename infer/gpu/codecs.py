@@ -1,10 +1,11 @@
 """How the GPU decodes each HDF5 filter it takes (CODECS, for chunk_decode's stream of compressed
 blocks): per codec, its kernels, the table of a group's chunks it fills, its checks, and how it
 places a block's images.
-- deflate (Deflate): inflate_kernel2 (cuda/inflate.cu: two warps a chunk, one parsing, one writing),
-  a kernel checking them (the kernel's status, the decoded size, deflate's adler32), HDF5's shuffle
-  undone as they are placed. A chunk of 1,024 MNIST images at gzip 1 takes 31 ms alone (H200), and an
-  SM holds twelve;
+- deflate (Deflate): inflate_kernel3 (cuda/inflate.cu: two warps parsing and writing each part of a
+  chunk, its parts past the first starting at a deflate block they find, then joined), a kernel
+  checking them (the kernel's status, the decoded size, deflate's adler32), HDF5's shuffle undone as
+  they are placed. A chunk of 1,024 MNIST images at gzip 1 takes 21 ms alone in 2 parts (31 whole:
+  H200); an SM holds twelve parts. A run whose chunks are not all in flight at once decodes them whole;
 - Zstd (Zstd): zstd_kernel2 (cuda/zstd.cu: 3 warps a frame, two decoding its blocks apart into
   scratch memory, one carrying their sequences out in order), checked and unshuffled as deflate's. A
   1,000-image MNIST chunk takes 15 ms alone (H100), shuffled 23;
@@ -27,11 +28,11 @@ from . import launch
 
 class Deflate:
     """HDF5's deflate filter: a zlib stream a chunk (its 2-byte header and adler32 trailer around the
-    deflate data), decoded by inflate_kernel2 into chunks 256 bytes apart, checked by
+    deflate data), decoded by inflate_kernel3 into chunks 256 bytes apart, checked by
     decode_check_kernel1 (status, size, adler32), and HDF5's shuffle undone as the images are placed."""
     head, tail = 2, 4  # bytes of the zlib stream around its deflate data
-    kernel, adler, what, frame = launch.Inflate, True, "deflate", "not a zlib stream"
-    scratch = 0.0  # the kernel's scratch memory, bytes a decoded byte
+    kernel, adler, what, frame = launch.InflateParts, True, "deflate", "not a zlib stream"
+    scratch = launch.InflateParts.SCRATCH  # the kernel's scratch memory, bytes a decoded byte
 
     def __init__(self, build, rows):
         self.decoder, self.check = self.kernel(build), launch.DecodeCheck(build)
@@ -83,9 +84,10 @@ class Deflate:
         scratch = alloc(256 + int(4096 * self.scratch)) if self.scratch else None
         self.run(cuda.Stream(), 1, [t, t + 8, t + 16, t + 32, t + 24, t + 40], scratch, int(4096 * self.scratch))
 
-    def run(self, stream, count, at, scratch, scratch_bytes):
-        """The kernel on a group's table columns `at` (see Decoder.columns)."""
-        self.decoder(stream, count, at[0], at[1], at[2], at[4], at[3], at[5])
+    def run(self, stream, count, at, scratch, scratch_bytes, split=True):
+        """The kernel on a group's table columns `at` (see Decoder.columns); split: whether
+        inflate_kernel3 splits the streams (Decoder.split)."""
+        self.decoder(stream, count, at[0], at[1], at[2], at[4], at[3], at[5], scratch, scratch_bytes, split)
 
     def prepare(self, dec, block, table, o, data, decoded):
         """Refuse, before anything is uploaded, a chunk whose stream does not even start right, or
@@ -127,7 +129,7 @@ class Deflate:
         import pycuda.driver as cuda
 
         at = dec.columns(table)
-        self.run(stream, count, at, scratch, dec.scratch_bytes)
+        self.run(stream, count, at, scratch, dec.scratch_bytes, dec.split)
         self.check(stream, count, at[0], at[1], at[4], at[5], decoded, dec.chunk_bytes, dec.stride, self.adler, c0,
                    dec.flags)
         for slot, src, nbytes in (copy for stored in extras for copy in stored):  # before the lane's bytes
@@ -185,13 +187,13 @@ class Zstd(Deflate):
             return "its Zstandard frames carry a checksum or name a dictionary (the host's libzstd reads them)"
         return None
 
+    def run(self, stream, count, at, scratch, scratch_bytes, split=True):
+        self.decoder(stream, count, at[0], at[1], at[2], at[4], at[3], at[5], scratch, scratch_bytes)
+
     @staticmethod
     def sample():
         # one stored block of 4096 zero bytes; a single segment, its size in 2 bytes (4096 - 256)
         return Zstd.MAGIC + bytes([0x60, 0x00, 0x0F]) + (1 | 4096 << 3).to_bytes(3, "little") + bytes(4096)
-
-    def run(self, stream, count, at, scratch, scratch_bytes):
-        self.decoder(stream, count, at[0], at[1], at[2], at[4], at[3], at[5], scratch, scratch_bytes)
 
     def starts_right(self, buf, at, sizes):
         """Per chunk: its magic number, and a frame header without a checksum or dictionary."""
@@ -207,6 +209,7 @@ class Lzf(Deflate):
     stored as it is (its filter skipped) and copied into place (Deflate.prepare)."""
     head = tail = 0
     kernel, adler, what, frame = launch.Lzf, False, "LZF", "an empty LZF stream"
+    scratch = 0.0
     # deflate's groups and blocks (H200, 1M images: 97.3-99.8 ms against 103.8 in 20 blocks of 64 MB a
     # launch, peak RSS 364 MB against 326); shuffled, LZF keeps a quarter of MNIST's bytes, and
     # chunk_decode.plan halves its blocks
@@ -220,6 +223,9 @@ class Lzf(Deflate):
 
     def starts_right(self, buf, at, sizes):
         return sizes > 0
+
+    def run(self, stream, count, at, scratch, scratch_bytes, split=True):
+        self.decoder(stream, count, at[0], at[1], at[2], at[4], at[3], at[5])
 
 
 class BloscLz4:

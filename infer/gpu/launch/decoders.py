@@ -65,6 +65,66 @@ class Inflate(FrameDecoder):
         super().__init__(build, WINDOW=window)
 
 
+class InflateParts(Inflate):
+    """Deflate streams decoded by inflate_kernel3 in PARTS parts at once, a block of two warps each:
+    each part past the first starts at the first deflate block its parser finds past its share of
+    the stream and writes 16-bit values (bytes, and marks for the bytes before it) into scratch
+    memory; a part's parse stops where a later part started; inflate_join_kernel3 then puts the
+    parts in order. A stream of under 4,096 bytes, or whose parts' values would not fit the scratch
+    memory, is decoded whole by its first part, as inflate_kernel2."""
+    kernel, arg_types = "inflate_kernel3", "PPPPPPQi"
+    JOIN = "inflate_join_kernel3"
+    PARTS = 2
+    BEFORE = 32768  # the marks ahead of a part's values (inflate.cu's BEFORE)
+    RECORD = 32  # bytes a part's record (inflate.cu's Part)
+    # scratch bytes a decoded byte: a second part's 16-bit values, for chunks of at least 256 KB (smaller
+    # ones, decoding in a few ms, are left whole)
+    SCRATCH = 2.25
+
+    def __init__(self, build, window=None, parts=None):
+        import pycuda.driver as cuda
+
+        window, self.parts = window or self.WINDOW, parts or self.PARTS
+        if window < 2048 or window & (window - 1):
+            raise ValueError(f"inflate_kernel3's window is a power of two of at least 2048 bytes, not {window}")
+        if not 2 <= self.parts <= 8:
+            raise ValueError(f"inflate_kernel3 splits a stream in 2 to 8 parts, not {self.parts}")
+        FrameDecoder.__init__(self, build, WINDOW=window, PARTS=self.parts)
+        self.join = self.module.get_function(self.JOIN)
+        self.join.prepare("PPPPPPQ")
+        self.join.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
+
+    def records(self, count):
+        return ceil_div(count * self.parts * self.RECORD, 256) * 256
+
+    def scratch_for(self, count, capacity):
+        """Scratch bytes (past the first 256) that split count streams decoding to up to capacity bytes."""
+        return self.records(count) + count * (self.parts - 1) * ceil_div(2 * (self.BEFORE + capacity), 256) * 256
+
+    def __call__(self, stream, count, src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses, scratch,
+                 scratch_bytes, split=True):
+        """As FrameDecoder's, and `scratch`: a device buffer of 256 + scratch_bytes bytes (its first
+        256 unused), the parts' records set to all ones here, on the stream. split=False: every
+        stream decoded whole by its first part (where the GPU is full of streams, splitting them
+        costs more than it saves)."""
+        import pycuda.driver as cuda
+
+        self.check_count(count)
+        if count * self.parts > INT_MAX:
+            raise ValueError(f"inflate_kernel3 decodes up to {INT_MAX // self.parts} streams a launch, not {count}")
+        records = self.records(count)
+        if scratch_bytes < records:
+            raise ValueError(f"inflate_kernel3 needs {records} bytes of scratch memory for {count} streams, "
+                             f"not {scratch_bytes}")
+        stride = (scratch_bytes - records) // (count * (self.parts - 1)) // 256 * 256 if split else 0
+        parts = int(scratch) + 256
+        cuda.memset_d8_async(parts, 0xFF, records, stream)
+        self.launch(stream, (count * self.parts, 1), (64, 1, 1), src_ptrs, src_bytes, dst_bytes, dst_ptrs, parts,
+                    parts + records, stride, count)
+        self.launch(stream, (count, 1), (256, 1, 1), dst_bytes, actual_bytes, dst_ptrs, statuses, parts,
+                    parts + records, stride, function=self.join, name=self.JOIN)
+
+
 class Zstd(FrameDecoder):
     """Zstandard frames (no dictionary; a content checksum skipped) decoded by zstd_kernel1."""
     source, kernel, arg_types = "zstd", "zstd_kernel1", "PPPPPP"
