@@ -2,7 +2,8 @@
 // HDF5's deflate filter stores chunks) decoded on the GPU, each into its own output buffer. Arguments:
 // arrays of `count` source pointers, source sizes, output capacities, decoded sizes (out), output
 // pointers (4-byte aligned) and statuses (out: INFLATE_OK, _BAD, _FULL).
-// inflate_kernel2: a block of two warps per stream. Warp 1 parses, every lane in lockstep: Huffman
+// inflate_kernel2 (its entry is dev/cuda/inflate_early.cu's: inflate_kernel3 runs its warps a part
+//   of a stream at a time): a block of two warps per stream. Warp 1 parses, every lane in lockstep: Huffman
 //   codes through tables of 2^LIT_BITS and 2^DIST_BITS entries in shared memory (built by the 32
 //   lanes, ballots ranking each length's symbols; longer codes bit by bit, canonically; two literals
 //   a step where the bits allow), the stream read 32 bits at a time, the next word loaded a refill
@@ -663,33 +664,7 @@ __device__ __forceinline__ void setup(Shared& sh) {
     __syncthreads();
 }
 
-extern "C" __global__ void __launch_bounds__(64) inflate_kernel2(const unsigned char* const* __restrict__ src_ptrs,
-                                                                 const unsigned long long* __restrict__ src_bytes,
-                                                                 const unsigned long long* __restrict__ dst_bytes,
-                                                                 unsigned long long* __restrict__ actual_bytes,
-                                                                 unsigned char* const* __restrict__ dst_ptrs,
-                                                                 int* __restrict__ statuses) {
-    __shared__ Shared sh;
-    const int c = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    setup(sh);
-    const unsigned char* src = src_ptrs[c];
-    if (warp == 1) {
-        const bool past = parse<false>(sh.parser, sh.handoff, src, (long long)src_bytes[c], 0, 0, Stops{}, lane);
-        __syncwarp();
-        if (lane == 0) sh.handoff.done = past ? 2 : 1;
-        return;
-    }
-    unsigned decoded;
-    int next;
-    const int status = write(sh.writer, sh.handoff, src, (unsigned)min(dst_bytes[c], 0x7fffffffull), dst_ptrs[c], 0u,
-                             &decoded, &next, lane);
-    if (lane == 0) {
-        statuses[c] = status;
-        actual_bytes[c] = decoded;
-    }
-}
-
-#if WINDOW >= 2048u  // (a 16-bit window of at least 1,024 values)
+#if WINDOW >= 4096u  // (a 16-bit window of at least 2,048 values; smaller ones spill registers)
 #ifndef PARTS
 #define PARTS 2
 #endif

@@ -1,3 +1,4 @@
+import functools
 import os
 import zlib
 from pathlib import Path
@@ -185,8 +186,10 @@ class Dev:
         return out
 
 
+@functools.lru_cache(maxsize=None)
 def dev_module(name):
-    """dev/cuda/NAME.py, imported (the development folder is not a package: it is not in the wheel)."""
+    """dev/cuda/NAME.py, imported once (the development folder is not a package: it is not in the
+    wheel; once, so the cubins it builds and remembers are built once a test session)."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(f"dev_cuda_{name}", REPO / "dev" / "cuda" / f"{name}.py")

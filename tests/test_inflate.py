@@ -9,12 +9,11 @@ import numpy as np
 import pytest
 
 from infer.gpu import launch
-from infer.gpu.launch import Inflate
 from tests.conftest import build, dev_module
 
 pytestmark = pytest.mark.gpu
 GUARD = 64  # bytes after each output that must stay as they were
-OK, BAD, FULL = Inflate.OK, Inflate.BAD, Inflate.FULL
+OK, BAD, FULL = launch.FrameDecoder.OK, launch.FrameDecoder.BAD, launch.FrameDecoder.FULL
 KERNELS = ("inflate_kernel1", "inflate_kernel2", "inflate_kernel3")  # dev/cuda/inflate_early.py's; the product's 3
 
 
@@ -41,8 +40,8 @@ def inflate(gpu, kernel, streams, caps, skews=None, window=None, parts=None, rec
     part, length: an array of (streams, parts, 4))."""
     import pycuda.driver as cuda
 
-    if kernel is launch.InflateParts and window and window < 2048:
-        pytest.skip("inflate_kernel3 keeps a window of at least 2 KB (1,024 16-bit values)")
+    if kernel is launch.InflateParts and window and window < 4096:
+        pytest.skip("inflate_kernel3 keeps a window of at least 4 KB (2,048 16-bit values)")
 
     n = len(streams)
     skews = skews or [k % 4 for k in range(n)]

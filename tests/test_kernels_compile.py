@@ -46,7 +46,7 @@ def gemm(version, tile, **extra):
 VARIANTS = ([gemm(s.version, tw) for s in GEMMS.values() if not s.hopper_only for tw in s.tiles]
             + [conv(c) for c in CONVS]
             + [(f"fused{version}", Fused.defines(MNIST, version)) for version in (1, 2)] + [("fc", FullyConnected.defines(g)) for g in (MNIST, SMALL_FC, WIDE_FC)]
-            + [(name, {}) for name in ("unroll", "place", "pool", "argmax")] + [("inflate", {"WINDOW": w}) for w in (1024, 8192, 32768)] + [("zstd", ZstdApart.defines()), ("lzf", {})]
+            + [(name, {}) for name in ("unroll", "place", "pool", "argmax")] + [("inflate", {"WINDOW": w}) for w in (4096, 8192, 32768)] + [("zstd", ZstdApart.defines()), ("lzf", {})]
             + [("stage", {"SRC_T": t}) for t in ("unsigned char", "short", "long long")]
             + [("decode", {"VALUE_BYTES": b}) for b in (1, 2, 4, 8)] + [("lz4", {"WARPS": BloscLz4.WARPS})])
 HOPPER = ([("fused3", Fused.defines(g, 3)) for g in (MNIST, Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7),  # conv1 tails 1, 0

@@ -1,7 +1,7 @@
 // The deflate decoder's first version (cuda/inflate.cu, whose tables, bit reader, block headers
 // (read_codes) and flush it includes; built with -I cuda), kept to validate against zlib and time
-// beside the product's inflate_kernel2 (dev/cuda/inflate_early.py, tests/test_inflate.py).
-// Arguments as inflate_kernel2's.
+// beside the product's inflate_kernel3 (dev/cuda/inflate_early.py, tests/test_inflate.py), and
+// inflate_kernel2's entry (its warps are inflate.cu's). Arguments: cuda/inflate.cu's.
 // inflate_kernel1: a block of one warp per stream, every lane decoding the same symbols in lockstep
 //   (no shuffles): Huffman codes through tables of 2^LIT_BITS and 2^DIST_BITS entries in shared
 //   memory (longer codes bit by bit, canonically; two literals a step where the bits allow; the next
@@ -157,5 +157,32 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
     if (lane == 0) {
         statuses[c] = status;
         actual_bytes[c] = p;
+    }
+}
+
+// inflate_kernel2: a stream whole by cuda/inflate.cu's two warps (inflate_kernel3 with one part).
+extern "C" __global__ void __launch_bounds__(64) inflate_kernel2(const unsigned char* const* __restrict__ src_ptrs,
+                                                                 const unsigned long long* __restrict__ src_bytes,
+                                                                 const unsigned long long* __restrict__ dst_bytes,
+                                                                 unsigned long long* __restrict__ actual_bytes,
+                                                                 unsigned char* const* __restrict__ dst_ptrs,
+                                                                 int* __restrict__ statuses) {
+    __shared__ Shared sh;
+    const int c = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    setup(sh);
+    const unsigned char* src = src_ptrs[c];
+    if (warp == 1) {
+        const bool past = parse<false>(sh.parser, sh.handoff, src, (long long)src_bytes[c], 0, 0, Stops{}, lane);
+        __syncwarp();
+        if (lane == 0) sh.handoff.done = past ? 2 : 1;
+        return;
+    }
+    unsigned decoded;
+    int next;
+    const int status = write(sh.writer, sh.handoff, src, (unsigned)min(dst_bytes[c], 0x7fffffffull), dst_ptrs[c], 0u,
+                             &decoded, &next, lane);
+    if (lane == 0) {
+        statuses[c] = status;
+        actual_bytes[c] = decoded;
     }
 }

@@ -35,22 +35,32 @@ def cubin(arch, defines):
     return compiler.build(SOURCE.stem, arch, dict(defines), source=SOURCE)
 
 
-class EarlyInflate(launch.Inflate):
-    """inflate_kernel1: a block of one warp a stream, as launch.Inflate's arguments."""
-    source, kernel, threads = "dev/cuda/inflate_early", "inflate_kernel1", 32
+class Inflate2(launch.FrameDecoder):
+    """inflate_kernel2: a block of two warps a stream (one parsing, one writing), as the product's
+    inflate_kernel3 decodes each part; FrameDecoder's arguments."""
+    source, kernel, arg_types, threads = "dev/cuda/inflate_early", "inflate_kernel2", "PPPPPP", 64
+    WINDOW = launch.InflateParts.WINDOW
 
     def __init__(self, build, window=None):
         import pycuda.driver as cuda
 
+        window = window or self.WINDOW
+        if window < 1024 or window & (window - 1):
+            raise ValueError(f"the window is a power of two of at least 1024 bytes, not {window}")
         # put the module among build's first: the package's compiler knows only cuda/'s files
-        defines = (("WINDOW", window or self.WINDOW),)
+        defines = (("WINDOW", window),)
         key = (self.source, build.arch, defines, build.fast_math)
         if key not in build.modules:
             build.modules[key] = cuda.module_from_buffer(cubin(build.arch, defines))
-        super().__init__(build, window)
+        super().__init__(build, WINDOW=window)
 
 
-KERNELS = {"inflate_kernel1": EarlyInflate, "inflate_kernel2": launch.Inflate, "inflate_kernel3": launch.InflateParts}
+class EarlyInflate(Inflate2):
+    """inflate_kernel1: a block of one warp a stream."""
+    kernel, threads = "inflate_kernel1", 32
+
+
+KERNELS = {"inflate_kernel1": EarlyInflate, "inflate_kernel2": Inflate2, "inflate_kernel3": launch.InflateParts}
 
 
 def stream_of(path, images, level, shuffle):

@@ -51,29 +51,17 @@ class FrameDecoder(Launcher):
                     statuses)
 
 
-class Inflate(FrameDecoder):
-    """Deflate streams (zlib's without header and trailer) decoded by inflate_kernel2 (a warp parsing
-    each into tokens, another writing them out), outputs 4-byte aligned."""
-    source, kernel, arg_types = "inflate", "inflate_kernel2", "PPPPPP"
-    threads = 64
-    WINDOW = 8192  # recent output bytes a block keeps in shared memory (matches from further back read the output)
-
-    def __init__(self, build, window=None):
-        window = window or self.WINDOW
-        if window < 1024 or window & (window - 1):
-            raise ValueError(f"the window is a power of two of at least 1024 bytes, not {window}")
-        super().__init__(build, WINDOW=window)
-
-
-class InflateParts(Inflate):
+class InflateParts(FrameDecoder):
     """Deflate streams decoded by inflate_kernel3 in PARTS parts at once, a block of two warps each:
     each part past the first starts at the first deflate block its parser finds past its share of
     the stream and writes 16-bit values (bytes, and marks for the bytes before it) into scratch
     memory; a part's parse stops where a later part started; inflate_join_kernel3 then puts the
     parts in order. A stream of under 4,096 bytes, or whose parts' values would not fit the scratch
     memory, is decoded whole by its first part, as inflate_kernel2."""
-    kernel, arg_types = "inflate_kernel3", "PPPPPPQi"
+    source, kernel, arg_types = "inflate", "inflate_kernel3", "PPPPPPQi"
     JOIN = "inflate_join_kernel3"
+    threads = 64
+    WINDOW = 8192  # recent output bytes a part keeps in shared memory (matches from further back read the output)
     PARTS = 2
     BEFORE = 32768  # the marks ahead of a part's values (inflate.cu's BEFORE)
     RECORD = 32  # bytes a part's record (inflate.cu's Part)
@@ -85,11 +73,11 @@ class InflateParts(Inflate):
         import pycuda.driver as cuda
 
         window, self.parts = window or self.WINDOW, parts or self.PARTS
-        if window < 2048 or window & (window - 1):
-            raise ValueError(f"inflate_kernel3's window is a power of two of at least 2048 bytes, not {window}")
+        if window < 4096 or window & (window - 1):
+            raise ValueError(f"inflate_kernel3's window is a power of two of at least 4096 bytes, not {window}")
         if not 2 <= self.parts <= 8:
             raise ValueError(f"inflate_kernel3 splits a stream in 2 to 8 parts, not {self.parts}")
-        FrameDecoder.__init__(self, build, WINDOW=window, PARTS=self.parts)
+        super().__init__(build, WINDOW=window, PARTS=self.parts)
         self.join = self.module.get_function(self.JOIN)
         self.join.prepare("PPPPPPQ")
         self.join.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
