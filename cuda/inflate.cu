@@ -34,14 +34,9 @@
 #ifndef RING
 #define RING 256u  // tokens between inflate_kernel2's parser and writer (a power of two, >= 128)
 #endif
-// output bytes inflate_kernel2's writer takes a batch (a lone first token up to 258): with a line's
-// and a match's bytes, less than the window
-#define BATCH (WINDOW >= 4096u ? 1024u : WINDOW / 4u)
 #define LINE 128u      // output bytes a warp stores at once
 static_assert(WINDOW >= 1024u && (WINDOW & (WINDOW - 1u)) == 0, "WINDOW: a power of two of at least 1 KB");
 static_assert(RING >= 128u && (RING & (RING - 1u)) == 0, "RING: a power of two, room for a batch and a publication");
-// a match inflate_kernel2's writer reads from the output lies in lines the batch before stored
-static_assert((BATCH > 258u ? BATCH : 258u) + 258u + LINE <= WINDOW, "BATCH: too large for the window");
 #define INFLATE_OK 0
 #define INFLATE_BAD 1   // not a deflate stream, damaged, or one that ends past its size
 #define INFLATE_FULL 2  // decodes to more bytes than its output holds
@@ -149,6 +144,13 @@ struct Bits {
     int skip;  // the stream's offset into its first word, in bits
 
     __device__ __forceinline__ unsigned load(int i) const { return i < nwords ? __ldg(words + i) : 0u; }
+    // The stream of `size` bytes at src, read as the aligned words holding it (seek before reading).
+    __device__ __forceinline__ void open(const unsigned char* src, long long size) {
+        const int head = (int)((size_t)src & 3u);
+        words = reinterpret_cast<const unsigned*>(src - head);
+        nwords = (int)((head + size + 3) / 4);
+        skip = 8 * head;
+    }
     // Branch-free (a branch costs the warp more than these few instructions): the word after the
     // last is read again instead of 0, which only a stream read past its end sees (consumed() tells).
     __device__ __forceinline__ void refill() {
@@ -287,7 +289,9 @@ __device__ __forceinline__ bool read_codes(Tables& sh, Bits& in, unsigned type, 
 template <typename T>
 struct Win {
     static constexpr unsigned SIZE = WINDOW / sizeof(T), MASK = SIZE - 1u, LINE_E = LINE / sizeof(T);
-    static constexpr unsigned BATCH_E = SIZE >= 4096u ? 1024u : SIZE / 4u;  // inflate_kernel2's writer's batch
+    // the writer's batch (a lone first token up to 258): with a line's and a match's elements, less than
+    // the window, so a match it reads from the output lies in lines the batch before stored (write())
+    static constexpr unsigned BATCH_E = SIZE >= 4096u ? 1024u : SIZE / 4u;
 };
 
 // A match of len elements from `from` (dist back) to `to` in the window, by the warp: lane i copies
@@ -396,10 +400,7 @@ template <bool STOPS>
 __device__ bool parse(Parser& sh, Handoff& ho, const unsigned char* src, long long size, long long start, unsigned p,
                       Stops stops, int lane) {
     Bits in;
-    const int head = (int)((size_t)src & 3u);
-    in.words = reinterpret_cast<const unsigned*>(src - head);
-    in.nwords = (head + size + 3) / 4;
-    in.skip = 8 * head;
+    in.open(src, size);
     in.seek_bit(start);
 
     unsigned h = 0, published = 0;
@@ -676,7 +677,8 @@ __device__ __forceinline__ void setup(Shared& sh) {
 static_assert(PARTS >= 2 && PARTS <= 8, "PARTS: 2 to 8 parts a stream");
 
 // Whether a dynamic block's header starts at the stream's bit `bit` and passes find_block's checks
-// (out of line: the search's registers stay its own).
+// (out of line, handed the words find_block reads: the search's registers stay its own; handed the
+// stream's address and size instead, kernel3 spilled 24 bytes at a 4 KB window on sm_90).
 __device__ __noinline__ bool block_at(Parser& sh, const unsigned* words, int nwords, int skip, long long size,
                                       long long bit, int lane) {
     Bits in;
@@ -690,13 +692,17 @@ __device__ __noinline__ bool block_at(Parser& sh, const unsigned* words, int nwo
     return read_codes<Parser, true>(sh, in, 2u, fixed, lane) && in.consumed() <= 8 * size;
 }
 
-// The first bit in [from, to) of the stream (words, skip: as Bits) where a dynamic block's header
+// The first bit in [from, to) of the stream of `size` bytes at src where a dynamic block's header
 // starts that passes every check (the code lengths' code and the literal/length code complete, its
 // lengths read to their exact count, an end-of-block code), its codes then in sh's tables; or -1.
 // The warp tests 32 bits at once for the header's fixed fields and a complete code lengths' code
 // (about 1 in 1,200 bits of a deflate stream pass), then reads each such header in full.
-__device__ long long find_block(Parser& sh, const unsigned* words, int nwords, int skip, long long size, long long from,
-                                long long to, int lane) {
+__device__ long long find_block(Parser& sh, const unsigned char* src, long long size, long long from, long long to,
+                                int lane) {
+    Bits stream;
+    stream.open(src, size);
+    const unsigned* words = stream.words;
+    const int nwords = stream.nwords, skip = stream.skip;
     auto word = [&](long long i) { return i < nwords ? __ldg(words + i) : 0u; };
     for (long long base = (from + skip) & ~31ll; base < to + skip; base += 32) {
         const unsigned a0 = word(base >> 5), a1 = word((base >> 5) + 1), a2 = word((base >> 5) + 2),
@@ -751,11 +757,9 @@ extern "C" __global__ void __launch_bounds__(64) inflate_kernel3(const unsigned 
     unsigned short* mine = values + ((long long)c * (PARTS - 1) + part - 1) * (long long)(stride / 2);
     if (part > 0) {  // find the part's first block, or leave the stream to the others
         if (warp == 1) {
-            const int head = (int)((size_t)src & 3u);
             long long bit = -1;
             if (size >= SPLIT_MIN && 2ull * (BEFORE + cap) <= stride)
-                bit = find_block(sh.parser, reinterpret_cast<const unsigned*>(src - head), (int)((head + size + 3) / 4),
-                                 8 * head, size, 8 * size * part / PARTS, 8 * size * (part + 1) / PARTS, lane);
+                bit = find_block(sh.parser, src, size, 8 * size * part / PARTS, 8 * size * (part + 1) / PARTS, lane);
             if (lane == 0) start = bit;
         }
         __syncthreads();

@@ -42,10 +42,7 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
     for (int i = lane; i < 32 * 64; i += 32) sh.mod[i / 64][i % 64] = i / 64 ? (i % 64) % (i / 64) : 0;
 
     Bits in;
-    const int head = (int)((size_t)src & 3u);
-    in.words = reinterpret_cast<const unsigned*>(src - head);
-    in.nwords = (head + size + 3) / 4;
-    in.skip = 8 * head;
+    in.open(src, size);
     in.seek(0);
 
     unsigned p = 0, flushed = 0;  // bytes decoded; bytes stored to the output (whole lines)

