@@ -1,19 +1,25 @@
-"""blosc_lz4_kernel1 alone: c-blosc chunks written by hdf5plugin (lz4, bitshuffle) of MNIST images
-and of values repeating at distances of 1 to 15,000 values (periods under 32 bytes and longer ones)
-decode to their bitshuffled values, nothing written past a chunk's output, a chunk left out (stored
+"""blosc_lz4_kernel2 (cuda/lz4.cu) and blosc_lz4_kernel1 (dev/cuda/lz4_early.cu) alone: c-blosc
+chunks written by hdf5plugin (lz4, bitshuffle) of MNIST images, of values repeating at distances of
+1 to 15,000 values (periods under 32 bytes and longer ones) and of random runs between zeros (literal
+runs of up to ~10 KB, their lengths' extensions past a 32-byte window) decode to their bitshuffled values, nothing written past a chunk's output, a chunk left out (stored
 size 0) untouched, and a damaged chunk's number in the flag; bitunshuffle_kernel1 and 2 against the
 host's bitshuffle. Needs a GPU."""
 import h5py
 import numpy as np
 import pytest
 
-from infer.gpu.launch import BloscLz4
-from tests.conftest import build
+from tests.conftest import build, dev_module
 from tests.test_reader import bit_shuffle
 
 pytestmark = pytest.mark.gpu
 hdf5plugin = pytest.importorskip("hdf5plugin")
 GUARD = 64
+KERNELS = ("blosc_lz4_kernel1", "blosc_lz4_kernel2")  # dev/cuda/lz4_early.py's; the product's 2
+
+
+@pytest.fixture(params=KERNELS)
+def kernel(request):
+    return dev_module("lz4_early").KERNELS[request.param]
 
 
 def repeats(rng, n):
@@ -45,8 +51,9 @@ def chunks(tmp_path, values, per):
     return stored, int.from_bytes(stored[0][8:12].tobytes(), "little") // 4
 
 
-def decode(gpu, stored, chunk_bytes, block_bytes, left_out=()):
-    """Run the kernel on the stored chunks (those in left_out with size 0): (outputs, guards intact, flag)."""
+def decode(gpu, kernel, stored, chunk_bytes, block_bytes, left_out=()):
+    """Run `kernel` (a launcher class) on the stored chunks (those in left_out with size 0): (outputs,
+    guards intact, flag)."""
     import pycuda.driver as cuda
 
     at = np.concatenate([[0], np.cumsum([len(s) + 3 for s in stored])[:-1]]) + 1  # odd starts
@@ -59,21 +66,33 @@ def decode(gpu, stored, chunk_bytes, block_bytes, left_out=()):
     table = cuda.to_device(np.array([int(d_src) + at, sizes, int(d_out) + stride * np.arange(len(stored))], np.uint64))
     bad = cuda.to_device(np.array([2**31 - 1], np.int32))
     n, t = len(stored), int(table)
-    BloscLz4(build(gpu))(cuda.Stream(), n, t, t + 8 * n, t + 16 * n, chunk_bytes, block_bytes, 4, 100, bad)
+    kernel(build(gpu))(cuda.Stream(), n, t, t + 8 * n, t + 16 * n, chunk_bytes, block_bytes, 4, 100, bad)
     cuda.Context.synchronize()
     out = cuda.from_device(d_out, (n, stride), np.uint8)
     return out[:, :chunk_bytes], (out[:, chunk_bytes:] == 0xA5).all(axis=1), int(cuda.from_device(bad, 1, np.int32)[0])
 
 
-@pytest.mark.parametrize("data", ["mnist", "repeats"])
-def test_chunks_decode_to_their_bitshuffled_values(tmp_path, ece408, gpu, rng, data):
+def literals(rng, n):
+    """n float32 values: random runs of up to 70,000 between runs of zeros, so literal runs of up to
+    ~9 KB a bit plane (their lengths' extensions past 32 bytes of 255s)."""
+    out = np.zeros(n, np.float32)
+    at = 0
+    while at < n:
+        k = int(rng.integers(1, 70000))
+        out[at:at + k] = rng.random(min(k, n - at))
+        at += k + int(rng.integers(100, 5000))
+    return out
+
+
+@pytest.mark.parametrize("data", ["mnist", "repeats", "literals"])
+def test_chunks_decode_to_their_bitshuffled_values(tmp_path, ece408, gpu, rng, data, kernel):
     if data == "mnist":
         with h5py.File(ece408 / "testfull.hdf5") as f:
             values = f["x"][:503].reshape(503, -1)
     else:
-        values = repeats(rng, 503 * 900).reshape(503, 900)
+        values = (repeats if data == "repeats" else literals)(rng, 503 * 900).reshape(503, 900)
     stored, block = chunks(tmp_path, values, 100)  # 78,400 or 90,000 values a chunk: blocks split, a shorter last one
-    out, guards, bad = decode(gpu, stored, 100 * values[0].nbytes, 4 * block)
+    out, guards, bad = decode(gpu, kernel, stored, 100 * values[0].nbytes, 4 * block)
     assert bad == 2**31 - 1 and guards.all()
     padded = np.zeros((600, values.shape[1]), np.float32)
     padded[:503] = values
@@ -81,20 +100,20 @@ def test_chunks_decode_to_their_bitshuffled_values(tmp_path, ece408, gpu, rng, d
         np.testing.assert_array_equal(out[k], bit_shuffle(block, True)(padded[100 * k:100 * k + 100].reshape(-1)))
 
 
-def test_a_chunk_left_out_is_untouched_and_a_damaged_one_flagged(tmp_path, ece408, gpu):
+def test_a_chunk_left_out_is_untouched_and_a_damaged_one_flagged(tmp_path, ece408, gpu, kernel):
     with h5py.File(ece408 / "testfull.hdf5") as f:
         values = f["x"][:400].reshape(400, -1)
     stored, block = chunks(tmp_path, values, 100)
     stored = [s.copy() for s in stored]
     first = int.from_bytes(stored[2][16:20].tobytes(), "little") + 4  # chunk 2's first stream
     stored[2][first:first + 40] = [0xF0] + [0xFF] * 39  # more literals than the stream holds
-    out, guards, bad = decode(gpu, stored, 100 * values[0].nbytes, 4 * block, left_out=(1,))
+    out, guards, bad = decode(gpu, kernel, stored, 100 * values[0].nbytes, 4 * block, left_out=(1,))
     assert bad == 100 + 2 and guards.all()
     assert (out[1] == 0xA5).all()
     np.testing.assert_array_equal(out[3], bit_shuffle(block, True)(values[300:400].reshape(-1)))
 
 
-def test_a_match_reaching_before_the_output_is_damage(tmp_path, ece408, gpu):
+def test_a_match_reaching_before_the_output_is_damage(tmp_path, ece408, gpu, kernel):
     """LZ4's offset counts back from the output written so far: an offset past its start (here the
     first match's, 0xFFFF) is damage, flagged, not a read of the memory before the chunk's output."""
     with h5py.File(ece408 / "testfull.hdf5") as f:
@@ -109,7 +128,7 @@ def test_a_match_reaching_before_the_output_is_damage(tmp_path, ece408, gpu):
         literals += extra
     assert 0 < int.from_bytes(damaged[pos + literals:pos + literals + 2].tobytes(), "little") <= literals
     damaged[pos + literals:pos + literals + 2] = 0xFF
-    out, guards, bad = decode(gpu, [stored[0], damaged], 100 * values[0].nbytes, 4 * block)
+    out, guards, bad = decode(gpu, kernel, [stored[0], damaged], 100 * values[0].nbytes, 4 * block)
     assert bad == 100 + 1 and guards.all()
     np.testing.assert_array_equal(out[0], bit_shuffle(block, True)(values[:100].reshape(-1)))
 

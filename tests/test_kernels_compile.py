@@ -48,7 +48,7 @@ VARIANTS = ([gemm(s.version, tw) for s in GEMMS.values() if not s.hopper_only fo
             + [(f"fused{version}", Fused.defines(MNIST, version)) for version in (1, 2)] + [("fc", FullyConnected.defines(g)) for g in (MNIST, SMALL_FC, WIDE_FC)]
             + [(name, {}) for name in ("unroll", "place", "pool", "argmax")] + [("inflate", {"WINDOW": w}) for w in (4096, 8192, 32768)] + [("zstd", ZstdApart.defines()), ("lzf", {})]
             + [("stage", {"SRC_T": t}) for t in ("unsigned char", "short", "long long")]
-            + [("decode", {"VALUE_BYTES": b}) for b in (1, 2, 4, 8)] + [("lz4", {"WARPS": BloscLz4.WARPS})])
+            + [("decode", {"VALUE_BYTES": b}) for b in (1, 2, 4, 8)] + [("lz4", BloscLz4.defines())])
 HOPPER = ([("fused3", Fused.defines(g, 3)) for g in (MNIST, Geometry(27, 29, 3, 3, 32, 5, 64, 100, 7),  # conv1 tails 1, 0
                                                      Geometry(28, 28, 2, 5, 32, 5, 64, 100, 7), Geometry(24, 24, 2, 1, 32, 5, 64, 100, 7))]  # 2, 0
           + [("fused3", Fused.defines(MNIST, 3, imgs=2)), ("fused4", Fused.defines(MNIST, 4)), ("fused6", Fused.defines(MNIST, 6)), ("fused6", Fused.defines(MNIST, 6, feat_halves=True)), ("fused6", Fused.defines(Geometry(24, 24, 1, 5, 32, 3, 64, 128, 10), 6)),
@@ -154,6 +154,16 @@ def test_the_development_inflate_builds():
     for window in (1024, 8192):
         cubin = dev_module("inflate_early").cubin("sm_80", (("WINDOW", window),))
         assert b"inflate_kernel1" in cubin and b"inflate_kernel2" in cubin
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on the PATH")
+def test_the_development_lz4_builds():
+    """dev/cuda/lz4_early.cu (blosc_lz4_kernel1, on lz4.cu's framing) builds beside the product's kernel."""
+    from tests.conftest import dev_module
+
+    cubin = dev_module("lz4_early").cubin("sm_80", tuple(sorted(BloscLz4.defines().items())))
+    assert b"blosc_lz4_kernel1" in cubin and b"blosc_lz4_kernel2" in cubin
 
 
 @pytest.mark.slow

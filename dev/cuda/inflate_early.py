@@ -4,7 +4,7 @@ inflate_kernel3 (cuda/inflate.cu) on copies of one HDF5 chunk's deflate stream. 
 
     . .device/setup.sh && python dev/cuda/inflate_early.py ../shared/data/ece408/testfull.hdf5 \\
         [--images 1024] [--level 1] [--shuffle] [--copies 132,400,1000,1584] [--repeats 5] \\
-        [--kernels inflate_kernel1,inflate_kernel2,inflate_kernel3]
+        [--kernels inflate_kernel1,inflate_kernel2,inflate_kernel3] [--window 8192] [--whole]
 
 The stream: the file's first --images images (float32, HDF5's byte shuffle with --shuffle) deflated
 at --level, as h5py's gzip filter stores a chunk. One row a kernel and number of copies (each decoded
@@ -74,8 +74,9 @@ def stream_of(path, images, level, shuffle):
     return raw, c.compress(raw) + c.flush()
 
 
-def timed(decoder, stream_bytes, expect, copies, repeats):
-    """The median ms of launches decoding `copies` copies of the stream; SystemExit where one is wrong."""
+def timed(decoder, stream_bytes, expect, copies, repeats, split=True):
+    """The median ms of launches decoding `copies` copies of the stream (inflate_kernel3's in parts
+    where split); SystemExit where one is wrong."""
     import pycuda.driver as cuda
 
     stride = -(-(len(expect) + 64) // 256) * 256
@@ -87,7 +88,7 @@ def timed(decoder, stream_bytes, expect, copies, repeats):
     scratch = ()
     if hasattr(decoder, "scratch_for"):  # inflate_kernel3's parts
         nbytes = decoder.scratch_for(copies, len(expect))
-        scratch = (cuda.mem_alloc(256 + nbytes), nbytes)
+        scratch = (cuda.mem_alloc(256 + nbytes), nbytes, split)
     rows = [int(d_table) + 8 * copies * j for j in range(5)]
     stream, start, end = cuda.Stream(), cuda.Event(), cuda.Event()
     ms = []
@@ -123,6 +124,8 @@ def main(argv=None):
     p.add_argument("--copies", default="132,400,1000,1584")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--kernels", default=",".join(KERNELS), help="which of them, by name")
+    p.add_argument("--window", type=int, help="shared-memory window bytes of kernels 2 and 3 (default: the product's)")
+    p.add_argument("--whole", action="store_true", help="inflate_kernel3 decodes each copy whole (split=False)")
     a = p.parse_args(argv)
     from infer.gpu.device import Device
     from infer.gpu.profile import NullProfiler
@@ -134,10 +137,10 @@ def main(argv=None):
     try:
         b = launch.Build(gpu.arch, False, None, NullProfiler(), "auto", gpu.l2_bytes, gpu.sms)
         for name in a.kernels.split(","):
-            decoder = KERNELS[name](b)
+            decoder = KERNELS[name](b, window=a.window)
             for copies in (int(c) for c in a.copies.split(",")):
-                ms = timed(decoder, deflated, raw, copies, a.repeats)
-                print(f"{name}  {copies:5d} copies  {ms:8.2f} ms  {copies * len(raw) / ms / 1e6:6.1f} GB/s out",
+                ms = timed(decoder, deflated, raw, copies, a.repeats, not a.whole)
+                print(f"{name}  {a.window or decoder.WINDOW}  {copies:5d} copies  {ms:8.2f} ms  {copies * len(raw) / ms / 1e6:6.1f} GB/s out",
                       flush=True)
     finally:
         gpu.close()
