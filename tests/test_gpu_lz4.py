@@ -1,9 +1,10 @@
 """blosc_lz4_kernel2 (cuda/lz4.cu) and blosc_lz4_kernel1 (dev/cuda/lz4_early.cu) alone: c-blosc
 chunks written by hdf5plugin (lz4, bitshuffle) of MNIST images, of values repeating at distances of
 1 to 15,000 values (periods under 32 bytes and longer ones) and of random runs between zeros (literal
-runs of up to ~10 KB, their lengths' extensions past a 32-byte window) decode to their bitshuffled values, nothing written past a chunk's output, a chunk left out (stored
-size 0) untouched, and a damaged chunk's number in the flag; bitunshuffle_kernel1 and 2 against the
-host's bitshuffle. Needs a GPU."""
+runs of up to ~10 KB, their lengths' extensions past a 32-byte window) decode to their bitshuffled
+values, nothing written past a chunk's output, a chunk left out (stored size 0) untouched, and a
+damaged chunk's number in the flag; bitunshuffle_kernel1 and 2 against the host's bitshuffle. Needs
+a GPU."""
 import h5py
 import numpy as np
 import pytest
@@ -74,7 +75,7 @@ def decode(gpu, kernel, stored, chunk_bytes, block_bytes, left_out=()):
 
 def literals(rng, n):
     """n float32 values: random runs of up to 70,000 between runs of zeros, so literal runs of up to
-    ~9 KB a bit plane (their lengths' extensions past 32 bytes of 255s)."""
+    ~10 KB a bit plane (their lengths' extensions past 32 bytes of 255s)."""
     out = np.zeros(n, np.float32)
     at = 0
     while at < n:

@@ -140,8 +140,8 @@ def main(argv=None):
             decoder = KERNELS[name](b, window=a.window)
             for copies in (int(c) for c in a.copies.split(",")):
                 ms = timed(decoder, deflated, raw, copies, a.repeats, not a.whole)
-                print(f"{name}  {a.window or decoder.WINDOW}  {copies:5d} copies  {ms:8.2f} ms  {copies * len(raw) / ms / 1e6:6.1f} GB/s out",
-                      flush=True)
+                print(f"{name}  {a.window or decoder.WINDOW}  {copies:5d} copies  {ms:8.2f} ms  "
+                      f"{copies * len(raw) / ms / 1e6:6.1f} GB/s out", flush=True)
     finally:
         gpu.close()
 
