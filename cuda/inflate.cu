@@ -20,6 +20,9 @@
 //   in full) and writes 16-bit values; a part's parse ends where a later part began, which proves that
 //   start; inflate_join_kernel3 (256 threads a stream) puts the parts in order, reading 2 bytes and
 //   writing 1 a byte of the later parts. A gzip 1 MNIST chunk: 20.6 ms alone, not 31.3 (H200).
+//   Built with WINDOW=4096, RING=128, MIN_BLOCKS=15 (14 KB, 64 registers, a few bytes spilled), 15
+//   blocks fit an SM, 1,980 parts on an H200: 977 shuffled gzip 6 chunks decode in one wave, 59.0 ms
+//   against 66.0, but 1,000 in 67.1, a chunk alone 3% slower, and 1M-image runs no faster.
 //   (Version 1, a warp a stream parsing and writing in lockstep, is dev/cuda/inflate_early.cu.)
 
 #ifndef LIT_BITS
@@ -30,6 +33,11 @@
 #endif
 #ifndef WINDOW
 #define WINDOW 8192u  // the recent output kept in shared memory (a power of two, >= 1024); older bytes are read back from the output
+#endif
+#ifdef MIN_BLOCKS  // inflate_kernel3's blocks an SM that its registers must allow (unset: nvcc's choice, 80 registers)
+#define KERNEL3_MIN_BLOCKS , MIN_BLOCKS
+#else
+#define KERNEL3_MIN_BLOCKS
 #endif
 #ifndef RING
 #define RING 256u  // tokens between inflate_kernel2's parser and writer (a power of two, >= 128)
@@ -739,7 +747,7 @@ __device__ long long find_block(Parser& sh, const unsigned char* src, long long 
 //   inflate_join_kernel3 then puts the parts in order. Part 0 writes the output itself. Scratch: the
 //   parts' records (count x PARTS), then for each stream (PARTS - 1) x `stride` bytes: BEFORE marks
 //   and the part's values (a stream whose values do not fit is not split).
-extern "C" __global__ void __launch_bounds__(64) inflate_kernel3(const unsigned char* const* __restrict__ src_ptrs,
+extern "C" __global__ void __launch_bounds__(64 KERNEL3_MIN_BLOCKS) inflate_kernel3(const unsigned char* const* __restrict__ src_ptrs,
                                                                  const unsigned long long* __restrict__ src_bytes,
                                                                  const unsigned long long* __restrict__ dst_bytes,
                                                                  unsigned char* const* __restrict__ dst_ptrs,

@@ -32,12 +32,13 @@ def deflate(data, level=6, strategy=zlib.Z_DEFAULT_STRATEGY, wbits=15, flush_eve
     return b"".join(parts) + c.flush()
 
 
-def inflate(gpu, kernel, streams, caps, skews=None, window=None, parts=None, records=None):
+def inflate(gpu, kernel, streams, caps, skews=None, window=None, parts=None, records=None, **options):
     """Run the kernel (keeping `window` bytes in shared memory; inflate_kernel3 in `parts` parts,
     with the scratch memory it takes) over streams (bytes), stream k starting skews[k] bytes past a
     16-byte boundary, into outputs of caps[k] bytes: (statuses, decoded sizes, outputs, guards
     intact). records: a list that takes inflate_kernel3's parts' records (start bit, status, next
-    part, length: an array of (streams, parts, 4))."""
+    part, length: an array of (streams, parts, 4)). options: inflate_kernel3's other build options
+    (ring, min_blocks)."""
     import pycuda.driver as cuda
 
     if kernel is launch.InflateParts and window and window < 4096:
@@ -60,7 +61,7 @@ def inflate(gpu, kernel, streams, caps, skews=None, window=None, parts=None, rec
     d_table = cuda.to_device(table)
     d_status = cuda.to_device(np.full(n, -1, np.int32))
     row = [int(d_table) + 8 * n * k for k in range(5)]
-    decoder = kernel(build(gpu), window, parts) if parts else kernel(build(gpu), window)
+    decoder = kernel(build(gpu), window, **(dict(options, parts=parts) if parts else options))
     scratch = ()
     if hasattr(decoder, "scratch_for"):
         nbytes = decoder.scratch_for(n, max(caps))
@@ -106,6 +107,22 @@ def test_the_kernel_decodes_what_zlib_does(gpu, kernel, rng, setting, window):
     streams = [deflate(data[k], **SETTINGS[setting]) for k in names]
     caps = [len(data[k]) for k in names]
     status, sizes, outputs, guards = inflate(gpu, kernel, streams, caps, window=window)
+    for k, name in enumerate(names):
+        assert (status[k], sizes[k], guards[k]) == (OK, caps[k], True), name
+        assert outputs[k] == data[name], name
+
+
+@pytest.mark.parametrize("ring,min_blocks", [(128, 15), (512, None)])
+def test_kernel3_with_another_ring_and_registers(gpu, rng, ring, min_blocks):
+    """inflate_kernel3 built with a ring of `ring` tokens, and registers for min_blocks blocks an SM
+    (64 a thread: the 15-block build dev/cuda/inflate_early.py times), decodes the corpus at levels
+    1 and 6 as zlib does."""
+    data = corpus(rng)
+    names = list(data) * 2
+    streams = [deflate(data[k], level=1 if i < len(data) else 6) for i, k in enumerate(names)]
+    caps = [len(data[k]) for k in names]
+    status, sizes, outputs, guards = inflate(gpu, launch.InflateParts, streams, caps, window=4096, ring=ring,
+                                             min_blocks=min_blocks)
     for k, name in enumerate(names):
         assert (status[k], sizes[k], guards[k]) == (OK, caps[k], True), name
         assert outputs[k] == data[name], name

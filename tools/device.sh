@@ -131,7 +131,7 @@ done
 python3 - "$data" $layouts <<'PY' 2>&1 | tee "$out/stream-runs.txt"
 import json, subprocess, sys, numpy as np
 data, layouts = sys.argv[1], sys.argv[2:]
-runs = [(name, "host") for name in layouts] + [(name, "gpu") for name in ("big_gz1", "big_gz6", "big_shuf_gz1", "big_shuf_gz6", "big_lzf",
+runs = [(name, "host") for name in layouts] + [(name, "gpu") for name in ("big_gz1", "big_gz6", "big_shuf_gz1", "big_shuf_gz6", "big_shuf_gz6_1024", "big_lzf",
                                                    "big_shuf_lzf", "big_blosc_lz4", "big_blosc_lz4_1024", "big_zstd", "big_shuf_zstd")]
 for name, decode in runs:
     for i in range(3):

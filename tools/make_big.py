@@ -3,11 +3,14 @@ big.hdf5 (float32 contiguous), big_u8.hdf5 (uint8 contiguous, rint(x * 255)), bi
 float32, contiguous: swapped as read) and, for each filtered
 layout in LAYOUTS, big_<layout>.hdf5 (float32, 1000-image chunks unless the layout says, whole images but in gz1_h). A
 filtered file is written by h5py's filters (hdf5plugin's for the plugin layouts) for testfull's 10 distinct chunks,
-whose stored bytes are then copied 100 times; chunks that do not tile testfull are each written through the filter.
+whose stored bytes are then copied 100 times; chunks that do not tile testfull are each written through the filter
+(gzip and shuffle ones deflated by every core, byte for byte what HDF5's filters store).
 Usage:  python3 tools/make_big.py DATA_DIR OUT_DIR [big big_u8 big_gz1 big_lzf ...]"""
+import multiprocessing
 import os
 import sys
 import time
+import zlib
 
 import h5py
 import numpy as np
@@ -18,6 +21,7 @@ LAYOUTS = {
     "gz6": dict(compression="gzip", compression_opts=6),
     "shuf_gz1": dict(compression="gzip", compression_opts=1, shuffle=True),
     "shuf_gz6": dict(compression="gzip", compression_opts=6, shuffle=True),
+    "shuf_gz6_1024": dict(compression="gzip", compression_opts=6, shuffle=True, chunks=(1024, 28, 28, 1)),
     "lzf": dict(compression="lzf"),
     "shuf_lzf": dict(compression="lzf", shuffle=True),
     "lzf_f32": dict(compression="lzf", fletcher32=True),
@@ -46,8 +50,35 @@ def _plugin(filters):
     return filters
 
 
+_TILED = None  # testfull, for _deflated in the pool's workers (forked)
+
+
+def _deflated(job):
+    """Chunk `lo` of 1M images as HDF5's shuffle and deflate filters store it (zlib's stream of the
+    shuffled bytes; an edge chunk padded with zeros, the fill value)."""
+    lo, rows, level, shuffle = job
+    block = np.zeros((rows,) + _TILED.shape[1:], "<f4")
+    n = min(rows, 100 * len(_TILED) - lo)
+    block[:n] = _TILED[np.arange(lo, lo + n) % len(_TILED)]
+    raw = block.view(np.uint8).reshape(-1, 4).T if shuffle else block
+    return lo, zlib.compress(raw.tobytes(), level)
+
+
 def filtered(x, y, path, filters):
+    global _TILED
     chunks = _plugin(filters).pop("chunks", (ROWS,) + x.shape[1:])
+    if len(x) % chunks[0] and filters.get("compression") == "gzip" and set(filters) <= {"compression",
+                                                                                     "compression_opts", "shuffle"}:
+        # gzip chunks that do not tile testfull, deflated by every core (HDF5's filters: one)
+        _TILED, rows = x, chunks[0]
+        jobs = [(lo, rows, filters.get("compression_opts", 4), filters.get("shuffle", False))
+                for lo in range(0, 100 * len(x), rows)]
+        with h5py.File(path, "w") as f, multiprocessing.get_context("fork").Pool() as pool:
+            dx = f.create_dataset("x", (100 * len(x),) + x.shape[1:], "f4", chunks=chunks, **filters)
+            for lo, data in pool.imap(_deflated, jobs, chunksize=8):
+                dx.id.write_direct_chunk((lo, 0, 0, 0), data, 0)
+            f.create_dataset("y", data=np.tile(y, (100, 1)))
+        return
     if len(x) % chunks[0]:  # chunks that do not tile testfull: every chunk through the filter
         with h5py.File(path, "w") as f:
             dx = f.create_dataset("x", (100 * len(x),) + x.shape[1:], "f4", chunks=chunks, **filters)

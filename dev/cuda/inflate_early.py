@@ -4,7 +4,8 @@ inflate_kernel3 (cuda/inflate.cu) on copies of one HDF5 chunk's deflate stream. 
 
     . .device/setup.sh && python dev/cuda/inflate_early.py ../shared/data/ece408/testfull.hdf5 \\
         [--images 1024] [--level 1] [--shuffle] [--copies 132,400,1000,1584] [--repeats 5] \\
-        [--kernels inflate_kernel1,inflate_kernel2,inflate_kernel3] [--window 8192] [--whole]
+        [--kernels inflate_kernel1,inflate_kernel2,inflate_kernel3] [--window 8192] [--whole] \\
+        [--ring 256] [--min-blocks 16]
 
 The stream: the file's first --images images (float32, HDF5's byte shuffle with --shuffle) deflated
 at --level, as h5py's gzip filter stores a chunk. One row a kernel and number of copies (each decoded
@@ -126,6 +127,8 @@ def main(argv=None):
     p.add_argument("--kernels", default=",".join(KERNELS), help="which of them, by name")
     p.add_argument("--window", type=int, help="shared-memory window bytes of kernels 2 and 3 (default: the product's)")
     p.add_argument("--whole", action="store_true", help="inflate_kernel3 decodes each copy whole (split=False)")
+    p.add_argument("--ring", type=int, help="inflate_kernel3's tokens between parser and writer (default: the product's)")
+    p.add_argument("--min-blocks", type=int, help="inflate_kernel3's blocks an SM its registers allow (default: the product's)")
     a = p.parse_args(argv)
     from infer.gpu.device import Device
     from infer.gpu.profile import NullProfiler
@@ -137,7 +140,10 @@ def main(argv=None):
     try:
         b = launch.Build(gpu.arch, False, None, NullProfiler(), "auto", gpu.l2_bytes, gpu.sms)
         for name in a.kernels.split(","):
-            decoder = KERNELS[name](b, window=a.window)
+            more = {"ring": a.ring, "min_blocks": a.min_blocks} if name == "inflate_kernel3" else {}
+            decoder = KERNELS[name](b, window=a.window, **more)
+            f = decoder.function
+            print(f"{name}: {f.num_regs} registers, {f.shared_size_bytes:,} bytes of shared memory a block", flush=True)
             for copies in (int(c) for c in a.copies.split(",")):
                 ms = timed(decoder, deflated, raw, copies, a.repeats, not a.whole)
                 print(f"{name}  {a.window or decoder.WINDOW}  {copies:5d} copies  {ms:8.2f} ms  "

@@ -57,7 +57,8 @@ class InflateParts(FrameDecoder):
     the stream and writes 16-bit values (bytes, and marks for the bytes before it) into scratch
     memory; a part's parse stops where a later part started; inflate_join_kernel3 then puts the
     parts in order. A stream of under 4,096 bytes, or whose parts' values would not fit the scratch
-    memory, is decoded whole by its first part, as inflate_kernel2."""
+    memory, is decoded whole by its first part, as inflate_kernel2. window, ring and min_blocks
+    (RING, MIN_BLOCKS) size its shared memory and registers: dev/cuda/inflate_early.py times them."""
     source, kernel, arg_types = "inflate", "inflate_kernel3", "PPPPPPQi"
     JOIN = "inflate_join_kernel3"
     threads = 64
@@ -69,15 +70,22 @@ class InflateParts(FrameDecoder):
     # ones, decoding in a few ms, are left whole)
     SCRATCH = 2.25
 
-    def __init__(self, build, window=None, parts=None):
+    RING = 256  # tokens between a part's parser and writer
+    MIN_BLOCKS = None  # blocks an SM its registers must allow (None: nvcc's choice, 80 registers)
+
+    def __init__(self, build, window=None, parts=None, ring=None, min_blocks=None):
         import pycuda.driver as cuda
 
         window, self.parts = window or self.WINDOW, parts or self.PARTS
+        ring, min_blocks = ring or self.RING, min_blocks or self.MIN_BLOCKS
         if window < 4096 or window & (window - 1):
             raise ValueError(f"inflate_kernel3's window is a power of two of at least 4096 bytes, not {window}")
         if not 2 <= self.parts <= 8:
             raise ValueError(f"inflate_kernel3 splits a stream in 2 to 8 parts, not {self.parts}")
-        super().__init__(build, WINDOW=window, PARTS=self.parts)
+        if ring < 128 or ring & (ring - 1):
+            raise ValueError(f"inflate_kernel3's ring is a power of two of at least 128 tokens, not {ring}")
+        bounds = {"MIN_BLOCKS": min_blocks} if min_blocks else {}
+        super().__init__(build, WINDOW=window, PARTS=self.parts, RING=ring, **bounds)
         self.join = self.module.get_function(self.JOIN)
         self.join.prepare("PPPPPPQ")
         self.join.set_attribute(cuda.function_attribute.PREFERRED_SHARED_MEMORY_CARVEOUT, 100)
