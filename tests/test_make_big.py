@@ -13,11 +13,16 @@ sys.path.insert(0, str(REPO / "tools"))
 import make_big  # noqa: E402
 
 
+@pytest.fixture(scope="module")
+def testfull(ece408):
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        return f["x"][()]
+
+
 @pytest.mark.parametrize("lo", [0, 9216, 999_424])  # the first chunk; one wrapping round testfull; the edge
 @pytest.mark.parametrize("level,shuffle", [(6, True), (1, False)])
-def test_a_deflated_chunk_is_what_hdf5_stores(ece408, tmp_path, monkeypatch, lo, level, shuffle):
-    with h5py.File(ece408 / "testfull.hdf5") as f:
-        x = f["x"][()]
+def test_a_deflated_chunk_is_what_hdf5_stores(testfull, tmp_path, monkeypatch, lo, level, shuffle):
+    x = testfull
     monkeypatch.setattr(make_big, "_TILED", x)
     rows = 1024
     images = x[np.arange(lo, min(lo + rows, 100 * len(x))) % len(x)]

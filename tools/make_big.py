@@ -65,39 +65,43 @@ def _deflated(job):
 
 
 def filtered(x, y, path, filters):
-    global _TILED
     chunks = _plugin(filters).pop("chunks", (ROWS,) + x.shape[1:])
-    if len(x) % chunks[0] and filters.get("compression") == "gzip" and set(filters) <= {"compression",
-                                                                                     "compression_opts", "shuffle"}:
-        # gzip chunks that do not tile testfull, deflated by every core (HDF5's filters: one)
-        _TILED, rows = x, chunks[0]
-        jobs = [(lo, rows, filters.get("compression_opts", 4), filters.get("shuffle", False))
-                for lo in range(0, 100 * len(x), rows)]
-        with h5py.File(path, "w") as f, multiprocessing.get_context("fork").Pool() as pool:
-            dx = f.create_dataset("x", (100 * len(x),) + x.shape[1:], "f4", chunks=chunks, **filters)
-            for lo, data in pool.imap(_deflated, jobs, chunksize=8):
-                dx.id.write_direct_chunk((lo, 0, 0, 0), data, 0)
-            f.create_dataset("y", data=np.tile(y, (100, 1)))
-        return
-    if len(x) % chunks[0]:  # chunks that do not tile testfull: every chunk through the filter
-        with h5py.File(path, "w") as f:
-            dx = f.create_dataset("x", (100 * len(x),) + x.shape[1:], "f4", chunks=chunks, **filters)
+    with h5py.File(path, "w") as f:
+        dx = f.create_dataset("x", (100 * len(x),) + x.shape[1:], "f4", chunks=chunks, **filters)
+        if len(x) % chunks[0] == 0:
+            _copied(dx, x, chunks, filters)
+        elif (chunks[1:] == x.shape[1:] and filters.get("compression") == "gzip"
+              and set(filters) <= {"compression", "compression_opts", "shuffle"}):
+            _deflated_by_every_core(dx, x, chunks[0], filters)
+        else:  # chunks that do not tile testfull: every chunk through the filter
             step = 64 * chunks[0]
             for lo in range(0, len(dx), step):
                 hi = min(len(dx), lo + step)
                 dx[lo:hi] = x[np.arange(lo, hi) % len(x)]
-            f.create_dataset("y", data=np.tile(y, (100, 1)))
-        return
-    with h5py.File(path + ".tmp", "w", driver="core", backing_store=False) as small:
+        f.create_dataset("y", data=np.tile(y, (100, 1)))
+
+
+def _copied(dx, x, chunks, filters):
+    """testfull's chunks written through the filters once, their stored bytes copied 100 times."""
+    with h5py.File("tiled.tmp", "w", driver="core", backing_store=False) as small:
         d = small.create_dataset("x", data=x, chunks=chunks, **filters)
         offsets = [d.id.get_chunk_info(i).chunk_offset for i in range(d.id.get_num_chunks())]
         packed = [(at, d.id.read_direct_chunk(at)) for at in offsets]
-    with h5py.File(path, "w") as f:
-        dx = f.create_dataset("x", (100 * len(x),) + x.shape[1:], "f4", chunks=chunks, **filters)
-        for i in range(100):
-            for at, (mask, data) in packed:
-                dx.id.write_direct_chunk((at[0] + i * len(x),) + tuple(at[1:]), data, mask)
-        f.create_dataset("y", data=np.tile(y, (100, 1)))
+    for i in range(100):
+        for at, (mask, data) in packed:
+            dx.id.write_direct_chunk((at[0] + i * len(x),) + tuple(at[1:]), data, mask)
+
+
+def _deflated_by_every_core(dx, x, rows, filters):
+    """Chunks of whole images, gzip (and shuffle) only, that do not tile testfull: deflated by a pool
+    of processes (HDF5's filters use one core)."""
+    global _TILED
+    _TILED = x  # the forked workers' copy
+    jobs = [(lo, rows, filters.get("compression_opts", 4), filters.get("shuffle", False))
+            for lo in range(0, len(dx), rows)]
+    with multiprocessing.get_context("fork").Pool() as pool:
+        for lo, data in pool.imap(_deflated, jobs, chunksize=8):
+            dx.id.write_direct_chunk((lo, 0, 0, 0), data, 0)
 
 
 def main(data, out, names):
