@@ -5,7 +5,7 @@ places a block's images.
   chunk, its parts past the first starting at a deflate block they find, then joined), a kernel
   checking them (the kernel's status, the decoded size, deflate's adler32), HDF5's shuffle undone as
   they are placed. A chunk of 1,024 MNIST images at gzip 1 takes 21 ms alone in 2 parts (31 whole:
-  H200); an SM holds twelve parts. A run whose chunks are not all in flight at once decodes them whole;
+  H200); an SM holds eleven parts. A run whose chunks are not all in flight at once decodes them whole;
 - Zstd (Zstd): zstd_kernel2 (cuda/zstd.cu: 3 warps a frame, two decoding its blocks apart into
   scratch memory, one carrying their sequences out in order), checked and unshuffled as deflate's. A
   1,000-image MNIST chunk takes 15 ms alone (H100), shuffled 23;
