@@ -20,9 +20,7 @@
 //   in full) and writes 16-bit values; a part's parse ends where a later part began, which proves that
 //   start; inflate_join_kernel3 (256 threads a stream) puts the parts in order, reading 2 bytes and
 //   writing 1 a byte of the later parts. A gzip 1 MNIST chunk: 20.6 ms alone, not 31.3 (H200).
-//   Built with WINDOW=4096, RING=128, MIN_BLOCKS=15 (14 KB, 64 registers, a few bytes spilled), 15
-//   blocks fit an SM, 1,980 parts on an H200: 977 shuffled gzip 6 chunks decode in one wave, 59.0 ms
-//   against 66.0, but 1,000 in 67.1, a chunk alone 3% slower, and 1M-image runs no faster.
+//   RING and MIN_BLOCKS size it for dev/cuda/inflate_early.py's --ring and --min-blocks.
 //   (Version 1, a warp a stream parsing and writing in lockstep, is dev/cuda/inflate_early.cu.)
 
 #ifndef LIT_BITS
