@@ -3,23 +3,27 @@
 // arrays of `count` source pointers, source sizes, output capacities, decoded sizes (out), output
 // pointers (4-byte aligned) and statuses (out: INFLATE_OK, _BAD, _FULL).
 // inflate_kernel2 (its entry is dev/cuda/inflate_early.cu's: inflate_kernel3 runs its warps a part
-//   of a stream at a time): a block of two warps per stream. Warp 1 parses, every lane in lockstep: Huffman
-//   codes through tables of 2^LIT_BITS and 2^DIST_BITS entries in shared memory (built by the 32
-//   lanes, ballots ranking each length's symbols; longer codes bit by bit, canonically; two literals
-//   a step where the bits allow), the stream read 32 bits at a time, the next word loaded a refill
-//   ahead. Its tokens (a literal, a match's length and distance, a stored block, the end) go through
-//   a ring of RING in shared memory, published 32 at a time. Warp 0 writes them out a batch of up to
+//   of a stream at a time): a block of two warps per stream. Warp 1 parses: Huffman codes through
+//   tables of 2^LIT_BITS and 2^DIST_BITS entries in shared memory (built by the 32 lanes, ballots
+//   ranking each length's symbols), a window of 32 x GROUPS bits at a time: each lane looks up the
+//   symbol (a literal, or a length and its distance) that would start at each of its offsets, then
+//   the chain of the stream's symbols from the window's start is followed two a step (a shuffle
+//   each) and their lanes store their tokens at once. A code longer than its table, or the block's
+//   end, stops the window and is decoded by the warp (lane l testing length l + 1, canonically).
+//   Its tokens (a literal, a match's length and distance, a stored block, the end) go through a
+//   ring of RING in shared memory, published 32 at a time. Warp 0 writes them out a batch of up to
 //   32 tokens and BATCH bytes at once: positions by a warp scan, the batch's literals stored together,
 //   its matches copied in order by the lanes (32 bytes a step) in a window of the last WINDOW bytes,
 //   those from further back read from the output already stored (four loads in flight), then each
-//   finished 128-byte line in one coalesced store. So the parse, the serial part, does not wait on
-//   copies, stores or the output's latency. Reads the stream once, writes the output about once; 19
-//   KB of shared memory and 80 registers a thread, eleven blocks an SM (the driver keeps 1 KB a block).
+//   finished 128-byte line in one coalesced store; a match from before the output's start is its to
+//   refuse. So the parse, the serial part, does not wait on copies, stores or the output's latency.
+//   Reads the stream once, writes the output about once; 19 KB of shared memory and 80 registers a
+//   thread, eleven blocks an SM (the driver keeps 1 KB a block).
 // inflate_kernel3 (the product's): inflate_kernel2's two warps for each of PARTS parts of a stream. A
 //   part past the first finds its first dynamic block (32 bits tested a step, each passing header read
 //   in full) and writes 16-bit values; a part's parse ends where a later part began, which proves that
 //   start; inflate_join_kernel3 (256 threads a stream) puts the parts in order, reading 2 bytes and
-//   writing 1 a byte of the later parts. A gzip 1 MNIST chunk: 20.6 ms alone, not 31.3 (H200).
+//   writing 1 a byte of the later parts. A gzip 1 MNIST chunk: 19.5 ms alone, not 31.3 (H200).
 //   RING and MIN_BLOCKS size it for dev/cuda/inflate_early.py's --ring and --min-blocks.
 //   (Version 1, a warp a stream parsing and writing in lockstep, is dev/cuda/inflate_early.cu.)
 
@@ -40,19 +44,25 @@
 #ifndef RING
 #define RING 256u  // tokens between inflate_kernel2's parser and writer (a power of two, >= 128)
 #endif
+#ifndef GROUPS
+#define GROUPS 2  // the parser looks up the symbols at 32 x GROUPS bit offsets at once (1 or 2)
+#endif
+#define ROOM (32u * GROUPS + 40u)  // free slots of the ring the parser waits for after a publication
 #define LINE 128u      // output bytes a warp stores at once
 static_assert(WINDOW >= 1024u && (WINDOW & (WINDOW - 1u)) == 0, "WINDOW: a power of two of at least 1 KB");
-static_assert(RING >= 128u && (RING & (RING - 1u)) == 0, "RING: a power of two, room for a batch and a publication");
+static_assert(GROUPS == 1 || GROUPS == 2, "GROUPS: 1 or 2");
+static_assert(RING >= 128u && RING >= ROOM && (RING & (RING - 1u)) == 0, "RING: a power of two, room for a batch and a publication");
 #define INFLATE_OK 0
 #define INFLATE_BAD 1   // not a deflate stream, damaged, or one that ends past its size
 #define INFLATE_FULL 2  // decodes to more bytes than its output holds
 
 // A table entry: bits 0-3 the code's length (0: no symbol, or a code longer than the table, decoded
-// bit by bit). A literal is len | byte << 4, so 0 < entry < 0x1000; a length len | extra bits << 4 |
+// by long_code). A literal is len | byte << 8, so 0 < entry < 0x10000 (LITERAL); a length len | extra bits << 4 |
 // base << 8 | KIND_LENGTH; a distance len | extra bits << 4 | base << 8; a code-length symbol len | s << 8.
 #define KIND_LENGTH (1u << 20)
 #define KIND_END (2u << 20)
 #define KIND_LONG (1u << 31)  // with length 0: the code is longer than the table
+#define LITERAL(e) ((e) - 1u < 0xffffu)
 
 __constant__ unsigned short LEN_BASE[29] = {3,  4,  5,  6,  7,  8,  9,  10, 11,  13,  15,  17,  19,  23, 27,
                                             31, 35, 43, 51, 59, 67, 83, 99, 115, 131, 163, 195, 227, 258};
@@ -68,17 +78,17 @@ template <Alphabet A>
 __device__ __forceinline__ unsigned entry(unsigned s, unsigned len) {
     if (A == CODE_LENGTH) return len | (s << 8);
     if (A == DISTANCE) return s < 30 ? len | ((unsigned)DIST_EXTRA[s] << 4) | ((unsigned)DIST_BASE[s] << 8) : 0u;
-    if (s < 256) return len | (s << 4);
+    if (s < 256) return len | (s << 8);
     if (s == 256) return len | KIND_END;
     if (s < 286) return len | KIND_LENGTH | ((unsigned)LEN_EXTRA[s - 257] << 4) | ((unsigned)LEN_BASE[s - 257] << 8);
     return 0u;  // 286 and 287 have codes in fixed blocks but never occur
 }
 
-// A code's symbols by length, for the codes longer than its table (puff's canonical decoding).
+// A code's symbols by length, for the codes longer than its table (long_code tests each length).
 struct Canonical {
     unsigned short count[16];
     unsigned short symbol[288];
-    unsigned short first[16];   // scratch of the build: each length's first canonical code
+    unsigned short first[16];   // each length's first canonical code
     unsigned short offset[16];  // and its first symbol's place in `symbol`
 };
 
@@ -189,32 +199,6 @@ struct Bits {
 template <int BITS>
 __device__ __forceinline__ unsigned lookup(const unsigned* table, unsigned long long bits) {
     return table[bits & ((1u << BITS) - 1u)];
-}
-
-// A symbol of a code longer than its table, bit by bit (bits: at least 15 of them).
-__device__ int slow_symbol(unsigned long long bits, const Canonical& code, int* used) {
-    int c = 0, first = 0, index = 0;
-    for (int len = 1; len < 16; ++len) {
-        c |= (int)((bits >> (len - 1)) & 1u);
-        const int count = code.count[len];
-        if (c - count < first) {
-            *used = len;
-            return code.symbol[index + (c - first)];
-        }
-        index += count;
-        first = (first + count) << 1;
-        c <<= 1;
-    }
-    return -1;
-}
-
-// The entry of a code longer than its table (e: its table entry, KIND_LONG) or 0 (no such code).
-template <Alphabet A>
-__device__ __noinline__ unsigned long_code(unsigned long long bits, unsigned e, const Canonical& code) {
-    if (e == 0) return 0u;
-    int used = 0;
-    const int s = slow_symbol(bits, code, &used);
-    return s < 0 ? 0u : entry<A>(s, used);
 }
 
 // The codes of a block of type 1 (fixed: built unless `fixed` says the tables hold them) or 2
@@ -361,16 +345,17 @@ struct Writer {  // warp 0's
     __align__(16) unsigned char window[WINDOW];
 };
 
-// The parser's tokens up to h published; then, until the ring has room for 40 more (a step adds at
-// most 2 and a publication follows 32), it waits. False where the writer has stopped.
+// The parser's tokens up to h published (each lane's stores before it); then, until the ring has room
+// for ROOM more (a step of the parse adds at most 32 x GROUPS + 1, and a publication follows 32), it
+// waits. False where the writer has stopped.
 __device__ bool publish(Handoff& ho, unsigned h, unsigned& published, int lane) {
-    __syncwarp();
     __threadfence_block();  // the tokens written before head says so
+    __syncwarp();
     if (lane == 0) ho.head = h;
     published = h;
     for (;;) {
         int go = 0;
-        if (lane == 0) go = ho.stop ? 2 : (h + 40u - ho.tail <= RING ? 1 : 0);
+        if (lane == 0) go = ho.stop ? 2 : (h + ROOM - ho.tail <= RING ? 1 : 0);
         go = __shfl_sync(0xffffffffu, go, 0);
         if (go) return go == 1;
         __nanosleep(64);
@@ -398,13 +383,87 @@ struct Stops {
     int from, count;
 };
 
-// Warp 1: the stream parsed into tokens from bit `start` (a block's first), p bytes already decoded
-// before it, ending with TOKEN_END and its status (INFLATE_OK or _BAD), or with TOKEN_NEXT where
-// STOPS and a block ends where a later part starts; unless the writer stops first. Returns whether
-// it read past the stream's end.
+// The symbol whose code starts at a lane's bit offset `off` of the window (lo, hi: the 64 bits from
+// there): where it is a literal, or a length and distance both in the tables (lengths of at most
+// LIT_BITS + 5 + DIST_BITS + 13 bits), its token and the offset past it; else (a longer code, the
+// block's end, no code) off + 128, for the parse to decode it alone.
+__device__ __forceinline__ void symbol_at(const Parser& sh, unsigned lo, unsigned hi, unsigned off, unsigned& next,
+                                          uint2& token) {
+    const unsigned e = sh.lit[lo & ((1u << LIT_BITS) - 1u)];
+    const unsigned code = e & 15u, extra = (e >> 4) & 15u, at = code + extra;  // (at < 32 for every entry)
+    const unsigned d = sh.dist[__funnelshift_r(lo, hi, at) & ((1u << DIST_BITS) - 1u)];
+    const unsigned dcode = d & 15u, dextra = (d >> 4) & 15u;
+    const bool literal = LITERAL(e), match = (e >> 20) == 1u && dcode != 0;
+    next = off + (literal ? code : match ? at + dcode + dextra : 128u);
+    const unsigned len = ((e >> 8) & 0x1ffu) + ((lo >> code) & ((1u << extra) - 1u));
+    const unsigned dist = ((d >> 8) & 0xffffu) + (__funnelshift_r(lo, hi, at + dcode) & ((1u << dextra) - 1u));
+    token = literal ? make_uint2(TOKEN_LITERAL << 16 | 1u, e >> 8) : make_uint2(TOKEN_MATCH << 16 | len, dist);
+}
+
+// The entry of a code longer than its table (e: its table entry, KIND_LONG; bits: the next 32 of the
+// stream), or 0 (no such code): lane l tests the length l + 1 (of a canonical code, the shortest that fits).
+template <Alphabet A>
+__device__ __forceinline__ unsigned long_code(unsigned bits, unsigned e, const Canonical& code, int lane) {
+    bool fits = false;
+    unsigned s = 0;
+    if (lane < 15) {
+        const unsigned len = lane + 1, k = (__brev(bits) >> (32 - len)) - code.first[len];
+        fits = k < code.count[len];
+        if (fits) s = code.symbol[code.offset[len] + k];
+    }
+    const unsigned m = __ballot_sync(0xffffffffu, fits);
+    if (e == 0 || m == 0) return 0u;
+    const int l = __ffs(m) - 1;
+    return entry<A>(__shfl_sync(0xffffffffu, s, l), l + 1);
+}
+
+// The symbol that symbol_at left to the warp (a code longer than its table, the block's end, or no
+// code), from the 64 bits where it starts (lo, hi): its bits and token. Returns 0, 1 at the block's
+// end (no token), or 2 where the code is damaged.
+__device__ __forceinline__ int lone_symbol(const Parser& sh, unsigned lo, unsigned hi, unsigned& used, uint2& token,
+                                           int lane) {
+    unsigned e = lookup<LIT_BITS>(sh.lit, lo);
+    if ((e & 15u) == 0) e = long_code<LITLEN>(lo, e, sh.lit_code, lane);
+    const unsigned code = e & 15u, extra = (e >> 4) & 15u, at = code + extra;
+    used = code;
+    if (LITERAL(e)) {
+        token = make_uint2(TOKEN_LITERAL << 16 | 1u, e >> 8);
+        return 0;
+    }
+    if (e >= KIND_END && e < KIND_LONG) return 1;
+    if ((e >> 20) != 1u) return 2;
+    const unsigned x = __funnelshift_r(lo, hi, at);  // (the 32 bits from the distance's code on)
+    unsigned d = lookup<DIST_BITS>(sh.dist, x);
+    if ((d & 15u) == 0) d = long_code<DISTANCE>(x, d, sh.dist_code, lane);
+    if (d == 0) return 2;
+    const unsigned dcode = d & 15u, dextra = (d >> 4) & 15u;
+    used = at + dcode + dextra;
+    token = make_uint2(TOKEN_MATCH << 16 | (((e >> 8) & 0x1ffu) + ((lo >> code) & ((1u << extra) - 1u))),
+                       ((d >> 8) & 0xffffu) + ((x >> dcode) & ((1u << dextra) - 1u)));
+    return 0;
+}
+
+// v[g] of lane i, for the window's offset 32 g + i = `at` (< 32 x GROUPS).
+__device__ __forceinline__ unsigned pick(const unsigned (&v)[GROUPS], unsigned at) {
+    unsigned x = __shfl_sync(0xffffffffu, v[0], at & 31u);
+#pragma unroll
+    for (int g = 1; g < GROUPS; ++g) {
+        const unsigned y = __shfl_sync(0xffffffffu, v[g], at & 31u);
+        x = at >> 5 == (unsigned)g ? y : x;
+    }
+    return x;
+}
+
+// Warp 1: the stream parsed into tokens from bit `start` (a block's first), ending with TOKEN_END and
+// its status (INFLATE_OK or _BAD), or with TOKEN_NEXT where STOPS and a block ends where a later part
+// starts; unless the writer stops first. A block's symbols are taken a window of 32 x GROUPS bits
+// at a time: each lane looks up the symbol starting at its offsets (symbol_at), then the symbols'
+// chain from the first (one shuffle a symbol) says which of them are the stream's; their lanes store
+// their tokens. (A match's distance before the output's start is the writer's to refuse.) Returns
+// whether it read past the stream's end.
 template <bool STOPS>
-__device__ bool parse(Parser& sh, Handoff& ho, const unsigned char* src, long long size, long long start, unsigned p,
-                      Stops stops, int lane) {
+__device__ bool parse(Parser& sh, Handoff& ho, const unsigned char* src, long long size, long long start, Stops stops,
+                      int lane) {
     Bits in;
     in.open(src, size);
     in.seek_bit(start);
@@ -412,6 +471,7 @@ __device__ bool parse(Parser& sh, Handoff& ho, const unsigned char* src, long lo
     unsigned h = 0, published = 0;
     int status = INFLATE_OK;
     bool last = false, fixed = false;
+    const long long end_bit = 8 * size + in.skip;  // the stream's end in its words' bits
     while (!last) {
         if (STOPS) {  // (once a block)
             const long long here = in.consumed();
@@ -438,86 +498,79 @@ __device__ bool parse(Parser& sh, Handoff& ho, const unsigned char* src, long lo
             const long long from = in.consumed() / 8;
             if (from + n > size) { status = INFLATE_BAD; break; }
             if (n) put(ho, h, TOKEN_STORED, n, (unsigned)from, lane);
-            p += n;
             in.seek(from + n);
             if (h - published >= 32 && !publish(ho, h, published, lane)) return in.consumed() > 8 * size;
             continue;
         }
         if (type == 3) { status = INFLATE_BAD; break; }
         if (!read_codes(sh, in, type, fixed, lane)) { status = INFLATE_BAD; break; }
-        in.refill();
-        unsigned e = lookup<LIT_BITS>(sh.lit, in.bits);
-        for (;;) {  // the block's symbols; e: the next one's entry (>= 33 bits in hand)
-            if ((e >> 20) != 1u) {  // not a length in the table (most symbols are: one test for them)
-                if (e - 1u < 0xfffu) {  // a literal, and another where the table gives one for the bits left
-                    in.drop(e & 15u);
-                    put(ho, h, TOKEN_LITERAL, 1, (e >> 4) & 0xffu, lane);
-                    e = lookup<LIT_BITS>(sh.lit, in.bits);
-                    const bool two = e - 1u < 0xfffu;
-                    if (two) {
-                        in.drop(e & 15u);
-                        put(ho, h, TOKEN_LITERAL, 1, (e >> 4) & 0xffu, lane);
-                    }
-                    p += 1 + two;
-                    in.refill();
-                    if (two) e = lookup<LIT_BITS>(sh.lit, in.bits);
-                    if (h - published >= 32 && !publish(ho, h, published, lane)) return in.consumed() > 8 * size;
-                    continue;
-                }
-                if ((e & 15u) == 0) {
-                    e = long_code<LITLEN>(in.bits, e, sh.lit_code);
-                    if (e - 1u < 0xfffu) {
-                        in.drop(e & 15u);
-                        put(ho, h, TOKEN_LITERAL, 1, (e >> 4) & 0xffu, lane);
-                        ++p;
-                        in.refill();
-                        e = lookup<LIT_BITS>(sh.lit, in.bits);
-                        if (h - published >= 32 && !publish(ho, h, published, lane)) return in.consumed() > 8 * size;
-                        continue;
-                    }
-                }
-                if ((e >> 20) != 1u) {
-                    if (e >= KIND_END && e < KIND_LONG) {
-                        in.drop(e & 15u);
-                        break;
-                    }
+        long long pos = in.consumed() + in.skip;
+        for (;;) {  // the block's symbols, a window at a time
+            const int wi = (int)(pos >> 5);
+            unsigned w[GROUPS + 3];
+            if (wi + GROUPS + 3 <= in.nwords) {
+#pragma unroll
+                for (int k = 0; k < GROUPS + 3; ++k) w[k] = __ldg(in.words + wi + k);
+            } else {  // (the last words read again past the end, as Bits::refill does)
+#pragma unroll
+                for (int k = 0; k < GROUPS + 3; ++k) w[k] = __ldg(in.words + min(wi + k, in.nwords - 1));
+            }
+            const unsigned r = (unsigned)pos & 31u, s = (r + lane) & 31u;
+            const bool up = r + lane >= 32u;  // the lane's offsets start a word later
+            unsigned lo[GROUPS], hi[GROUPS], next[GROUPS], x[GROUPS], y[GROUPS];
+#pragma unroll
+            for (int g = 0; g < GROUPS; ++g) {
+                const unsigned a = up ? w[g + 1] : w[g], b = up ? w[g + 2] : w[g + 1], c = up ? w[g + 3] : w[g + 2];
+                lo[g] = __funnelshift_r(a, b, s);
+                hi[g] = __funnelshift_r(b, c, s);
+                uint2 t;
+                symbol_at(sh, lo[g], hi[g], 32u * g + lane, next[g], t);
+                x[g] = t.x;
+                y[g] = t.y;
+            }
+            unsigned both[GROUPS];  // the offsets one and two symbols on (the second, where the first is in the window)
+#pragma unroll
+            for (int g = 0; g < GROUPS; ++g) {
+                const unsigned n2 = pick(next, next[g]);
+                both[g] = next[g] | (next[g] < 32u * GROUPS ? n2 : next[g]) << 8;
+            }
+            // The chain of the stream's symbols from the window's start, two a step: lane k keeps the
+            // offset of step k's first (step k's symbols: that one and the next, their tokens 2k, 2k + 1).
+            unsigned j = 0, k = 0, mine = 0;
+            do {
+                if (lane == k) mine = j;
+                ++k;
+                j = pick(both, j) >> 8;
+            } while (j < 32u * GROUPS);
+            const unsigned pair = pick(both, mine), second = pair & 0xffu;
+            const bool one = lane < k && second < 128u, two = lane < k && second < 32u * GROUPS && pair >> 8 < 128u;
+            const uint2 t1 = make_uint2(pick(x, mine), pick(y, mine)), t2 = make_uint2(pick(x, second), pick(y, second));
+            if (one) ho.token[(h + 2 * lane) & (RING - 1u)] = t1;
+            if (two) ho.token[(h + 2 * lane + 1) & (RING - 1u)] = t2;
+            h += __popc(__ballot_sync(0xffffffffu, one)) + __popc(__ballot_sync(0xffffffffu, two));
+            const bool alone = j >= 128u;  // the symbol at j - 128 is left to lone_symbol
+            if (alone) j -= 128u;
+            pos += j;
+            if (alone) {
+                unsigned used = 0;
+                uint2 t;
+                const int lone = lone_symbol(sh, pick(lo, j), pick(hi, j), used, t, lane);
+                if (lone == 2) {
                     status = INFLATE_BAD;
                     break;
                 }
+                pos += used;
+                if (lone == 1) break;
+                if (lane == 0) ho.token[h & (RING - 1u)] = t;
+                ++h;
             }
-            // The distance's entry is looked up at once, past the length's code and extra bits (at most
-            // 20 + DIST_BITS <= 28 bits of the >= 33 in hand); where the whole match is in hand (mostly)
-            // it is taken in one drop, else the length first, a refill, then the distance.
-            const unsigned code = e & 15u, extra = (e >> 4) & 15u, at = code + extra;
-            unsigned d = lookup<DIST_BITS>(sh.dist, in.bits >> at);
-            const unsigned dcode = d & 15u, dextra = (d >> 4) & 15u;
-            unsigned len, dist;
-            if (dcode != 0 && at + dcode + dextra <= (unsigned)in.count) {
-                len = ((e >> 8) & 0x1ffu) + ((unsigned)(in.bits >> code) & ((1u << extra) - 1u));
-                dist = ((d >> 8) & 0xffffu) + ((unsigned)(in.bits >> (at + dcode)) & ((1u << dextra) - 1u));
-                in.drop(at + dcode + dextra);
-            } else {
-                in.drop(code);
-                len = ((e >> 8) & 0x1ffu) + (unsigned)(in.bits & ((1u << extra) - 1u));
-                in.drop(extra);
-                in.refill();
-                d = lookup<DIST_BITS>(sh.dist, in.bits);
-                if ((d & 15u) == 0) {
-                    d = long_code<DISTANCE>(in.bits, d, sh.dist_code);
-                    if (d == 0) { status = INFLATE_BAD; break; }
-                }
-                in.drop(d & 15u);
-                const unsigned more = (d >> 4) & 15u;
-                dist = ((d >> 8) & 0xffffu) + (unsigned)(in.bits & ((1u << more) - 1u));
-                in.drop(more);
+            if (pos > end_bit) {  // (a stream read past its end)
+                status = INFLATE_BAD;
+                break;
             }
-            in.refill();
-            e = lookup<LIT_BITS>(sh.lit, in.bits);
-            if (dist > p) { status = INFLATE_BAD; break; }  // from before the start
-            put(ho, h, TOKEN_MATCH, len, dist, lane);
-            p += len;
-            if (h - published >= 32 && !publish(ho, h, published, lane)) return in.consumed() > 8 * size;
+            if (h - published >= 32 && !publish(ho, h, published, lane)) return false;
         }
+        in.seek_bit(pos - in.skip);
         if (status != INFLATE_OK) break;
     }
     if (in.consumed() > 8 * size) status = INFLATE_BAD;  // it read past its end
@@ -539,6 +592,7 @@ __device__ int write(Writer& sh, Handoff& ho, const unsigned char* src, unsigned
     const T* stored = out_elements;
     unsigned tail = 0, flushed = p;
     int status = INFLATE_OK;
+    bool stopped = true;  // the writer stopped first (its output full, or a match from before the start)
     for (;;) {
         unsigned h = 0;
         for (;;) {
@@ -557,12 +611,10 @@ __device__ int write(Writer& sh, Handoff& ho, const unsigned char* src, unsigned
             const unsigned y0 = __shfl_sync(0xffffffffu, t.y, 0);
             ++tail;
             if (lane == 0) ho.tail = tail;
-            if (k0 == TOKEN_END) {
-                status = (int)y0;
-                break;
-            }
-            if (k0 == TOKEN_NEXT) {
-                *next = (int)y0;
+            if (k0 == TOKEN_END || k0 == TOKEN_NEXT) {
+                if (k0 == TOKEN_END) status = (int)y0;
+                else *next = (int)y0;
+                stopped = false;
                 break;
             }
             for (unsigned base = 0; base < n0 && status == INFLATE_OK; base += 32) {
@@ -589,6 +641,10 @@ __device__ int write(Writer& sh, Handoff& ho, const unsigned char* src, unsigned
         const unsigned at = p + incl - len;  // this token's place in the output
         const unsigned end = p + __shfl_sync(0xffffffffu, incl, k - 1);
         const bool mine = (take >> lane) & 1u;
+        if (__any_sync(0xffffffffu, mine && kind == TOKEN_MATCH && t.y > at)) {  // from before the stream's start
+            status = INFLATE_BAD;
+            break;
+        }
         if (mine && kind == TOKEN_LITERAL) win[at & M] = (T)t.y;
         // A match whose source starts before end - SIZE reads it from the output, as the batch's
         // literals (stored above) may have taken its place in the window; it was stored by the last
@@ -634,7 +690,7 @@ __device__ int write(Writer& sh, Handoff& ho, const unsigned char* src, unsigned
             break;
         }
     }
-    if (status == INFLATE_FULL) {  // the parser stopped too, and a stream it read past the end of is BAD (as kernel1's)
+    if (stopped) {  // the parser stopped too, and a stream it read past the end of is BAD (as kernel1's)
         if (lane == 0) ho.stop = 1;
         int done = 0;
         for (;;) {
@@ -774,7 +830,7 @@ extern "C" __global__ void __launch_bounds__(64 KERNEL3_MIN_BLOCKS) inflate_kern
     setup(sh);
     if (warp == 1) {
         if (part > 0 && lane == 0) *reinterpret_cast<volatile long long*>(&rec[part].start) = start;
-        const bool past = parse<true>(sh.parser, sh.handoff, src, size, part ? start : 0, part ? BEFORE : 0u,
+        const bool past = parse<true>(sh.parser, sh.handoff, src, size, part ? start : 0,
                                       Stops{rec, part + 1, PARTS}, lane);
         __syncwarp();
         if (lane == 0) sh.handoff.done = past ? 2 : 1;

@@ -4,7 +4,7 @@
 // inflate_kernel2's entry (its warps are inflate.cu's). Arguments: cuda/inflate.cu's.
 // inflate_kernel1: a block of one warp per stream, every lane decoding the same symbols in lockstep
 //   (no shuffles): Huffman codes through tables of 2^LIT_BITS and 2^DIST_BITS entries in shared
-//   memory (longer codes bit by bit, canonically; two literals a step where the bits allow; the next
+//   memory (longer codes by inflate.cu's long_code, a lane a length; two literals a step where the bits allow; the next
 //   symbol's entry looked up before this one's copy and store), tables
 //   built by the 32 lanes (ballots rank each length's symbols); the stream read 32 bits at a time,
 //   the next word loaded a refill ahead, no branch; literals and matches land in a window of the last
@@ -79,14 +79,14 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
         in.refill();
         unsigned e = lookup<LIT_BITS>(sh.lit, in.bits);
         for (;;) {  // the block's symbols; e: the next one's entry (>= 33 bits in hand)
-            if (e - 1u < 0xfffu) {  // a literal (every lane writes the same byte, so each sees it), and
+            if (LITERAL(e)) {  // a literal (every lane writes the same byte, so each sees it), and
                 in.drop(e & 15u);   // another where the table gives one for the bits left (>= 23)
-                win[p & (WINDOW - 1u)] = (unsigned char)(e >> 4);
+                win[p & (WINDOW - 1u)] = (unsigned char)(e >> 8);
                 e = lookup<LIT_BITS>(sh.lit, in.bits);
-                const bool two = e - 1u < 0xfffu;
+                const bool two = LITERAL(e);
                 if (two) {
                     in.drop(e & 15u);
-                    win[(p + 1) & (WINDOW - 1u)] = (unsigned char)(e >> 4);
+                    win[(p + 1) & (WINDOW - 1u)] = (unsigned char)(e >> 8);
                 }
                 p += 1 + two;
                 in.refill();
@@ -95,10 +95,10 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
                 continue;
             }
             if ((e & 15u) == 0) {  // a code longer than the table, or none
-                e = long_code<LITLEN>(in.bits, e, sh.lit_code);
-                if (e - 1u < 0xfffu) {
+                e = long_code<LITLEN>((unsigned)in.bits, e, sh.lit_code, lane);
+                if (LITERAL(e)) {
                     in.drop(e & 15u);
-                    win[p & (WINDOW - 1u)] = (unsigned char)(e >> 4);
+                    win[p & (WINDOW - 1u)] = (unsigned char)(e >> 8);
                     in.refill();
                     e = lookup<LIT_BITS>(sh.lit, in.bits);
                     if (++p - flushed >= LINE && !flush(p, flushed, cap, out, win, lane)) { status = INFLATE_FULL; break; }
@@ -120,7 +120,7 @@ extern "C" __global__ void __launch_bounds__(32) inflate_kernel1(const unsigned 
             in.refill();
             unsigned d = lookup<DIST_BITS>(sh.dist, in.bits);
             if ((d & 15u) == 0) {
-                d = long_code<DISTANCE>(in.bits, d, sh.dist_code);
+                d = long_code<DISTANCE>((unsigned)in.bits, d, sh.dist_code, lane);
                 if (d == 0) { status = INFLATE_BAD; break; }
             }
             in.drop(d & 15u);
@@ -169,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(64) inflate_kernel2(const unsigned 
     setup(sh);
     const unsigned char* src = src_ptrs[c];
     if (warp == 1) {
-        const bool past = parse<false>(sh.parser, sh.handoff, src, (long long)src_bytes[c], 0, 0, Stops{}, lane);
+        const bool past = parse<false>(sh.parser, sh.handoff, src, (long long)src_bytes[c], 0, Stops{}, lane);
         __syncwarp();
         if (lane == 0) sh.handoff.done = past ? 2 : 1;
         return;
