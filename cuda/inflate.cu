@@ -793,6 +793,17 @@ __device__ long long find_block(Parser& sh, const unsigned char* src, long long 
     return -1;
 }
 
+// The warp's slot on its SM (%warpid), its scheduler the slot mod 4. A block's two warps take an even
+// slot and the next (H200), so with fixed roles every parser shares two of the four schedulers and
+// every writer the other two: where the parse is the longer part (`spread`: a stream of mostly
+// literals, as HDF5's shuffle makes of float images) the parser is the block's warp 0 or 1 as its
+// slot's bit 2 says, which puts a quarter of them on each scheduler.
+__device__ __forceinline__ unsigned warp_slot() {
+    unsigned w;
+    asm volatile("mov.u32 %0, %%warpid;" : "=r"(w));
+    return w;
+}
+
 // inflate_kernel3: inflate_kernel2's two warps for each of PARTS parts of a stream, a block each
 //   (blockIdx: the last parts' first). Part k > 0 starts at the first dynamic block its parser finds
 //   past k/PARTS of the stream (find_block) and writes 16-bit values into its scratch memory: bytes,
@@ -807,11 +818,14 @@ extern "C" __global__ void __launch_bounds__(64 KERNEL3_MIN_BLOCKS) inflate_kern
                                                                  unsigned char* const* __restrict__ dst_ptrs,
                                                                  Part* __restrict__ parts,
                                                                  unsigned short* __restrict__ values,
-                                                                 unsigned long long stride, int count) {
+                                                                 unsigned long long stride, int count, int spread) {
     __shared__ Shared sh;
     __shared__ long long start;
+    __shared__ unsigned parser;  // the warp of the block that parses (role 1)
     const int part = PARTS - 1 - (int)blockIdx.x / count, c = (int)blockIdx.x % count;
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (threadIdx.x == 0) parser = spread ? (warp_slot() >> 2) & 1u : 1u;
+    __syncthreads();
+    const int warp = (int)(threadIdx.x / 32 == parser), lane = threadIdx.x % 32;  // warp: the role, 1 the parser
     const unsigned char* src = src_ptrs[c];
     const long long size = (long long)src_bytes[c];
     const unsigned cap = (unsigned)min(dst_bytes[c], 0x7fffffffull - BEFORE);

@@ -491,10 +491,10 @@ def test_deflate_chunks_are_split_in_parts_only_where_all_are_in_flight(tmp_path
     else:
         monkeypatch.setattr(chunk_decode, "IN_FLIGHT_BYTES", 2_000_000)  # 2 slots: one group decoding at a time
     splits, call = [], launch.InflateParts.__call__
-    def spied(self, *a):  # (a[1]: the streams; the warm-up's single stream aside)
+    def spied(self, *a, **k):  # (a[1]: the streams; the warm-up's single stream aside)
         if a[1] > 1:
             splits.append(a[-1])
-        return call(self, *a)
+        return call(self, *a, **k)
     monkeypatch.setattr(launch.InflateParts, "__call__", spied)
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][:2000], f["y"][:2000]

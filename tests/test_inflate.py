@@ -32,13 +32,13 @@ def deflate(data, level=6, strategy=zlib.Z_DEFAULT_STRATEGY, wbits=15, flush_eve
     return b"".join(parts) + c.flush()
 
 
-def inflate(gpu, kernel, streams, caps, skews=None, window=None, parts=None, records=None, **options):
+def inflate(gpu, kernel, streams, caps, skews=None, window=None, parts=None, records=None, spread=False, **options):
     """Run the kernel (keeping `window` bytes in shared memory; inflate_kernel3 in `parts` parts,
     with the scratch memory it takes) over streams (bytes), stream k starting skews[k] bytes past a
     16-byte boundary, into outputs of caps[k] bytes: (statuses, decoded sizes, outputs, guards
     intact). records: a list that takes inflate_kernel3's parts' records (start bit, status, next
-    part, length: an array of (streams, parts, 4)). options: inflate_kernel3's other build options
-    (ring, min_blocks)."""
+    part, length: an array of (streams, parts, 4)). spread: inflate_kernel3's parsers on every
+    scheduler. options: inflate_kernel3's other build options (ring, min_blocks)."""
     import pycuda.driver as cuda
 
     if kernel is launch.InflateParts and window and window < 4096:
@@ -65,7 +65,7 @@ def inflate(gpu, kernel, streams, caps, skews=None, window=None, parts=None, rec
     scratch = ()
     if hasattr(decoder, "scratch_for"):
         nbytes = decoder.scratch_for(n, max(caps))
-        scratch = (cuda.mem_alloc(256 + nbytes), nbytes)
+        scratch = (cuda.mem_alloc(256 + nbytes), nbytes, True, spread)
     decoder(cuda.Stream(), n, row[0], row[1], row[2], row[3], row[4], d_status, *scratch)
     cuda.Context.synchronize()
     if records is not None:
@@ -110,6 +110,21 @@ def test_the_kernel_decodes_what_zlib_does(gpu, kernel, rng, setting, window):
     for k, name in enumerate(names):
         assert (status[k], sizes[k], guards[k]) == (OK, caps[k], True), name
         assert outputs[k] == data[name], name
+
+
+@pytest.mark.parametrize("spread", [False, True])
+def test_kernel3_with_its_parsers_spread_or_not(gpu, rng, spread):
+    """inflate_kernel3 decodes the corpus at levels 1 and 6, and shuffled, as zlib does whichever warp
+    of each block parses (spread: chosen by the warp's slot)."""
+    data = corpus(rng)
+    names = list(data) * 3
+    shuffled = [np.frombuffer(v, np.uint8)[:len(v) // 4 * 4].reshape(-1, 4).T.tobytes() for v in data.values()]
+    raw = list(data.values()) * 2 + shuffled
+    streams = [deflate(v, level=1 if i < len(data) else 6) for i, v in enumerate(raw)]
+    status, sizes, outputs, guards = inflate(gpu, launch.InflateParts, streams, [len(v) for v in raw], spread=spread)
+    for k, name in enumerate(names):
+        assert (status[k], sizes[k], guards[k]) == (OK, len(raw[k]), True), name
+        assert outputs[k] == raw[k], name
 
 
 @pytest.mark.parametrize("ring,min_blocks", [(128, 15), (512, None)])

@@ -75,9 +75,9 @@ def stream_of(path, images, level, shuffle):
     return raw, c.compress(raw) + c.flush()
 
 
-def timed(decoder, stream_bytes, expect, copies, repeats, split=True):
+def timed(decoder, stream_bytes, expect, copies, repeats, split=True, spread=False):
     """The median ms of launches decoding `copies` copies of the stream (inflate_kernel3's in parts
-    where split); SystemExit where one is wrong."""
+    where split, its parsers spread over the schedulers where spread); SystemExit where one is wrong."""
     import pycuda.driver as cuda
 
     stride = -(-(len(expect) + 64) // 256) * 256
@@ -89,7 +89,7 @@ def timed(decoder, stream_bytes, expect, copies, repeats, split=True):
     scratch = ()
     if hasattr(decoder, "scratch_for"):  # inflate_kernel3's parts
         nbytes = decoder.scratch_for(copies, len(expect))
-        scratch = (cuda.mem_alloc(256 + nbytes), nbytes, split)
+        scratch = (cuda.mem_alloc(256 + nbytes), nbytes, split, spread)
     rows = [int(d_table) + 8 * copies * j for j in range(5)]
     stream, start, end = cuda.Stream(), cuda.Event(), cuda.Event()
     ms = []
@@ -128,6 +128,8 @@ def main(argv=None):
     p.add_argument("--window", type=int, help="shared-memory window bytes of kernels 2 and 3 (default: the product's)")
     p.add_argument("--whole", action="store_true", help="inflate_kernel3 decodes each copy whole (split=False)")
     p.add_argument("--ring", type=int, help="inflate_kernel3's tokens between parser and writer (default: the product's)")
+    p.add_argument("--spread", choices=("yes", "no"),
+                   help="inflate_kernel3's parsers on every scheduler (default: where --shuffle, as the product)")
     p.add_argument("--min-blocks", type=int, help="inflate_kernel3's blocks an SM its registers allow (default: the product's)")
     a = p.parse_args(argv)
     from infer.gpu.device import Device
@@ -145,7 +147,8 @@ def main(argv=None):
             f = decoder.function
             print(f"{name}: {f.num_regs} registers, {f.shared_size_bytes:,} bytes of shared memory a block", flush=True)
             for copies in (int(c) for c in a.copies.split(",")):
-                ms = timed(decoder, deflated, raw, copies, a.repeats, not a.whole)
+                spread = a.shuffle if a.spread is None else a.spread == "yes"
+                ms = timed(decoder, deflated, raw, copies, a.repeats, not a.whole, spread)
                 print(f"{name}  {a.window or decoder.WINDOW}  {copies:5d} copies  {ms:8.2f} ms  "
                       f"{copies * len(raw) / ms / 1e6:6.1f} GB/s out", flush=True)
     finally:

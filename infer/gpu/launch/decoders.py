@@ -59,7 +59,7 @@ class InflateParts(FrameDecoder):
     parts in order. A stream of under 4,096 bytes, or whose parts' values would not fit the scratch
     memory, is decoded whole by its first part, as inflate_kernel2. window, ring and min_blocks
     (RING, MIN_BLOCKS) size its shared memory and registers: dev/cuda/inflate_early.py times them."""
-    source, kernel, arg_types = "inflate", "inflate_kernel3", "PPPPPPQi"
+    source, kernel, arg_types = "inflate", "inflate_kernel3", "PPPPPPQii"
     JOIN = "inflate_join_kernel3"
     threads = 64
     WINDOW = 8192  # recent output bytes a part keeps in shared memory (matches from further back read the output)
@@ -98,11 +98,12 @@ class InflateParts(FrameDecoder):
         return self.records(count) + count * (self.parts - 1) * ceil_div(2 * (self.BEFORE + capacity), 256) * 256
 
     def __call__(self, stream, count, src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses, scratch,
-                 scratch_bytes, split=True):
+                 scratch_bytes, split=True, spread=False):
         """As FrameDecoder's, and `scratch`: a device buffer of 256 + scratch_bytes bytes (its first
         256 unused), the parts' records set to all ones here, on the stream. split=False: every
         stream decoded whole by its first part (where the GPU is full of streams, splitting them
-        costs more than it saves)."""
+        costs more than it saves). spread: the parsers on all four schedulers of an SM, not two
+        (for streams of mostly literals, whose parse is the longer part: inflate.cu's warp_slot)."""
         import pycuda.driver as cuda
 
         self.check_count(count)
@@ -116,7 +117,7 @@ class InflateParts(FrameDecoder):
         parts = int(scratch) + 256
         cuda.memset_d8_async(parts, 0xFF, records, stream)
         self.launch(stream, (count * self.parts, 1), (64, 1, 1), src_ptrs, src_bytes, dst_bytes, dst_ptrs, parts,
-                    parts + records, stride, count)
+                    parts + records, stride, count, int(spread))
         self.launch(stream, (count, 1), (256, 1, 1), dst_bytes, actual_bytes, dst_ptrs, statuses, parts,
                     parts + records, stride, function=self.join, name=self.JOIN)
 
