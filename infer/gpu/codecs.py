@@ -4,7 +4,7 @@ places a block's images.
 - deflate (Deflate): inflate_kernel3 (cuda/inflate.cu: two warps parsing and writing each part of a
   chunk, its parts past the first starting at a deflate block they find, then joined), a kernel
   checking them (the kernel's status, the decoded size, deflate's adler32), HDF5's shuffle undone as
-  they are placed. A chunk of 1,024 MNIST images at gzip 1 takes 21 ms alone in 2 parts (31 whole:
+  they are placed. A chunk of 1,024 MNIST images at gzip 1 takes 19.5 ms alone in 2 parts (31 whole:
   H200); an SM holds eleven parts. A run whose chunks are not all in flight at once decodes them whole;
 - Zstd (Zstd): zstd_kernel2 (cuda/zstd.cu: 3 warps a frame, two decoding its blocks apart into
   scratch memory, one carrying their sequences out in order), checked and unshuffled as deflate's. A
