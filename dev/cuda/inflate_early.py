@@ -139,6 +139,7 @@ def main(argv=None):
     print(f"{a.images} images, {len(raw):,} bytes{' shuffled' if a.shuffle else ''}, deflated at level {a.level} "
           f"to {len(deflated):,}")
     gpu = Device(0)
+    spread = a.shuffle if a.spread is None else a.spread == "yes"
     try:
         b = launch.Build(gpu.arch, False, None, NullProfiler(), "auto", gpu.l2_bytes, gpu.sms)
         for name in a.kernels.split(","):
@@ -147,7 +148,6 @@ def main(argv=None):
             f = decoder.function
             print(f"{name}: {f.num_regs} registers, {f.shared_size_bytes:,} bytes of shared memory a block", flush=True)
             for copies in (int(c) for c in a.copies.split(",")):
-                spread = a.shuffle if a.spread is None else a.spread == "yes"
                 ms = timed(decoder, deflated, raw, copies, a.repeats, not a.whole, spread)
                 print(f"{name}  {a.window or decoder.WINDOW}  {copies:5d} copies  {ms:8.2f} ms  "
                       f"{copies * len(raw) / ms / 1e6:6.1f} GB/s out", flush=True)

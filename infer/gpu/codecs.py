@@ -90,8 +90,8 @@ class Deflate:
         """The kernel on a group's table columns `at` (see Decoder.columns); split: whether
         inflate_kernel3 splits the streams (Decoder.split). A shuffled file's streams are mostly
         literals, so their parse is the longer part: its parsers spread over every scheduler (977
-        shuffled gzip 6 chunks 50.7 ms against 55.9; unshuffled, where the writers' copies weigh
-        more, gzip 6 43.3 against 41.7: H200)."""
+        shuffled gzip 6 chunks 50.7 ms against 55.7; unshuffled, where the writers' copies weigh
+        more, gzip 6 43.2 against 41.5: H200, the same call)."""
         self.decoder(stream, count, at[0], at[1], at[2], at[4], at[3], at[5], scratch, scratch_bytes, split,
                      spread=self.shuffled)
 
