@@ -22,7 +22,7 @@ DATA, DECODED = 1 << 40, 1 << 41  # device addresses the table is written for
 
 @pytest.fixture
 def no_kernels(monkeypatch):
-    for name in ("ZstdApart", "StreamCheck", "BloscUnshuffle"):
+    for name in ("Zstd", "StreamCheck", "BloscUnshuffle"):
         monkeypatch.setattr(codecs.launch, name, lambda *args: None)
 
 

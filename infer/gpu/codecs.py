@@ -16,8 +16,8 @@ places a block's images.
   ~25 a 1,024-image chunk, the stream in a window of registers, the recent output in shared memory):
   80 such chunks alone take 5.4 ms (H200; 1,000-image chunks 16 ms, their last block one stream of
   514 KB), the bits unshuffled as they are placed;
-- Blosc zstd (BloscZstd): zstd_kernel2 on each c-blosc block's frame (13 of 256 KB a 1,000-image
-  MNIST chunk), c-blosc's byte shuffle undone a block at a time as they are placed.
+- Blosc zstd (BloscZstd): zstd_kernel1 (a warp a frame) on each c-blosc block's frame (13 of 256 KB
+  a 1,000-image MNIST chunk), c-blosc's byte shuffle undone a block at a time as they are placed.
 """
 import os
 
@@ -352,21 +352,24 @@ def _u32(buf, at):
 class BloscZstd(BloscLz4):
     """hdf5plugin's Blosc filter (c-blosc 1's format 2) with zstd, byte-shuffled or not, a stream a
     block (c-blosc's don't-split flag, how it stores zstd): each block's Zstandard frame decoded by
-    zstd_kernel2 into its place in the chunk (a table row a block, chunks 256 bytes apart), checked
+    zstd_kernel1 into its place in the chunk (a table row a block, chunks 256 bytes apart), checked
     by decode_check_kernel2 (status, each block's size: the frames' structure catches damage), and
     c-blosc's shuffle, a block at a time, undone as the images are placed (blosc_unshuffle_kernel1).
     A block stored as it is (it did not shrink) is copied into place; a chunk stored otherwise
-    (copied whole, split, another codec or block size) is decoded by the reader threads. The group,
-    blocks and ring deflate's were until 2026-12-03: a 1,000-image MNIST chunk is 13 frames of 256 KB."""
+    (copied whole, split, another codec or block size) is decoded by the reader threads. A warp a
+    frame, not zstd_kernel2's three: a frame is a c-blosc block (a 1,000-image MNIST chunk is 13 of
+    256 KB, two Zstandard blocks each), so a run has frames enough to fill every SM, and at a warp
+    each an SM fits twice the frames (1M images, H200: 110-116 ms, not 176-180). The group, blocks
+    and ring deflate's were until 2026-12-03."""
     ZSTD = 4  # c-blosc's codec number, in a header's flags >> 5
     arrays = 6  # of the table, uint64 a block: frame, size, capacity, output, decoded size, status
-    scratch = launch.ZstdApart.SCRATCH
+    scratch = 0.0
     # (deflate's 10 of 128 MB, 4 deep, took a 1M-image file to 201 ms, under 5M images/s: H200)
     group, block_bytes, ring = 20, 64 << 20, 6
     stride = staticmethod(Deflate.stride)
 
     def __init__(self, build, rows):
-        self.decoder, self.check = launch.ZstdApart(build), launch.StreamCheck(build)
+        self.decoder, self.check = launch.Zstd(build), launch.StreamCheck(build)
         head = os.pread(rows.fd, 16, int(rows.index[0][0]))
         self.rows, self.itemsize = rows, rows.dtype.itemsize
         self.flags, self.blosc_block = head[2], int.from_bytes(head[8:12], "little")
@@ -403,19 +406,18 @@ class BloscZstd(BloscLz4):
         return None
 
     def describe(self):
-        return f"zstd_kernel2 (Blosc blocks){' + blosc unshuffle' if self.shuffled else ''}"
+        return f"zstd_kernel1 (Blosc blocks){' + blosc unshuffle' if self.shuffled else ''}"
 
     def warm_up(self, alloc):
         import pycuda.driver as cuda
 
         frame = np.frombuffer(Zstd.sample(), np.uint8)  # 4,096 zero bytes
         src, out, values, table, bad = alloc(len(frame)), alloc(4096), alloc(4096), alloc(48), alloc(4)
-        scratch = alloc(256 + int(4096 * self.scratch))
         cuda.memcpy_htod(src, frame)
         cuda.memcpy_htod(table, np.array([int(src), len(frame), 4096, int(out), 0, 0], np.uint64))
         cuda.memset_d32(bad, launch.INT_MAX, 1)
         t, stream = int(table), cuda.Stream()
-        self.decoder(stream, 1, t, t + 8, t + 16, t + 32, t + 24, t + 40, scratch, int(4096 * self.scratch))
+        self.decoder(stream, 1, t, t + 8, t + 16, t + 32, t + 24, t + 40)
         self.check(stream, 1, t + 8, t + 16, t + 32, t + 40, 0, bad)
         if self.unshuffle:
             n = 4096 // self.itemsize
@@ -477,7 +479,7 @@ class BloscZstd(BloscLz4):
         import pycuda.driver as cuda
 
         at, rows = dec.columns(table), count * self.blocks
-        self.decoder(stream, rows, at[0], at[1], at[2], at[4], at[3], at[5], scratch, dec.scratch_bytes)
+        self.decoder(stream, rows, at[0], at[1], at[2], at[4], at[3], at[5])
         self.check(stream, rows, at[1], at[2], at[4], at[5], c0 * self.blocks, dec.flags)
         for slot, src, nbytes in (copy for copies, _ in extras for copy in copies):  # before the lane's bytes
             cuda.memcpy_dtod_async(slot, src, nbytes, stream)                         # are uploaded over
