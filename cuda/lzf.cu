@@ -1,10 +1,10 @@
 // LZF streams (h5py's lzf filter: one stream a chunk) decoded on the GPU, each into its own output
 // buffer. Arguments: arrays of `count` source pointers, source sizes, output capacities, decoded
 // sizes (out), output pointers and statuses (out: ZSTD_OK, _BAD, _FULL), as inflate_kernel2's.
-// lzf_kernel1: a block of one warp per stream (cuda/lzf.cuh: the lanes parse 32 tokens in lockstep,
-//   then build their output in a 16 KB ring in shared memory: literals and references reaching
-//   before the batch a lane each, references into the batch and long ones in order by the warp;
-//   each batch stored coalesced); reads the stream about twice (the parse, then the literals), writes
+// lzf_kernel1: a block of one warp per stream (cuda/lzf.cuh: the lanes parse up to 32 tokens at once,
+//   those starting in the next 128 bytes, by pointer doubling, then build their output in a 16 KB
+//   ring in shared memory: literals and references reaching before the batch a lane each,
+//   references into the batch and long ones in order by the warp; each batch stored coalesced); reads the stream about twice (the parse, then the literals), writes
 //   the output once. Outputs up to ZOUT_MAX (1 GiB - 1) bytes.
 
 #include "lzf.cuh"

@@ -2,8 +2,9 @@
 // decoded by one warp (cuda/lzf.cu) or by one host thread (built with -DZSTD_HOST: the CPU tests
 // check this same code against liblzf's rules). A stream is tokens, each a control byte c: c < 32:
 // c + 1 literal bytes follow; else a back reference of (c >> 5) + 2 bytes (c >> 5 == 7: plus the
-// next byte), from ((c & 31) << 8) + the next byte + 1 bytes back (8,192 at most). The lanes parse
-// the tokens in lockstep, up to 32 (and LZF_BATCH bytes of output) a batch, lane k keeping the k-th.
+// next byte), from ((c & 31) << 8) + the next byte + 1 bytes back (8,192 at most). A batch is up
+// to 32 tokens (and LZF_BATCH bytes of output), lane k keeping the k-th: the warp parses them at once
+// (lzf_parse; the host build, one by one).
 // The output is built in a ring in shared memory holding more than the last 8 KB, so no reference
 // reads the output back from global memory: each lane places its literals, and its reference where
 // it reaches only before the batch, side by side; the references into the batch's own output (and
@@ -16,6 +17,7 @@
 #define LZF_RING 16384  // bytes: the 8 KB a reference reaches back, a batch's output, and room
 #define LZF_MASK (LZF_RING - 1)
 #define LZF_BATCH 4096  // a batch ends once its output reaches this (at most + 264 bytes)
+#define LZF_WIN 128     // the warp's batch: tokens starting in the next 128 bytes of the stream, 4 a lane
 
 // n bytes from `from` (a stream's bytes, or ring positions: masked) to ring position `to` on, by one
 // lane, 16 loads before their 16 stores (the two never overlap: literals, or references reaching only
@@ -56,6 +58,82 @@ ZDEV void lzf_ring_copy(zu8* ring, const zu8 (*mods)[ZLANES], int to, int off, i
     }
 }
 
+#ifndef ZSTD_HOST
+// A batch's tokens, parsed by the warp at once (the host build parses them one by one): those starting
+// in the LZF_WIN bytes from ip, 32 at most, up to the first bad one and while the output before each
+// is under LZF_BATCH. Each lane finds where a token starting at each of its 4 bytes would end; the
+// chain from ip is then followed by pointer doubling (jumps of 1, 2, 4, 8, 16 tokens), so lane k finds
+// token k's start in 5 steps, not k. Lane k keeps token k (as the host build's loop does); ip and op
+// move past the batch; bad where a token in it is damaged.
+ZDEV void lzf_parse(const zu8* __restrict__ src, int end, int& ip, int& op, int start, int lane, int& my_at,
+                    int& my_ll, int& my_ml, int& my_off, int& my_lit, int& bad) {
+    const int lim = min(LZF_WIN, end - ip);  // offsets where a token may start
+    unsigned jump[5];
+    jump[0] = 0;
+    for (int q = 0; q < 4; ++q) {  // the offset past a token starting at 4 lane + q (255: none)
+        const int j = 4 * lane + q;
+        const int c = j < lim ? src[ip + j] : 0;
+        const int next = j < lim ? j + (c < 32 ? c + 2 : c >> 5 == 7 ? 3 : 2) : 255;
+        jump[0] |= (unsigned)next << (8 * q);
+    }
+    for (int s = 1; s < 5; ++s) {  // jump[s]: 2^s tokens on
+        unsigned r = 0;
+        for (int q = 0; q < 4; ++q) {
+            const unsigned j = (jump[s - 1] >> (8 * q)) & 255u;
+            const unsigned v = ZSHFL(jump[s - 1], (int)(j >> 2) & 31);
+            r |= (j < (unsigned)lim ? (v >> (8 * (j & 3u))) & 255u : 255u) << (8 * q);
+        }
+        jump[s] = r;
+    }
+    unsigned t = 0;  // token `lane`'s offset
+    for (int s = 0; s < 5; ++s) {
+        const unsigned v = ZSHFL(jump[s], (int)(t >> 2) & 31);
+        const unsigned next = t < (unsigned)lim ? (v >> (8 * (t & 3u))) & 255u : 255u;
+        if (lane >> s & 1) t = next;
+    }
+    const bool valid = t < (unsigned)lim;
+    const int at = ip + (int)t, c = valid ? src[at] : 0;
+    const int b1 = valid && at + 1 < end ? src[at + 1] : 0, b2 = valid && at + 2 < end ? src[at + 2] : 0;
+    int ll = 0, ml = 0, off = 0, damaged = 0, p = at + 1;
+    if (valid && c < 32) {
+        ll = c + 1;
+        damaged = ll > end - p;
+    } else if (valid) {
+        ml = c >> 5;
+        int low = b1;
+        if (ml == 7) {
+            damaged = p >= end;
+            ml += b1;
+            low = b2;
+            ++p;
+        }
+        damaged |= p >= end;
+        off = ((c & 31) << 8) + low + 1;
+        ml += 2;
+    }
+    int sum = ll + ml;  // the output through this token, from the batch's start
+    for (int d = 1; d < ZLANES; d <<= 1) {
+        const int u = __shfl_up_sync(0xffffffffu, sum, d);
+        if (lane >= d) sum += u;
+    }
+    const int before = sum - ll - ml;
+    damaged |= ml > 0 && off > op + before;
+    const unsigned taken = ZBALLOT(valid && before < LZF_BATCH), hurt = ZBALLOT(valid && damaged) & taken;
+    const int n = hurt ? __ffs(hurt) : __popc(taken);  // tokens in the batch (n >= 1: token 0 is taken)
+    if (lane < n) {
+        my_at = op + before;
+        my_ll = ll;
+        my_ml = ml;
+        my_off = off;
+        my_lit = at + 1;
+    }
+    bad = hurt != 0;
+    const int past = (int)t + (c < 32 ? c + 2 : c >> 5 == 7 ? 3 : 2);
+    ip += ZSHFL(past, n - 1);
+    op += ZSHFL(sum, n - 1);
+}
+#endif
+
 // src[0..size) into out (cap bytes at most, cap <= ZOUT_MAX): a status, *decoded the bytes written.
 // ring: LZF_RING bytes of shared memory; mods: lzf_mods's table, filled.
 ZDEV int lzf_stream(const zu8* __restrict__ src, zi64 size, zu8* __restrict__ out, zi64 cap, zi64* decoded, int lane,
@@ -67,6 +145,7 @@ ZDEV int lzf_stream(const zu8* __restrict__ src, zi64 size, zu8* __restrict__ ou
     while (ip < end) {
         const int start = op;
         int my_at = 0, my_ll = 0, my_ml = 0, my_off = 0, my_lit = 0, bad = 0;
+#ifdef ZSTD_HOST
         for (int k = 0; k < ZLANES && ip < end && !bad && op - start < LZF_BATCH; ++k) {
             // the token's three possible head bytes loaded side by side: one load's wait a token
             const int c = src[ip], b1 = ip + 1 < end ? src[ip + 1] : 0, b2 = ip + 2 < end ? src[ip + 2] : 0;
@@ -100,6 +179,9 @@ ZDEV int lzf_stream(const zu8* __restrict__ src, zi64 size, zu8* __restrict__ ou
             }
             op += ll + ml;
         }
+#else
+        lzf_parse(src, end, ip, op, start, lane, my_at, my_ll, my_ml, my_off, my_lit, bad);
+#endif
         if (bad) return ZSTD_BAD;
         if (op > room) return ZSTD_FULL;  // (op only grows: checked once a batch, before any store)
         const int in_order = my_ml > 0 && (my_at - my_off + my_ml > start || my_ml > ZLONG);
