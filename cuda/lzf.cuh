@@ -185,12 +185,19 @@ ZDEV int lzf_stream(const zu8* __restrict__ src, zi64 size, zu8* __restrict__ ou
         if (bad) return ZSTD_BAD;
         if (op > room) return ZSTD_FULL;  // (op only grows: checked once a batch, before any store)
         const int in_order = my_ml > 0 && (my_at - my_off + my_ml > start || my_ml > ZLONG);
-        if (my_ll > 0) lzf_lane_copy(ring, my_at, src + my_lit, 0, my_ll);
-        if (my_ml > 0 && !in_order) lzf_lane_copy(ring, my_at, ring, my_at - my_off, my_ml);
+        // a lane's literals, or its reference reaching only before the batch: one pass for both kinds
+        const int lane_bytes = my_ll > 0 ? my_ll : in_order ? 0 : my_ml;
+        if (lane_bytes > 0)
+            lzf_lane_copy(ring, my_at, my_ll > 0 ? src + my_lit : ring, my_ll > 0 ? 0 : my_at - my_off, lane_bytes);
         ZSYNC();
-        for (unsigned rest = ZBALLOT(in_order); rest; rest &= rest - 1) {
-            const int k = zlowest(rest);
-            lzf_ring_copy(ring, mods, ZSHFL(my_at, k), ZSHFL(my_off, k), ZSHFL(my_ml, k), lane);
+        unsigned rest = ZBALLOT(in_order);
+        int k = rest ? zlowest(rest) : 0, to = ZSHFL(my_at, k), back = ZSHFL(my_off, k), n = ZSHFL(my_ml, k);
+        while (rest) {  // each reference's place fetched while the one before it copies
+            rest &= rest - 1;
+            k = rest ? zlowest(rest) : 0;
+            const int to2 = ZSHFL(my_at, k), back2 = ZSHFL(my_off, k), n2 = ZSHFL(my_ml, k);
+            lzf_ring_copy(ring, mods, to, back, n, lane);
+            to = to2, back = back2, n = n2;
         }
         for (int j = start + lane; j < op; j += ZLANES) out[j] = ring[j & LZF_MASK];
         ZSYNC();
