@@ -9,9 +9,9 @@ places a block's images.
 - Zstd (Zstd): zstd_kernel2 (cuda/zstd.cu: 3 warps a frame, two decoding its blocks apart into
   scratch memory, one carrying their sequences out in order), checked and unshuffled as deflate's. A
   1,000-image MNIST chunk takes 15 ms alone (H100), shuffled 23;
-- LZF (Lzf): lzf_kernel1 (cuda/lzf.cu: a warp a chunk, 32 tokens parsed a batch, its output built
-  in a ring in shared memory), checked and unshuffled as deflate's. A 1,000-image MNIST chunk takes
-  35 ms alone (H100), shuffled 52;
+- LZF (Lzf): lzf_kernel1 (cuda/lzf.cu: a warp a chunk, a batch's 32 tokens parsed at once, its
+  output built in a ring in shared memory), checked and unshuffled as deflate's. A 1,000-image MNIST
+  chunk takes 24 ms alone (H200), shuffled 33;
 - Blosc lz4 + bitshuffle (BloscLz4): blosc_lz4_kernel2 (cuda/lz4.cu: a warp per stream of a block,
   ~25 a 1,024-image chunk, the stream in a window of registers, the recent output in shared memory):
   80 such chunks alone take 5.4 ms (H200; 1,000-image chunks 16 ms, their last block one stream of
