@@ -1,6 +1,7 @@
 // LZF streams (liblzf's format, as h5py's lzf filter stores a chunk: the stream alone, no header),
 // decoded by one warp (cuda/lzf.cu) or by one host thread (built with -DZSTD_HOST: the CPU tests
-// check this same code against liblzf's rules). A stream is tokens, each a control byte c: c < 32:
+// check this code against liblzf's rules; the GPU test checks the warp's, whose parse is lzf_parse,
+// against the host build's statuses and bytes). A stream is tokens, each a control byte c: c < 32:
 // c + 1 literal bytes follow; else a back reference of (c >> 5) + 2 bytes (c >> 5 == 7: plus the
 // next byte), from ((c & 31) << 8) + the next byte + 1 bytes back (8,192 at most). A batch is up
 // to 32 tokens (and LZF_BATCH bytes of output), lane k keeping the k-th: the warp parses them at once
