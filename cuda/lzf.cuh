@@ -157,7 +157,7 @@ ZDEV int lzf_stream(const zu8* __restrict__ src, zi64 size, zu8* __restrict__ ou
                 bad = ll > end - ip;
                 ip += ll;
             } else {
-                ml = c >> 5;
+                ml = c >> 5;  // the length less 2 (7: the next byte adds to it)
                 int low = b1;  // the offset's low byte
                 if (ml == 7) {
                     bad = ip >= end;
