@@ -358,9 +358,10 @@ class BloscZstd(BloscLz4):
     A block stored as it is (it did not shrink) is copied into place; a chunk stored otherwise
     (copied whole, split, another codec or block size) is decoded by the reader threads. A warp a
     frame, not zstd_kernel2's three: a frame is a c-blosc block (a 1,000-image MNIST chunk is 13 of
-    256 KB, two Zstandard blocks each), so a run has frames enough to fill every SM, and at a warp
-    each an SM fits twice the frames (1M images, H200: 110-116 ms, not 176-180). The group, blocks
-    and ring deflate's were until 2026-12-03."""
+    256 KB, two Zstandard blocks each), so a run has frames enough to fill every SM, and an SM holds
+    14 frames at a warp each, not zstd_kernel2's 5 (128 registers a thread, 38 KB of shared memory a
+    frame; 1M images, H200: 110-116 ms, not 176-180). The group, blocks and ring deflate's were until
+    2026-12-03."""
     ZSTD = 4  # c-blosc's codec number, in a header's flags >> 5
     arrays = 6  # of the table, uint64 a block: frame, size, capacity, output, decoded size, status
     scratch = 0.0
