@@ -364,8 +364,8 @@ class BloscZstd(BloscLz4):
     2026-12-03."""
     ZSTD = 4  # c-blosc's codec number, in a header's flags >> 5
     arrays = 6  # of the table, uint64 a block: frame, size, capacity, output, decoded size, status
-    scratch = 0.0
-    # (deflate's 10 of 128 MB, 4 deep, took a 1M-image file to 201 ms, under 5M images/s: H200)
+    # (chosen under zstd_kernel2, where deflate's 10 of 128 MB, 4 deep, took 1M images 201 ms; under
+    # zstd_kernel1 the two plans run alike: 110.0-113.2 ms against 109.4-111.3, H200)
     group, block_bytes, ring = 20, 64 << 20, 6
     stride = staticmethod(Deflate.stride)
 
