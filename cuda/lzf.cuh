@@ -20,6 +20,27 @@
 #define LZF_BATCH 4096  // a batch ends once its output reaches this (at most + 264 bytes)
 #define LZF_WIN 128     // the warp's batch: tokens starting in the next 128 bytes of the stream, 4 a lane
 
+// A token from its control byte c and the two bytes after it (b1, b2; p: the position after c): *ll
+// literals, or a reference of *ml bytes from *off back; whether its bytes run past the stream's end.
+// The warp's parse and the host build's loop both decode a token here.
+ZDEV int lzf_token(int c, int b1, int b2, int p, int end, int* ll, int* ml, int* off) {
+    *ll = *ml = *off = 0;
+    if (c < 32) {
+        *ll = c + 1;
+        return *ll > end - p;
+    }
+    int n = c >> 5, low = b1, damaged = 0;  // the length less 2 (7: the next byte adds to it), the offset's low byte
+    if (n == 7) {
+        damaged = p >= end;
+        n += b1;
+        low = b2;
+        ++p;
+    }
+    *ml = n + 2;
+    *off = ((c & 31) << 8) + low + 1;
+    return damaged | (p >= end);
+}
+
 // n bytes from `from` (a stream's bytes, or ring positions: masked) to ring position `to` on, by one
 // lane, 16 loads before their 16 stores (the two never overlap: literals, or references reaching only
 // before the batch).
@@ -95,23 +116,8 @@ ZDEV void lzf_parse(const zu8* __restrict__ src, int end, int& ip, int& op, int 
     const bool valid = t < (unsigned)lim;
     const int at = ip + (int)t, c = valid ? src[at] : 0;
     const int b1 = valid && at + 1 < end ? src[at + 1] : 0, b2 = valid && at + 2 < end ? src[at + 2] : 0;
-    int ll = 0, ml = 0, off = 0, damaged = 0, p = at + 1;
-    if (valid && c < 32) {
-        ll = c + 1;
-        damaged = ll > end - p;
-    } else if (valid) {
-        ml = c >> 5;
-        int low = b1;
-        if (ml == 7) {
-            damaged = p >= end;
-            ml += b1;
-            low = b2;
-            ++p;
-        }
-        damaged |= p >= end;
-        off = ((c & 31) << 8) + low + 1;
-        ml += 2;
-    }
+    int ll = 0, ml = 0, off = 0, damaged = 0;
+    if (valid) damaged = lzf_token(c, b1, b2, at + 1, end, &ll, &ml, &off);
     int sum = ll + ml;  // the output through this token, from the batch's start
     for (int d = 1; d < ZLANES; d <<= 1) {
         const int u = __shfl_up_sync(0xffffffffu, sum, d);
@@ -150,27 +156,10 @@ ZDEV int lzf_stream(const zu8* __restrict__ src, zi64 size, zu8* __restrict__ ou
         for (int k = 0; k < ZLANES && ip < end && !bad && op - start < LZF_BATCH; ++k) {
             // the token's three possible head bytes loaded side by side: one load's wait a token
             const int c = src[ip], b1 = ip + 1 < end ? src[ip + 1] : 0, b2 = ip + 2 < end ? src[ip + 2] : 0;
-            int ll = 0, ml = 0, off = 0;
+            int ll, ml, off;
             const int lit = ++ip;
-            if (c < 32) {
-                ll = c + 1;
-                bad = ll > end - ip;
-                ip += ll;
-            } else {
-                ml = c >> 5;  // the length less 2 (7: the next byte adds to it)
-                int low = b1;  // the offset's low byte
-                if (ml == 7) {
-                    bad = ip >= end;
-                    ml += b1;
-                    low = b2;
-                    ++ip;
-                }
-                bad |= ip >= end;
-                off = ((c & 31) << 8) + low + 1;
-                ++ip;
-                ml += 2;
-                bad |= off > op;
-            }
+            bad = lzf_token(c, b1, b2, ip, end, &ll, &ml, &off) | (ml > 0 && off > op);
+            ip += c < 32 ? ll : c >> 5 == 7 ? 2 : 1;
             if (lane == k) {
                 my_at = op;
                 my_ll = ll;
