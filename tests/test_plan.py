@@ -53,7 +53,7 @@ def test_a_batch_that_fits_stays_resident_in_chunks_for_every_stream():
 
 
 def test_the_default_streams_take_10000_images_in_one_round():
-    """8 streams: 8 chunks of 1,250 run at once; on 4, a fifth chunk of 2,048 ran alone (docs/performance.md)."""
+    """8 streams: 8 chunks of 1,250 run at once; on 4, a fifth chunk of 2,048 ran alone (54a8bfc)."""
     from infer.options import STREAMS
 
     chunk, resident = memory(10_000, 80 << 30, streams=STREAMS)

@@ -12,7 +12,7 @@ from ..errors import InputError
 STREAM_BYTES = 25 << 20
 # Images over two blocks stream even within the host budget: read whole, 160,000 float32 MNIST
 # images took 314-378 ms to pin and fill before the GPU started (H100 host, fresh runs), streamed
-# they were read and classified in 54-69 ms (docs/performance.md, "Mid-size files")
+# they were read and classified in 54-69 ms (4be89fa)
 STREAM_FROM = 2 * STREAM_BYTES
 # Streamed blocks in flight (being read, uploaded, computed): 6 of ~25 MB pinned, whatever --streams
 # is (8 streams with 10 blocks held 100 MB more, peak RSS 485 against 385 MB, for no more speed);
