@@ -139,7 +139,8 @@ def test_the_development_certificates_build():
     from tests.conftest import dev_module
 
     early = dev_module("certify_early")
-    cubin = early.cubin(tuple(sorted(early.EarlyCertify.defines(MNIST).items())))
+    defines = tuple(sorted(early.EarlyCertify.defines(MNIST).items()))
+    cubin = dev_module("devbuild").cubin("certify_early", "sm_90a", defines)
     for name in (*early.EarlyCertify.KERNELS.values(), "pair_kernel1", "certify_kernel4"):
         assert name.encode() in cubin, name
 
@@ -152,7 +153,7 @@ def test_the_development_inflate_builds():
     from tests.conftest import dev_module
 
     for window in (1024, 8192):
-        cubin = dev_module("inflate_early").cubin("sm_80", (("WINDOW", window),))
+        cubin = dev_module("devbuild").cubin("inflate_early", "sm_80", (("WINDOW", window),))
         assert b"inflate_kernel1" in cubin and b"inflate_kernel2" in cubin
 
 
@@ -162,7 +163,7 @@ def test_the_development_lz4_builds():
     """dev/cuda/lz4_early.cu (blosc_lz4_kernel1, on lz4.cu's framing) builds beside the product's kernel."""
     from tests.conftest import dev_module
 
-    cubin = dev_module("lz4_early").cubin("sm_80", tuple(sorted(BloscLz4.defines().items())))
+    cubin = dev_module("devbuild").cubin("lz4_early", "sm_80", tuple(sorted(BloscLz4.defines().items())))
     assert b"blosc_lz4_kernel1" in cubin and b"blosc_lz4_kernel2" in cubin
 
 

@@ -12,27 +12,20 @@ the median of --repeats). tests/test_certify_early_gpu.py runs the validation; t
 builds the file."""
 import argparse
 import dataclasses
-import functools
 import sys
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "dev" / "cuda")]
 
+import devbuild  # noqa: E402
 from infer import reference  # noqa: E402
-from infer.gpu import compiler, launch, pipelines  # noqa: E402
+from infer.gpu import launch, pipelines  # noqa: E402
 from infer.gpu.launch.base import ceil_div  # noqa: E402
 
-SOURCE = Path(__file__).with_suffix(".cu")
 VERSIONS = (1, 2, 3)
-
-
-@functools.lru_cache(maxsize=None)
-def cubin(defines):
-    """nvcc's sm_90a cubin of certify_early.cu with -D defines (a tuple of pairs), cuda/ on the include path."""
-    return compiler.build(SOURCE.stem, "sm_90a", dict(defines), source=SOURCE)
 
 
 class EarlyCertify(launch.Certify):
@@ -69,12 +62,7 @@ class EarlyCertify(launch.Certify):
     def load(cls, build, g):
         """Build certify_early.cu and put its module among build's (before a pipeline asks for it: the
         package's compiler knows only cuda/'s files)."""
-        import pycuda.driver as cuda
-
-        defines = tuple(sorted(cls.defines(g).items()))
-        key = (cls.source, "sm_90a", defines, False)
-        if key not in build.modules:
-            build.modules[key] = cuda.module_from_buffer(cubin(defines))
+        devbuild.load(build, "certify_early", tuple(sorted(cls.defines(g).items())), arch="sm_90a", fast_math=False)
 
     def __call__(self, stream, feat, dp, z, scores, labels, w1abs, w1h, w2, ok, n, *, pairs):
         grid = (ceil_div(n, self.IMGS[self.version]), 1)

@@ -15,7 +15,6 @@ middle and last outputs byte for byte (a mismatch stops the script, exit 1). A c
 row of one copy an SM; with every block slot full, the rows' GB/s is the decoder's throughput.
 tests/test_inflate.py runs the validation of the three kernels; test_kernels_compile.py builds the file."""
 import argparse
-import functools
 import sys
 import zlib
 from pathlib import Path
@@ -23,17 +22,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "dev" / "cuda")]
 
-from infer.gpu import compiler, launch  # noqa: E402
-
-SOURCE = Path(__file__).with_suffix(".cu")
-
-
-@functools.lru_cache(maxsize=None)
-def cubin(arch, defines):
-    """nvcc's cubin of inflate_early.cu for arch with -D defines (a tuple of pairs), once a process."""
-    return compiler.build(SOURCE.stem, arch, dict(defines), source=SOURCE)
+import devbuild  # noqa: E402
+from infer.gpu import launch  # noqa: E402
 
 
 class Inflate2(launch.FrameDecoder):
@@ -43,16 +35,10 @@ class Inflate2(launch.FrameDecoder):
     WINDOW = launch.InflateParts.WINDOW
 
     def __init__(self, build, window=None):
-        import pycuda.driver as cuda
-
         window = window or self.WINDOW
         if window < 1024 or window & (window - 1):
             raise ValueError(f"the window is a power of two of at least 1024 bytes, not {window}")
-        # put the module among build's first: the package's compiler knows only cuda/'s files
-        defines = (("WINDOW", window),)
-        key = (self.source, build.arch, defines, build.fast_math)
-        if key not in build.modules:
-            build.modules[key] = cuda.module_from_buffer(cubin(build.arch, defines))
+        devbuild.load(build, "inflate_early", (("WINDOW", window),))
         super().__init__(build, WINDOW=window)
 
 

@@ -12,7 +12,6 @@ Every launch is checked: no chunk flagged, and every kernel's output equal to th
 byte for byte (a mismatch stops the script, exit 1). 80 chunks is a streamed run's group;
 tests/test_gpu_lz4.py validates both kernels against the host's bitshuffle."""
 import argparse
-import functools
 import struct
 import sys
 from pathlib import Path
@@ -20,17 +19,10 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "dev" / "cuda")]
 
-from infer.gpu import compiler, launch  # noqa: E402
-
-SOURCE = Path(__file__).with_suffix(".cu")
-
-
-@functools.lru_cache(maxsize=None)
-def cubin(arch, defines):
-    """nvcc's cubin of lz4_early.cu for arch with -D defines (a tuple of pairs), once a process."""
-    return compiler.build(SOURCE.stem, arch, dict(defines), source=SOURCE)
+import devbuild  # noqa: E402
+from infer.gpu import launch  # noqa: E402
 
 
 class BloscLz4Early(launch.BloscLz4):
@@ -38,13 +30,7 @@ class BloscLz4Early(launch.BloscLz4):
     source, kernel = "dev/cuda/lz4_early", "blosc_lz4_kernel1"
 
     def __init__(self, build):
-        import pycuda.driver as cuda
-
-        # put the module among build's first: the package's compiler knows only cuda/'s files
-        defines = tuple(sorted(self.defines().items()))
-        key = (self.source, build.arch, defines, build.fast_math)
-        if key not in build.modules:
-            build.modules[key] = cuda.module_from_buffer(cubin(build.arch, defines))
+        devbuild.load(build, "lz4_early", tuple(sorted(self.defines().items())))
         super().__init__(build)
 
 
