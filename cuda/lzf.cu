@@ -4,8 +4,9 @@
 // lzf_kernel1: a block of one warp per stream (cuda/lzf.cuh: the lanes parse up to 32 tokens at once,
 //   those starting in the next 128 bytes, by pointer doubling, then build their output in a 16 KB
 //   ring in shared memory: literals and references reaching before the batch a lane each,
-//   references into the batch and long ones in order by the warp; each batch stored coalesced); reads the stream about twice (the parse, then the literals), writes
-//   the output once. Outputs up to ZOUT_MAX (1 GiB - 1) bytes.
+//   references into the batch and long ones in order by the warp; each batch stored coalesced);
+//   reads the stream about twice (the parse, then the literals), writes the output once. Outputs up
+//   to ZOUT_MAX (1 GiB - 1) bytes.
 
 #include "lzf.cuh"
 

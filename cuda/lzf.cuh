@@ -20,6 +20,9 @@
 #define LZF_BATCH 4096  // a batch ends once its output reaches this (at most + 264 bytes)
 #define LZF_WIN 128     // the warp's batch: tokens starting in the next 128 bytes of the stream, 4 a lane
 
+// A token's bytes in the stream, from its control byte c (its literals included).
+ZDEV int lzf_token_bytes(int c) { return c < 32 ? c + 2 : c >> 5 == 7 ? 3 : 2; }
+
 // A token from its control byte c and the two bytes after it (b1, b2; p: the position after c): *ll
 // literals, or a reference of *ml bytes from *off back; whether its bytes run past the stream's end.
 // The warp's parse and the host build's loop both decode a token here.
@@ -95,7 +98,7 @@ ZDEV void lzf_parse(const zu8* __restrict__ src, int end, int& ip, int& op, int 
     for (int q = 0; q < 4; ++q) {  // the offset past a token starting at 4 lane + q (255: none)
         const int j = 4 * lane + q;
         const int c = j < lim ? src[ip + j] : 0;
-        const int next = j < lim ? j + (c < 32 ? c + 2 : c >> 5 == 7 ? 3 : 2) : 255;
+        const int next = j < lim ? j + lzf_token_bytes(c) : 255;
         jump[0] |= (unsigned)next << (8 * q);
     }
     for (int s = 1; s < 5; ++s) {  // jump[s]: 2^s tokens on
@@ -135,7 +138,7 @@ ZDEV void lzf_parse(const zu8* __restrict__ src, int end, int& ip, int& op, int 
         my_lit = at + 1;
     }
     bad = hurt != 0;
-    const int past = (int)t + (c < 32 ? c + 2 : c >> 5 == 7 ? 3 : 2);
+    const int past = (int)t + lzf_token_bytes(c);
     ip += ZSHFL(past, n - 1);
     op += ZSHFL(sum, n - 1);
 }
@@ -159,7 +162,7 @@ ZDEV int lzf_stream(const zu8* __restrict__ src, zi64 size, zu8* __restrict__ ou
             int ll, ml, off;
             const int lit = ++ip;
             bad = lzf_token(c, b1, b2, ip, end, &ll, &ml, &off) | (ml > 0 && off > op);
-            ip += c < 32 ? ll : c >> 5 == 7 ? 2 : 1;
+            ip = lit - 1 + lzf_token_bytes(c);
             if (lane == k) {
                 my_at = op;
                 my_ll = ll;
