@@ -17,6 +17,12 @@
 //   chunk (chunk_values values, `stride` bytes apart) in blocks of block_values values, a shorter last
 //   one, each block's values stored byte-shuffled over its own length; one value per thread,
 //   grid-stride; reads and writes values * VALUE_BYTES bytes.
+// assemble_kernel1: chunks cutting images (HDF5 chunks of R rows x h x w x c of rows of H x W x C
+//   values, a row of chunks gh x gw x gc of them, stored in that order, each decoded `stride` bytes
+//   apart and, where shuffled, byte-shuffled over its R*h*w*c values) -> `rows` whole rows from row
+//   `first` of the first row of chunks on, in dst; one value per thread, grid-stride (a row's value
+//   indexed in 32 bits); reads and writes rows * H*W*C * VALUE_BYTES bytes, the chunks' padding past
+//   the data's edges unread.
 // bitunshuffle_kernel1: chunks of chunk_values values stored back to back, each bitshuffled (the
 //   Bitshuffle filter's and c-blosc's layout: blocks of `block` values, each holding bit b of its
 //   values in row b, value i at bit i % 8 of the row's byte i / 8; then a shorter block of the values
@@ -201,4 +207,28 @@ extern "C" __global__ void bitunshuffle_kernel2(const unsigned char* __restrict_
                                                 long long chunks, long long chunk_values, long long block,
                                                 int exact_tail, long long first_value, long long values) {
     bitunshuffle(src, dst, chunks, chunk_values, block, exact_tail, first_value, first_value + values);
+}
+
+extern "C" __global__ void assemble_kernel1(const unsigned char* __restrict__ decoded, value_t* __restrict__ dst,
+                                            int H, int W, int C, int R, int h, int w, int c, long long first,
+                                            long long rows, long long stride, int shuffled) {
+    const int row_values = H * W * C;
+    const int gh = (H + h - 1) / h, gw = (W + w - 1) / w, gc = (C + c - 1) / c;
+    const long long chunk_values = (long long)R * h * w * c;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < rows * row_values;
+         e += (long long)gridDim.x * blockDim.x) {
+        const long long r = first + e / row_values;
+        const int at = (int)(e % row_values), z = at % C, x = at / C % W, y = at / (C * W);
+        const long long chunk = (r / R * gh + y / h) * (long long)(gw * gc) + x / w * gc + z / c;
+        const long long v = ((r % R * h + y % h) * w + x % w) * (long long)c + z % c;
+        const unsigned char* src = decoded + chunk * stride;
+        value_t out = 0;
+        if (shuffled) {
+#pragma unroll
+            for (int k = 0; k < VALUE_BYTES; ++k) out |= (value_t)__ldg(src + (long long)k * chunk_values + v) << (8 * k);
+        } else {
+            out = __ldg(reinterpret_cast<const value_t*>(src) + v);
+        }
+        dst[e] = out;
+    }
 }

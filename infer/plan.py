@@ -174,6 +174,19 @@ def _layout(data):
     return data.layout + ("" if data.filters == "none" else f" ({data.filters})")
 
 
+def _gpu_decodes(data, wire, budget, decoding_mode, streamed):
+    """Whether a GPU backend decoding `decoding_mode` would decode data's chunks as they travel in
+    `wire`: its images then travel so, whatever codes the reader threads could make of them (chunks
+    cutting float32 images, which the threads would assemble as 8-bit codes)."""
+    from .gpu import chunk_decode, plan as gpu_plan
+
+    if decoding_mode == "host" or data.layout != "chunks" or data.source is None:
+        return False
+    if streamed is None:
+        streamed = streams(data, wire, budget, gpu_plan.STREAM_FROM)
+    return streamed and chunk_decode.unsupported(data.source, wire) is None
+
+
 def _gpu(data, g, gpu, options, scores, budget, backend_reason, decoding_mode, devices, model_path, streamed):
     from .gpu import chunk_decode, pipelines, plan as gpu_plan
 
@@ -184,7 +197,11 @@ def _gpu(data, g, gpu, options, scores, budget, backend_reason, decoding_mode, d
     # The type the images travel in
     stored = data.dtype
     wire = gpu_plan.wire_dtype(stored)
-    if wire == np.float32 and data.codes is not None:
+    as_stored = _gpu_decodes(data, wire, budget, decoding_mode, streamed)
+    if as_stored and data.codes is not None:
+        reasons["wire"] = ("as stored: the GPU decodes the chunks, which cut images, and assembles the images "
+                           "(compressed bytes cross PCIe, not 8-bit codes the readers would assemble)")
+    elif wire == np.float32 and data.codes is not None:
         wire = np.dtype(data.codes)
         reasons["wire"] = ("its float32 values are 8-bit pixels (checked on the first images of each file, and "
                            "every value as it is read): a quarter of the bytes read and uploaded, the same float32 "

@@ -41,7 +41,6 @@ GZIP = dict(compression="gzip", chunks=(16, 28, 28, 1))
     (dict(chunks=(16, 28, 28, 1), shuffle=True), "f4", "f4", 1, "LZF, Zstd and Blosc lz4 and zstd chunks, not shuffle"),
     (dict(chunks=(16, 28, 28, 1)), "f4", "f4", 1, "not raw chunks"),
     ({}, "f4", "f4", 1, "not stored in chunks (pread)"),
-    (dict(compression="gzip", chunks=(16, 14, 28, 1)), "f4", "f4", 1, "chunks cut images"),
     (dict(GZIP, fletcher32=True), "f4", "f4", 1, "fletcher32"),
     (GZIP, "f4", "f8", 1, "float64 values are converted on the host"),
     (GZIP, "f4", "f4", 2, "spans several files"),
@@ -78,6 +77,41 @@ def test_lzf_chunks_stored_as_they_are_stay_on_the_gpu_but_no_other_skipped_filt
             d.id.write_direct_chunk((16 * k, 0, 0, 0), data, mask | (k == 2))  # chunk 2: its shuffle skipped
         f["y"] = y
     assert "stored with a filter skipped" in why_of(path)
+
+
+@pytest.mark.parametrize("chunks", [(16, 14, 28, 1), (16, 28, 5, 1), (7, 32, 32, 1), (16, 1, 1, 1)])
+@pytest.mark.parametrize("compression", ["gzip", "lzf"])
+def test_deflate_and_lzf_chunks_cutting_images_are_assembled_on_the_gpu(tmp_path, model, rng, chunks, compression):
+    wide = dict(maxshape=(None,) * 4) if chunks[1] > 28 else {}  # h5py: chunks past the shape need room to grow
+    assert why(tmp_path, model, rng, chunks=chunks, compression=compression, **wide) is None
+    assert why(tmp_path, model, rng, chunks=chunks, compression=compression, shuffle=True, **wide) is None
+
+
+def test_blosc_chunks_cutting_images_are_the_hosts(tmp_path, model, rng):
+    hdf5plugin = pytest.importorskip("hdf5plugin")
+    if native.library() is None:
+        pytest.skip("no native read pool here")
+    got = why(tmp_path, model, rng, chunks=(16, 14, 28, 1), compression=hdf5plugin.Blosc(cname="lz4", shuffle=2))
+    assert "cut images, which the GPU assembles from deflate, LZF and Zstd chunks, not Blosc's" in got
+
+
+def test_a_block_of_chunks_cutting_images_holds_whole_rows_of_chunks(tmp_path, model, rng):
+    """chunk_decode.layout: a block of 40 rows in (16, 10, 9, 1) chunks (a row of chunks: 3 x 4 of
+    them) may touch 4 rows of chunks, 48 chunks, the most bytes any 48 consecutive chunks take."""
+    x = (rng.random((120, 28, 28, 1)) * (rng.random((120, 28, 28, 1)) < 0.3)).astype("f4")
+    path = tmp_path / "cut.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, chunks=(16, 10, 9, 1), compression="gzip")
+        f["y"] = np.eye(10)[rng.integers(0, 10, 120)]
+        sizes = [f["x"].id.get_chunk_info(k).size for k in range(f["x"].id.get_num_chunks())]
+    data = DataSet.open([path], model)
+    try:
+        rows = data.parts[0][1]
+        assert (rows.per, len(rows.index)) == (12, 96)
+        chunks, capacity = chunk_decode.layout(rows, 40)
+        assert chunks == 48 and capacity == max(sum(sizes[k:k + 48]) for k in range(96 - 47))
+    finally:
+        data.close()
 
 
 def test_deflate_chunks_of_whole_images_need_nothing_more(tmp_path, model, rng):

@@ -44,8 +44,11 @@ def codec(name):
 
 
 def write(path, x, y, chunk, name):
+    """x in chunks of `chunk` whole images, or of the shape `chunk` (a tuple), filtered as `name` says."""
+    chunks = chunk if isinstance(chunk, tuple) else (chunk,) + x.shape[1:]
+    wide = dict(maxshape=(None,) * x.ndim) if any(c > n for c, n in zip(chunks, x.shape)) else {}  # h5py asks it
     with h5py.File(path, "w") as f:
-        f.create_dataset("x", data=x, chunks=(chunk,) + x.shape[1:], **codec(name))
+        f.create_dataset("x", data=x, chunks=chunks, **codec(name), **wide)
         f["y"] = y
     return path
 
@@ -115,6 +118,110 @@ def test_odd_sized_images_of_integer_types(tmp_path, rng, sessions, name, dtype)
     x = (rng.random((613, 13, 13, 1)) * 200).astype(dtype)
     y = np.eye(10)[rng.integers(0, 10, len(x))]
     assert_same_as_host(sessions, write(tmp_path / "o.h5", x, y, 37, name), SMALL)
+
+
+def stored_boxes(values, chunk, stride, shuffled, rng):
+    """values (N, H, W, C) as HDF5 stores them in chunks of shape `chunk` (R, h, w, c), decoded: a
+    row of chunks at a time, each chunk's values in row-major order (byte-shuffled where shuffled),
+    chunks stride bytes apart; the padding past the data's edges noise."""
+    grid = [-(-n // c) for n, c in zip(values.shape, chunk)]
+    padded = rng.integers(0, 256, [g * c for g, c in zip(grid, chunk)] + [values.itemsize], np.uint8)
+    padded[tuple(slice(0, n) for n in values.shape)] = values.view(np.uint8).reshape(values.shape + (-1,))
+    out = rng.integers(0, 256, int(np.prod(grid)) * stride, np.uint8)
+    for k, at in enumerate(np.ndindex(*grid)):
+        box = padded[tuple(slice(i * c, (i + 1) * c) for i, c in zip(at, chunk))].reshape(-1, values.itemsize)
+        out[k * stride:][:box.size] = (box.T if shuffled else box).reshape(-1)
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["u1", "i2", "f4", "u8"])
+@pytest.mark.parametrize("shuffled", [False, True])
+@pytest.mark.parametrize("chunk", [(7, 5, 13, 2), (4, 3, 4, 1), (16, 32, 32, 4), (3, 13, 13, 3)])
+def test_assemble_places_rows_from_chunks_cutting_them(gpu, rng, dtype, shuffled, chunk):
+    """assemble_kernel1 against NumPy, value for value: 61 rows of 13 x 13 x 3 values in chunks
+    cutting them on every axis (edge chunks padded with noise), wider than them, or whole; blocks of
+    rows starting and ending inside a row of chunks."""
+    import pycuda.driver as cuda
+
+    from infer.gpu import launch
+    from tests.conftest import Dev, build
+
+    values = (rng.random((61, 13, 13, 3)) * 250).astype(dtype)
+    box_bytes = int(np.prod(chunk)) * values.itemsize
+    stride = -(-box_bytes // 256) * 256
+    d = Dev()
+    decoded = d.put(stored_boxes(values, chunk, stride, shuffled, rng), np.uint8)
+    per = int(np.prod([-(-n // c) for n, c in zip(values.shape[1:], chunk[1:])]))  # chunks a row of chunks
+    assemble = launch.Assemble(build(gpu), values.itemsize)
+    for lo, hi in [(0, 61), (5, 40), (chunk[0], 2 * chunk[0]), (60, 61), (1, 2), (13, 58)]:
+        dst = d.put(np.zeros((hi - lo,) + values.shape[1:], dtype), dtype)
+        first_slab = lo // chunk[0]
+        assemble(cuda.Stream(), int(decoded) + first_slab * per * stride, dst, values.shape[1:], chunk,
+                 lo - first_slab * chunk[0], hi - lo, stride, shuffled)
+        np.testing.assert_array_equal(d.get(dst, (hi - lo,) + values.shape[1:], dtype), values[lo:hi])
+
+
+def test_assemble_checks_its_shapes(gpu):
+    from infer.gpu import launch
+    from tests.conftest import build
+
+    assemble = launch.Assemble(build(gpu), 4)
+    with pytest.raises(ValueError, match="rows of H x W x C values in chunks of R x h x w x c"):
+        assemble(None, 0, 0, (28, 28), (10, 7, 28, 1), 0, 10, 256, False)
+    with pytest.raises(ValueError, match="first row of chunks' 10, not 10"):
+        assemble(None, 0, 0, (28, 28, 1), (10, 7, 28, 1), 10, 10, 256, False)
+
+
+CUT = [("gzip1", (37, 7, 28, 1)), ("gzip6_shuffle", (16, 10, 9, 1)), ("lzf_shuffle", (50, 28, 14, 1)),
+       ("lzf", (29, 32, 32, 1)), ("zstd_shuffle", (20, 5, 28, 1)), ("gzip1", (64, 1, 28, 1))]
+
+
+@pytest.mark.parametrize("name,chunk", CUT, ids=[f"{n}-{'x'.join(map(str, c))}" for n, c in CUT])
+def test_chunks_cutting_images_are_assembled_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, name, chunk,
+                                                                      monkeypatch):
+    """MNIST float32 in chunks cutting images in rows, columns, both (edge chunks padded), or wider
+    than them: decoded and assembled on the GPU, the scores equal bit for bit to those of the
+    host's assembly in float32 (CNNINFER_CODES=0: the same pipeline, on the same values)."""
+    if name.startswith("zstd"):
+        pytest.importorskip("hdf5plugin")
+    monkeypatch.setenv("CNNINFER_CODES", "0")
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:1999], f["y"][:1999]
+    path = write(tmp_path / "cut.h5", x, y, chunk, name)
+    gpu = sessions(ece408 / "model.hdf5", "gpu").evaluate(path, scores=True)
+    host = sessions(ece408 / "model.hdf5", "host").evaluate(path, scores=True)
+    assert gpu.streamed and "assemble" in gpu.reader["decode"], gpu.reader
+    assert host.reader["decode"].startswith("host")
+    np.testing.assert_array_equal(gpu.scores, host.scores)
+    np.testing.assert_array_equal(gpu.predictions, host.predictions)
+    assert gpu.correct > 1700
+
+
+@pytest.mark.parametrize("dtype", ["u1", "i2"])
+def test_chunks_cutting_odd_images_of_integer_types(tmp_path, rng, sessions, dtype):
+    x = (rng.random((613, 13, 13, 1)) * 200).astype(dtype)
+    y = np.eye(10)[rng.integers(0, 10, len(x))]
+    r = assert_same_as_host(sessions, write(tmp_path / "o.h5", x, y, (37, 5, 6, 1), "gzip6_shuffle"), SMALL)
+    assert "assemble" in r.reader["decode"]
+
+
+@pytest.mark.parametrize("name", ["gzip1", "lzf"])
+def test_a_damaged_chunk_cutting_images_is_refused_in_one_line(tmp_path, ece408, name):
+    """Chunk 7 of (50, 7, 28, 1) chunks (images 50-99, rows 21-27): named as the host names it."""
+    path = tmp_path / "bad.h5"
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        write(path, f["x"][:900], f["y"][:900], (50, 7, 28, 1), name)
+    with h5py.File(path) as f:
+        info = f["x"].id.get_chunk_info(7)
+    raw = bytearray(path.read_bytes())
+    for at in range(info.size - 3, info.size):  # adler32's bytes; LZF's last token
+        raw[info.byte_offset + at] ^= 0x5A
+    path.write_bytes(bytes(raw))
+    out = tmp_path / "p.npy"
+    for decode in ("gpu", "host"):
+        r = invoke("run", path, ece408 / "model.hdf5", "--decode", decode, "--predictions", out)
+        assert_refused(r, "bad.h5", "'x'", "chunk 7")
+        assert not out.exists()
 
 
 def noisy(rng, dtype, high):

@@ -21,15 +21,18 @@ def testfull(ece408):
 
 @pytest.mark.parametrize("lo", [0, 9216, 999_424])  # the first chunk; one wrapping round testfull; the edge
 @pytest.mark.parametrize("level,shuffle", [(6, True), (1, False)])
-def test_a_deflated_chunk_is_what_hdf5_stores(testfull, tmp_path, monkeypatch, lo, level, shuffle):
+@pytest.mark.parametrize("chunk,origin", [((1024, 28, 28, 1), (0, 0, 0)), ((256, 7, 28, 1), (21, 0, 0)),
+                                          ((1024, 10, 9, 1), (20, 27, 0))])  # whole images; a quarter; an edge box
+def test_a_deflated_chunk_is_what_hdf5_stores(testfull, tmp_path, monkeypatch, lo, level, shuffle, chunk, origin):
     x = testfull
     monkeypatch.setattr(make_big, "_TILED", x)
-    rows = 1024
+    rows = chunk[0]
+    lo = lo // rows * rows
     images = x[np.arange(lo, min(lo + rows, 100 * len(x))) % len(x)]
-    with h5py.File(tmp_path / "one.h5", "w") as f:  # the images in the second chunk: the edge one past 576
-        d = f.create_dataset("x", (rows + len(images),) + x.shape[1:], "f4", chunks=(rows,) + x.shape[1:],
+    with h5py.File(tmp_path / "one.h5", "w") as f:  # the images in the second row of chunks: the edge one short
+        d = f.create_dataset("x", (rows + len(images),) + x.shape[1:], "f4", chunks=chunk,
                              compression="gzip", compression_opts=level, shuffle=shuffle)
         d[rows:] = images
-        mask, stored = d.id.read_direct_chunk((rows, 0, 0, 0))
+        mask, stored = d.id.read_direct_chunk((rows,) + origin)
     assert mask == 0
-    assert make_big._deflated((lo, rows, level, shuffle)) == (lo, stored)
+    assert make_big._deflated(((lo,) + origin, chunk, level, shuffle)) == ((lo,) + origin, stored)

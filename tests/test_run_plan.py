@@ -152,7 +152,8 @@ def test_chunks_the_gpu_decodes_are_certified_by_default_as_a_byte_a_pixel_is(tm
 def test_chunks_the_readers_decode_travel_as_codes(tmp_path, ece408, monkeypatch, options):
     """float32 codes in chunks stored without a codec, or cutting images (assembled by the reader
     threads), are read as codes (a quarter of the bytes) and the default certifies them, as for the
-    contiguous file; streamed too, decoded by the host."""
+    contiguous file; streamed too, decoded by the host, but for the chunks the GPU decodes and
+    assembles: those travel as stored (their compressed bytes)."""
     if native.library() is None:
         pytest.skip("chunked files are read as codes on the native pool only")
     options = dict(dict(chunks=(1000, 28, 28, 1)), **options)
@@ -166,6 +167,10 @@ def test_chunks_the_readers_decode_travel_as_codes(tmp_path, ece408, monkeypatch
     assert p.wire_name.startswith("8-bit codes") and p.decode == "host" and p.precision == "certified"
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
     p = described(path, ece408, "H200")
+    if "compression" in options:
+        assert p.streamed and p.wire_name == "float32" and p.decode == "gpu" and p.precision == "certified"
+        assert "the GPU decodes the chunks, which cut images" in p.reasons["wire"]
+        p = described(path, ece408, "H200", decode="host")
     assert p.streamed and p.wire_name.startswith("8-bit codes") and p.decode == "host"
 
 

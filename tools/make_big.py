@@ -26,6 +26,7 @@ LAYOUTS = {
     "shuf_lzf": dict(compression="lzf", shuffle=True),
     "lzf_f32": dict(compression="lzf", fletcher32=True),
     "gz1_h": dict(compression="gzip", compression_opts=1, chunks=(ROWS, 14, 28, 1)),  # chunks cutting images
+    "gz1_cut": dict(compression="gzip", compression_opts=1, chunks=(256, 7, 28, 1)),  # issue 69's: each image in 4
     # hdf5plugin's filters (the `plugins` extra)
     "blosc_lz4": dict(compression=("Blosc", dict(cname="lz4", clevel=5, shuffle=2))),  # bitshuffle inside
     "blosc_lz4_1024": dict(compression=("Blosc", dict(cname="lz4", clevel=5, shuffle=2)), chunks=(1024, 28, 28, 1)),
@@ -54,14 +55,17 @@ _TILED = None  # testfull, for _deflated in the pool's workers (forked)
 
 
 def _deflated(job):
-    """Chunk `lo` of 1M images as HDF5's shuffle and deflate filters store it (zlib's stream of the
-    shuffled bytes; an edge chunk padded with zeros, the fill value)."""
-    lo, rows, level, shuffle = job
-    block = np.zeros((rows,) + _TILED.shape[1:], "<f4")
-    n = min(rows, 100 * len(_TILED) - lo)
-    block[:n] = _TILED[np.arange(lo, lo + n) % len(_TILED)]
+    """The chunk of 1M images at `at` (its first image, then its place in the image), of shape `chunk`,
+    as HDF5's shuffle and deflate filters store it (zlib's stream of the shuffled bytes; a chunk past
+    the edges padded with zeros, the fill value)."""
+    at, chunk, level, shuffle = job
+    block = np.zeros(chunk, "<f4")
+    n = min(chunk[0], 100 * len(_TILED) - at[0])
+    inner = tuple(slice(o, min(o + c, s)) for o, c, s in zip(at[1:], chunk[1:], _TILED.shape[1:]))
+    box = _TILED[np.arange(at[0], at[0] + n) % len(_TILED)][(slice(None),) + inner]
+    block[(slice(0, n),) + tuple(slice(0, s.stop - s.start) for s in inner)] = box
     raw = block.view(np.uint8).reshape(-1, 4).T if shuffle else block
-    return lo, zlib.compress(raw.tobytes(), level)
+    return at, zlib.compress(raw.tobytes(), level)
 
 
 def filtered(x, y, path, filters):
@@ -70,9 +74,8 @@ def filtered(x, y, path, filters):
         dx = f.create_dataset("x", (100 * len(x),) + x.shape[1:], "f4", chunks=chunks, **filters)
         if len(x) % chunks[0] == 0:
             _copied(dx, x, chunks, filters)
-        elif (chunks[1:] == x.shape[1:] and filters.get("compression") == "gzip"
-              and set(filters) <= {"compression", "compression_opts", "shuffle"}):
-            _deflated_by_every_core(dx, x, chunks[0], filters)
+        elif filters.get("compression") == "gzip" and set(filters) <= {"compression", "compression_opts", "shuffle"}:
+            _deflated_by_every_core(dx, x, chunks, filters)
         else:  # chunks that do not tile testfull: every chunk through the filter
             step = 64 * chunks[0]
             for lo in range(0, len(dx), step):
@@ -92,16 +95,17 @@ def _copied(dx, x, chunks, filters):
             dx.id.write_direct_chunk((at[0] + i * len(x),) + tuple(at[1:]), data, mask)
 
 
-def _deflated_by_every_core(dx, x, rows, filters):
-    """Chunks of whole images, gzip (and shuffle) only, that do not tile testfull: deflated by a pool
-    of processes (HDF5's filters use one core)."""
+def _deflated_by_every_core(dx, x, chunks, filters):
+    """Chunks, gzip (and shuffle) only, that do not tile testfull: deflated by a pool of processes
+    (HDF5's filters use one core)."""
     global _TILED
     _TILED = x  # the forked workers' copy
-    jobs = [(lo, rows, filters.get("compression_opts", 4), filters.get("shuffle", False))
-            for lo in range(0, len(dx), rows)]
+    grid = [-(-n // c) for n, c in zip(x.shape[1:], chunks[1:])]
+    jobs = [((lo,) + tuple(i * c for i, c in zip(at, chunks[1:])), chunks, filters.get("compression_opts", 4),
+             filters.get("shuffle", False)) for lo in range(0, len(dx), chunks[0]) for at in np.ndindex(*grid)]
     with multiprocessing.get_context("fork").Pool() as pool:
-        for lo, data in pool.imap(_deflated, jobs, chunksize=8):
-            dx.id.write_direct_chunk((lo, 0, 0, 0), data, 0)
+        for at, data in pool.imap(_deflated, jobs, chunksize=8):
+            dx.id.write_direct_chunk(at, data, 0)
 
 
 def main(data, out, names):

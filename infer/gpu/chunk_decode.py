@@ -102,8 +102,10 @@ def unsupported(data, wire):
         return f"its images are not stored in chunks ({rows.kind})"
     if rows.codec not in CODECS:
         return f"the GPU decodes deflate (gzip), LZF, Zstd and Blosc lz4 and zstd chunks, not {rows.filters or 'raw chunks'}"
-    if rows.cut:
-        return "its chunks cut images (the GPU path takes chunks of whole images)"
+    if rows.cut and not codec_for(rows).assembles:
+        return "its chunks cut images, which the GPU assembles from deflate, LZF and Zstd chunks, not Blosc's"
+    if rows.cut and not 2 <= len(rows.shape) <= 4:
+        return f"its chunks cut images of {len(rows.shape) - 1} dimensions (the GPU assembles up to 3)"
     if rows.summed:
         return "its chunks carry fletcher32 checksums"
     skippable = rows.codec_bit if codec_for(rows).copies_stored else 0
@@ -120,9 +122,10 @@ def unsupported(data, wire):
 
 def layout(rows, block):
     """(chunks a block of `block` images of `rows`, a ChunkedRows the GPU decodes, holds at most;
-    the most bytes any block's chunks take, back to back, as they are read into page-locked memory)."""
+    the most bytes any block's chunks take, back to back, as they are read into page-locked memory).
+    Where chunks cut images, a block holds whole rows of chunks (rows.per chunks each)."""
     sizes = np.array(rows.index, np.int64).reshape(-1, 3)[:, 1]
-    chunks = -(-block // rows.align) + 1  # a block may start inside a chunk
+    chunks = (-(-block // rows.align) + 1) * rows.per  # a block may start inside a row of chunks
     sums = np.concatenate([[0], np.cumsum(sizes)])
     k = min(chunks, len(sizes))
     return chunks, int((sums[k:] - sums[:-k]).max())
@@ -224,6 +227,7 @@ class Decoder:
         index = np.array(rows.index, np.int64).reshape(-1, 3)
         self.offsets, self.sizes, self.masks = index[:, 0], index[:, 1], index[:, 2]
         self.per, self.row_bytes = rows.align, rows.row_bytes
+        self.slab = rows.per  # chunks a row of chunks: 1 but where chunks cut images
         self.codec = codec_for(rows)(self.build, rows)
 
     def describe(self):
@@ -244,7 +248,7 @@ class Decoder:
         """Submit the reads of the chunks holding images [lo, hi) into block: one read per run of
         chunks stored back to back; futures."""
         self.pool = pool  # where a codec has chunks decoded on the host
-        c0, c1 = lo // self.per, -(-hi // self.per)
+        c0, c1 = lo // self.per * self.slab, -(-hi // self.per) * self.slab
         sizes, offsets = self.sizes[c0:c1], self.offsets[c0:c1]
         positions = np.concatenate([[0], np.cumsum(sizes[:-1])])
         block.lo, block.c0, block.positions = lo, c0, positions

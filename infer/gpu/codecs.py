@@ -39,7 +39,8 @@ class Deflate:
     def __init__(self, build, rows):
         self.decoder, self.check = self.kernel(build), launch.DecodeCheck(build)
         self.shuffled = rows.shuffle and rows.dtype.itemsize > 1
-        self.unshuffle = launch.Unshuffle(build, rows.dtype.itemsize) if self.shuffled else None
+        self.unshuffle = launch.Unshuffle(build, rows.dtype.itemsize) if self.shuffled and not rows.cut else None
+        self.assemble = launch.Assemble(build, rows.dtype.itemsize) if rows.cut else None
         self.rows = rows
 
     @staticmethod
@@ -52,6 +53,7 @@ class Deflate:
         return 1
 
     copies_stored = True  # chunks stored without the codec (their filter skipped) are copied into place
+    assembles = True  # chunks cutting images are assembled as they are placed (assemble_kernel1)
     arrays = 6  # of the table, uint64 a chunk: stream, size, capacity, output, decoded size, status
     # A launch takes 10 blocks of 128 MB (400 MNIST chunks, two warps each, ~34 ms), read 4 at a time: a
     # 1M-image file's 1,000 chunks all in flight at once, a block (40,000 images) one launch of the
@@ -66,7 +68,8 @@ class Deflate:
         return -(-chunk_bytes // 256) * 256
 
     def describe(self):
-        return f"{self.kernel.kernel}{' + unshuffle' if self.shuffled else ''}"
+        return (f"{self.kernel.kernel}{' + unshuffle' if self.shuffled else ''}"
+                f"{' + assemble (chunks cut images)' if self.assemble else ''}")
 
     @staticmethod
     def sample():
@@ -145,8 +148,13 @@ class Deflate:
         import pycuda.driver as cuda
 
         per, row_bytes = dec.per, dec.row_bytes
-        first = piece.lo - piece.c0 * per  # rows of the first chunk before the block
-        if self.shuffled:
+        first = piece.lo - piece.c0 // dec.slab * per  # rows of the first chunk before the block
+        if self.assemble:
+            image, chunk = self.rows.shape[1:], self.rows.chunks
+            pad = (1,) * (4 - len(chunk))  # rows of H x W x C values, chunks of R x h x w x c
+            self.assemble(stream, decoded, dst, pad + image, chunk[:1] + pad + chunk[1:], first, piece.images,
+                          dec.stride, self.shuffled)
+        elif self.shuffled:
             values = row_bytes // self.rows.dtype.itemsize
             self.unshuffle(stream, decoded, dst, first * values, piece.images * values, per * values, dec.stride)
         elif dec.stride == dec.chunk_bytes:
@@ -263,6 +271,7 @@ class BloscLz4:
     rows_per_chunk = Deflate.rows_per_chunk
     scratch = 0.0
     copies_stored = False  # a file with chunks stored without the codec is the host's
+    assembles = False  # chunks cutting images are the host's
     # A launch takes 10 blocks of 32 MB (80 MNIST chunks, ~1,700 warps of ~13 ms), read 4 at a time:
     # the host's 4 compressed blocks keep the peak RSS under 400 MB (6 of 64 MB: 7.0M images/s, 484 MB)
     group, block_bytes, ring = 10, 32 << 20, 4

@@ -1,5 +1,7 @@
 """The launchers of the GPU decoders (codecs.py, shuffled.py): deflate, Zstd, LZF and Blosc lz4 frames,
 their checks, and HDF5's shuffle and bitshuffle undone."""
+import numpy as np
+
 from .base import INT_MAX, Launcher, ceil_div
 
 
@@ -208,6 +210,22 @@ class Unshuffle(_PerValueSize):
     def __call__(self, stream, decoded, dst, first_value, values, chunk_values, stride):
         self.launch(stream, (min(ceil_div(values, 256), 8192), 1), (256, 1, 1), decoded, dst, first_value, values,
                     chunk_values, stride)
+
+
+class Assemble(_PerValueSize):
+    """Rows of `image` values (H, W, C) from chunks cutting them, each `chunk` (R, h, w, c) values,
+    stored a row of chunks at a time in row-major order, decoded stride bytes apart (byte-shuffled
+    where shuffled): `rows` rows from row `first` of the first row of chunks on, into dst."""
+    kernel, arg_types = "assemble_kernel1", "PPiiiiiiiqqqi"
+
+    def __call__(self, stream, decoded, dst, image, chunk, first, rows, stride, shuffled):
+        if len(image) != 3 or len(chunk) != 4 or min(*image, *chunk) <= 0 or np.prod(image) > INT_MAX:
+            raise ValueError(f"assemble_kernel1 takes rows of H x W x C values in chunks of R x h x w x c, not "
+                             f"{image} in {chunk}")
+        if not 0 <= first < chunk[0]:
+            raise ValueError(f"the first row is one of the first row of chunks' {chunk[0]}, not {first}")
+        self.launch(stream, (min(ceil_div(rows * int(np.prod(image)), 256), 8192), 1), (256, 1, 1), decoded, dst,
+                    *image, *chunk, first, rows, stride, int(shuffled))
 
 
 class BloscUnshuffle(_PerValueSize):
