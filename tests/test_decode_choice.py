@@ -1,6 +1,6 @@
-"""Which files --decode gpu takes, and why not (no GPU needed): deflate, LZF and Zstd chunks, and Blosc's lz4
-with its bitshuffle, of whole images in the type the GPU reads, in one file; everything else one line
-saying why."""
+"""Which files --decode gpu takes, and why not (no GPU needed): deflate, LZF and Zstd chunks (of whole
+images or cutting them), and Blosc's lz4 with its bitshuffle or zstd (of whole images), in the type the GPU
+reads, in one file; everything else one line saying why."""
 import h5py
 import numpy as np
 import pytest

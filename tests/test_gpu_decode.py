@@ -1,7 +1,8 @@
 """Deflate chunks decoded on the GPU by inflate_kernel3 (--decode gpu), LZF chunks by lzf_kernel1, Zstd
 chunks by zstd_kernel2, Blosc lz4 + bitshuffle chunks by blosc_lz4_kernel2 and Blosc zstd ones by zstd_kernel1: the predictions of the host's decoding for
 every level, shuffle, value type and chunk size (blocks starting and ending inside chunks, chunks a
-stride apart or back to back, odd byte counts), and a damaged chunk refused in one line naming it. Needs a GPU."""
+stride apart or back to back, odd byte counts, chunks cutting images assembled by assemble_kernel1),
+and a damaged chunk refused in one line naming it. Needs a GPU."""
 import os
 import re
 import shutil

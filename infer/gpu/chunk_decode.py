@@ -4,7 +4,8 @@ The reader threads only read each block's chunks (pread, no decoding) into page-
 block goes up as it is stored, its page-locked buffer free again once it is up, and a codec (CODECS)
 decodes the chunks of a group of blocks, in one launch, into a device buffer of whole chunks and
 places each block as the images the network reads (gpu/codecs.py: deflate, Zstd, LZF, Blosc lz4 +
-bitshuffle, Blosc zstd, each with its kernels and its figures).
+bitshuffle, Blosc zstd, each with its kernels and its figures). Where chunks cut images (deflate, LZF,
+Zstd), a block holds whole rows of chunks, and the codec assembles its images from them.
 Speed comes from chunks in flight: groups decode on several streams at once (up to MAX_STREAMS) into
 a deep ring of device slots. Host memory holds only the few small blocks being read or uploaded: a
 launch takes a group of them (the codec's `group`), so the chunks in flight cost device memory,
