@@ -55,13 +55,15 @@ class Deflate:
     copies_stored = True  # chunks stored without the codec (their filter skipped) are copied into place
     assembles = True  # chunks cutting images are assembled as they are placed (assemble_kernel1)
     arrays = 6  # of the table, uint64 a chunk: stream, size, capacity, output, decoded size, status
-    # A launch takes 10 blocks of 128 MB (400 MNIST chunks, two warps each, ~34 ms), read 4 at a time: a
-    # 1M-image file's 1,000 chunks all in flight at once, a block (40,000 images) one launch of the
-    # network. (H200, 1M images, inflate_kernel1, the same calls: gzip 1 111.8-119.4 ms against
-    # 121.5-137.6 with 20 blocks of 64 MB read 6 at a time, Zstd 93.6-96.3 against 94.4-108.5, shuffle + gzip 1
-    # 148.6-156.6 against 160.3-187.4, peak RSS 344-394 MB against 327-358; 64 MB blocks had beaten
-    # 32 MB ones on an H100: gzip 1 5.9-6.3M images/s against 4.6-5.7M)
-    group, block_bytes, ring = 10, 128 << 20, 4
+    # A launch takes 4 blocks of 128 MB (160 MNIST chunks), read 4 at a time: a 1M-image file's 1,000
+    # chunks all in flight at once on 7 decode streams (with the network's 8 and the uploads', the 16
+    # hardware queues), the first launched as soon as 4 blocks are up, a block (40,000 images) one
+    # launch of the network. (H200, 1M images, fresh runs, the same call, against 10 blocks a launch:
+    # shuffle + gzip 6 in 1,024-image chunks 94.6-97.1 ms against 98.3-101.4, shuffle + gzip 1 104.6-108.2
+    # against 108.5-109.9, gzip 1 88.8-90.3 against 91.0-91.7, shuffle + Zstd 110.2-113.6 against
+    # 113.1-115.4, the same peak RSS. 128 MB blocks had beaten 64 MB ones read 6 at a time: gzip 1
+    # 111.8-119.4 ms against 121.5-137.6 under inflate_kernel1.)
+    group, block_bytes, ring = 4, 128 << 20, 4
 
     @staticmethod
     def stride(chunk_bytes):
@@ -149,7 +151,7 @@ class Deflate:
 
         per, row_bytes = dec.per, dec.row_bytes
         first = piece.lo - piece.c0 // dec.slab * per  # rows of the first chunk before the block
-        if self.assemble:
+        if self.rows.cut:  # (BloscZstd places its unshuffled chunks here too: never cut)
             image, chunk = self.rows.shape[1:], self.rows.chunks
             pad = (1,) * (4 - len(chunk))  # rows of H x W x C values, chunks of R x h x w x c
             self.assemble(stream, decoded, dst, pad + image, chunk[:1] + pad + chunk[1:], first, piece.images,
@@ -224,10 +226,11 @@ class Lzf(Deflate):
     head = tail = 0
     kernel, adler, what, frame = launch.Lzf, False, "LZF", "an empty LZF stream"
     scratch = 0.0
-    # deflate's groups and blocks (H200, 1M images: 97.3-99.8 ms against 103.8 in 20 blocks of 64 MB a
-    # launch, peak RSS 364 MB against 326); shuffled, LZF keeps a quarter of MNIST's bytes, and
+    # 10 of deflate's blocks a launch (H200, 1M images: 97.3-99.8 ms against 103.8 in 20 blocks of 64 MB a
+    # launch, peak RSS 364 MB against 326; shuffled, groups of 4 ran alike, of 2 slower: 103-106 and
+    # 124-129 ms against 103-106); shuffled, LZF keeps a quarter of MNIST's bytes, and
     # chunk_decode.plan halves its blocks
-    group, block_bytes, ring = Deflate.group, Deflate.block_bytes, Deflate.ring
+    group, block_bytes, ring = 10, Deflate.block_bytes, Deflate.ring
 
     @staticmethod
     def sample():
@@ -373,7 +376,7 @@ class BloscZstd(BloscLz4):
     2026-12-03."""
     ZSTD = 4  # c-blosc's codec number, in a header's flags >> 5
     arrays = 6  # of the table, uint64 a block: frame, size, capacity, output, decoded size, status
-    # (chosen under zstd_kernel2, where deflate's 10 of 128 MB, 4 deep, took 1M images 201 ms; under
+    # (chosen under zstd_kernel2, where 10 of deflate's 128 MB, 4 deep, took 1M images 201 ms; under
     # zstd_kernel1 the two plans run alike: 110.0-113.2 ms against 109.4-111.3, H200)
     group, block_bytes, ring = 20, 64 << 20, 6
     stride = staticmethod(Deflate.stride)
