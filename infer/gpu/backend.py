@@ -37,7 +37,7 @@ class CudaBackend(HostSide, Backend):
                  fast_math=False, profile=False, readers=None, gemm_algo="auto", decode="host",
                  precision=None):
         t = time.perf_counter()
-        # Decoding on the GPU keeps ~20 streams busy at once (12 decoding, the network's, the uploads'):
+        # Decoding on the GPU keeps ~16 streams busy at once (up to 8 decoding, the network's, the uploads'):
         # 16 hardware queues, which cost the context ~80 MB more host memory (H100, 1M Blosc lz4 file:
         # peak RSS 392 MB against 311 with 8 queues, at 6.3-6.7M images/s against 3.8M), so only then
         self.gpu = Device(device, hardware_queues=DECODE_QUEUES if decode in ("gpu", "auto") else None)
