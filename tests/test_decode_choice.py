@@ -114,6 +114,90 @@ def test_a_block_of_chunks_cutting_images_holds_whole_rows_of_chunks(tmp_path, m
         data.close()
 
 
+@pytest.mark.parametrize("lo,hi", [(0, 40), (16, 48), (21, 120), (100, 101)])
+def test_a_block_of_chunks_cutting_images_reads_its_rows_of_chunks(tmp_path, model, rng, lo, hi):
+    """Decoder.read (no GPU: the pool a stand-in, reading at once): images [lo, hi) of (16, 10, 9, 1)
+    chunks read as the stored bytes of every chunk of rows of chunks lo // 16 to (hi - 1) // 16, back to
+    back, the block's first chunk the first of its first row of chunks."""
+    from types import SimpleNamespace
+
+    x = (rng.random((120, 28, 28, 1)) * (rng.random((120, 28, 28, 1)) < 0.3)).astype("f4")
+    path = tmp_path / "cut.h5"
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("x", data=x, chunks=(16, 10, 9, 1), compression="gzip")
+        f["y"] = np.eye(10)[rng.integers(0, 10, 120)]
+        stored = [d.id.read_direct_chunk(d.id.get_chunk_info(k).chunk_offset)[1] for k in range(d.id.get_num_chunks())]
+    data = DataSet.open([path], model)
+    try:
+        rows = data.parts[0][1]
+        index = np.array(rows.index, np.int64).reshape(-1, 3)
+        dec = SimpleNamespace(per=rows.align, slab=rows.per, rows=rows, offsets=index[:, 0], sizes=index[:, 1])
+        dec._read = lambda *args: chunk_decode.Decoder._read(dec, *args)
+        pool = SimpleNamespace(native=None, call=lambda fn, *args: fn(*args))
+        block = chunk_decode.Block(np.zeros(int(index[:, 1].sum()), np.uint8), hi - lo)
+        chunk_decode.Decoder.read(dec, pool, lo, hi, block)
+        first, last = lo // 16 * 12, -(-hi // 16) * 12
+        want = b"".join(stored[first:last])
+        assert (block.lo, block.c0, len(block.positions), block.end) == (lo, first, last - first, len(want))
+        assert block.buf[:block.end].tobytes() == want
+    finally:
+        data.close()
+
+
+@pytest.mark.parametrize("shape,chunks,image,chunk", [
+    ((120, 28, 28, 1), (16, 10, 9, 1), (28, 28, 1), (16, 10, 9, 1)),
+    ((120, 28, 28), (16, 7, 28), (1, 28, 28), (16, 1, 7, 28)),  # 2-D images: a leading 1 on both
+])
+def test_a_block_of_chunks_cutting_images_is_assembled_from_its_first_row_of_chunks(tmp_path, rng, shape, chunks,
+                                                                                      image, chunk):
+    """Deflate.place (no GPU: assemble_kernel1's launcher a stand-in) for images 37-99 of chunks of
+    16 rows, a block whose chunks start with row of chunks 2: its first row 5 rows into it, the
+    images' and chunks' shapes in 3 and 4 dimensions, shuffled as stored."""
+    from types import SimpleNamespace
+
+    from infer.data import reader
+
+    path = tmp_path / "cut.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=rng.random(shape).astype("f4"), chunks=chunks, compression="gzip", shuffle=True)
+    with h5py.File(path) as f:
+        rows = reader.rows(path, f["x"], "cut.h5: dataset 'x'")
+    try:
+        calls = []
+        codec = SimpleNamespace(rows=rows, shuffled=True, assemble=lambda *args: calls.append(args))
+        dec = SimpleNamespace(per=rows.align, slab=rows.per, row_bytes=rows.row_bytes, stride=4096)
+        piece = chunk_decode.Piece(37, 2 * rows.per, 5 * rows.per, 63, None)
+        codecs.Deflate.place(codec, dec, "stream", piece, 1 << 20, 2 << 20)
+        assert calls == [("stream", 1 << 20, 2 << 20, image, chunk, 5, 63, 4096, True)]
+    finally:
+        rows.close()
+
+
+@pytest.mark.parametrize("stride_pad", [0, 200])  # chunks back to back (one copy), or a stride apart (one a chunk)
+@pytest.mark.parametrize("lo,hi", [(0, 21), (5, 40), (14, 21), (93, 100)])
+def test_a_block_of_whole_row_chunks_is_copied_into_place(monkeypatch, rng, stride_pad, lo, hi):
+    """codecs._copy_rows (no GPU: device memory a NumPy array, pycuda's copy a stand-in on it): rows
+    [lo, hi) of 100 rows of 60 bytes in decoded chunks of 7 rows, from the block's first chunk on."""
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    memory = np.zeros(1 << 16, np.uint8)
+    fake = ModuleType("pycuda.driver")
+    fake.memcpy_dtod_async = lambda dst, src, n, stream: memory.__setitem__(slice(dst, dst + n), memory[src:src + n])
+    monkeypatch.setitem(sys.modules, "pycuda", ModuleType("pycuda"))
+    monkeypatch.setitem(sys.modules, "pycuda.driver", fake)
+    values = rng.integers(0, 256, (100, 60), np.uint8)
+    per, chunk_bytes = 7, 7 * 60
+    stride = chunk_bytes + stride_pad
+    c0, c1 = lo // per, -(-hi // per)
+    for k in range(c0, c1):
+        memory[(k - c0) * stride:][:chunk_bytes] = np.resize(values[k * per:(k + 1) * per], (per, 60)).reshape(-1)
+    dst = 32768
+    dec = SimpleNamespace(per=per, row_bytes=60, stride=stride, chunk_bytes=chunk_bytes)
+    codecs._copy_rows(dec, None, chunk_decode.Piece(lo, c0, c1 - c0, hi - lo, None), lo - c0 * per, 0, dst)
+    np.testing.assert_array_equal(memory[dst:dst + (hi - lo) * 60].reshape(-1, 60), values[lo:hi])
+
+
 def test_deflate_chunks_of_whole_images_need_nothing_more(tmp_path, model, rng):
     assert why(tmp_path, model, rng, **GZIP) is None
     assert why(tmp_path, model, rng, shuffle=True, **GZIP) is None

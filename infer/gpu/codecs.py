@@ -147,9 +147,7 @@ class Deflate:
             cuda.memcpy_dtod_async(slot, src, nbytes, stream)                      # are uploaded over (flush)
 
     def place(self, dec, stream, piece, decoded, dst):
-        import pycuda.driver as cuda
-
-        per, row_bytes = dec.per, dec.row_bytes
+        per = dec.per
         first = piece.lo - piece.c0 // dec.slab * per  # rows of the first chunk before the block
         if self.rows.cut:  # (BloscZstd places its unshuffled chunks here too: never cut)
             image, chunk = self.rows.shape[1:], self.rows.chunks
@@ -157,18 +155,10 @@ class Deflate:
             self.assemble(stream, decoded, dst, pad + image, chunk[:1] + pad + chunk[1:], first, piece.images,
                           dec.stride, self.shuffled)
         elif self.shuffled:
-            values = row_bytes // self.rows.dtype.itemsize
+            values = dec.row_bytes // self.rows.dtype.itemsize
             self.unshuffle(stream, decoded, dst, first * values, piece.images * values, per * values, dec.stride)
-        elif dec.stride == dec.chunk_bytes:
-            cuda.memcpy_dtod_async(dst, decoded + first * row_bytes, piece.images * row_bytes, stream)
         else:
-            done = 0
-            for k in range(piece.chunks):
-                lo = first if k == 0 else k * per
-                rows = min(per * (k + 1), first + piece.images) - lo
-                cuda.memcpy_dtod_async(dst + done * row_bytes, decoded + k * dec.stride + (lo - k * per) * row_bytes,
-                                       rows * row_bytes, stream)
-                done += rows
+            _copy_rows(dec, stream, piece, first, decoded, dst)
 
     def failure(self, dec, j, which):
         what = f"{self.rows.label}: chunk {j}"
@@ -354,6 +344,24 @@ class BloscLz4:
     def failure(self, dec, j, which):
         return InputError(f"{self.rows.label}: chunk {j} cannot be decompressed ({self.rows.codec_name} lz4: "
                           f"damaged data, or not {dec.chunk_bytes} bytes once decoded)")
+
+
+def _copy_rows(dec, stream, piece, first, decoded, dst):
+    """A block's rows of decoded chunks of whole rows (`first` rows into the first) copied to dst:
+    in one copy where the chunks lie back to back, else one a chunk."""
+    import pycuda.driver as cuda
+
+    per, row_bytes = dec.per, dec.row_bytes
+    if dec.stride == dec.chunk_bytes:
+        cuda.memcpy_dtod_async(dst, decoded + first * row_bytes, piece.images * row_bytes, stream)
+        return
+    done = 0
+    for k in range(piece.chunks):
+        lo = first if k == 0 else k * per
+        rows = min(per * (k + 1), first + piece.images) - lo
+        cuda.memcpy_dtod_async(dst + done * row_bytes, decoded + k * dec.stride + (lo - k * per) * row_bytes,
+                               rows * row_bytes, stream)
+        done += rows
 
 
 def _u32(buf, at):
