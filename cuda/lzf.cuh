@@ -90,7 +90,7 @@ ZDEV void lzf_ring_copy(zu8* ring, const zu8 (*mods)[ZLANES], int to, int off, i
 // chain from ip is then followed by pointer doubling (jumps of 1, 2, 4, 8, 16 tokens), so lane k finds
 // token k's start in 5 steps, not k. Lane k keeps token k (as the host build's loop does); ip and op
 // move past the batch; bad where a token in it is damaged.
-ZDEV void lzf_parse(const zu8* __restrict__ src, int end, int& ip, int& op, int start, int lane, int& my_at,
+ZDEV void lzf_parse(const zu8* __restrict__ src, int end, int& ip, int& op, int lane, int& my_at,
                     int& my_ll, int& my_ml, int& my_off, int& my_lit, int& bad) {
     const int lim = min(LZF_WIN, end - ip);  // offsets where a token may start
     unsigned jump[5];
@@ -173,7 +173,7 @@ ZDEV int lzf_stream(const zu8* __restrict__ src, zi64 size, zu8* __restrict__ ou
             op += ll + ml;
         }
 #else
-        lzf_parse(src, end, ip, op, start, lane, my_at, my_ll, my_ml, my_off, my_lit, bad);
+        lzf_parse(src, end, ip, op, lane, my_at, my_ll, my_ml, my_off, my_lit, bad);
 #endif
         if (bad) return ZSTD_BAD;
         if (op > room) return ZSTD_FULL;  // (op only grows: checked once a batch, before any store)

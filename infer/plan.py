@@ -231,7 +231,8 @@ def _gpu(data, g, gpu, options, scores, budget, backend_reason, decoding_mode, d
                              "by the reader threads: the file is within the host budget, where GPU decoding's start-up "
                              "outweighs its speed" if data.source is not None else "by the reader threads")
     else:
-        why = chunk_decode.unsupported(data.source, wire) if data.source is not None else "no file to decode"
+        why = (None if as_stored else  # (_gpu_decodes asked the same of this wire)
+               chunk_decode.unsupported(data.source, wire) if data.source is not None else "no file to decode")
         if why and decoding_mode == "gpu":
             raise InputError(f"{data.label}: --decode gpu: {why}")
         decode = "host" if why else "gpu"

@@ -219,13 +219,14 @@ class Assemble(_PerValueSize):
     kernel, arg_types = "assemble_kernel1", "PPiiiiiiiqqqi"
 
     def __call__(self, stream, decoded, dst, image, chunk, first, rows, stride, shuffled):
-        if len(image) != 3 or len(chunk) != 4 or min(*image, *chunk) <= 0 or np.prod(image) > INT_MAX:
+        row_values = int(np.prod(image))
+        if len(image) != 3 or len(chunk) != 4 or min(*image, *chunk) <= 0 or row_values > INT_MAX:
             raise ValueError(f"assemble_kernel1 takes rows of H x W x C values in chunks of R x h x w x c, not "
                              f"{image} in {chunk}")
         if not 0 <= first < chunk[0]:
             raise ValueError(f"the first row is one of the first row of chunks' {chunk[0]}, not {first}")
-        self.launch(stream, (min(ceil_div(rows * int(np.prod(image)), 256), 8192), 1), (256, 1, 1), decoded, dst,
-                    *image, *chunk, first, rows, stride, int(shuffled))
+        self.launch(stream, (min(ceil_div(rows * row_values, 256), 8192), 1), (256, 1, 1), decoded, dst, *image,
+                    *chunk, first, rows, stride, int(shuffled))
 
 
 class BloscUnshuffle(_PerValueSize):
