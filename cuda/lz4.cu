@@ -17,6 +17,21 @@
 //   and repeated by shuffles). A warp whose block is not split has nothing to do past the first value
 //   byte. Reads the stored bytes once, writes the output once. Shared memory: WARPS x WIN_BYTES.
 //   (Version 1, each sequence's bytes loaded as the parse reaches them, is dev/cuda/lz4_early.cu.)
+//
+// Chunks of hdf5plugin's LZ4 filter and of the Bitshuffle filter (lz4), decoded the same way, each into
+// its own output (Bitshuffle's still bitshuffled). A chunk, big-endian: its decoded size (8 bytes), its
+// blocks' decoded size (4; the last block shorter), then per block a 4-byte stored size and an LZ4
+// block (LZ4's filter: the bytes as they are where that size is the block's), then (Bitshuffle: the
+// values past a block's last multiple of 8) `tail` bytes as they are. Blocks are chained: a block's
+// start is known only once the sizes before it are read, hence two kernels.
+// lz4_index_kernel1: a thread per chunk walks its blocks' sizes (a dependent 4-byte load each: MNIST's
+//   1,000-image Bitshuffle chunk holds 383 blocks of 8 KB), writes each block's start and size into
+//   `index` (2 uint32 a block), and copies the tail into place. A chunk whose sizes run past its end
+//   or leave other than `tail` bytes goes into bad[0], its blocks after the damage marked unreadable.
+// lz4_blocks_kernel1: a warp per (chunk, block), WARPS warps a CUDA block, decoding it as
+//   blosc_lz4_kernel2 decodes a stream (lz4_window). Reads the stored bytes once, writes the output once.
+//   Blosc2's chunks decode with it too: their blocks' starts are a table, which the host reads into
+//   `index` (each block one stream, stored as it is where its size is the block's: `raw`).
 
 #ifndef WARPS
 #define WARPS 4
@@ -194,12 +209,13 @@ __device__ __forceinline__ void copy_match(Output& o, unsigned out, unsigned dis
     }
 }
 
-// lz4_stream() from a Window (streams and outputs under 2 GB), the output kept in the warp's window too. Most
-// sequences (no length past its token, at most 14 literals, an offset following) take the first
-// branch: their bytes lie in the window.
-__device__ bool lz4_window(const unsigned char* src, unsigned size, unsigned char* dst, unsigned cap, unsigned warp,
-                           int lane) {
-    if (size == cap) {  // stored as it is
+// An LZ4 block of `size` bytes at src decoded into exactly `cap` bytes at dst (streams and outputs
+// under 2 GB; `raw`: a block whose size is cap's is stored as it is), the output kept in the warp's
+// window too; false where it is damaged. Most sequences (no length past its token, at most 14
+// literals, an offset following) take the first branch: their bytes lie in the window.
+__device__ bool lz4_window(const unsigned char* src, unsigned size, unsigned char* dst, unsigned cap, bool raw,
+                           unsigned warp, int lane) {
+    if (raw && size == cap) {  // stored as it is
         for (unsigned i = lane; i < size; i += 32) dst[i] = src[i];
         return true;
     }
@@ -272,6 +288,72 @@ extern "C" __global__ void __launch_bounds__(32 * WARPS) blosc_lz4_kernel2(const
                                   (long long)blockIdx.x * WARPS + warp);
     if (!st.work) return;
     const bool ok = st.ok && st.size < (1ull << 31) && st.cap < (1ull << 31)
-                    && lz4_window(st.src, (unsigned)st.size, st.dst, (unsigned)st.cap, warp, lane);
+                    && lz4_window(st.src, (unsigned)st.size, st.dst, (unsigned)st.cap, true, warp, lane);
     if (!ok && lane == 0) atomicMin(bad, first + st.c);
+}
+
+// The big-endian uint32 at p (any alignment).
+__host__ __device__ __forceinline__ unsigned be32(const unsigned char* p) {
+    return (unsigned)p[0] << 24 | (unsigned)p[1] << 16 | (unsigned)p[2] << 8 | p[3];
+}
+
+#define UNREADABLE 0xffffffffu  // an index size: the block is not decoded (its chunk is damaged)
+
+// A chunk of `size` bytes at `in` walked: each of its `blocks` blocks' start and stored size into
+// at_k (2 uint32 a block), UNREADABLE from a block whose size runs past the chunk's end on; true
+// where the sizes leave exactly `tail` bytes. (lz4_index_kernel1's thread; a host function too, so
+// tests walk real chunks with it.)
+__host__ __device__ inline bool lz4_walk(const unsigned char* in, u64 size, int blocks, int tail, unsigned* at_k) {
+    u64 at = 12;
+    int k = 0;
+    for (; k < blocks; ++k) {
+        if (size < at || size - at < 4) break;
+        const u64 stored = be32(in + at);
+        at += 4;
+        if (stored > size - at) break;
+        at_k[2 * k] = (unsigned)at;
+        at_k[2 * k + 1] = (unsigned)stored;
+        at += stored;
+    }
+    if (k == blocks) return size - at == (u64)tail;
+    for (; k < blocks; ++k) at_k[2 * k + 1] = UNREADABLE;
+    return false;
+}
+
+extern "C" __global__ void lz4_index_kernel1(const u64* __restrict__ chunk_ptrs, const u64* __restrict__ chunk_sizes,
+                                             const u64* __restrict__ out_ptrs, int count, long long chunk_bytes,
+                                             int blocks, int tail, unsigned* __restrict__ index, int first,
+                                             int* __restrict__ bad) {
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= count) return;
+    const u64 size = chunk_sizes[c];  // (the host checked the 12-byte header; 0: a chunk left to the host)
+    if (size == 0) return;
+    const unsigned char* in = reinterpret_cast<const unsigned char*>(chunk_ptrs[c]);
+    if (!lz4_walk(in, size, blocks, tail, index + 2ull * blocks * c)) {
+        atomicMin(bad, first + c);
+        return;
+    }
+    unsigned char* out = reinterpret_cast<unsigned char*>(out_ptrs[c]) + chunk_bytes - tail;
+    for (int i = 0; i < tail; ++i) out[i] = in[size - tail + i];
+}
+
+extern "C" __global__ void __launch_bounds__(32 * WARPS) lz4_blocks_kernel1(const u64* __restrict__ chunk_ptrs,
+                                                                           const u64* __restrict__ chunk_sizes,
+                                                                           const u64* __restrict__ out_ptrs, int count,
+                                                                           long long block_bytes, int blocks,
+                                                                           long long last_bytes, int raw,
+                                                                           const unsigned* __restrict__ index,
+                                                                           int first, int* __restrict__ bad) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const long long w = (long long)blockIdx.x * WARPS + warp;
+    if (w >= (long long)count * blocks) return;
+    const int c = (int)(w / blocks), k = (int)(w % blocks);
+    if (chunk_sizes[c] == 0) return;
+    const unsigned at = index[2 * w], size = index[2 * w + 1];
+    if (size == UNREADABLE) return;  // (lz4_index_kernel1 flagged the chunk)
+    const long long cap = k == blocks - 1 ? last_bytes : block_bytes;
+    const unsigned char* src = reinterpret_cast<const unsigned char*>(chunk_ptrs[c]) + at;
+    unsigned char* dst = reinterpret_cast<unsigned char*>(out_ptrs[c]) + k * block_bytes;
+    const bool ok = size < (1u << 31) && cap < (1ll << 31) && lz4_window(src, size, dst, (unsigned)cap, raw, warp, lane);
+    if (!ok && lane == 0) atomicMin(bad, first + c);
 }

@@ -124,7 +124,8 @@ def decode_mode(data, options, budget):
     from .gpu import chunk_decode, plan as gpu_plan
 
     wire = gpu_plan.wire_dtype(data.dtype)
-    return "auto" if streams(data, wire, budget) and chunk_decode.unsupported(data.source, wire) is None else "host"
+    return ("auto" if streams(data, wire, budget) and chunk_decode.unsupported(data.source, wire) is None
+            and chunk_decode.host_by_default(data.source) is None else "host")
 
 
 def make(data, g, device, options=None, scores=False, *, budget=None, backend_reason="", decoding_mode=None,
@@ -184,7 +185,19 @@ def _gpu_decodes(data, wire, budget, decoding_mode, streamed):
         return False
     if streamed is None:
         streamed = streams(data, wire, budget, gpu_plan.STREAM_FROM)
-    return streamed and chunk_decode.unsupported(data.source, wire) is None
+    return (streamed and chunk_decode.unsupported(data.source, wire) is None
+            and (decoding_mode == "gpu" or chunk_decode.host_by_default(data.source) is None))
+
+
+def _host_first(data):
+    """Why --decode auto leaves data's chunks, which the GPU decodes, to the reader threads; None
+    where it does not (or the GPU cannot decode them)."""
+    from .gpu import chunk_decode, plan as gpu_plan
+
+    if data.layout != "chunks" or data.source is None:
+        return None
+    return (chunk_decode.unsupported(data.source, gpu_plan.wire_dtype(data.dtype)) is None
+            and chunk_decode.host_by_default(data.source)) or None
 
 
 def _gpu(data, g, gpu, options, scores, budget, backend_reason, decoding_mode, devices, model_path, streamed):
@@ -227,12 +240,13 @@ def _gpu(data, g, gpu, options, scores, budget, backend_reason, decoding_mode, d
                              "nothing to decode")
     elif decoding_mode == "host":
         decode = "host"
-        reasons["decode"] = ("--decode host" if options.decode == "host" else
-                             "by the reader threads: the file is within the host budget, where GPU decoding's start-up "
-                             "outweighs its speed" if data.source is not None else "by the reader threads")
+        first = options.decode == "auto" and _host_first(data)
+        reasons["decode"] = ("--decode host" if options.decode == "host" else f"by the reader threads: {first}" if first
+                             else "by the reader threads: the file is within the host budget, where GPU decoding's "
+                             "start-up outweighs its speed" if data.source is not None else "by the reader threads")
     else:
-        why = (None if as_stored else  # (_gpu_decodes asked the same of this wire)
-               chunk_decode.unsupported(data.source, wire) if data.source is not None else "no file to decode")
+        why = (None if as_stored else "no file to decode" if data.source is None else  # (_gpu_decodes asked the same
+               decoding_mode == "auto" and _host_first(data) or chunk_decode.unsupported(data.source, wire))  # of this wire)
         if why and decoding_mode == "gpu":
             raise InputError(f"{data.label}: --decode gpu: {why}")
         decode = "host" if why else "gpu"

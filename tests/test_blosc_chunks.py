@@ -12,11 +12,11 @@ from infer.gpu.codecs import blosc_chunks
 hdf5plugin = pytest.importorskip("hdf5plugin")
 
 
-def lz4_block(src, size):
+def lz4_block(src, size, raw=True):
     """The LZ4 block format decoded (a sequence: a token, its literals, a 2-byte offset, a match);
-    a stream as long as its output is stored as it is (c-blosc's rule)."""
+    raw: a stream as long as its output is stored as it is (c-blosc's rule)."""
     src = bytes(src)
-    if len(src) == size:
+    if raw and len(src) == size:
         return src
     out, pos = bytearray(), 0
 

@@ -36,7 +36,8 @@ LAYOUTS = {
     "blosc2_lz4_1024": dict(compression=("Blosc2", dict(cname="lz4", clevel=5, filters=2)), chunks=(1024, 28, 28, 1)),
     "zstd": dict(compression=("Zstd", dict(clevel=3))),
     "shuf_zstd": dict(compression=("Zstd", dict(clevel=3)), shuffle=True),
-    "lz4": dict(compression=("LZ4", {})),
+    "lz4": dict(compression=("LZ4", {})),  # a block a chunk
+    "lz4_64k": dict(compression=("LZ4", dict(nbytes=65536))),
     "bshuf_lz4": dict(compression=("Bitshuffle", dict(cname="lz4"))),
 }
 

@@ -4,8 +4,9 @@ The reader threads only read each block's chunks (pread, no decoding) into page-
 block goes up as it is stored, its page-locked buffer free again once it is up, and a codec (CODECS)
 decodes the chunks of a group of blocks, in one launch, into a device buffer of whole chunks and
 places each block as the images the network reads (gpu/codecs.py: deflate, Zstd, LZF, Blosc lz4 +
-bitshuffle, Blosc zstd, each with its kernels and its figures). Where chunks cut images (deflate, LZF,
-Zstd), a block holds whole rows of chunks, and the codec assembles its images from them.
+bitshuffle, Blosc zstd, LZ4, Bitshuffle lz4, Blosc2 lz4 + bitshuffle, each with its kernels and its
+figures). Where chunks cut images (deflate, LZF, Zstd, LZ4), a block holds whole rows of chunks, and
+the codec assembles its images from them.
 Speed comes from chunks in flight: groups decode on several streams at once (up to MAX_STREAMS) into
 a deep ring of device slots. Host memory holds only the few small blocks being read or uploaded: a
 launch takes a group of them (the codec's `group`), so the chunks in flight cost device memory,
@@ -102,9 +103,11 @@ def unsupported(data, wire):
     if not isinstance(rows, reader.ChunkedRows):
         return f"its images are not stored in chunks ({rows.kind})"
     if rows.codec not in CODECS:
-        return f"the GPU decodes deflate (gzip), LZF, Zstd and Blosc lz4 and zstd chunks, not {rows.filters or 'raw chunks'}"
+        return ("the GPU decodes deflate (gzip), LZF, Zstd, LZ4, Bitshuffle lz4, Blosc lz4 and zstd and Blosc2 lz4 "
+                f"chunks, not {rows.filters or 'raw chunks'}")
     if rows.cut and not codec_for(rows).assembles:
-        return "its chunks cut images, which the GPU assembles from deflate, LZF and Zstd chunks, not Blosc's"
+        return (f"its chunks cut images, which the GPU assembles from deflate, LZF, Zstd and LZ4 chunks, not "
+                f"{reader.PLUGIN_FILTERS.get(rows.codec, rows.filters)}'s")
     if rows.cut and not 2 <= len(rows.shape) <= 4:
         return f"its chunks cut images of {len(rows.shape) - 1} dimensions (the GPU assembles up to 3)"
     if rows.summed:
@@ -119,6 +122,12 @@ def unsupported(data, wire):
     if rows.shuffle and rows.dtype.itemsize not in (1, 2, 4, 8):
         return f"no unshuffle for {rows.dtype.itemsize}-byte values"
     return codec_for(rows).unsupported(rows)
+
+
+def host_by_default(data):
+    """None where --decode auto decodes the chunks of `data` (a DataSet the GPU can decode) on the
+    GPU, else why it leaves them to the reader threads, in a phrase: the codec's host_first."""
+    return codec_for(data.parts[0][1]).host_first
 
 
 def layout(rows, block):

@@ -191,6 +191,44 @@ class BloscLz4(Launcher):
                     count, chunk_bytes, block_bytes, typesize, first, bad)
 
 
+class Lz4Index(Launcher):
+    """The chained blocks of chunks of hdf5plugin's LZ4 filter or Bitshuffle's (lz4) found by
+    lz4_index_kernel1, a thread a chunk: each block's start and stored size into index (2 uint32 a
+    block, `blocks` a chunk), the `tail` bytes after the last block copied to the end of the chunk's
+    output; bad[0] = min(bad[0], first + every chunk whose sizes do not add up)."""
+    source, kernel, arg_types = "lz4", "lz4_index_kernel1", "PPPiqiiPiP"
+    THREADS = 128
+
+    def __init__(self, build):
+        super().__init__(build, **BloscLz4.defines())  # the module lz4_blocks_kernel1 is in
+
+    def __call__(self, stream, count, chunk_ptrs, chunk_sizes, out_ptrs, chunk_bytes, blocks, tail, index, first, bad):
+        if not 0 < count or not 0 < blocks <= INT_MAX // 2 or not 0 <= tail < chunk_bytes:
+            raise ValueError(f"{self.kernel}: {count} chunks of {blocks} blocks and {tail} bytes after them")
+        self.launch(stream, (ceil_div(count, self.THREADS), 1), (self.THREADS, 1, 1), chunk_ptrs, chunk_sizes, out_ptrs,
+                    count, chunk_bytes, blocks, tail, index, first, bad)
+
+
+class Lz4Blocks(Launcher):
+    """The blocks Lz4Index found decoded by lz4_blocks_kernel1, a warp a block, into the chunks'
+    outputs block_bytes apart (the last last_bytes long; raw: a block stored in its decoded size is
+    stored as it is, LZ4's filter); bad[0] = min(bad[0], first + every chunk that fails)."""
+    source, kernel, arg_types = "lz4", "lz4_blocks_kernel1", "PPPiqiqiPiP"
+
+    def __init__(self, build):
+        super().__init__(build, **BloscLz4.defines())
+        self.WARPS = BloscLz4.WARPS
+
+    def __call__(self, stream, count, chunk_ptrs, chunk_sizes, out_ptrs, block_bytes, blocks, last_bytes, raw, index,
+                 first, bad):
+        warps = count * blocks
+        if not 0 < count or warps > INT_MAX * self.WARPS or not 0 < last_bytes <= block_bytes:
+            raise ValueError(f"{self.kernel} takes 1 to {INT_MAX * self.WARPS} blocks of at most {block_bytes} bytes, "
+                             f"not {warps} (the last {last_bytes})")
+        self.launch(stream, (ceil_div(warps, self.WARPS), 1), (32 * self.WARPS, 1, 1), chunk_ptrs, chunk_sizes, out_ptrs,
+                    count, block_bytes, blocks, last_bytes, int(raw), index, first, bad)
+
+
 class _PerValueSize(Launcher):
     """A decode.cu kernel built for values of value_bytes bytes (1, 2, 4 or 8)."""
     source = "decode"
