@@ -131,3 +131,15 @@ def test_a_damaged_chunk_is_refused_in_one_line(tmp_path, ece408, name, mend, wo
     r = invoke("run", path, ece408 / "model.hdf5", "--decode", "gpu", "--predictions", out)
     assert_refused(r, "bad.h5", "'x'", *words)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("name,chunk", [("bshuf", 50), ("lz4_64k", 50), ("blosc2", 256)])
+def test_a_truncated_file_is_refused_in_one_line(tmp_path, ece408, name, chunk):
+    x, y = mnist(ece408, 2000)
+    whole = write(tmp_path / "whole.h5", x, y, chunk, name)
+    cut = tmp_path / "cut.h5"
+    cut.write_bytes(whole.read_bytes()[:whole.stat().st_size // 2])
+    out = tmp_path / "p.npy"
+    r = invoke("run", cut, ece408 / "model.hdf5", "--decode", "gpu", "--predictions", out)
+    assert_refused(r, "cut.h5")
+    assert not out.exists()
