@@ -214,10 +214,10 @@ class Lz4Blocks(Launcher):
     outputs block_bytes apart (the last last_bytes long; raw: a block stored in its decoded size is
     stored as it is, LZ4's filter); bad[0] = min(bad[0], first + every chunk that fails)."""
     source, kernel, arg_types = "lz4", "lz4_blocks_kernel1", "PPPiqiqiPiP"
+    WARPS = BloscLz4.WARPS  # the module is blosc_lz4_kernel2's
 
     def __init__(self, build):
         super().__init__(build, **BloscLz4.defines())
-        self.WARPS = BloscLz4.WARPS
 
     def __call__(self, stream, count, chunk_ptrs, chunk_sizes, out_ptrs, block_bytes, blocks, last_bytes, raw, index,
                  first, bad):
