@@ -115,12 +115,13 @@ def first_block_size(data, size):
 @pytest.mark.parametrize("name,mend,words", [
     ("bshuf", lambda data: first_block_size(data, 10 ** 9), ["chunk 3", "cannot be decompressed", "Bitshuffle lz4"]),
     ("lz4_64k", lambda data: first_block_size(data, 10 ** 9), ["chunk 3", "cannot be decompressed", "LZ4"]),
-    ("bshuf", lambda data: data[:-1], ["chunk 3", "cannot be decompressed"]),  # the tail's last byte gone
+    ("bshuf", lambda data: data[:-1], ["chunk 3", "cannot be decompressed"]),  # its last byte gone
     # the first block's token: more literals than it holds
     ("bshuf", lambda data: data[:16] + bytes([0xF0]) + bytes([0xFF]) * 40 + data[57:], ["chunk 3", "cannot be decompressed"]),
     ("lz4", lambda data: data[:16] + bytes([0xF0]) + bytes([0xFF]) * 200 + data[217:], ["chunk 3", "cannot be decompressed"]),
-    # Blosc2: its first block's stream (after the frame's 203 bytes, the chunk's 32, 4 block starts, its size)
-    ("blosc2", lambda data: data[:203 + 52] + bytes([0xF0]) + bytes([0xFF]) * 200 + data[203 + 253:],
+    # Blosc2: its first block's stream (after the frame's 203 bytes, the chunk's 32, 4 block starts, its
+    # size): more literals than the block's 200,704 bytes
+    ("blosc2", lambda data: data[:203 + 52] + bytes([0xF0]) + bytes([0xFF]) * 1000 + data[203 + 1053:],
      ["chunk 3", "cannot be decompressed", "Blosc2 lz4"]),
 ])
 def test_a_damaged_chunk_is_refused_in_one_line(tmp_path, ece408, name, mend, words):
