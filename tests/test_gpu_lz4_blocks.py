@@ -74,7 +74,7 @@ def test_odd_images_of_integer_types(tmp_path, rng, sessions, name, shuffle, dty
     x[100:160] = rng.integers(0, 256, (60, 13, 13, np.dtype(dtype).itemsize), np.uint8).view(dtype)
     y = np.eye(10)[rng.integers(0, 10, len(x))]
     r = assert_same_as_host(sessions, write(tmp_path / "o.h5", x, y, 48, name, shuffle), SMALL, KERNELS)
-    assert ("unshuffle" in r.reader["decode"]) == (shuffle or name.startswith("bshuf"))
+    assert ("unshuffle" in r.reader["decode"]) == (shuffle and dtype != "u1" or name.startswith("bshuf"))
 
 
 @pytest.mark.parametrize("chunk,shuffle", [((250, 14, 28, 1), False), ((128, 7, 28, 1), True), ((64, 28, 10, 1), True)])
