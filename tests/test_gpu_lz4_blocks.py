@@ -67,13 +67,13 @@ def test_mnist_float32_blosc2_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408
                                           ("lz4_1000", True)])
 @pytest.mark.parametrize("dtype", ["u1", "i2"])
 def test_odd_images_of_integer_types(tmp_path, rng, sessions, name, shuffle, dtype):
-    """13x13x1 images (169 values: Bitshuffle leaves values after its last block), mostly zeros, with
-    a band of noise whose LZ4 blocks do not shrink (stored as they are), in chunks of 48, the last
-    partly past the data set's end."""
+    """13x13x1 images, mostly zeros, with a band of noise whose LZ4 blocks do not shrink (stored as
+    they are), in chunks of 47 (7,943 values: Bitshuffle stores the last 7 after its last block),
+    the last partly past the data set's end."""
     x = (rng.integers(1, 5, (613, 13, 13, 1)) * 40 * (rng.random((613, 13, 13, 1)) < 0.4)).astype(dtype)
     x[100:160] = rng.integers(0, 256, (60, 13, 13, np.dtype(dtype).itemsize), np.uint8).view(dtype)
     y = np.eye(10)[rng.integers(0, 10, len(x))]
-    r = assert_same_as_host(sessions, write(tmp_path / "o.h5", x, y, 48, name, shuffle), SMALL, KERNELS)
+    r = assert_same_as_host(sessions, write(tmp_path / "o.h5", x, y, 47, name, shuffle), SMALL, KERNELS)
     assert ("unshuffle" in r.reader["decode"]) == (shuffle and dtype != "u1" or name.startswith("bshuf"))
 
 
