@@ -13,7 +13,7 @@ import pytest
 
 from infer.data import native, reader
 from infer.errors import InputError
-from infer.gpu import codecs
+from infer.gpu import codecs, launch
 from tests.test_gpu_decode import blosc_stored_as
 
 hdf5plugin = pytest.importorskip("hdf5plugin")
@@ -23,7 +23,7 @@ DATA, DECODED = 1 << 40, 1 << 41  # device addresses the table is written for
 @pytest.fixture
 def no_kernels(monkeypatch):
     for name in ("Zstd", "StreamCheck", "BloscUnshuffle"):
-        monkeypatch.setattr(codecs.launch, name, lambda *args: None)
+        monkeypatch.setattr(launch, name, lambda *args: None)
 
 
 def zstd_decompress():

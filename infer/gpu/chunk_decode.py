@@ -3,7 +3,7 @@
 The reader threads only read each block's chunks (pread, no decoding) into page-locked memory; the
 block goes up as it is stored, its page-locked buffer free again once it is up, and a codec (CODECS)
 decodes the chunks of a group of blocks, in one launch, into a device buffer of whole chunks and
-places each block as the images the network reads (gpu/codecs.py: deflate, Zstd, LZF, Blosc lz4 +
+places each block as the images the network reads (gpu/codecs/: deflate, Zstd, LZF, Blosc lz4 +
 bitshuffle, Blosc zstd, LZ4, Bitshuffle lz4, Blosc2 lz4 + bitshuffle, each with its kernels and its
 figures). Where chunks cut images (deflate, LZF, Zstd, LZ4), a block holds whole rows of chunks, and
 the codec assembles its images from them.

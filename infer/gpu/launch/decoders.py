@@ -1,5 +1,5 @@
-"""The launchers of the GPU decoders (codecs.py, shuffled.py): deflate, Zstd, LZF and Blosc lz4 frames,
-their checks, and HDF5's shuffle and bitshuffle undone."""
+"""The launchers of the GPU decoders (codecs/, shuffled.py): deflate, Zstd, LZF and LZ4 (Blosc's, the
+LZ4 and Bitshuffle filters', Blosc2's) streams, their checks, and HDF5's shuffle and bitshuffle undone."""
 import numpy as np
 
 from .base import INT_MAX, Launcher, ceil_div
