@@ -425,3 +425,17 @@ def test_a_blosc2_chunk_stored_otherwise_is_the_hosts_and_a_damaged_one_refused(
     (tmp_path / "d").mkdir()
     with pytest.raises(InputError, match=r"c\.h5: dataset 'x': chunk 0 cannot be decompressed \(Blosc2: a block's start"):
         placed(tmp_path / "d", model, monkeypatch, None, x, 256, lz4, False, 0, 512, mend=damaged)
+
+
+def test_blocks_the_gpu_decoder_cannot_take_say_why():
+    """No whole block, blocks under the index's 512 bytes (Bitshuffle and LZ4, whose index is the
+    lane's scratch memory; Blosc2's is the table), a block of 2 GB or more (32-bit offsets)."""
+    from types import SimpleNamespace
+
+    rows = SimpleNamespace(dtype=np.dtype("u1"), chunk_bytes=5 << 30)
+    assert codecs.Lz4._blocks_unsupported(rows, 1 << 30) is None
+    assert "past the GPU decoder's 2 GB" in codecs.Lz4._blocks_unsupported(rows, 2 << 30)
+    assert "smaller than the GPU's index" in codecs.Bitshuffle._blocks_unsupported(rows, 256)
+    assert codecs.Blosc2._blocks_unsupported(rows, 256) is None
+    assert "no whole LZ4 block" in codecs.Bitshuffle._blocks_unsupported(SimpleNamespace(dtype=np.dtype("f4"),
+                                                                                         chunk_bytes=20), 4096)

@@ -61,15 +61,18 @@ class Bitshuffle(BloscLz4):
             return "the GPU decodes Bitshuffle's lz4 blocks, not its zstd or uncompressed ones"
         if rows.bitshuffle is None:
             return "the GPU decodes Bitshuffle chunks with a native reader beside it"
-        return cls._too_small(rows, cls._block_of(rows))
+        return cls._blocks_unsupported(rows, cls._block_of(rows))
 
     @classmethod
-    def _too_small(cls, rows, block):
+    def _blocks_unsupported(cls, rows, block):
+        """Why lz4_blocks_kernel1 cannot take the chunks of `rows` in blocks of `block` bytes, or None."""
         block, blocks, _, _ = cls.framing(rows, block)
         if block <= 0 or blocks == 0:
             return f"its chunks hold no whole LZ4 block ({block}-byte blocks)"
         if cls.scratch and 8 * blocks > rows.chunk_bytes * cls.scratch:
             return f"its {block}-byte LZ4 blocks are smaller than the GPU's index takes (512 bytes)"
+        if min(block, rows.chunk_bytes) >= 1 << 31:
+            return f"its {block}-byte LZ4 blocks are past the GPU decoder's 2 GB"
         return None
 
     def describe(self):
@@ -145,7 +148,7 @@ class Lz4(Bitshuffle):
     def unsupported(cls, rows):
         if not rows.native:
             return "the GPU decodes LZ4 chunks with a native reader beside it"
-        return cls._too_small(rows, cls._block_of(rows))
+        return cls._blocks_unsupported(rows, cls._block_of(rows))
 
     def describe(self):
         return (f"{self.index.kernel} + {self.lz4.kernel}{' + unshuffle' if self.unshuffle else ''}"
@@ -218,7 +221,7 @@ class Blosc2(Bitshuffle):
         head = os.pread(rows.fd, 3, int(rows.index[0][0]) + at)
         if head[2] >> 5 != BloscLz4.LZ4:
             return "the GPU decodes Blosc2's lz4, not its other codecs"
-        return cls._too_small(rows, block)
+        return cls._blocks_unsupported(rows, block)
 
     def describe(self):
         return f"{self.lz4.kernel} (Blosc2 blocks) + bitunshuffle"
