@@ -124,8 +124,7 @@ def decode_mode(data, options, budget):
     from .gpu import chunk_decode, plan as gpu_plan
 
     wire = gpu_plan.wire_dtype(data.dtype)
-    return ("auto" if streams(data, wire, budget) and chunk_decode.unsupported(data.source, wire) is None
-            and chunk_decode.host_by_default(data.source) is None else "host")
+    return "auto" if streams(data, wire, budget) and chunk_decode.declined(data.source, wire, "auto") is None else "host"
 
 
 def make(data, g, device, options=None, scores=False, *, budget=None, backend_reason="", decoding_mode=None,
@@ -185,8 +184,7 @@ def _gpu_decodes(data, wire, budget, decoding_mode, streamed):
         return False
     if streamed is None:
         streamed = streams(data, wire, budget, gpu_plan.STREAM_FROM)
-    return (streamed and chunk_decode.unsupported(data.source, wire) is None
-            and (decoding_mode == "gpu" or chunk_decode.host_by_default(data.source) is None))
+    return streamed and chunk_decode.declined(data.source, wire, decoding_mode) is None
 
 
 def _host_first(data):

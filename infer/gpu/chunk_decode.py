@@ -130,6 +130,12 @@ def host_by_default(data):
     return codec_for(data.parts[0][1]).host_first
 
 
+def declined(data, wire, mode):
+    """None where a GPU backend decoding `mode` (auto or gpu) decodes the chunks of `data` as they
+    travel in `wire`, else why not: unsupported's reason, or under auto the codec's host_first."""
+    return unsupported(data, wire) or (host_by_default(data) if mode == "auto" else None)
+
+
 def layout(rows, block):
     """(chunks a block of `block` images of `rows`, a ChunkedRows the GPU decodes, holds at most;
     the most bytes any block's chunks take, back to back, as they are read into page-locked memory).

@@ -207,7 +207,7 @@ class Blosc2(Bitshuffle):
     def rows_per_chunk(rows):
         """The table's rows a chunk: its blocks (the first chunk's block size)."""
         first = Blosc2._first(rows)
-        return Lz4.framing(rows, first[2])[1] if first else 1
+        return Blosc2.framing(rows, first[2])[1] if first else 1
 
     @classmethod
     def unsupported(cls, rows):

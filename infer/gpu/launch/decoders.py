@@ -191,16 +191,14 @@ class BloscLz4(Launcher):
                     count, chunk_bytes, block_bytes, typesize, first, bad)
 
 
-class Lz4Index(Launcher):
+class Lz4Index(BloscLz4):
     """The chained blocks of chunks of hdf5plugin's LZ4 filter or Bitshuffle's (lz4) found by
     lz4_index_kernel1, a thread a chunk: each block's start and stored size into index (2 uint32 a
     block, `blocks` a chunk), the `tail` bytes after the last block copied to the end of the chunk's
-    output; bad[0] = min(bad[0], first + every chunk whose sizes do not add up)."""
-    source, kernel, arg_types = "lz4", "lz4_index_kernel1", "PPPiqiiPiP"
+    output; bad[0] = min(bad[0], first + every chunk whose sizes do not add up). (A BloscLz4 for its
+    module: lz4.cu built as blosc_lz4_kernel2 is.)"""
+    kernel, arg_types = "lz4_index_kernel1", "PPPiqiiPiP"
     THREADS = 128
-
-    def __init__(self, build):
-        super().__init__(build, **BloscLz4.defines())  # the module lz4_blocks_kernel1 is in
 
     def __call__(self, stream, count, chunk_ptrs, chunk_sizes, out_ptrs, chunk_bytes, blocks, tail, index, first, bad):
         if not 0 < count or not 0 < blocks <= INT_MAX // 2 or not 0 <= tail < chunk_bytes:
@@ -209,15 +207,12 @@ class Lz4Index(Launcher):
                     count, chunk_bytes, blocks, tail, index, first, bad)
 
 
-class Lz4Blocks(Launcher):
-    """The blocks Lz4Index found decoded by lz4_blocks_kernel1, a warp a block, into the chunks'
-    outputs block_bytes apart (the last last_bytes long; raw: a block stored in its decoded size is
-    stored as it is, LZ4's filter); bad[0] = min(bad[0], first + every chunk that fails)."""
-    source, kernel, arg_types = "lz4", "lz4_blocks_kernel1", "PPPiqiqiPiP"
-    WARPS = BloscLz4.WARPS  # the module is blosc_lz4_kernel2's
-
-    def __init__(self, build):
-        super().__init__(build, **BloscLz4.defines())
+class Lz4Blocks(BloscLz4):
+    """The blocks Lz4Index found decoded by lz4_blocks_kernel1, a warp a block (WARPS a CUDA block, as
+    blosc_lz4_kernel2), into the chunks' outputs block_bytes apart (the last last_bytes long; raw: a
+    block stored in its decoded size is stored as it is, LZ4's filter); bad[0] = min(bad[0], first +
+    every chunk that fails)."""
+    kernel, arg_types = "lz4_blocks_kernel1", "PPPiqiqiPiP"
 
     def __call__(self, stream, count, chunk_ptrs, chunk_sizes, out_ptrs, block_bytes, blocks, last_bytes, raw, index,
                  first, bad):
