@@ -23,6 +23,11 @@
 //   `first` of the first row of chunks on, in dst; one value per thread, grid-stride (a row's value
 //   indexed in 32 bits); reads and writes rows * H*W*C * VALUE_BYTES bytes, the chunks' padding past
 //   the data's edges unread.
+// assemble_kernel2: version 1 for c-blosc's and Bitshuffle's chunks, each value fetched from its chunk
+//   as `layout` stores it: PLAIN; BYTES, byte-shuffled a block of `block` values at a time (a shorter
+//   last block; HDF5's shuffle is one block a chunk); BITS, bitshuffled (bitunshuffle_kernel1's layout:
+//   8 * VALUE_BYTES one-byte loads a value, a bit each, the 8 neighbours of a group in one L1 line).
+//   Reads (BITS: 8x) and writes rows * H*W*C * VALUE_BYTES bytes, no unshuffled copy of the chunks.
 // bitunshuffle_kernel1: chunks of chunk_values values stored back to back, each bitshuffled (the
 //   Bitshuffle filter's and c-blosc's layout: blocks of `block` values, each holding bit b of its
 //   values in row b, value i at bit i % 8 of the row's byte i / 8; then a shorter block of the values
@@ -209,26 +214,73 @@ extern "C" __global__ void bitunshuffle_kernel2(const unsigned char* __restrict_
     bitunshuffle(src, dst, chunks, chunk_values, block, exact_tail, first_value, first_value + values);
 }
 
+enum { PLAIN = 0, BYTES = 1, BITS = 2 };  // how a chunk stores its values (assemble_kernel2's layout)
+
+__host__ __device__ __forceinline__ unsigned char load_byte(const unsigned char* p) {
+#ifdef __CUDA_ARCH__
+    return __ldg(p);
+#else
+    return *p;  // (the CPU tests build this file for the host)
+#endif
+}
+
+// Value v of a chunk of chunk_values values stored at src as `layout` says (see assemble_kernel2).
+__host__ __device__ __forceinline__ value_t chunk_value(const unsigned char* src, long long v, long long chunk_values,
+                                                        int layout, long long block, int exact_tail) {
+    value_t out = 0;
+    if (layout == BYTES) {
+        const long long start = v / block * block, n = min(block, chunk_values - start);
+        const unsigned char* planes = src + start * VALUE_BYTES + (v - start);
+#pragma unroll
+        for (int k = 0; k < VALUE_BYTES; ++k) out |= (value_t)load_byte(planes + (long long)k * n) << (8 * k);
+        return out;
+    }
+    if (layout == BITS) {
+        const long long full = chunk_values / block * block, rest = chunk_values - full;
+        const long long shuffled = full + (exact_tail ? (rest % 8 ? 0 : rest) : rest - rest % 8);
+        if (v < shuffled) {  // bit b of the values of a block in row b: value i at bit i % 8 of byte i / 8
+            const long long start = v < full ? v / block * block : full, i = v - start;
+            const long long row = (v < full ? block : shuffled - full) / 8;
+            const unsigned char* bits = src + start * VALUE_BYTES + i / 8;
+#pragma unroll
+            for (int b = 0; b < 8 * VALUE_BYTES; ++b) out |= (value_t)((load_byte(bits + b * row) >> (i % 8)) & 1u) << b;
+            return out;
+        }  // (the values after the last multiple of 8: as they are)
+    }
+#ifdef __CUDA_ARCH__
+    return __ldg(reinterpret_cast<const value_t*>(src) + v);  // (chunks start value-aligned)
+#else
+    return reinterpret_cast<const value_t*>(src)[v];
+#endif
+}
+
+// Value e of the rows assembled (rows from row `first` of the first row of chunks on): its chunk's
+// bytes at decoded + chunk * stride, value v of them.
+__host__ __device__ __forceinline__ value_t assembled(const unsigned char* decoded, long long e, int H, int W, int C,
+                                                      int R, int h, int w, int c, long long first, long long stride,
+                                                      int layout, long long block, int exact_tail) {
+    const int row_values = H * W * C;
+    const int gh = (H + h - 1) / h, gw = (W + w - 1) / w, gc = (C + c - 1) / c;
+    const long long r = first + e / row_values;
+    const int at = (int)(e % row_values), z = at % C, x = at / C % W, y = at / (C * W);
+    const long long chunk = (r / R * gh + y / h) * (long long)(gw * gc) + x / w * gc + z / c;
+    const long long v = ((r % R * h + y % h) * w + x % w) * (long long)c + z % c;
+    return chunk_value(decoded + chunk * stride, v, (long long)R * h * w * c, layout, block, exact_tail);
+}
+
 extern "C" __global__ void assemble_kernel1(const unsigned char* __restrict__ decoded, value_t* __restrict__ dst,
                                             int H, int W, int C, int R, int h, int w, int c, long long first,
                                             long long rows, long long stride, int shuffled) {
-    const int row_values = H * W * C;
-    const int gh = (H + h - 1) / h, gw = (W + w - 1) / w, gc = (C + c - 1) / c;
-    const long long chunk_values = (long long)R * h * w * c;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < rows * row_values;
-         e += (long long)gridDim.x * blockDim.x) {
-        const long long r = first + e / row_values;
-        const int at = (int)(e % row_values), z = at % C, x = at / C % W, y = at / (C * W);
-        const long long chunk = (r / R * gh + y / h) * (long long)(gw * gc) + x / w * gc + z / c;
-        const long long v = ((r % R * h + y % h) * w + x % w) * (long long)c + z % c;
-        const unsigned char* src = decoded + chunk * stride;
-        value_t out = 0;
-        if (shuffled) {
-#pragma unroll
-            for (int k = 0; k < VALUE_BYTES; ++k) out |= (value_t)__ldg(src + (long long)k * chunk_values + v) << (8 * k);
-        } else {
-            out = __ldg(reinterpret_cast<const value_t*>(src) + v);
-        }
-        dst[e] = out;
-    }
+    const long long n = rows * H * W * C, chunk_values = (long long)R * h * w * c;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x)
+        dst[e] = assembled(decoded, e, H, W, C, R, h, w, c, first, stride, shuffled ? BYTES : PLAIN, chunk_values, 0);
+}
+
+extern "C" __global__ void assemble_kernel2(const unsigned char* __restrict__ decoded, value_t* __restrict__ dst,
+                                            int H, int W, int C, int R, int h, int w, int c, long long first,
+                                            long long rows, long long stride, int layout, long long block,
+                                            int exact_tail) {
+    const long long n = rows * H * W * C;
+    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < n; e += (long long)gridDim.x * blockDim.x)
+        dst[e] = assembled(decoded, e, H, W, C, R, h, w, c, first, stride, layout, block, exact_tail);
 }

@@ -238,8 +238,11 @@ def _gpu(data, g, gpu, options, scores, budget, backend_reason, decoding_mode, d
                              "nothing to decode")
     elif decoding_mode == "host":
         decode = "host"
-        first = options.decode == "auto" and _host_first(data)
-        reasons["decode"] = ("--decode host" if options.decode == "host" else f"by the reader threads: {first}" if first
+        # why auto decodes this file on the host: what the GPU declines of it, else the backend was
+        # made for a file within the host budget (decode_mode)
+        why = (options.decode == "auto" and data.source is not None
+               and chunk_decode.declined(data.source, gpu_plan.wire_dtype(data.dtype), "auto"))
+        reasons["decode"] = ("--decode host" if options.decode == "host" else f"by the reader threads: {why}" if why
                              else "by the reader threads: the file is within the host budget, where GPU decoding's "
                              "start-up outweighs its speed" if data.source is not None else "by the reader threads")
     else:

@@ -87,12 +87,13 @@ def test_deflate_and_lzf_chunks_cutting_images_are_assembled_on_the_gpu(tmp_path
     assert why(tmp_path, model, rng, chunks=chunks, compression=compression, shuffle=True, **wide) is None
 
 
-def test_blosc_chunks_cutting_images_are_the_hosts(tmp_path, model, rng):
+def test_blosc2_chunks_cutting_images_are_the_hosts(tmp_path, model, rng):
     hdf5plugin = pytest.importorskip("hdf5plugin")
     if native.library() is None:
         pytest.skip("no native read pool here")
-    got = why(tmp_path, model, rng, chunks=(16, 14, 28, 1), compression=hdf5plugin.Blosc(cname="lz4", shuffle=2))
-    assert "cut images, which the GPU assembles from deflate, LZF, Zstd and LZ4 chunks, not Blosc's" in got
+    got = why(tmp_path, model, rng, chunks=(16, 14, 28, 1),
+              compression=hdf5plugin.Blosc2(cname="lz4", filters=hdf5plugin.Blosc2.BITSHUFFLE))
+    assert "cut images, which the GPU assembles from deflate, LZF, Zstd, LZ4, Bitshuffle and Blosc chunks, not Blosc2's" in got
 
 
 def test_a_block_of_chunks_cutting_images_holds_whole_rows_of_chunks(tmp_path, model, rng):

@@ -133,7 +133,7 @@ def test_lz4_chunks_walked_give_h5pys_values(tmp_path, model, rng, nbytes, shuff
 @pytest.mark.parametrize("filters,dtype,chunk,reason", [
     (lambda: hdf5plugin.Bitshuffle(cname="zstd"), "f4", 16, "lz4 blocks, not its zstd"),
     (lambda: hdf5plugin.Bitshuffle(cname="none"), "f4", 16, "lz4 blocks, not its zstd or uncompressed"),
-    (lambda: hdf5plugin.LZ4(nbytes=256), "f4", 16, "256-byte LZ4 blocks are smaller than the GPU's index takes"),
+    (lambda: hdf5plugin.LZ4(nbytes=256), "f4", 16, "LZ4 blocks, more than the GPU's index takes"),
     (lambda: dict(hdf5plugin.LZ4(), shuffle=True), ">f4", 16, "stored in the other byte order"),
     (lambda: hdf5plugin.Blosc2(cname="zstd", filters=2), "f4", 64, "Blosc2's lz4, not its other codecs"),
     (lambda: hdf5plugin.Blosc2(cname="lz4", filters=2), "f4", 100, "decode past the HDF5 chunk (b2nd blocks"),
@@ -435,7 +435,7 @@ def test_blocks_the_gpu_decoder_cannot_take_say_why():
     rows = SimpleNamespace(dtype=np.dtype("u1"), chunk_bytes=5 << 30)
     assert codecs.Lz4._blocks_unsupported(rows, 1 << 30) is None
     assert "past the GPU decoder's 2 GB" in codecs.Lz4._blocks_unsupported(rows, 2 << 30)
-    assert "smaller than the GPU's index" in codecs.Bitshuffle._blocks_unsupported(rows, 256)
+    assert "more than the GPU's index takes" in codecs.Bitshuffle._blocks_unsupported(rows, 256)
     assert codecs.Blosc2._blocks_unsupported(rows, 256) is None
     assert "no whole LZ4 block" in codecs.Bitshuffle._blocks_unsupported(SimpleNamespace(dtype=np.dtype("f4"),
                                                                                          chunk_bytes=20), 4096)

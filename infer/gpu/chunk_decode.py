@@ -5,8 +5,8 @@ block goes up as it is stored, its page-locked buffer free again once it is up, 
 decodes the chunks of a group of blocks, in one launch, into a device buffer of whole chunks and
 places each block as the images the network reads (gpu/codecs/: deflate, Zstd, LZF, Blosc lz4 +
 bitshuffle, Blosc zstd, LZ4, Bitshuffle lz4, Blosc2 lz4 + bitshuffle, each with its kernels and its
-figures). Where chunks cut images (deflate, LZF, Zstd, LZ4), a block holds whole rows of chunks, and
-the codec assembles its images from them.
+figures). Where chunks cut images (all but Blosc2's), a block holds whole rows of chunks, and the
+codec assembles its images from them.
 Speed comes from chunks in flight: groups decode on several streams at once (up to MAX_STREAMS) into
 a deep ring of device slots. Host memory holds only the few small blocks being read or uploaded: a
 launch takes a group of them (the codec's `group`), so the chunks in flight cost device memory,
@@ -106,8 +106,8 @@ def unsupported(data, wire):
         return ("the GPU decodes deflate (gzip), LZF, Zstd, LZ4, Bitshuffle lz4, Blosc lz4 and zstd and Blosc2 lz4 "
                 f"chunks, not {rows.filters or 'raw chunks'}")
     if rows.cut and not codec_for(rows).assembles:
-        return (f"its chunks cut images, which the GPU assembles from deflate, LZF, Zstd and LZ4 chunks, not "
-                f"{reader.PLUGIN_FILTERS.get(rows.codec, rows.filters)}'s")
+        return (f"its chunks cut images, which the GPU assembles from deflate, LZF, Zstd, LZ4, Bitshuffle and Blosc "
+                f"chunks, not {reader.PLUGIN_FILTERS.get(rows.codec, rows.filters)}'s")
     if rows.cut and not 2 <= len(rows.shape) <= 4:
         return f"its chunks cut images of {len(rows.shape) - 1} dimensions (the GPU assembles up to 3)"
     if rows.summed:
@@ -126,8 +126,11 @@ def unsupported(data, wire):
 
 def host_by_default(data):
     """None where --decode auto decodes the chunks of `data` (a DataSet the GPU can decode) on the
-    GPU, else why it leaves them to the reader threads, in a phrase: the codec's host_first."""
-    return codec_for(data.parts[0][1]).host_first
+    GPU, else why it leaves them to the reader threads, in a phrase: the codec's host_first (or,
+    where its chunks cut images, cut_host_first)."""
+    rows = data.parts[0][1]
+    codec = codec_for(rows)
+    return codec.host_first or (codec.cut_host_first if rows.cut else None)
 
 
 def declined(data, wire, mode):

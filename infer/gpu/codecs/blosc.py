@@ -6,23 +6,26 @@ import numpy as np
 
 from ...errors import InputError
 from .. import launch
-from .deflate import Deflate, Zstd
+from .deflate import Deflate, Zstd, cut_geometry
 
 
 class BloscLz4:
     """hdf5plugin's Blosc filter (c-blosc 1's format 2) with lz4 and its bitshuffle: the chunks'
     streams decoded by blosc_lz4_kernel2 into chunks back to back, the bits unshuffled as the images
-    are placed (bitunshuffle_kernel2). The host checks each chunk's header in the page-locked block;
-    a chunk stored otherwise (copied whole, byte shuffled, another codec or block size) is decoded
-    by the reader threads, as without a GPU, and goes into place after the others."""
+    are placed (bitunshuffle_kernel2), or, where chunks cut images, as the images are assembled from
+    them (assemble_kernel2). The host checks each chunk's header in the page-locked block; a chunk
+    stored otherwise (copied whole, byte shuffled, another codec or block size) is decoded by the
+    reader threads, as without a GPU, and goes into place after the others (where chunks cut
+    images, with every chunk of its row of chunks)."""
     LZ4 = 1  # c-blosc's codec number, in a header's flags >> 5
 
     def __init__(self, build, rows):
         self.lz4 = launch.BloscLz4(build)
-        self.unshuffle = launch.BitUnshuffleRange(build, rows.dtype.itemsize)
         self.rows, self.itemsize = rows, rows.dtype.itemsize
         self.block_values, self.exact_tail = rows.bitshuffle
         self.block_bytes = self.block_values * self.itemsize
+        self.assemble = launch.AssembleBlocks(build, self.itemsize) if rows.cut else None
+        self.unshuffle = None if rows.cut else launch.BitUnshuffleRange(build, self.itemsize)
         self.pending = []  # (page-locked rows decoded on the host, the event after their upload)
 
     @classmethod
@@ -38,8 +41,11 @@ class BloscLz4:
     rows_per_chunk = staticmethod(Deflate.rows_per_chunk)
     scratch = 0.0
     copies_stored = False  # a file with chunks stored without the codec is the host's
-    assembles = False  # chunks cutting images are the host's
+    assembles = True  # chunks cutting images are assembled from their bitshuffled bytes as they are placed
     host_first = None
+    # Why --decode auto leaves chunks cutting images to the reader threads where the codec decodes
+    # them on the GPU (assemble_kernel2 has not yet run on a GPU: --decode gpu takes them)
+    cut_host_first = "Blosc's chunks cutting images are assembled on the GPU only with --decode gpu (not yet timed)"
     # A launch takes 10 blocks of 32 MB (80 MNIST chunks, ~1,700 warps of ~13 ms), read 4 at a time:
     # the host's 4 compressed blocks keep the peak RSS under 400 MB (6 of 64 MB: 7.0M images/s, 484 MB).
     # Smaller launches, which helped deflate, do not help here (H200, 1M images in 1,024-image chunks:
@@ -51,7 +57,7 @@ class BloscLz4:
         return chunk_bytes
 
     def describe(self):
-        return f"{self.lz4.kernel} + bitunshuffle"
+        return f"{self.lz4.kernel} + {'assemble (chunks cut images)' if self.assemble else 'bitunshuffle'}"
 
     def warm_up(self, alloc):
         import pycuda.driver as cuda
@@ -80,31 +86,39 @@ class BloscLz4:
         table[0, rows] = data + block.positions
         table[1, rows] = np.where(taken, sizes, 0)  # 0: left to the host
         table[2, rows] = decoded + np.arange(n, dtype=np.uint64) * dec.stride
-        return bool(taken.any()), [self._host_decoded(dec, block, int(k)) for k in np.flatnonzero(~taken)]
+        return bool(taken.any()), self._host_rows(dec, block, ~taken)
 
     def taken(self, buf, at, sizes, chunk_bytes):
         """Which chunks stored at offsets `at` of buf (sizes bytes each) the GPU decodes (blosc_chunks)."""
         return blosc_chunks(buf, at, sizes, chunk_bytes, self.itemsize, self.block_bytes)
 
-    def _host_decoded(self, dec, block, k):
-        """Chunk k of the block (its rows in the block) decoded by the reader threads into page-locked memory."""
+    def _host_rows(self, dec, block, left):
+        """The block's rows held by the chunks `left` (a mask of its chunks) decoded by the reader
+        threads into page-locked memory, a row of chunks (one chunk but where chunks cut images) at
+        a time: [(row in the block, page-locked rows)]."""
         import pycuda.driver as cuda
 
-        c = block.c0 + k
-        lo, hi = max(c * dec.per, block.lo), min((c + 1) * dec.per, block.lo + len(block), self.rows.shape[0])
-        out = cuda.pagelocked_empty((hi - lo) * dec.row_bytes, np.uint8)
-        self.rows.submit(dec.pool.native, lo, hi, out).result()
-        return lo - block.lo, out
+        done = []
+        for r in np.unique((block.c0 + np.flatnonzero(left)) // dec.slab):
+            lo, hi = max(r * dec.per, block.lo), min((r + 1) * dec.per, block.lo + len(block), self.rows.shape[0])
+            out = cuda.pagelocked_empty((hi - lo) * dec.row_bytes, np.uint8)
+            self.rows.submit(dec.pool.native, int(lo), int(hi), out).result()
+            done.append((int(lo) - block.lo, out))
+        return done
 
     def decode(self, dec, stream, count, table, decoded, c0, scratch, extras):
         starts, sizes, outputs = dec.columns(table)
         self.lz4(stream, count, starts, sizes, outputs, dec.chunk_bytes, self.block_bytes, self.itemsize, c0, dec.flags)
 
     def place(self, dec, stream, piece, decoded, dst):
-        values = dec.row_bytes // self.itemsize
-        first = piece.lo - piece.c0 * dec.per
-        self.unshuffle(stream, decoded, dst, piece.chunks, dec.per * values, self.block_values, self.exact_tail,
-                       first * values, piece.images * values)
+        if self.assemble:
+            self.assemble(stream, decoded, dst, *cut_geometry(self.rows, dec, piece), piece.images, dec.stride,
+                          self.assemble.BITS, self.block_values, self.exact_tail)
+        else:
+            values = dec.row_bytes // self.itemsize
+            first = piece.lo - piece.c0 * dec.per
+            self.unshuffle(stream, decoded, dst, piece.chunks, dec.per * values, self.block_values, self.exact_tail,
+                           first * values, piece.images * values)
         self._place_host_decoded(dec, stream, piece.extra, dst)
 
     def _place_host_decoded(self, dec, stream, host, dst):
@@ -136,7 +150,8 @@ class BloscZstd(BloscLz4):
     block (c-blosc's don't-split flag, how it stores zstd): each block's Zstandard frame decoded by
     zstd_kernel1 into its place in the chunk (a table row a block, chunks 256 bytes apart), checked
     by decode_check_kernel2 (status, each block's size: the frames' structure catches damage), and
-    c-blosc's shuffle, a block at a time, undone as the images are placed (blosc_unshuffle_kernel1).
+    c-blosc's shuffle, a block at a time, undone as the images are placed (blosc_unshuffle_kernel1),
+    or as they are assembled where chunks cut images (assemble_kernel2).
     A block stored as it is (it did not shrink) is copied into place; a chunk stored otherwise
     (copied whole, split, another codec or block size) is decoded by the reader threads. A warp a
     frame, not zstd_kernel2's three: a frame is a c-blosc block (a 1,000-image MNIST chunk is 13 of
@@ -158,7 +173,8 @@ class BloscZstd(BloscLz4):
         self.flags, self.blosc_block = head[2], int.from_bytes(head[8:12], "little")
         self.blocks = self.rows_per_chunk(rows)
         self.shuffled = bool(head[2] & 1) and self.itemsize > 1
-        self.unshuffle = launch.BloscUnshuffle(build, self.itemsize) if self.shuffled else None
+        self.assemble = launch.AssembleBlocks(build, self.itemsize) if rows.cut else None
+        self.unshuffle = launch.BloscUnshuffle(build, self.itemsize) if self.shuffled and not rows.cut else None
         self.pending = []
 
     @staticmethod
@@ -189,7 +205,8 @@ class BloscZstd(BloscLz4):
         return None
 
     def describe(self):
-        return f"zstd_kernel1 (Blosc blocks){' + blosc unshuffle' if self.shuffled else ''}"
+        return (f"zstd_kernel1 (Blosc blocks){' + blosc unshuffle' if self.unshuffle else ''}"
+                f"{' + assemble (chunks cut images)' if self.assemble else ''}")
 
     def warm_up(self, alloc):
         import pycuda.driver as cuda
@@ -243,8 +260,7 @@ class BloscZstd(BloscLz4):
         table[3, rows] = outputs
         self.pending = [(b, e) for b, e in self.pending if not e.query()]
         copies = [(int(outputs[i, j]), int(frames[i, j]), int(bsize[j])) for i, j in zip(*np.nonzero(raw))]
-        host = [self._host_decoded(dec, block, int(i)) for i in np.flatnonzero(~taken)]
-        return bool(taken.any()), (copies, host)
+        return bool(taken.any()), (copies, self._host_rows(dec, block, ~taken))
 
     def taken(self, buf, at, sizes, chunk_bytes):
         """Which chunks stored at offsets `at` of buf (sizes bytes each) the GPU decodes: c-blosc 1's
@@ -268,7 +284,11 @@ class BloscZstd(BloscLz4):
             cuda.memcpy_dtod_async(slot, src, nbytes, stream)                         # are uploaded over
 
     def place(self, dec, stream, piece, decoded, dst):
-        if self.shuffled:
+        if self.assemble:
+            layout = self.assemble.BYTES if self.shuffled else self.assemble.PLAIN
+            self.assemble(stream, decoded, dst, *cut_geometry(self.rows, dec, piece), piece.images, dec.stride, layout,
+                          self.blosc_block // self.itemsize)
+        elif self.shuffled:
             values = dec.row_bytes // self.itemsize
             first = piece.lo - piece.c0 * dec.per
             self.unshuffle(stream, decoded, dst, first * values, piece.images * values, dec.per * values, dec.stride,

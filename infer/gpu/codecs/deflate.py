@@ -1,5 +1,6 @@
 """Deflate, Zstd and LZF chunks decoded on the GPU (the overview: infer/gpu/codecs/__init__.py), and
-chunks of whole rows copied into place (_copy_rows; Blosc zstd and LZ4 place through Deflate.place too)."""
+chunks of whole rows copied into place (_copy_rows; Blosc zstd and LZ4 place through Deflate.place too),
+and the geometry of chunks cutting images (cut_geometry)."""
 import os
 
 import numpy as np
@@ -35,6 +36,7 @@ class Deflate:
     copies_stored = True  # chunks stored without the codec (their filter skipped) are copied into place
     assembles = True  # chunks cutting images are assembled as they are placed (assemble_kernel1)
     host_first = None  # why --decode auto leaves a streamed file's chunks to the reader threads, if it does
+    cut_host_first = None  # the same, for chunks cutting images
     arrays = 6  # of the table, uint64 a chunk: stream, size, capacity, output, decoded size, status
     # A launch takes 4 blocks of 128 MB (160 MNIST chunks), read 4 at a time: a 1M-image file's 1,000
     # chunks all in flight at once on 7 decode streams (with the network's 8 and the uploads', the 16
@@ -129,12 +131,10 @@ class Deflate:
 
     def place(self, dec, stream, piece, decoded, dst):
         per = dec.per
-        first = piece.lo - piece.c0 // dec.slab * per  # rows of the first chunk before the block
+        first = piece.lo - piece.c0 * per  # rows of the first chunk before the block
         if self.rows.cut:  # (BloscZstd places its unshuffled chunks here too: never cut)
-            image, chunk = self.rows.shape[1:], self.rows.chunks
-            pad = (1,) * (4 - len(chunk))  # rows of H x W x C values, chunks of R x h x w x c
-            self.assemble(stream, decoded, dst, pad + image, chunk[:1] + pad + chunk[1:], first, piece.images,
-                          dec.stride, self.shuffled)
+            self.assemble(stream, decoded, dst, *cut_geometry(self.rows, dec, piece), piece.images, dec.stride,
+                          self.shuffled)
         elif self.shuffled:
             values = dec.row_bytes // self.rows.dtype.itemsize
             self.unshuffle(stream, decoded, dst, first * values, piece.images * values, per * values, dec.stride)
@@ -214,6 +214,15 @@ class Lzf(Deflate):
 
     def run(self, stream, count, at, scratch, scratch_bytes, split=True):
         self.decoder(stream, count, at[0], at[1], at[2], at[4], at[3], at[5])
+
+
+def cut_geometry(rows, dec, piece):
+    """(image, chunk, first) of an assemble launch placing `piece`, a block of the chunks of `rows`
+    cutting images (whole rows of them): rows of H x W x C values, chunks of R x h x w x c, the
+    block's first row in its first row of chunks."""
+    image, chunk = rows.shape[1:], rows.chunks
+    pad = (1,) * (4 - len(chunk))
+    return pad + image, chunk[:1] + pad + chunk[1:], piece.lo - piece.c0 // dec.slab * dec.per
 
 
 def _copy_rows(dec, stream, piece, first, decoded, dst):

@@ -15,7 +15,8 @@ class Bitshuffle(BloscLz4):
     """hdf5plugin's Bitshuffle filter with lz4 (MNIST's chunk of 1,000 float32 images: 383 blocks of 8
     KB): each chunk's blocks found by lz4_index_kernel1 (a thread walks a chunk's block sizes) and
     decoded by lz4_blocks_kernel1 (a warp a block) into chunks back to back, still bitshuffled as the
-    reader threads would leave them, the bits unshuffled as the images are placed (bitunshuffle_kernel2).
+    reader threads would leave them, the bits unshuffled as the images are placed (bitunshuffle_kernel2)
+    or, where chunks cut images, as they are assembled (assemble_kernel2).
     The host checks each chunk's 12-byte header in the page-locked block; a chunk of another size or
     block size is decoded by the reader threads and goes into place after the others."""
     raw = False  # an LZ4 block is always one: none is stored as it is
@@ -34,7 +35,8 @@ class Bitshuffle(BloscLz4):
 
     def _unshuffle(self, build, rows):
         self.block_values, self.exact_tail = rows.bitshuffle
-        return launch.BitUnshuffleRange(build, rows.dtype.itemsize)
+        self.assemble = launch.AssembleBlocks(build, self.itemsize) if rows.cut else None
+        return None if rows.cut else launch.BitUnshuffleRange(build, self.itemsize)
 
     @staticmethod
     def _block_of(rows):
@@ -70,13 +72,15 @@ class Bitshuffle(BloscLz4):
         if block <= 0 or blocks == 0:
             return f"its chunks hold no whole LZ4 block ({block}-byte blocks)"
         if cls.scratch and 8 * blocks > rows.chunk_bytes * cls.scratch:
-            return f"its {block}-byte LZ4 blocks are smaller than the GPU's index takes (512 bytes)"
+            return (f"its {rows.chunk_bytes:,}-byte chunks hold {blocks} LZ4 blocks, more than the GPU's index takes "
+                    "(a block each 512 bytes)")
         if min(block, rows.chunk_bytes) >= 1 << 31:
             return f"its {block}-byte LZ4 blocks are past the GPU decoder's 2 GB"
         return None
 
     def describe(self):
-        return f"{self.index.kernel} + {self.lz4.kernel} + bitunshuffle"
+        place = "assemble (chunks cut images)" if self.assemble else "bitunshuffle"
+        return f"{self.index.kernel} + {self.lz4.kernel} + {place}"
 
     def warm_up(self, alloc):
         import pycuda.driver as cuda
@@ -174,6 +178,7 @@ class Blosc2(Bitshuffle):
     another header, runs, another block size) is decoded by the reader threads."""
     raw = True  # a stream of its block's size is stored as it is
     scratch = 0.0
+    assembles = False  # a chunk's b2nd blocks may split its images' rows: chunks cutting images are the host's
     arrays = 4  # of the table, uint64: per chunk its frame, stored size, output; per block its index
     what = "Blosc2 lz4"
     host_first = Bitshuffle.host_first
@@ -272,7 +277,7 @@ class Blosc2(Bitshuffle):
         table[2, rows] = decoded + np.arange(n, dtype=np.uint64) * dec.stride
         pairs = (self.at + starts + 4).astype(np.uint64) | np.maximum(csize, 0).astype(np.uint64) << np.uint64(32)
         table[3, o * nb:(o + n) * nb] = pairs.reshape(-1)
-        return bool(taken.any()), [self._host_decoded(dec, block, int(k)) for k in np.flatnonzero(~taken)]
+        return bool(taken.any()), self._host_rows(dec, block, ~taken)
 
     def decode(self, dec, stream, count, table, decoded, c0, scratch, extras):
         *chunks, index = dec.columns(table)

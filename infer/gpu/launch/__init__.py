@@ -8,17 +8,17 @@ from .base import (INT_MAX, Build, Launcher, _check_int32, _cubin, _Recording, _
                    prefetch, recorded, version_of)
 from .certificate import Certify
 from .classic import GEMMS, TILE_WIDTHS, Argmax, Conv, Gemm, GemmSpec, Place, Pool, Unroll, gemm_choice, gemm_runs_on
-from .decoders import (Assemble, BitUnshuffle, BitUnshuffleRange, BloscLz4, BloscUnshuffle, DecodeCheck, FrameDecoder,
-                       InflateParts, Lz4Blocks, Lz4Index, Lzf, StreamCheck, Unshuffle, Zstd, ZstdApart,
-                       _PerValueSize)
+from .decoders import (Assemble, AssembleBlocks, BitUnshuffle, BitUnshuffleRange, BloscLz4, BloscUnshuffle,
+                       DecodeCheck, FrameDecoder, InflateParts, Lz4Blocks, Lz4Index, Lzf, StreamCheck, Unshuffle, Zstd,
+                       ZstdApart, _PerValueSize)
 from .fused import FullyConnected, FullyConnectedWarpgroup, Fused, FusedLayout
 from .stage import Check, Convert, ConvertCodes, converter
 
 __all__ = ["INT_MAX", "Build", "Launcher", "_check_int32", "_cubin", "_Recording", "_StandIn", "ceil_div",
            "needs_hopper", "prefetch", "recorded", "version_of", "Certify", "GEMMS", "TILE_WIDTHS", "Argmax", "Conv",
-           "Gemm", "GemmSpec", "Place", "Pool", "Unroll", "gemm_choice", "gemm_runs_on", "Assemble", "BitUnshuffle",
-           "BitUnshuffleRange", "BloscLz4", "BloscUnshuffle", "DecodeCheck", "FrameDecoder", "InflateParts", "Lz4Blocks",
-           "Lz4Index", "Lzf",
+           "Gemm", "GemmSpec", "Place", "Pool", "Unroll", "gemm_choice", "gemm_runs_on", "Assemble", "AssembleBlocks",
+           "BitUnshuffle", "BitUnshuffleRange", "BloscLz4", "BloscUnshuffle", "DecodeCheck", "FrameDecoder",
+           "InflateParts", "Lz4Blocks", "Lz4Index", "Lzf",
            "StreamCheck", "Unshuffle", "Zstd",
            "ZstdApart", "_PerValueSize", "FullyConnected", "FullyConnectedWarpgroup", "Fused", "FusedLayout", "Check",
            "Convert", "ConvertCodes", "converter"]

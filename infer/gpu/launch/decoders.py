@@ -252,14 +252,32 @@ class Assemble(_PerValueSize):
     kernel, arg_types = "assemble_kernel1", "PPiiiiiiiqqqi"
 
     def __call__(self, stream, decoded, dst, image, chunk, first, rows, stride, shuffled):
-        row_values = int(np.prod(image))
-        if len(image) != 3 or len(chunk) != 4 or min(*image, *chunk) <= 0 or row_values > INT_MAX:
-            raise ValueError(f"assemble_kernel1 takes rows of H x W x C values in chunks of R x h x w x c, not "
+        self._checked(image, chunk, first)
+        self.launch(stream, (min(ceil_div(rows * int(np.prod(image)), 256), 8192), 1), (256, 1, 1), decoded, dst,
+                    *image, *chunk, first, rows, stride, int(shuffled))
+
+    def _checked(self, image, chunk, first):
+        if len(image) != 3 or len(chunk) != 4 or min(*image, *chunk) <= 0 or int(np.prod(image)) > INT_MAX:
+            raise ValueError(f"{self.kernel} takes rows of H x W x C values in chunks of R x h x w x c, not "
                              f"{image} in {chunk}")
         if not 0 <= first < chunk[0]:
             raise ValueError(f"the first row is one of the first row of chunks' {chunk[0]}, not {first}")
-        self.launch(stream, (min(ceil_div(rows * row_values, 256), 8192), 1), (256, 1, 1), decoded, dst, *image,
-                    *chunk, first, rows, stride, int(shuffled))
+
+
+class AssembleBlocks(Assemble):
+    """Assemble for chunks stored in a `layout` of decode.cu's: PLAIN, BYTES (byte-shuffled `block`
+    values at a time, the last block shorter: c-blosc's shuffle) or BITS (bitshuffled in blocks of
+    `block` values, exact_tail as bitunshuffle_kernel1's: c-blosc's and Bitshuffle's)."""
+    kernel, arg_types = "assemble_kernel2", "PPiiiiiiiqqqiqi"
+    PLAIN, BYTES, BITS = 0, 1, 2
+
+    def __call__(self, stream, decoded, dst, image, chunk, first, rows, stride, layout, block, exact_tail=False):
+        if layout not in (self.PLAIN, self.BYTES, self.BITS) or block <= 0 or (layout == self.BITS and block % 8):
+            raise ValueError(f"{self.kernel}: layout {layout} in blocks of {block} values (bitshuffled: a multiple "
+                             "of 8)")
+        self._checked(image, chunk, first)
+        self.launch(stream, (min(ceil_div(rows * int(np.prod(image)), 256), 8192), 1), (256, 1, 1), decoded, dst,
+                    *image, *chunk, first, rows, stride, layout, block, int(exact_tail))
 
 
 class BloscUnshuffle(_PerValueSize):
