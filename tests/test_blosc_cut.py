@@ -286,6 +286,18 @@ def test_a_block_of_cut_chunks_is_decoded_and_assembled_as_the_codec_launches_it
     np.testing.assert_array_equal(got, x[lo:hi])
 
 
+def test_a_blosc_chunk_whose_last_block_is_no_whole_groups_of_8_keeps_it_as_it_is(tmp_path, rng, monkeypatch, mnist,
+                                                                                  assembled):
+    """c-blosc's blocks of 512 KB: a (669, 7, 28, 1) chunk's last block holds 52 values (of image
+    668), not a multiple of 8, so c-blosc stores it unshuffled (the exact tail), and the GPU must
+    read it so."""
+    x = images(rng, 669, (28, 28, 1), "f4")
+    got, codec, _ = placed(tmp_path, monkeypatch, mnist, x, (669, 7, 28, 1), BLOSC["blosc_lz4"](), 600, 669,
+                           assemble=assembled)
+    assert (codec.block_values, codec.exact_tail) == (131072, True)
+    np.testing.assert_array_equal(got, x[600:])
+
+
 def restored(path, k, **blosc):
     """Chunk k of path's 'x' (a box within the data) stored again as hdf5plugin's Blosc(**blosc) stores it."""
     with h5py.File(path, "r+") as f:

@@ -36,6 +36,8 @@ def codec(name):
     if name == "blosc_lz4":
         hdf5plugin = pytest.importorskip("hdf5plugin")
         return dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.BITSHUFFLE))
+    if name == "bitshuffle":
+        return dict(pytest.importorskip("hdf5plugin").Bitshuffle(cname="lz4"))
     if name.startswith("blosc_zstd"):
         hdf5plugin = pytest.importorskip("hdf5plugin")
         return dict(hdf5plugin.Blosc(cname="zstd", clevel=5, shuffle=int(not name.endswith("noshuffle"))))
@@ -173,8 +175,48 @@ def test_assemble_checks_its_shapes(gpu):
         assemble(None, 0, 0, (28, 28, 1), (10, 7, 28, 1), 10, 10, 256, False)
 
 
+@pytest.mark.parametrize("dtype", ["u1", "i2", "f4", "u8"])
+@pytest.mark.parametrize("layout,block,exact_tail", [(0, 1, False), (1, 37, False), (2, 64, True), (2, 48, False)])
+def test_assemble_kernel2_places_rows_from_chunks_stored_each_way(gpu, rng, dtype, layout, block, exact_tail):
+    """assemble_kernel2 against NumPy, value for value: 61 rows of 13 x 13 x 3 values in (7, 5, 6, 2)
+    chunks (edge chunks padded with noise) stored as they are, byte-shuffled in blocks of 37 values
+    (the last shorter), bitshuffled in blocks of 64 (c-blosc's exact tail) or 48 (Bitshuffle's: a
+    shorter block, then the values past the last multiple of 8); blocks of rows starting and ending
+    inside a row of chunks. (The host build of its arithmetic: tests/test_blosc_cut.py.)"""
+    import pycuda.driver as cuda
+
+    from infer.gpu import launch
+    from tests.conftest import Dev, build
+    from tests.test_blosc_cut import bit_shuffled, boxes, byte_shuffled
+
+    chunk = (7, 5, 6, 2)
+    values = rng.integers(0, 256, (61, 13, 13, 3, np.dtype(dtype).itemsize), np.uint8).view(dtype)[..., 0]
+    parts = boxes(values, chunk, rng)
+    stride = -(-parts[0].nbytes // 256) * 256
+    stored = np.zeros(stride * len(parts), np.uint8)
+    for k, p in enumerate(parts):
+        at = p.view(np.uint8) if layout == 0 else byte_shuffled(p, block) if layout == 1 else \
+            bit_shuffled(p, block, exact_tail)
+        stored[k * stride:][:len(at)] = at
+    d = Dev()
+    decoded = d.put(stored, np.uint8)
+    per = 3 * 3 * 2  # chunks a row of chunks
+    assemble = launch.AssembleBlocks(build(gpu), values.itemsize)
+    for lo, hi in [(0, 61), (5, 40), (7, 14), (60, 61), (13, 58)]:
+        dst = d.put(np.zeros((hi - lo,) + values.shape[1:], dtype), dtype)
+        slab = lo // 7
+        assemble(cuda.Stream(), int(decoded) + slab * per * stride, dst, values.shape[1:], chunk, lo - slab * 7,
+                 hi - lo, stride, layout, block, exact_tail)
+        np.testing.assert_array_equal(d.get(dst, (hi - lo,) + values.shape[1:], dtype), values[lo:hi])
+    with pytest.raises(ValueError, match="layout 2 in blocks of 12 values"):
+        assemble(None, 0, 0, values.shape[1:], chunk, 0, 1, stride, 2, 12)
+
+
 CUT = [("gzip1", (37, 7, 28, 1)), ("gzip6_shuffle", (16, 10, 9, 1)), ("lzf_shuffle", (50, 28, 14, 1)),
-       ("lzf", (29, 32, 32, 1)), ("zstd_shuffle", (20, 5, 28, 1)), ("gzip1", (64, 1, 28, 1))]
+       ("lzf", (29, 32, 32, 1)), ("zstd_shuffle", (20, 5, 28, 1)), ("gzip1", (64, 1, 28, 1)),
+       # assemble_kernel2: bitshuffled (c-blosc's, Bitshuffle's), byte-shuffled a c-blosc block at a time, as they are
+       ("blosc_lz4", (40, 7, 28, 1)), ("bitshuffle", (29, 32, 32, 1)), ("blosc_zstd", (16, 10, 9, 1)),
+       ("blosc_zstd_noshuffle", (50, 28, 14, 1))]
 
 
 @pytest.mark.parametrize("name,chunk", CUT, ids=[f"{n}-{'x'.join(map(str, c))}" for n, c in CUT])
@@ -183,7 +225,7 @@ def test_chunks_cutting_images_are_assembled_on_the_gpu_as_on_the_host(tmp_path,
     """MNIST float32 in chunks cutting images in rows, columns, both (edge chunks padded), or wider
     than them: decoded and assembled on the GPU, the scores equal bit for bit to those of the
     host's assembly in float32 (CNNINFER_CODES=0: the same pipeline, on the same values)."""
-    if name.startswith("zstd"):
+    if name.startswith(("zstd", "blosc", "bitshuffle")):
         pytest.importorskip("hdf5plugin")
     monkeypatch.setenv("CNNINFER_CODES", "0")
     with h5py.File(ece408 / "testfull.hdf5") as f:
@@ -203,6 +245,18 @@ def test_chunks_cutting_odd_images_of_integer_types(tmp_path, rng, sessions, dty
     x = (rng.random((613, 13, 13, 1)) * 200).astype(dtype)
     y = np.eye(10)[rng.integers(0, 10, len(x))]
     r = assert_same_as_host(sessions, write(tmp_path / "o.h5", x, y, (37, 5, 6, 1), "gzip6_shuffle"), SMALL)
+    assert "assemble" in r.reader["decode"]
+
+
+@pytest.mark.parametrize("name", ["blosc_lz4", "blosc_zstd", "bitshuffle"])
+@pytest.mark.parametrize("dtype", ["u1", "i2"])
+def test_blosc_chunks_cutting_odd_images_of_integer_types(tmp_path, rng, sessions, dtype, name):
+    """13 x 13 images, mostly zeros (noise would leave chunks stored with the filter skipped: the
+    host's), in chunks of 7 of their rows, the edge chunks padded."""
+    pytest.importorskip("hdf5plugin")
+    x = (rng.random((613, 13, 13, 1)) * 200 * (rng.random((613, 13, 13, 1)) < 0.2)).astype(dtype)
+    y = np.eye(10)[rng.integers(0, 10, len(x))]
+    r = assert_same_as_host(sessions, write(tmp_path / "o.h5", x, y, (40, 7, 13, 1), name), SMALL)
     assert "assemble" in r.reader["decode"]
 
 
@@ -373,6 +427,10 @@ def reserved_block(data):
     ("blosc_lz4", 50, lambda data: data[:16] + (10 ** 9).to_bytes(4, "little") + data[20:],
      ["chunk 3", "cannot be decompressed"]),
     ("blosc_zstd", 400, reserved_block, ["chunk 3", "cannot be decompressed", "zstd"]),
+    # chunks cutting images (assembled by assemble_kernel2)
+    ("blosc_lz4", (50, 14, 28, 1), lambda data: data[:16] + (10 ** 9).to_bytes(4, "little") + data[20:],
+     ["chunk 3", "cannot be decompressed"]),
+    ("blosc_zstd", (400, 7, 28, 1), reserved_block, ["chunk 3", "cannot be decompressed", "zstd"]),
     # its second block starting past its end
     ("blosc_zstd", 400, lambda data: data[:20] + (10 ** 9).to_bytes(4, "little") + data[24:],
      ["chunk 3", "past the chunk's end"]),

@@ -31,6 +31,9 @@ LAYOUTS = {
     "blosc_lz4": dict(compression=("Blosc", dict(cname="lz4", clevel=5, shuffle=2))),  # bitshuffle inside
     "blosc_lz4_1024": dict(compression=("Blosc", dict(cname="lz4", clevel=5, shuffle=2)), chunks=(1024, 28, 28, 1)),
     "blosc_zstd": dict(compression=("Blosc", dict(cname="zstd", clevel=3, shuffle=1))),
+    # chunks cutting each image in 4 (250 images: whole tiles of testfull)
+    "blosc_lz4_cut": dict(compression=("Blosc", dict(cname="lz4", clevel=5, shuffle=2)), chunks=(250, 7, 28, 1)),
+    "blosc_zstd_cut": dict(compression=("Blosc", dict(cname="zstd", clevel=3, shuffle=1)), chunks=(250, 7, 28, 1)),
     "blosc2_lz4": dict(compression=("Blosc2", dict(cname="lz4", clevel=5, filters=2))),
     # 1,024-image chunks: whole 64-image b2nd blocks, so its blocks stay bitshuffled for the GPU
     "blosc2_lz4_1024": dict(compression=("Blosc2", dict(cname="lz4", clevel=5, filters=2)), chunks=(1024, 28, 28, 1)),
