@@ -157,13 +157,22 @@ extern "C" __global__ void blosc_unshuffle_kernel1(const unsigned char* __restri
     }
 }
 
+// The bit-transposed values of a chunk of chunk_values bitshuffled in blocks of `block`: its whole
+// blocks, then a shorter one down to a multiple of 8 values (exact_tail, c-blosc's rule: only where
+// the values left are one); the values after them are stored as they are.
+__host__ __device__ __forceinline__ long long bitshuffled_values(long long chunk_values, long long block,
+                                                                 int exact_tail) {
+    const long long full = chunk_values / block * block, rest = chunk_values - full;
+    return full + (exact_tail ? (rest % 8 ? 0 : rest) : rest - rest % 8);
+}
+
 // Values [lo, hi) of the chunks (numbered across them) into dst[0..hi - lo).
 __device__ __forceinline__ void bitunshuffle(const unsigned char* __restrict__ src, value_t* __restrict__ dst,
                                              long long chunks, long long chunk_values, long long block,
                                              int exact_tail, long long lo, long long hi) {
     const long long per = (chunk_values + 7) / 8;  // groups of 8 values a chunk
-    const long long full = chunk_values / block * block, rest = chunk_values - full;
-    const long long shuffled = full + (exact_tail ? (rest % 8 ? 0 : rest) : rest - rest % 8);
+    const long long full = chunk_values / block * block;
+    const long long shuffled = bitshuffled_values(chunk_values, block, exact_tail);
     const long long g0 = lo / chunk_values * per + lo % chunk_values / 8;  // the group holding value lo
     for (long long g = g0 + blockIdx.x * (long long)blockDim.x + threadIdx.x; g < chunks * per;
          g += (long long)gridDim.x * blockDim.x) {
@@ -236,8 +245,8 @@ __host__ __device__ __forceinline__ value_t chunk_value(const unsigned char* src
         return out;
     }
     if (layout == BITS) {
-        const long long full = chunk_values / block * block, rest = chunk_values - full;
-        const long long shuffled = full + (exact_tail ? (rest % 8 ? 0 : rest) : rest - rest % 8);
+        const long long full = chunk_values / block * block;
+    const long long shuffled = bitshuffled_values(chunk_values, block, exact_tail);
         if (v < shuffled) {  // bit b of the values of a block in row b: value i at bit i % 8 of byte i / 8
             const long long start = v < full ? v / block * block : full, i = v - start;
             const long long row = (v < full ? block : shuffled - full) / 8;

@@ -22,6 +22,10 @@ places a block's images.
   a block, as blosc_lz4_kernel2's streams) on blocks found by lz4_index_kernel1 (LZ4's and Bitshuffle's
   chained framing, a thread a chunk) or read by the host (Blosc2's table of starts). Only
   --decode gpu takes them (host_first): not yet timed on a GPU.
+Chunks cutting images are assembled as they are placed: assemble_kernel1 from deflate's, LZF's,
+Zstd's and LZ4's decoded chunks (HDF5's shuffle undone on the way), assemble_kernel2 from Blosc's
+and Bitshuffle's as they lie (byte-shuffled a c-blosc block at a time, or bitshuffled); under
+--decode auto Blosc's stay the reader threads' until it is timed on a GPU (cut_host_first).
 Files by family: deflate.py (Deflate, Zstd, Lzf), blosc.py (BloscLz4, BloscZstd), lz4.py (Bitshuffle,
 Lz4, Blosc2); here, which filter goes to which (CODECS, codec_for).
 """
