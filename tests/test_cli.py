@@ -207,6 +207,21 @@ def test_the_cpu_bench_says_when_its_rounds_disagree():
     assert "max s" in lines[1] and lines[-1] == note
 
 
+def test_the_stream_bench_compares_every_row_with_what_auto_runs():
+    """Where --decode auto leaves a file the GPU decodes to the reader threads (LZ4's, say), the
+    ratios are to the host's run, which is marked as the default."""
+    from infer.bench.stream import table
+
+    rates = {"raw parallel read (page-locked ring)": 3e7, "GPU alone, images resident": 4e7,
+             "cnninfer run --decode host": 1e7, "cnninfer run --decode gpu": 8e6}
+    result = dict(data="f.h5", n=10, correct=9, layout="chunks", readers=15, device="H200", timing_ms={"forward": 1},
+                  rates=rates, default="cnninfer run --decode host")
+    lines = table(result)
+    assert lines[4].startswith("cnninfer run --decode host (the default)") and lines[4].endswith(" 1.00")
+    assert lines[5].startswith("cnninfer run --decode gpu ") and lines[5].endswith(" 1.25")
+    assert table(dict(result, default="cnninfer run --decode gpu"))[4].endswith(" 0.80")
+
+
 def test_serve_workers_auto_is_one_process_on_the_cpu_and_front_ends_on_a_gpu(monkeypatch):
     from infer.serve import server
 

@@ -76,7 +76,7 @@ def stream_bench(data_path, model_path, readers=None, devices=None, conv_algo="a
 
     model = loader.load_model(model_path)
     rows = {}
-    decodes = gpu_decodes(data_path, model)
+    decodes, auto_gpu = gpu_decodes(data_path, model)
     # One clear line when there is no usable GPU; the process's first context, so with the hardware
     # queues decoding on the GPU wants (the driver takes their number once)
     create_cuda(chunk=None, decode="gpu" if decodes else "host").close()
@@ -87,7 +87,7 @@ def stream_bench(data_path, model_path, readers=None, devices=None, conv_algo="a
     budget = os.environ.get("CNNINFER_HOST_BUDGET_MB")
     os.environ["CNNINFER_HOST_BUDGET_MB"] = "0"  # stream whatever the file's size
     try:
-        # The host's decoding where the GPU decodes the file (the default, --decode auto, would too)
+        # The host's decoding where the GPU decodes the file too
         r = session.run(data_path, model, backend="cuda", readers=readers, devices=devices, conv_algo=conv_algo,
                         decode="host" if decodes else "auto")
         rows["cnninfer run --decode host" if decodes else "cnninfer run (streamed)"] = r.n / r.timing["forward"] * 1e3
@@ -102,20 +102,25 @@ def stream_bench(data_path, model_path, readers=None, devices=None, conv_algo="a
             os.environ.pop("CNNINFER_HOST_BUDGET_MB")
         else:
             os.environ["CNNINFER_HOST_BUDGET_MB"] = budget
+    default = ("cnninfer run --decode gpu" if auto_gpu else "cnninfer run --decode host" if decodes
+               else "cnninfer run (streamed)")
     return dict(data=str(data_path), n=r.n, correct=r.correct, layout=layout, readers=r.reader["threads"],
-                device=r.device, timing_ms=r.timing, rates=rows)
+                device=r.device, timing_ms=r.timing, rates=rows, default=default)
 
 
 def gpu_decodes(data_path, model):
-    """Whether --decode gpu can stream this file (chunks of whole images a GPU codec decodes)."""
+    """(whether --decode gpu can stream this file, whether --decode auto decodes it on the GPU as
+    well: not where the codec leaves it to the reader threads, chunk_decode.host_by_default)."""
     from ..gpu import chunk_decode
     try:
         from ..gpu.backend import CudaBackend
     except ImportError:  # no PyCUDA: gpu.create says so in one line
-        return False
+        return False, False
     data = DataSet.open([data_path], model)
     try:
-        return chunk_decode.unsupported(data, CudaBackend.wire_dtype(data.dtype)) is None
+        if chunk_decode.unsupported(data, CudaBackend.wire_dtype(data.dtype)) is not None:
+            return False, False
+        return True, chunk_decode.host_by_default(data) is None
     finally:
         data.close()
 
@@ -130,12 +135,13 @@ def _size(data_path, model):
 
 def table(result):
     rates = result["rates"]
-    run = rates.get("cnninfer run --decode gpu") or rates["cnninfer run (streamed)"]  # what the default runs
+    run = rates[result["default"]]  # what --decode auto runs
     lines = [f"{result['data']}: {result['n']} images ({result['layout']}, {result['readers']} reader threads), "
              f"{result['correct']} correct; {result['device']}",
-             f"{'':40} {'images/s':>12} {'run / this':>11}"]
+             f"{'':50} {'images/s':>12} {'run / this':>11}"]
     for name, rate in rates.items():
-        lines.append(f"{name:40} {rate:12,.0f} {run / rate:11.2f}")
+        name += " (the default)" if name == result["default"] and len(rates) > 3 else ""
+        lines.append(f"{name:50} {rate:12,.0f} {run / rate:11.2f}")
     t = result["timing_ms"]
     lines.append(f"forward {t['forward']:.0f} ms; reader threads busy {t.get('read', 0):.0f} ms on average; "
                  f"compute waited {t.get('wait', 0):.0f} ms for reads")
