@@ -7,9 +7,7 @@
 - the plan: --decode auto leaves them to the reader threads (not yet run on a GPU), --decode gpu
   takes them, Blosc2's stay the host's."""
 import ctypes
-import subprocess
-import sys
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -17,12 +15,11 @@ import pytest
 
 from infer.data import loader
 from infer.data.dataset import DataSet
-from infer.errors import BackendUnavailable
-from infer.gpu import chunk_decode, codecs, compiler, launch
+from infer.gpu import chunk_decode, codecs, launch
 from tests.conftest import small_model
 from tests.test_blosc_chunks import bit_unshuffle, walked as blosc_walked
 from tests.test_blosc_zstd import zstd_decompress
-from tests.test_lz4_blocks import Device, bshuf_unshuffled, lz4_walk  # noqa: F401 (a fixture)
+from tests.test_lz4_blocks import Device, bshuf_unshuffled, built_for_host, lz4_walk  # noqa: F401 (a fixture)
 
 hdf5plugin = pytest.importorskip("hdf5plugin")
 
@@ -42,19 +39,8 @@ PLAIN, BYTES, BITS = launch.AssembleBlocks.PLAIN, launch.AssembleBlocks.BYTES, l
 def assembled(tmp_path_factory):
     """assemble_kernel2's per-value arithmetic built by nvcc for the host, for values of 1, 2, 4 and 8
     bytes: assemble(decoded, dtype, image, chunk, first, rows, stride, layout, block, exact_tail)."""
-    try:
-        nvcc = compiler.nvcc()
-    except BackendUnavailable as e:
-        pytest.skip(str(e))
     where = tmp_path_factory.mktemp("assemble")
-    (where / "assemble.cu").write_text(HARNESS)
-    libs = {}
-    for size in (1, 2, 4, 8):
-        so = where / f"assemble{size}.so"
-        subprocess.run([nvcc, "-shared", "-Xcompiler", "-fPIC", "-arch=sm_80", f"-DVALUE_BYTES={size}", "-I",
-                        str(compiler.kernel_dir()), "-o", str(so), str(where / "assemble.cu")], check=True,
-                       capture_output=True)
-        libs[size] = ctypes.CDLL(str(so)).assemble
+    libs = {size: built_for_host(where, HARNESS, f"VALUE_BYTES={size}").assemble for size in (1, 2, 4, 8)}
 
     def assemble(decoded, dtype, image, chunk, first, rows, stride, layout, block, exact_tail=False):
         out = np.zeros(rows * int(np.prod(image)), dtype)
@@ -202,17 +188,8 @@ def placed(tmp_path, monkeypatch, model, x, chunk, filters, lo, hi, walk=None, a
         mend(path)
     data = DataSet.open([path], model)
     rows = data.parts[0][1]
-    monkeypatch.setattr(rows, "submit", lambda pool, lo, hi, out: SimpleNamespace(result=lambda: rows.read(lo, hi, out)))
     gpu = Kernels(walk, x.dtype, assemble)
-    fake = ModuleType("pycuda.driver")
-    fake.memcpy_dtod_async = gpu.copy
-    fake.memcpy_htod_async = lambda dst, src, stream: gpu.put(dst, src)
-    fake.pagelocked_empty = np.empty
-    executor = ModuleType("infer.gpu.executor")
-    executor.event = lambda stream: SimpleNamespace(query=lambda: True)
-    monkeypatch.setitem(sys.modules, "pycuda", ModuleType("pycuda"))
-    monkeypatch.setitem(sys.modules, "pycuda.driver", fake)
-    monkeypatch.setitem(sys.modules, "infer.gpu.executor", executor)
+    gpu.install(monkeypatch, rows)
     for name, kernel in (("BloscLz4", gpu.blosc_lz4), ("Zstd", gpu.zstd), ("StreamCheck", gpu.check),
                          ("Lz4Index", gpu.index), ("Lz4Blocks", gpu.lz4), ("AssembleBlocks", lambda b, size: gpu)):
         monkeypatch.setattr(launch, name, kernel if name == "AssembleBlocks" else lambda build, k=kernel: k)

@@ -212,18 +212,25 @@ extern "C" int walk(const unsigned char* in, unsigned long long size, int blocks
 """
 
 
-@pytest.fixture(scope="module")
-def lz4_walk(tmp_path_factory):
-    """lz4_index_kernel1's walk (cuda/lz4.cu's lz4_walk) built by nvcc for the host: (ok, index)."""
+def built_for_host(where, source, *defines):
+    """A library nvcc builds for the host from `source` (which includes cuda/'s files; defines: -D
+    options), in the folder `where`; the test skips where there is no nvcc."""
     try:
         nvcc = compiler.nvcc()
     except BackendUnavailable as e:
         pytest.skip(str(e))
-    where = tmp_path_factory.mktemp("walk")
-    (where / "walk.cu").write_text(HARNESS)
-    subprocess.run([nvcc, "-shared", "-Xcompiler", "-fPIC", "-arch=sm_80", "-I", str(compiler.kernel_dir()), "-o",
-                    str(where / "walk.so"), str(where / "walk.cu")], check=True, capture_output=True)
-    lib = ctypes.CDLL(str(where / "walk.so"))
+    name = "-".join(["h"] + [d.replace("=", "") for d in defines])
+    (where / f"{name}.cu").write_text(source)
+    subprocess.run([nvcc, "-shared", "-Xcompiler", "-fPIC", "-arch=sm_80", *(f"-D{d}" for d in defines), "-I",
+                    str(compiler.kernel_dir()), "-o", str(where / f"{name}.so"), str(where / f"{name}.cu")],
+                   check=True, capture_output=True)
+    return ctypes.CDLL(str(where / f"{name}.so"))
+
+
+@pytest.fixture(scope="module")
+def lz4_walk(tmp_path_factory):
+    """lz4_index_kernel1's walk (cuda/lz4.cu's lz4_walk) built by nvcc for the host: (ok, index)."""
+    lib = built_for_host(tmp_path_factory.mktemp("walk"), HARNESS)
 
     def walk(chunk, blocks, tail):
         index = np.full(2 * blocks, 7, np.uint32)
@@ -316,13 +323,30 @@ class Device:
     def copy(self, dst, src, n, stream):
         self.mem[dst:dst + n] = self.mem[src:src + n]
 
+    def install(self, monkeypatch, rows):
+        """This device as pycuda.driver's copies and page-locked memory (events always done), the
+        chunks of `rows` the GPU leaves to the reader threads read at once on this thread."""
+        import sys
+        from types import ModuleType, SimpleNamespace
+
+        monkeypatch.setattr(rows, "submit", lambda pool, lo, hi, out: SimpleNamespace(result=lambda: rows.read(lo, hi, out)))
+        fake = ModuleType("pycuda.driver")
+        fake.memcpy_dtod_async = self.copy
+        fake.memcpy_htod_async = lambda dst, src, stream: self.put(dst, src)
+        fake.pagelocked_empty = np.empty
+        executor = ModuleType("infer.gpu.executor")
+        executor.event = lambda stream: SimpleNamespace(query=lambda: True)
+        monkeypatch.setitem(sys.modules, "pycuda", ModuleType("pycuda"))
+        monkeypatch.setitem(sys.modules, "pycuda.driver", fake)
+        monkeypatch.setitem(sys.modules, "infer.gpu.executor", executor)
+
 
 def placed(tmp_path, model, monkeypatch, walk, x, chunk, filters, shuffle, lo, hi, host=0, mend=None):
     """Images [lo, hi) of x stored in chunks of `chunk` through `filters` (then mend(path)): the
     codec's prepare, decode and place run on a Device as a group of one block (`host` of its chunks
     left to the reader threads); the images placed."""
     import sys
-    from types import ModuleType, SimpleNamespace
+    from types import SimpleNamespace
 
     from infer.gpu import launch
 
@@ -330,18 +354,8 @@ def placed(tmp_path, model, monkeypatch, walk, x, chunk, filters, shuffle, lo, h
     if mend:
         mend(path)
     data, rows = opened(path, model)
-    # the chunks the GPU leaves to the reader threads, read at once on this thread
-    monkeypatch.setattr(rows, "submit", lambda pool, lo, hi, out: SimpleNamespace(result=lambda: rows.read(lo, hi, out)))
     gpu = Device(walk, x.dtype)
-    fake = ModuleType("pycuda.driver")
-    fake.memcpy_dtod_async = gpu.copy
-    fake.memcpy_htod_async = lambda dst, src, stream: gpu.put(dst, src)
-    fake.pagelocked_empty = np.empty
-    executor = ModuleType("infer.gpu.executor")
-    executor.event = lambda stream: SimpleNamespace(query=lambda: True)
-    monkeypatch.setitem(sys.modules, "pycuda", ModuleType("pycuda"))
-    monkeypatch.setitem(sys.modules, "pycuda.driver", fake)
-    monkeypatch.setitem(sys.modules, "infer.gpu.executor", executor)
+    gpu.install(monkeypatch, rows)
     monkeypatch.setattr(launch, "Lz4Index", lambda build: gpu.index)
     monkeypatch.setattr(launch, "Lz4Blocks", lambda build: gpu.lz4)
     monkeypatch.setattr(launch, "BitUnshuffleRange", lambda build, size: gpu.bit_unshuffle)
