@@ -81,6 +81,36 @@ def test_grep_finds_each_kernels_launcher():
     assert len(exported) >= 20 and exported == named, (exported - named, named - exported)
 
 
+def test_each_launchers_argument_types_are_its_kernels_parameters():
+    """A launcher prepares its kernel with PyCUDA's argument codes (P a pointer, i int, I unsigned,
+    q long long, Q unsigned long long, f float): each is the kernel's parameter list as cuda/ declares
+    it, so no launch passes an argument of the wrong width (which no CPU test would run)."""
+    import inspect
+    import re
+
+    from infer.gpu import launch
+    from tests.conftest import REPO
+
+    widths = {"int": "i", "unsigned": "I", "unsigned int": "I", "long long": "q", "unsigned long long": "Q",
+              "u64": "Q", "float": "f"}
+
+    def code(parameter):
+        declared = re.sub(r"\s+", " ", parameter.replace("const ", "")).strip()
+        return "P" if "*" in declared else widths.get(declared.rsplit(" ", 1)[0], "?")
+
+    checked = 0
+    for name, cls in inspect.getmembers(launch, inspect.isclass):
+        if not (issubclass(cls, launch.Launcher) and cls.kernel and cls.arg_types and cls.source):
+            continue
+        text = (REPO / "cuda" / f"{cls.source}.cu").read_text()
+        found = re.search(r'extern "C" __global__ void(?: __launch_bounds__\([^)]*\))?\s+' + cls.kernel + r"\(([^)]*)\)",
+                          text)
+        assert found, f"{name}: no {cls.kernel} in cuda/{cls.source}.cu"
+        assert "".join(code(p) for p in found.group(1).split(",")) == cls.arg_types, (name, found.group(1))
+        checked += 1
+    assert checked >= 20
+
+
 def ids(variants):
     return [f"{n}-{'-'.join(map(str, d.values())).replace(' ', '_') or 'plain'}" for n, d in variants]
 
