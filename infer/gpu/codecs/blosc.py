@@ -70,7 +70,15 @@ class BloscLz4:
         cuda.memcpy_htod(table, np.array([int(src), len(chunk), int(out)], np.uint64))
         t, stream = int(table), cuda.Stream()
         self.lz4(stream, 1, t, t + 8, t + 16, 8 * size, 8 * size, size, 0, bad)
-        self.unshuffle(stream, out, values, 1, 8, 8, 1, 0, 8)
+        self._warm_place(stream, out, values)
+
+    def _warm_place(self, stream, out, values):
+        """The kernel placing images, on one chunk of 8 values (out) bitshuffled in one block."""
+        if self.assemble:  # (an image of 1 x 8 x 1 values, a chunk of one)
+            self.assemble(stream, out, values, (1, 8, 1), (1, 1, 8, 1), 0, 1, 8 * self.itemsize, self.assemble.BITS,
+                          8, self.exact_tail)
+        else:
+            self.unshuffle(stream, out, values, 1, 8, 8, self.exact_tail, 0, 8)
 
     def prepare(self, dec, block, table, o, data, decoded):
         """The block's rows of the group's table (from row o): per chunk its start (the block's bytes
@@ -219,8 +227,11 @@ class BloscZstd(BloscLz4):
         t, stream = int(table), cuda.Stream()
         self.decoder(stream, 1, t, t + 8, t + 16, t + 32, t + 24, t + 40)
         self.check(stream, 1, t + 8, t + 16, t + 32, t + 40, 0, bad)
-        if self.unshuffle:
-            n = 4096 // self.itemsize
+        n = 4096 // self.itemsize
+        if self.assemble:  # (an image of 1 x n x 1 values, a chunk of one)
+            self.assemble(stream, out, values, (1, n, 1), (1, 1, n, 1), 0, 1, 4096,
+                          self.assemble.BYTES if self.shuffled else self.assemble.PLAIN, n // 2)
+        elif self.unshuffle:
             self.unshuffle(stream, out, values, 0, n, n, 4096, n // 2)
 
     def prepare(self, dec, block, table, o, data, decoded):

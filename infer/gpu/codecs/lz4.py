@@ -99,9 +99,6 @@ class Bitshuffle(BloscLz4):
         self.lz4(stream, 1, t, t + 8, t + 16, n, 1, n, self.raw, index, 0, bad)
         self._warm_place(stream, out, values)
 
-    def _warm_place(self, stream, out, values):
-        self.unshuffle(stream, out, values, 1, 8, 8, 0, 0, 8)
-
     def taken(self, buf, at, sizes, chunk_bytes):
         """Which chunks stored at offsets `at` of buf (sizes bytes each) the GPU decodes: their header
         gives this file's chunk and block sizes, and their stored sizes fit 32 bits."""
