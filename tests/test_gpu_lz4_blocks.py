@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 hdf5plugin = pytest.importorskip("hdf5plugin")
 FILTERS = {
     "bshuf": lambda: hdf5plugin.Bitshuffle(cname="lz4"),  # blocks of 8 KB
-    "bshuf_256": lambda: hdf5plugin.Bitshuffle(nelems=256, cname="lz4"),
+    "bshuf_512": lambda: hdf5plugin.Bitshuffle(nelems=512, cname="lz4"),  # u1: the index's least, 512 bytes
     "lz4": lambda: hdf5plugin.LZ4(),  # a block a chunk
     "lz4_1000": lambda: hdf5plugin.LZ4(nbytes=1000),  # blocks not of whole values
     "lz4_64k": lambda: hdf5plugin.LZ4(nbytes=65536),
@@ -63,7 +63,7 @@ def test_mnist_float32_blosc2_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408
     assert r.correct > 1700
 
 
-@pytest.mark.parametrize("name,shuffle", [("bshuf", False), ("bshuf_256", False), ("lz4", True), ("lz4_1000", False),
+@pytest.mark.parametrize("name,shuffle", [("bshuf", False), ("bshuf_512", False), ("lz4", True), ("lz4_1000", False),
                                           ("lz4_1000", True)])
 @pytest.mark.parametrize("dtype", ["u1", "i2"])
 def test_odd_images_of_integer_types(tmp_path, rng, sessions, name, shuffle, dtype):
