@@ -303,3 +303,44 @@ def test_a_cut_chunk_stored_otherwise_takes_its_row_of_chunks_to_the_host(tmp_pa
                           assemble=assembled, mend=mend)
     assert host == [6]  # images 10-19, 6 rows into the block
     np.testing.assert_array_equal(got, x[4:40])
+
+
+@pytest.mark.parametrize("name", sorted(BLOSC))
+def test_auto_leaves_cut_blosc_chunks_to_the_reader_threads_and_gpu_takes_them(tmp_path, ece408, monkeypatch, name):
+    """assemble_kernel2 has not yet run on a GPU: a streamed run of MNIST in chunks cutting its images
+    decodes them on the host by default, saying why (the chunks travel as the 8-bit codes the
+    threads assemble), and on the GPU with --decode gpu, assembled there; Blosc2's stay the host's
+    under both, saying why."""
+    from tests.test_run_plan import described
+
+    with h5py.File(ece408 / "test100.hdf5") as f:
+        x, y = f["x"][()], f["y"][()]
+    path = tmp_path / "cut.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, chunks=(10, 14, 28, 1), **BLOSC[name]())
+        f["y"] = y
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
+    auto, gpu = described(path, ece408, "H200"), described(path, ece408, "H200", decode="gpu")
+    codec = codecs.Bitshuffle if name == "bitshuffle" else codecs.BloscLz4
+    reason = codec.host_first or codec.cut_host_first
+    assert auto.streamed and auto.decode == "host" and auto.reasons["decode"] == f"by the reader threads: {reason}"
+    assert auto.wire_name.startswith("8-bit codes"), auto.wire_name
+    assert gpu.streamed and gpu.decode == "gpu" and gpu.decoding and gpu.wire_name == "float32", gpu.wire_name
+
+
+def test_blosc2_chunks_cutting_images_stay_the_hosts(tmp_path, ece408, monkeypatch):
+    from infer.errors import InputError
+    from tests.test_run_plan import described
+
+    with h5py.File(ece408 / "test100.hdf5") as f:
+        x, y = f["x"][()], f["y"][()]
+    path = tmp_path / "cut.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, chunks=(10, 14, 28, 1),
+                         **hdf5plugin.Blosc2(cname="lz4", filters=hdf5plugin.Blosc2.BITSHUFFLE))
+        f["y"] = y
+    monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
+    auto = described(path, ece408, "H200")
+    assert auto.decode == "host" and "not Blosc2's" in auto.reasons["decode"], auto.reasons
+    with pytest.raises(InputError, match="--decode gpu: its chunks cut images, which the GPU assembles from"):
+        described(path, ece408, "H200", decode="gpu")
