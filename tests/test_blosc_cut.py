@@ -162,7 +162,8 @@ class Kernels(Device):
         decompress = zstd_decompress()
         rows = zip(self.u64(frames, count), self.u64(sizes, count), self.u64(capacities, count), self.u64(outputs, count))
         for k, (at, size, capacity, out) in enumerate(rows):
-            if size:
+            if size:  # (libzstd is handed raw addresses: each range checked to lie in the memory first)
+                assert 0 <= at and at + size <= len(self.mem) and 0 <= out and out + capacity <= len(self.mem)
                 n = decompress(self.mem.ctypes.data + int(out), int(capacity), self.mem.ctypes.data + int(at), int(size))
                 self.mem[decoded + 8 * k:][:8] = np.array([n], np.uint64).view(np.uint8)
                 self.mem[statuses + 8 * k:][:8] = 0

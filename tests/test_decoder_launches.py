@@ -5,8 +5,7 @@ of the width the launcher prepared (struct.pack of its codes), a grid and block 
 codecs' warm-up launches too. (Their values: the GPU suites, and tests/test_lz4_blocks.py and
 tests/test_blosc_cut.py on NumPy devices.)"""
 import struct
-import sys
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -17,6 +16,7 @@ from infer.gpu import chunk_decode
 from infer.gpu.launch import Build
 from infer.gpu.launch.base import _StandIn
 from tests.conftest import small_model
+from tests.test_lz4_blocks import fake_driver
 
 hdf5plugin = pytest.importorskip("hdf5plugin")
 
@@ -60,8 +60,7 @@ class Modules(dict):
 def driver(monkeypatch):
     """pycuda.driver as a stand-in (device addresses: growing integers; page-locked memory: NumPy's),
     and the executor's events always done. (The Build, the kernels launched.)"""
-    fake = ModuleType("pycuda.driver")
-    fake.__getattr__ = lambda name: _StandIn()
+    fake = fake_driver(monkeypatch)
     at = [1 << 20]
 
     class Allocation(int):
@@ -72,12 +71,6 @@ def driver(monkeypatch):
         at[0] += -(-nbytes // 256) * 256
         return Allocation(at[0] - -(-nbytes // 256) * 256)
     fake.mem_alloc = mem_alloc
-    fake.pagelocked_empty = np.empty
-    executor = ModuleType("infer.gpu.executor")
-    executor.event = lambda stream: SimpleNamespace(query=lambda: True, synchronize=lambda: None)
-    monkeypatch.setitem(sys.modules, "pycuda", ModuleType("pycuda"))
-    monkeypatch.setitem(sys.modules, "pycuda.driver", fake)
-    monkeypatch.setitem(sys.modules, "infer.gpu.executor", executor)
     modules = Modules()
     build = Build("sm_90", False, None, SimpleNamespace(start=lambda *a: None, stop=lambda *a: None), modules=modules)
     return build, modules.launched, mem_alloc

@@ -317,28 +317,40 @@ class Device:
         self.put(dst, plain[first_value:first_value + values])
 
     def put(self, at, values):
-        raw = np.ascontiguousarray(values).view(np.uint8)
+        raw = np.ascontiguousarray(values).reshape(-1).view(np.uint8)
         self.mem[at:at + len(raw)] = raw
 
     def copy(self, dst, src, n, stream):
         self.mem[dst:dst + n] = self.mem[src:src + n]
 
     def install(self, monkeypatch, rows):
-        """This device as pycuda.driver's copies and page-locked memory (events always done), the
-        chunks of `rows` the GPU leaves to the reader threads read at once on this thread."""
-        import sys
-        from types import ModuleType, SimpleNamespace
+        """This device as pycuda.driver's copies (fake_driver), the chunks of `rows` the GPU leaves
+        to the reader threads read at once on this thread."""
+        from types import SimpleNamespace
 
         monkeypatch.setattr(rows, "submit", lambda pool, lo, hi, out: SimpleNamespace(result=lambda: rows.read(lo, hi, out)))
-        fake = ModuleType("pycuda.driver")
+        fake = fake_driver(monkeypatch)
         fake.memcpy_dtod_async = self.copy
         fake.memcpy_htod_async = lambda dst, src, stream: self.put(dst, src)
-        fake.pagelocked_empty = np.empty
-        executor = ModuleType("infer.gpu.executor")
-        executor.event = lambda stream: SimpleNamespace(query=lambda: True)
-        monkeypatch.setitem(sys.modules, "pycuda", ModuleType("pycuda"))
-        monkeypatch.setitem(sys.modules, "pycuda.driver", fake)
-        monkeypatch.setitem(sys.modules, "infer.gpu.executor", executor)
+
+
+def fake_driver(monkeypatch):
+    """A pycuda.driver in PyCUDA's place: page-locked memory NumPy's, anything else a stand-in that
+    does nothing; the executor's events always done. (The module, to add to.)"""
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    from infer.gpu.launch.base import _StandIn
+
+    fake = ModuleType("pycuda.driver")
+    fake.__getattr__ = lambda name: _StandIn()
+    fake.pagelocked_empty = np.empty
+    executor = ModuleType("infer.gpu.executor")
+    executor.event = lambda stream: SimpleNamespace(query=lambda: True, synchronize=lambda: None)
+    monkeypatch.setitem(sys.modules, "pycuda", ModuleType("pycuda"))
+    monkeypatch.setitem(sys.modules, "pycuda.driver", fake)
+    monkeypatch.setitem(sys.modules, "infer.gpu.executor", executor)
+    return fake
 
 
 def placed(tmp_path, model, monkeypatch, walk, x, chunk, filters, shuffle, lo, hi, host=0, mend=None):

@@ -1,0 +1,122 @@
+"""chunk_decode's Decoder end to end without a GPU, for the GPU decoders not yet run on one (LZ4,
+Bitshuffle, Blosc2, and Blosc's chunks cutting images): every block of a streamed file enqueued as
+the backend does (groups of 3 blocks over 2 lanes, a shorter last group, tables filled from the
+group's row o on, blocks uploaded back to back), each launch run on device memory that is a NumPy
+array: the decoders by the reference decoders (the c-blosc walk, libzstd, lz4_walk built for the
+host), every placing kernel (unshuffles, bit-unshuffles, assembles) by decode.cu's own per-value
+arithmetic built for the host. The images placed are h5py's, value for value."""
+import h5py
+import numpy as np
+import pytest
+
+from infer.data import loader
+from infer.data.dataset import DataSet
+from infer.gpu import chunk_decode, launch
+from infer.gpu.launch.base import _StandIn
+from tests.conftest import small_model
+from tests.test_blosc_cut import BLOSC, PLAIN, BYTES, BITS, Kernels, assembled, images  # noqa: F401 (a fixture)
+from tests.test_lz4_blocks import lz4_walk  # noqa: F401 (a fixture)
+
+hdf5plugin = pytest.importorskip("hdf5plugin")
+
+
+class Emulated(Kernels):
+    """Kernels, with a bump allocator over its memory, memsets, and every placing launcher: each
+    reads values as decode.cu's chunk_value does (through the host build of `assembled`)."""
+
+    def __init__(self, walk, dtype, assemble):
+        super().__init__(walk, dtype, assemble)
+        self.mem = np.zeros(96 << 20, np.uint8)
+        self.top = 1 << 16
+
+    def alloc(self, nbytes):
+        self.top += -(-max(nbytes, 4) // 256) * 256
+        assert self.top <= len(self.mem), "the emulated device is full"
+        return self.top - -(-max(nbytes, 4) // 256) * 256
+
+    def memset_d32(self, at, value, count, stream=None):
+        self.mem[at:at + 4 * count] = np.full(count, value, np.uint32).view(np.uint8)
+
+    def _values(self, src, chunk_values, stride, layout, block, exact_tail, first_value, values):
+        """values values from value first_value of chunks of chunk_values values, stride bytes apart,
+        stored in `layout` (decode.cu's chunk_value, a chunk as an image of 1 x chunk_values x 1)."""
+        chunks = -(-(first_value + values) // chunk_values)
+        got = self.host_assemble(self.mem.ctypes.data + src, self.dtype, (1, chunk_values, 1), (1, 1, chunk_values, 1),
+                                 0, chunks, stride, layout, block, exact_tail)
+        return got[first_value:first_value + values]
+
+    def bit_unshuffle(self, stream, src, dst, chunks, chunk_values, block, exact_tail, first_value, values):
+        self.put(dst, self._values(src, chunk_values, chunk_values * self.dtype.itemsize, BITS, block, exact_tail,
+                                   first_value, values))
+
+    def unshuffle(self, stream, decoded, dst, first_value, values, chunk_values, stride):
+        self.put(dst, self._values(decoded, chunk_values, stride, BYTES, chunk_values, False, first_value, values))
+
+    def blosc_unshuffle(self, stream, decoded, dst, first_value, values, chunk_values, stride, block_values):
+        self.put(dst, self._values(decoded, chunk_values, stride, BYTES, block_values, False, first_value, values))
+
+    def assemble1(self, stream, decoded, dst, image, chunk, first, rows, stride, shuffled):
+        values = int(np.prod(chunk))
+        self(stream, decoded, dst, image, chunk, first, rows, stride, BYTES if shuffled else PLAIN, values)
+
+
+FILES = [  # (filters, chunks, shuffle before)
+    (BLOSC["blosc_lz4"], (40, 7, 13, 1), False),
+    (BLOSC["blosc_zstd"], (40, 7, 13, 1), False),
+    (BLOSC["blosc_zstd_noshuffle"], (40, 5, 6, 1), False),
+    (BLOSC["bitshuffle"], (40, 13, 13, 1), False),
+    (BLOSC["bitshuffle"], (40, 7, 13, 1), False),
+    (lambda: hdf5plugin.LZ4(nbytes=1000), (40, 13, 13, 1), True),
+    (lambda: hdf5plugin.LZ4(nbytes=1000), (40, 7, 13, 1), True),
+    (lambda: hdf5plugin.LZ4(), (40, 5, 6, 1), False),
+    (lambda: hdf5plugin.Blosc2(cname="lz4", clevel=5, filters=hdf5plugin.Blosc2.BITSHUFFLE), (64, 13, 13, 1), False),
+]
+
+
+@pytest.mark.parametrize("dtype", ["f4", "i2"])
+@pytest.mark.parametrize("filters,chunk,shuffle", FILES, ids=[f"{f().get('compression')}-{'x'.join(map(str, c))}"
+                                                             f"{'-shuffle' if s else ''}" for f, c, s in FILES])
+def test_a_streamed_file_decoded_by_the_decoder_as_the_backend_drives_it(tmp_path, rng, monkeypatch, lz4_walk,
+                                                                       assembled, filters, chunk, shuffle, dtype):
+    """611 images of 13 x 13 (mostly zeros, a band of noise stored as it is), in blocks of 2 rows of
+    chunks: 8 blocks, 3 groups (the last of 2 blocks), the lanes taken in turn."""
+    x = images(rng, 611, (13, 13, 1), dtype)
+    path = tmp_path / "s.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=x, chunks=chunk, shuffle=shuffle, **filters())
+        f["y"] = np.eye(10)[np.arange(len(x)) % 10]
+    data = DataSet.open([path], loader.model_from_arrays(small_model(rng)))
+    try:
+        rows = data.parts[0][1]
+        assert chunk_decode.unsupported(data, x.dtype) is None
+        gpu = Emulated(lz4_walk, x.dtype, assembled)
+        gpu.install(monkeypatch, rows)
+        import pycuda.driver as fake
+
+        fake.mem_alloc = gpu.alloc
+        fake.memset_d32 = fake.memset_d32_async = gpu.memset_d32
+        fake.Stream = _StandIn  # (streams and their waits: the emulation runs each launch at once)
+        for name, kernel in (("BloscLz4", gpu.blosc_lz4), ("Zstd", gpu.zstd), ("StreamCheck", gpu.check),
+                             ("Lz4Index", gpu.index), ("Lz4Blocks", gpu.lz4), ("BitUnshuffleRange", gpu.bit_unshuffle),
+                             ("Unshuffle", gpu.unshuffle), ("BloscUnshuffle", gpu.blosc_unshuffle),
+                             ("Assemble", gpu.assemble1)):
+            monkeypatch.setattr(launch, name, lambda build, *size, k=kernel: k)
+        monkeypatch.setattr(launch, "AssembleBlocks", lambda build, size: gpu)
+        block = 2 * rows.align
+        decoder = chunk_decode.Decoder(None, rows, block, 2, gpu.alloc, [], 3, _StandIn())
+        decoder.start()
+        pool = type("Pool", (), {"native": None, "call": staticmethod(lambda fn, *args: fn(*args))})()
+        out = gpu.alloc(x.nbytes)
+        buf = np.empty(chunk_decode.layout(rows, block)[1], np.uint8)
+        used = set()
+        for lo in range(0, len(x), block):
+            piece = chunk_decode.Block(buf.copy(), min(block, len(x) - lo))
+            decoder.read(pool, lo, lo + len(piece), piece)
+            decoder.enqueue(out + lo * rows.row_bytes, piece)
+            used.add(id(decoder.lane))
+        decoder.flush()
+        assert gpu.bad == [] and len(used) == 2
+        got = gpu.mem[out:out + x.nbytes].view(x.dtype).reshape(x.shape)
+        np.testing.assert_array_equal(got, x)
+    finally:
+        data.close()
