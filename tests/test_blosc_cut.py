@@ -156,7 +156,11 @@ class Kernels(Device):
     def blosc_lz4(self, stream, count, starts, sizes, outputs, chunk_bytes, block_bytes, typesize, first, bad):
         for c, (at, size, out) in enumerate(zip(self.u64(starts, count), self.u64(sizes, count), self.u64(outputs, count))):
             if size:
-                self.mem[out:out + chunk_bytes] = blosc_walked(self.mem[at:at + size], chunk_bytes, typesize, block_bytes)
+                try:
+                    self.mem[out:out + chunk_bytes] = blosc_walked(self.mem[at:at + size], chunk_bytes, typesize,
+                                                                   block_bytes)
+                except (AssertionError, IndexError, ValueError):  # the reference walk's damage
+                    self.flag(bad, first + c)
 
     def zstd(self, stream, count, frames, sizes, capacities, decoded, outputs, statuses):
         decompress = zstd_decompress()
@@ -166,13 +170,13 @@ class Kernels(Device):
                 assert 0 <= at and at + size <= len(self.mem) and 0 <= out and out + capacity <= len(self.mem)
                 n = decompress(self.mem.ctypes.data + int(out), int(capacity), self.mem.ctypes.data + int(at), int(size))
                 self.mem[decoded + 8 * k:][:8] = np.array([n], np.uint64).view(np.uint8)
-                self.mem[statuses + 8 * k:][:8] = 0
+                self.mem[statuses + 8 * k:][:8] = 0  # (libzstd's errors: sizes past the capacity, which check flags)
 
     def check(self, stream, count, sizes, capacities, decoded, statuses, first, bad):
         for k, (size, capacity, n) in enumerate(zip(self.u64(sizes, count), self.u64(capacities, count),
                                                     self.u64(decoded, count))):
             if size and n != capacity:
-                self.bad.append(first + k)
+                self.flag(bad, first + k)
 
     def __call__(self, stream, decoded, dst, image, chunk, first, rows, stride, layout, block, exact_tail=False):
         values = self.host_assemble(self.mem.ctypes.data + decoded, self.dtype, image, chunk, first, rows, stride,

@@ -15,6 +15,7 @@ from infer.gpu import chunk_decode, launch
 from infer.gpu.launch.base import _StandIn
 from tests.conftest import small_model
 from tests.test_blosc_cut import BLOSC, PLAIN, BYTES, BITS, Kernels, assembled, images  # noqa: F401 (a fixture)
+from tests.test_gpu_decode import reserved_block
 from tests.test_lz4_blocks import lz4_walk  # noqa: F401 (a fixture)
 
 hdf5plugin = pytest.importorskip("hdf5plugin")
@@ -73,28 +74,28 @@ FILES = [  # (filters, chunks, shuffle before)
 ]
 
 
-@pytest.mark.parametrize("dtype", ["f4", "i2"])
-@pytest.mark.parametrize("filters,chunk,shuffle", FILES, ids=[f"{f().get('compression')}-{'x'.join(map(str, c))}"
-                                                             f"{'-shuffle' if s else ''}" for f, c, s in FILES])
-def test_a_streamed_file_decoded_by_the_decoder_as_the_backend_drives_it(tmp_path, rng, monkeypatch, lz4_walk,
-                                                                       assembled, filters, chunk, shuffle, dtype):
-    """611 images of 13 x 13 (mostly zeros, a band of noise stored as it is), in blocks of 2 rows of
-    chunks: 8 blocks, 3 groups (the last of 2 blocks), the lanes taken in turn."""
-    x = images(rng, 611, (13, 13, 1), dtype)
+def streamed(tmp_path, rng, monkeypatch, walk, assemble, x, filters, chunk, shuffle=False, mend=None):
+    """x written in chunks of `chunk` through filters (then mend(path)) and streamed through a
+    Decoder on an Emulated device, in blocks of 2 rows of chunks, groups of 3 blocks over 2 lanes:
+    (the images placed, the decoder's failures(), the lanes used)."""
     path = tmp_path / "s.h5"
     with h5py.File(path, "w") as f:
         f.create_dataset("x", data=x, chunks=chunk, shuffle=shuffle, **filters())
         f["y"] = np.eye(10)[np.arange(len(x)) % 10]
+    if mend:
+        mend(path)
     data = DataSet.open([path], loader.model_from_arrays(small_model(rng)))
     try:
         rows = data.parts[0][1]
         assert chunk_decode.unsupported(data, x.dtype) is None
-        gpu = Emulated(lz4_walk, x.dtype, assembled)
+        gpu = Emulated(walk, x.dtype, assemble)
         gpu.install(monkeypatch, rows)
         import pycuda.driver as fake
 
         fake.mem_alloc = gpu.alloc
         fake.memset_d32 = fake.memset_d32_async = gpu.memset_d32
+        fake.memcpy_dtoh = lambda host, at: host.reshape(-1).view(np.uint8).__setitem__(
+            slice(None), gpu.mem[at:at + host.nbytes])
         fake.Stream = _StandIn  # (streams and their waits: the emulation runs each launch at once)
         for name, kernel in (("BloscLz4", gpu.blosc_lz4), ("Zstd", gpu.zstd), ("StreamCheck", gpu.check),
                              ("Lz4Index", gpu.index), ("Lz4Blocks", gpu.lz4), ("BitUnshuffleRange", gpu.bit_unshuffle),
@@ -115,8 +116,50 @@ def test_a_streamed_file_decoded_by_the_decoder_as_the_backend_drives_it(tmp_pat
             decoder.enqueue(out + lo * rows.row_bytes, piece)
             used.add(id(decoder.lane))
         decoder.flush()
-        assert gpu.bad == [] and len(used) == 2
-        got = gpu.mem[out:out + x.nbytes].view(x.dtype).reshape(x.shape)
-        np.testing.assert_array_equal(got, x)
+        return gpu.mem[out:out + x.nbytes].view(x.dtype).reshape(x.shape), decoder.failures(), len(used)
     finally:
         data.close()
+
+
+@pytest.mark.parametrize("dtype", ["f4", "i2"])
+@pytest.mark.parametrize("filters,chunk,shuffle", FILES, ids=[f"{f().get('compression')}-{'x'.join(map(str, c))}"
+                                                             f"{'-shuffle' if s else ''}" for f, c, s in FILES])
+def test_a_streamed_file_decoded_by_the_decoder_as_the_backend_drives_it(tmp_path, rng, monkeypatch, lz4_walk,
+                                                                       assembled, filters, chunk, shuffle, dtype):
+    """611 images of 13 x 13 (mostly zeros, a band of noise stored as it is), in blocks of 2 rows of
+    chunks: 8 blocks, 3 groups (the last of 2 blocks), the lanes taken in turn."""
+    x = images(rng, 611, (13, 13, 1), dtype)
+    got, failed, lanes = streamed(tmp_path, rng, monkeypatch, lz4_walk, assembled, x, filters, chunk, shuffle)
+    assert failed is None and lanes == 2
+    np.testing.assert_array_equal(got, x)
+
+
+def first_block_size(data, size):
+    return data[:12] + size.to_bytes(4, "big") + data[16:]
+
+
+DAMAGED = [  # (filters, chunks, how chunk 3 is damaged, what the message says)
+    (BLOSC["bitshuffle"], (40, 13, 13, 1), lambda data: first_block_size(data, 10 ** 9), "Bitshuffle lz4"),
+    (BLOSC["bitshuffle"], (40, 7, 13, 1), lambda data: data[:-1], "Bitshuffle lz4"),  # its last byte gone
+    # the first block's token: more literals than it holds
+    (lambda: hdf5plugin.LZ4(nbytes=1000), (40, 7, 13, 1),
+     lambda data: data[:16] + bytes([0xF0]) + bytes([0xFF]) * 40 + data[57:], "LZ4"),
+    # c-blosc: its first block starting past its end; a stream's token asking more than it holds
+    (BLOSC["blosc_lz4"], (40, 7, 13, 1), lambda data: data[:16] + (10 ** 9).to_bytes(4, "little") + data[20:], "lz4"),
+    (BLOSC["blosc_zstd"], (40, 7, 13, 1), reserved_block, "zstd"),
+]
+
+
+@pytest.mark.parametrize("filters,chunk,mend,what", DAMAGED, ids=[f"{f().get('compression')}-{c[1]}-{k}"
+                                                                 for k, (f, c, _, _) in enumerate(DAMAGED)])
+def test_a_damaged_chunk_fails_the_run_naming_it(tmp_path, rng, monkeypatch, lz4_walk, assembled, filters, chunk, mend,
+                                                 what):
+    """Chunk 3 of each decoder's file damaged: the decoder's failures() is one line naming the file,
+    the data set, the chunk and its codec (the command line's exit 2)."""
+    from tests.test_gpu_decode import blosc_chunk
+
+    x = images(rng, 611, (13, 13, 1), "f4")
+    _, failed, _ = streamed(tmp_path, rng, monkeypatch, lz4_walk, assembled, x, filters, chunk,
+                            mend=lambda path: blosc_chunk(path, 3, lambda data, rows: bytes(mend(data))))
+    assert failed is not None and "s.h5: dataset 'x': chunk 3 cannot be decompressed" in str(failed), failed
+    assert what in str(failed) and "\n" not in str(failed)

@@ -293,15 +293,26 @@ class Device:
                 self.mem[index + 8 * blocks * c:][:8 * blocks] = found.reshape(-1).view(np.uint8)
                 self.mem[out + chunk_bytes - tail:][:tail] = self.mem[at + size - tail:][:tail]
                 if not ok:
-                    self.bad.append(first + c)
+                    self.flag(bad, first + c)
 
     def lz4(self, stream, count, starts, sizes, outputs, block_bytes, blocks, last_bytes, raw, index, first, bad):
         found = self.mem[index:index + 8 * blocks * count].view(np.uint32).reshape(count, blocks, 2)
         for c, (at, size, out) in enumerate(zip(self.u64(starts, count), self.u64(sizes, count), self.u64(outputs, count))):
             for k in range(blocks if size else 0):
                 cap = last_bytes if k == blocks - 1 else block_bytes
+                if found[c, k, 1] == 0xFFFFFFFF:  # UNREADABLE: past the damage the walk found
+                    continue
                 src = self.mem[at + int(found[c, k, 0]):][:int(found[c, k, 1])].tobytes()
-                self.mem[out + k * block_bytes:][:cap] = np.frombuffer(lz4_block(src, cap, raw=bool(raw)), np.uint8)
+                try:
+                    self.mem[out + k * block_bytes:][:cap] = np.frombuffer(lz4_block(src, cap, raw=bool(raw)), np.uint8)
+                except (AssertionError, IndexError, ValueError):  # the reference decoder's damage
+                    self.flag(bad, first + c)
+
+    def flag(self, bad, j):
+        """What the kernels' atomicMin(bad, j) does, and the failures noted."""
+        self.bad.append(j)
+        flags = self.mem[bad:bad + 4].view(np.int32)
+        flags[0] = min(flags[0], j)
 
     def bit_unshuffle(self, stream, src, dst, chunks, chunk_values, block, exact_tail, first_value, values):
         assert not exact_tail  # Bitshuffle's layout
