@@ -1,20 +1,23 @@
-"""chunk_decode's Decoder end to end without a GPU, for the GPU decoders not yet run on one (LZ4,
-Bitshuffle, Blosc2, and Blosc's chunks cutting images): every block of a streamed file enqueued as
+"""chunk_decode's Decoder end to end without a GPU, for every GPU decoder (deflate, LZF, Zstd, LZ4,
+Bitshuffle, Blosc2, Blosc lz4 and zstd; whole images and chunks cutting them): every block of a streamed file enqueued as
 the backend does (groups of 3 blocks over 2 lanes, a shorter last group, tables filled from the
 group's row o on, blocks uploaded back to back), each launch run on device memory that is a NumPy
-array: the decoders by the reference decoders (the c-blosc walk, libzstd, lz4_walk built for the
-host), every placing kernel (unshuffles, bit-unshuffles, assembles) by decode.cu's own per-value
+array: the decoders by the reference decoders (zlib, an LZF decoder here, the c-blosc walk, libzstd,
+lz4_walk built for the host; the deflate family's check with its adler32), every placing kernel (unshuffles, bit-unshuffles, assembles) by decode.cu's own per-value
 arithmetic built for the host. The images placed are h5py's, value for value."""
+import zlib
+
 import h5py
 import numpy as np
 import pytest
 
 from infer.data import loader
 from infer.data.dataset import DataSet
-from infer.gpu import chunk_decode, launch
+from infer.gpu import chunk_decode, codecs, launch
 from infer.gpu.launch.base import _StandIn
 from tests.conftest import small_model
 from tests.test_blosc_cut import BLOSC, PLAIN, BYTES, BITS, Kernels, assembled, images  # noqa: F401 (a fixture)
+from tests.test_blosc_zstd import zstd_decompress
 from tests.test_gpu_decode import reserved_block
 from tests.test_lz4_blocks import lz4_walk  # noqa: F401 (a fixture)
 
@@ -56,12 +59,93 @@ class Emulated(Kernels):
     def blosc_unshuffle(self, stream, decoded, dst, first_value, values, chunk_values, stride, block_values):
         self.put(dst, self._values(decoded, chunk_values, stride, BYTES, block_values, False, first_value, values))
 
+    def streams(self, decode, count, src_ptrs, src_bytes, dst_bytes, actual_bytes, dst_ptrs, statuses):
+        """A FrameDecoder's launch: each stream of a stored size decoded by decode(bytes, capacity)
+        into its output, its decoded size and status (0, or 1: damaged) noted."""
+        rows = zip(self.u64(src_ptrs, count), self.u64(src_bytes, count), self.u64(dst_bytes, count),
+                   self.u64(dst_ptrs, count))
+        status = self.mem[statuses:statuses + 4 * count].view(np.int32)
+        for k, (at, size, capacity, out) in enumerate(rows):
+            if size:
+                try:
+                    got = np.frombuffer(decode(self.mem[at:at + size].tobytes(), capacity), np.uint8)
+                    status[k] = int(len(got) > capacity)
+                    self.mem[out:out + min(len(got), capacity)] = got[:capacity]
+                except (zlib.error, IndexError, ValueError):
+                    got, status[k] = b"", 1
+                self.mem[actual_bytes + 8 * k:][:8] = np.array([len(got)], np.uint64).view(np.uint8)
+
+    def inflate(self, stream, count, *table, scratch=None, scratch_bytes=0, split=True, spread=False):
+        self.streams(lambda data, cap: zlib.decompressobj(-15).decompress(data, cap + 1), count, *table[:6])
+
+    def lzf(self, stream, count, *table):
+        self.streams(lzf_decoded, count, *table)
+
+    def zstd_apart(self, stream, count, *table):
+        decompress = zstd_decompress()
+
+        def decode(data, cap):
+            out = np.empty(cap, np.uint8)
+            n = decompress(out.ctypes.data, cap, data, len(data))
+            if n > cap:
+                raise ValueError("damaged")
+            return out[:n].tobytes()
+        self.streams(decode, count, *table[:6])
+
+    def decode_check(self, stream, count, src_ptrs, src_bytes, decoded_bytes, statuses, decoded, chunk_bytes, stride,
+                     adler, first, bad):
+        """decode_check_kernel1: status and size into bad[0], adler32 (the 4 big-endian bytes after the
+        stream) into bad[1]."""
+        status = self.mem[statuses:statuses + 4 * count].view(np.int32)
+        rows = zip(self.u64(src_ptrs, count), self.u64(src_bytes, count), self.u64(decoded_bytes, count))
+        for c, (at, size, n) in enumerate(rows):
+            if not size:
+                continue
+            if status[c] or n != chunk_bytes:
+                self.flag(bad, first + c)
+            elif adler and zlib.adler32(self.mem[decoded + c * stride:][:chunk_bytes].tobytes()) != int.from_bytes(
+                    self.mem[at + size:at + size + 4].tobytes(), "big"):
+                self.flag(bad + 4, first + c)
+
     def assemble1(self, stream, decoded, dst, image, chunk, first, rows, stride, shuffled):
         values = int(np.prod(chunk))
         self(stream, decoded, dst, image, chunk, first, rows, stride, BYTES if shuffled else PLAIN, values)
 
 
+def lzf_decoded(src, capacity):
+    """liblzf's format: a control byte under 32 starts that many plus one literals, else a back
+    reference (its length in the top 3 bits, 7: one more byte of it; its distance in 13 bits)."""
+    out, i = bytearray(), 0
+    while i < len(src):
+        ctrl = src[i]
+        i += 1
+        if ctrl < 32:
+            out += src[i:i + ctrl + 1]
+            i += ctrl + 1
+            continue
+        n, ref = ctrl >> 5, len(out) - ((ctrl & 31) << 8) - 1
+        if n == 7:
+            n += src[i]
+            i += 1
+        ref -= src[i]
+        i += 1
+        if ref < 0:
+            raise ValueError("a reference before the output's start")
+        for _ in range(n + 2):
+            out.append(out[ref])
+            ref += 1
+    return bytes(out)
+
+
 FILES = [  # (filters, chunks, shuffle before)
+    (lambda: dict(compression="gzip", compression_opts=1), (40, 13, 13, 1), True),
+    (lambda: dict(compression="gzip", compression_opts=6), (40, 5, 6, 1), False),
+    (lambda: dict(compression="lzf"), (40, 13, 13, 1), True),
+    (lambda: dict(compression="lzf"), (40, 7, 13, 1), False),
+    (lambda: dict(hdf5plugin.Zstd(clevel=3)), (40, 13, 13, 1), True),
+    (lambda: dict(hdf5plugin.Zstd(clevel=3)), (40, 7, 13, 1), True),
+    (BLOSC["blosc_lz4"], (40, 13, 13, 1), False),
+    (BLOSC["blosc_zstd"], (40, 13, 13, 1), False),
     (BLOSC["blosc_lz4"], (40, 7, 13, 1), False),
     (BLOSC["blosc_zstd"], (40, 7, 13, 1), False),
     (BLOSC["blosc_zstd_noshuffle"], (40, 5, 6, 1), False),
@@ -100,9 +184,12 @@ def streamed(tmp_path, rng, monkeypatch, walk, assemble, x, filters, chunk, shuf
         for name, kernel in (("BloscLz4", gpu.blosc_lz4), ("Zstd", gpu.zstd), ("StreamCheck", gpu.check),
                              ("Lz4Index", gpu.index), ("Lz4Blocks", gpu.lz4), ("BitUnshuffleRange", gpu.bit_unshuffle),
                              ("Unshuffle", gpu.unshuffle), ("BloscUnshuffle", gpu.blosc_unshuffle),
-                             ("Assemble", gpu.assemble1)):
+                             ("Assemble", gpu.assemble1), ("InflateParts", gpu.inflate), ("Lzf", gpu.lzf),
+                             ("ZstdApart", gpu.zstd_apart), ("DecodeCheck", gpu.decode_check)):
             monkeypatch.setattr(launch, name, lambda build, *size, k=kernel: k)
         monkeypatch.setattr(launch, "AssembleBlocks", lambda build, size: gpu)
+        for codec, kernel in ((codecs.Deflate, gpu.inflate), (codecs.Zstd, gpu.zstd_apart), (codecs.Lzf, gpu.lzf)):
+            monkeypatch.setattr(codec, "kernel", staticmethod(lambda build, k=kernel: k))  # (bound as the class was made)
         block = 2 * rows.align
         decoder = chunk_decode.Decoder(None, rows, block, 2, gpu.alloc, [], 3, _StandIn())
         decoder.start()
@@ -139,6 +226,10 @@ def first_block_size(data, size):
 
 
 DAMAGED = [  # (filters, chunks, how chunk 3 is damaged, what the message says)
+    # zlib's adler32 trailer; a stored LZF chunk's first control byte a reference before its start
+    (lambda: dict(compression="gzip"), (40, 7, 13, 1), lambda data: data[:-1] + bytes([data[-1] ^ 0x5A]),
+     "fails its adler32 checksum once decompressed"),
+    (lambda: dict(compression="lzf"), (40, 13, 13, 1), lambda data: bytes([0xE0, 0xFF]) + data[2:], "damaged LZF data"),
     (BLOSC["bitshuffle"], (40, 13, 13, 1), lambda data: first_block_size(data, 10 ** 9), "Bitshuffle lz4"),
     (BLOSC["bitshuffle"], (40, 7, 13, 1), lambda data: data[:-1], "Bitshuffle lz4"),  # its last byte gone
     # the first block's token: more literals than it holds
@@ -161,5 +252,5 @@ def test_a_damaged_chunk_fails_the_run_naming_it(tmp_path, rng, monkeypatch, lz4
     x = images(rng, 611, (13, 13, 1), "f4")
     _, failed, _ = streamed(tmp_path, rng, monkeypatch, lz4_walk, assembled, x, filters, chunk,
                             mend=lambda path: blosc_chunk(path, 3, lambda data, rows: bytes(mend(data))))
-    assert failed is not None and "s.h5: dataset 'x': chunk 3 cannot be decompressed" in str(failed), failed
+    assert failed is not None and "s.h5: dataset 'x': chunk 3 " in str(failed), failed
     assert what in str(failed) and "\n" not in str(failed)
