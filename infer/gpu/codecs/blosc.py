@@ -22,11 +22,17 @@ class BloscLz4:
     def __init__(self, build, rows):
         self.lz4 = launch.BloscLz4(build)
         self.rows, self.itemsize = rows, rows.dtype.itemsize
-        self.block_values, self.exact_tail = rows.bitshuffle
+        self.unshuffle = self._unshuffle(build, rows)
         self.block_bytes = self.block_values * self.itemsize
-        self.assemble = launch.AssembleBlocks(build, self.itemsize) if rows.cut else None
-        self.unshuffle = None if rows.cut else launch.BitUnshuffleRange(build, self.itemsize)
         self.pending = []  # (page-locked rows decoded on the host, the event after their upload)
+
+    def _unshuffle(self, build, rows):
+        """The kernel placing a block's images: the bitshuffled chunks' layout (block_values,
+        exact_tail) noted, assemble_kernel2 made where chunks cut images (self.assemble), else the
+        bit-unshuffle returned."""
+        self.block_values, self.exact_tail = rows.bitshuffle
+        self.assemble = launch.AssembleBlocks(build, self.itemsize) if rows.cut else None
+        return None if rows.cut else launch.BitUnshuffleRange(build, self.itemsize)
 
     @classmethod
     def unsupported(cls, rows):
@@ -57,7 +63,10 @@ class BloscLz4:
         return chunk_bytes
 
     def describe(self):
-        return f"{self.lz4.kernel} + {'assemble (chunks cut images)' if self.assemble else 'bitunshuffle'}"
+        return f"{self.lz4.kernel} + {self._placing()}"
+
+    def _placing(self):
+        return "assemble (chunks cut images)" if self.assemble else "bitunshuffle"
 
     def warm_up(self, alloc):
         import pycuda.driver as cuda

@@ -33,11 +33,6 @@ class Bitshuffle(BloscLz4):
         self.unshuffle = self._unshuffle(build, rows)
         self.pending = []
 
-    def _unshuffle(self, build, rows):
-        self.block_values, self.exact_tail = rows.bitshuffle
-        self.assemble = launch.AssembleBlocks(build, self.itemsize) if rows.cut else None
-        return None if rows.cut else launch.BitUnshuffleRange(build, self.itemsize)
-
     @staticmethod
     def _block_of(rows):
         """The block size the first chunk's header gives (0 where it is shorter than a header)."""
@@ -79,8 +74,7 @@ class Bitshuffle(BloscLz4):
         return None
 
     def describe(self):
-        place = "assemble (chunks cut images)" if self.assemble else "bitunshuffle"
-        return f"{self.index.kernel} + {self.lz4.kernel} + {place}"
+        return f"{self.index.kernel} + {self.lz4.kernel} + {self._placing()}"
 
     def warm_up(self, alloc):
         import pycuda.driver as cuda

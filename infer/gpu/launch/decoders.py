@@ -252,16 +252,18 @@ class Assemble(_PerValueSize):
     kernel, arg_types = "assemble_kernel1", "PPiiiiiiiqqqi"
 
     def __call__(self, stream, decoded, dst, image, chunk, first, rows, stride, shuffled):
-        self._checked(image, chunk, first)
-        self.launch(stream, (min(ceil_div(rows * int(np.prod(image)), 256), 8192), 1), (256, 1, 1), decoded, dst,
-                    *image, *chunk, first, rows, stride, int(shuffled))
+        self._launch_rows(stream, decoded, dst, image, chunk, first, rows, stride, int(shuffled))
 
-    def _checked(self, image, chunk, first):
+    def _launch_rows(self, stream, decoded, dst, image, chunk, first, rows, stride, *layout):
+        """The shapes checked, then a thread a value of the rows (grid-stride past 8,192 blocks);
+        layout: the kernel's arguments after stride."""
         if len(image) != 3 or len(chunk) != 4 or min(*image, *chunk) <= 0 or int(np.prod(image)) > INT_MAX:
             raise ValueError(f"{self.kernel} takes rows of H x W x C values in chunks of R x h x w x c, not "
                              f"{image} in {chunk}")
         if not 0 <= first < chunk[0]:
             raise ValueError(f"the first row is one of the first row of chunks' {chunk[0]}, not {first}")
+        self.launch(stream, (min(ceil_div(rows * int(np.prod(image)), 256), 8192), 1), (256, 1, 1), decoded, dst,
+                    *image, *chunk, first, rows, stride, *layout)
 
 
 class AssembleBlocks(Assemble):
@@ -275,9 +277,7 @@ class AssembleBlocks(Assemble):
         if layout not in (self.PLAIN, self.BYTES, self.BITS) or block <= 0 or (layout == self.BITS and block % 8):
             raise ValueError(f"{self.kernel}: layout {layout} in blocks of {block} values (bitshuffled: a multiple "
                              "of 8)")
-        self._checked(image, chunk, first)
-        self.launch(stream, (min(ceil_div(rows * int(np.prod(image)), 256), 8192), 1), (256, 1, 1), decoded, dst,
-                    *image, *chunk, first, rows, stride, layout, block, int(exact_tail))
+        self._launch_rows(stream, decoded, dst, image, chunk, first, rows, stride, layout, block, int(exact_tail))
 
 
 class BloscUnshuffle(_PerValueSize):
