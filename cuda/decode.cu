@@ -246,7 +246,7 @@ __host__ __device__ __forceinline__ value_t chunk_value(const unsigned char* src
     }
     if (layout == BITS) {
         const long long full = chunk_values / block * block;
-    const long long shuffled = bitshuffled_values(chunk_values, block, exact_tail);
+        const long long shuffled = bitshuffled_values(chunk_values, block, exact_tail);
         if (v < shuffled) {  // bit b of the values of a block in row b: value i at bit i % 8 of byte i / 8
             const long long start = v < full ? v / block * block : full, i = v - start;
             const long long row = (v < full ? block : shuffled - full) / 8;
