@@ -150,10 +150,11 @@ def resolve(args):
 @click.option("--profile", is_flag=True, help="CUDA: print GPU time per kernel and copy, and the set-up steps.")
 @click.option("--decode", type=click.Choice(DECODE_MODES), default="auto", show_default=True,
               help="CUDA, streamed files: where compressed chunks are decoded. host: by the reader threads; "
-                   "gpu: deflate (gzip), LZF, Zstd, Blosc lz4 + bitshuffle and Blosc zstd chunks of whole images uploaded as stored "
-                   "and decoded on the GPU (1M MNIST images on an H100: 1.1-2.2x the host's decoding; 16 hardware "
-                   "queues), any other file refused; auto: gpu where the file streams and the GPU decodes its "
-                   "chunks, else host.")
+                   "gpu: uploaded as stored and decoded by cnninfer's kernels: deflate (gzip), LZF, Zstd, LZ4, "
+                   "Bitshuffle lz4, Blosc lz4 + bitshuffle, Blosc zstd and Blosc2 lz4 + bitshuffle chunks, whole "
+                   "images or cutting them (Blosc2's: whole images), any other file refused; auto: gpu where the "
+                   "file streams and the GPU decodes its chunks, but LZ4, Bitshuffle, Blosc2 and Blosc's chunks "
+                   "cutting images (not yet timed on a GPU), else host. `cnninfer plan` says which and why.")
 def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tolerance, predictions_path, scores_path,
         quiet, check, streams, tile_width, gemm_algo, conv_algo, precision, device_ordinal, devices, fast_math, profile,
         decode):
