@@ -198,6 +198,20 @@ def _host_first(data):
             and chunk_decode.host_by_default(data.source)) or None
 
 
+def _not_codes(data, stored, as_stored):
+    """Why a file's float32 images do not travel as 8-bit codes, as a clause ("" for arrays)."""
+    if data.layout == "array" or stored != np.float32:
+        return ""
+    if as_stored:
+        return "; the GPU decodes the chunks (compressed bytes cross PCIe)"
+    if not env.codes():
+        return "; CNNINFER_CODES=0"
+    if data.source is not None and not all(x.takes_codes for _, x, _, _ in data.source.parts):
+        return ("; a codec decodes its chunks straight into place as float32 (the reader threads read as 8-bit codes "
+                "only chunks stored without one, or cutting images)")
+    return "; its values are not all 8-bit codes"
+
+
 def _gpu(data, g, gpu, options, scores, budget, backend_reason, decoding_mode, devices, model_path, streamed):
     from .gpu import chunk_decode, pipelines, plan as gpu_plan
 
@@ -219,8 +233,7 @@ def _gpu(data, g, gpu, options, scores, budget, backend_reason, decoding_mode, d
                            "values rebuilt on the GPU")
     elif wire == np.float32:
         reasons["wire"] = ("as stored" if stored == np.float32 else
-                           f"{stored} converted and checked by the reader threads") + (
-            "" if data.layout == "array" or stored != np.float32 else "; its values are not all 8-bit codes")
+                           f"{stored} converted and checked by the reader threads") + _not_codes(data, stored, as_stored)
     else:
         reasons["wire"] = f"{wire} as stored, converted to float32 on the GPU"
 
@@ -254,7 +267,9 @@ def _gpu(data, g, gpu, options, scores, budget, backend_reason, decoding_mode, d
         if not why:
             decoding = chunk_decode.plan(data.source.parts[0][1])
         reasons["decode"] = f"by the reader threads: {why}" if why else (
-            f"on the GPU: the chunks are uploaded as stored ({data.filters})")
+            f"on the GPU: the chunks are uploaded as stored ({data.filters})" + (
+                ", each chunk's fletcher32 checked by the reader threads as they read it"
+                if data.source.parts[0][1].summed else ""))
 
     # The algorithm and the precision
     algo, why = pipelines.choose(options.conv_algo, g, gpu.arch, options.precision)

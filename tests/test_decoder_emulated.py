@@ -11,7 +11,8 @@ import h5py
 import numpy as np
 import pytest
 
-from infer.data import loader
+from infer.data import loader, reader
+from infer.errors import InputError
 from infer.data.dataset import DataSet
 from infer.gpu import chunk_decode, codecs, launch
 from infer.gpu.launch.base import _StandIn
@@ -156,6 +157,24 @@ FILES = [  # (filters, chunks, shuffle before)
     (lambda: hdf5plugin.LZ4(), (40, 5, 6, 1), False),
     (lambda: hdf5plugin.Blosc2(cname="lz4", clevel=5, filters=hdf5plugin.Blosc2.BITSHUFFLE), (64, 13, 13, 1), False),
 ]
+SUMMED = [  # the same with fletcher32: the chunks read on the native pool, each checked as it is read
+    (lambda: dict(compression="gzip", compression_opts=1, fletcher32=True), (40, 13, 13, 1), True),
+    (lambda: dict(compression="gzip", compression_opts=6, fletcher32=True), (40, 5, 6, 1), False),
+    (lambda: dict(compression="lzf", fletcher32=True), (40, 7, 13, 1), True),
+    (lambda: dict(hdf5plugin.Zstd(clevel=3), fletcher32=True), (40, 13, 13, 1), False),
+    (lambda: dict(BLOSC["blosc_lz4"](), fletcher32=True), (40, 7, 13, 1), False),
+    (lambda: dict(BLOSC["blosc_zstd"](), fletcher32=True), (40, 13, 13, 1), False),
+    (lambda: dict(BLOSC["bitshuffle"](), fletcher32=True), (40, 13, 13, 1), False),
+    (lambda: dict(hdf5plugin.LZ4(nbytes=1000), fletcher32=True), (40, 7, 13, 1), True),
+    (lambda: dict(hdf5plugin.Blosc2(cname="lz4", clevel=5, filters=hdf5plugin.Blosc2.BITSHUFFLE), fletcher32=True),
+     (64, 13, 13, 1), False),
+]
+
+
+def file_id(filters, chunk, shuffle):
+    f = filters()
+    return f"{f.get('compression')}-{'x'.join(map(str, chunk))}{'-shuffle' if shuffle else ''}" + (
+        "-fletcher32" if f.get("fletcher32") else "")
 
 
 def streamed(tmp_path, rng, monkeypatch, walk, assemble, x, filters, chunk, shuffle=False, mend=None):
@@ -168,7 +187,7 @@ def streamed(tmp_path, rng, monkeypatch, walk, assemble, x, filters, chunk, shuf
         f["y"] = np.eye(10)[np.arange(len(x)) % 10]
     if mend:
         mend(path)
-    data = DataSet.open([path], loader.model_from_arrays(small_model(rng)))
+    data, pool = DataSet.open([path], loader.model_from_arrays(small_model(rng))), None
     try:
         rows = data.parts[0][1]
         assert chunk_decode.unsupported(data, x.dtype) is None
@@ -193,24 +212,28 @@ def streamed(tmp_path, rng, monkeypatch, walk, assemble, x, filters, chunk, shuf
         block = 2 * rows.align
         decoder = chunk_decode.Decoder(None, rows, block, 2, gpu.alloc, [], 3, _StandIn())
         decoder.start()
-        pool = type("Pool", (), {"native": None, "call": staticmethod(lambda fn, *args: fn(*args))})()
+        pool = reader.Reader(2) if rows.summed else type("Pool", (), {
+            "native": None, "call": staticmethod(lambda fn, *args: fn(*args))})()
         out = gpu.alloc(x.nbytes)
         buf = np.empty(chunk_decode.layout(rows, block)[1], np.uint8)
         used = set()
         for lo in range(0, len(x), block):
             piece = chunk_decode.Block(buf.copy(), min(block, len(x) - lo))
-            decoder.read(pool, lo, lo + len(piece), piece)
+            reads = decoder.read(pool, lo, lo + len(piece), piece)
+            if rows.summed:
+                reader.wait(reads)
             decoder.enqueue(out + lo * rows.row_bytes, piece)
             used.add(id(decoder.lane))
         decoder.flush()
         return gpu.mem[out:out + x.nbytes].view(x.dtype).reshape(x.shape), decoder.failures(), len(used)
     finally:
+        if isinstance(pool, reader.Reader):
+            pool.close()
         data.close()
 
 
 @pytest.mark.parametrize("dtype", ["f4", "i2"])
-@pytest.mark.parametrize("filters,chunk,shuffle", FILES, ids=[f"{f().get('compression')}-{'x'.join(map(str, c))}"
-                                                             f"{'-shuffle' if s else ''}" for f, c, s in FILES])
+@pytest.mark.parametrize("filters,chunk,shuffle", FILES + SUMMED, ids=[file_id(*f) for f in FILES + SUMMED])
 def test_a_streamed_file_decoded_by_the_decoder_as_the_backend_drives_it(tmp_path, rng, monkeypatch, lz4_walk,
                                                                        assembled, filters, chunk, shuffle, dtype):
     """611 images of 13 x 13 (mostly zeros, a band of noise stored as it is), in blocks of 2 rows of
@@ -254,3 +277,24 @@ def test_a_damaged_chunk_fails_the_run_naming_it(tmp_path, rng, monkeypatch, lz4
                             mend=lambda path: blosc_chunk(path, 3, lambda data, rows: bytes(mend(data))))
     assert failed is not None and "s.h5: dataset 'x': chunk 3 " in str(failed), failed
     assert what in str(failed) and "\n" not in str(failed)
+
+
+@pytest.mark.parametrize("where", ["data", "checksum"])
+@pytest.mark.parametrize("filters,chunk", [(SUMMED[0][0], (40, 13, 13, 1)), (SUMMED[4][0], (40, 7, 13, 1))],
+                         ids=["gzip", "blosc lz4, chunks cutting images"])
+def test_a_chunk_failing_its_fletcher32_stops_the_read_naming_it(tmp_path, rng, monkeypatch, lz4_walk, assembled,
+                                                                 filters, chunk, where):
+    """Chunk 3's stored bytes, or its stored checksum, changed by a bit: the reader threads' check
+    refuses the block holding it as it is read, in one line naming the file, data set and chunk,
+    before anything is uploaded."""
+    from tests.test_gpu_decode import blosc_chunk
+
+    def flip(data, rows):
+        at = len(data) - 2 if where == "checksum" else len(data) // 2
+        return data[:at] + bytes([data[at] ^ 0x10]) + data[at + 1:]
+
+    x = images(rng, 611, (13, 13, 1), "f4")
+    with pytest.raises(InputError, match=r"/s\.h5: dataset 'x': chunk 3 fails its fletcher32 checksum: the file is "
+                                         r"damaged$"):
+        streamed(tmp_path, rng, monkeypatch, lz4_walk, assembled, x, filters, chunk,
+                 mend=lambda path: blosc_chunk(path, 3, flip))

@@ -31,6 +31,8 @@ def small_blocks(monkeypatch):
 
 
 def codec(name):
+    if name.endswith("_f32"):  # fletcher32 after the codec
+        return dict(codec(name[:-4]), fletcher32=True)
     if name.startswith("zstd"):
         return dict(pytest.importorskip("hdf5plugin").Zstd(clevel=3), shuffle=name.endswith("shuffle"))
     if name == "blosc_lz4":
@@ -260,22 +262,40 @@ def test_blosc_chunks_cutting_odd_images_of_integer_types(tmp_path, rng, session
     assert "assemble" in r.reader["decode"]
 
 
-@pytest.mark.parametrize("name", ["gzip1", "lzf"])
-def test_a_damaged_chunk_cutting_images_is_refused_in_one_line(tmp_path, ece408, name):
-    """Chunk 7 of (50, 7, 28, 1) chunks (images 50-99, rows 21-27): named as the host names it."""
+@pytest.mark.parametrize("name", ["gzip1_f32", "lzf_shuffle_f32", "zstd_f32", "blosc_lz4_f32", "blosc_zstd_f32",
+                                  "bitshuffle_f32"])
+def test_chunks_with_fletcher32_are_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, name):
+    """The reader threads check each chunk's fletcher32 as they read it; the GPU decodes the rest."""
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x, y = f["x"][:1999], f["y"][:1999]
+    r = assert_same_as_host(sessions, write(tmp_path / "f.h5", x, y, 37, name), ece408 / "model.hdf5")
+    assert r.correct > 1700
+
+
+@pytest.mark.parametrize("name,chunk,bytes_changed,words", [
+    ("gzip1", (50, 7, 28, 1), "last 3", "chunk 7"),  # adler32's bytes
+    ("lzf", (50, 7, 28, 1), "last 3", "chunk 7"),  # LZF's last token
+    ("gzip1_f32", 50, "a middle bit", "chunk 7 fails its fletcher32 checksum"),  # refused as it is read
+    ("gzip1_f32", (50, 7, 28, 1), "a middle bit", "chunk 7 fails its fletcher32 checksum"),
+])
+def test_a_damaged_deflate_or_lzf_chunk_is_refused_in_one_line(tmp_path, ece408, name, chunk, bytes_changed, words):
+    """Chunk 7 (of (50, 7, 28, 1) chunks: images 50-99, rows 21-27): named as the host names it."""
     path = tmp_path / "bad.h5"
     with h5py.File(ece408 / "testfull.hdf5") as f:
-        write(path, f["x"][:900], f["y"][:900], (50, 7, 28, 1), name)
+        write(path, f["x"][:900], f["y"][:900], chunk, name)
     with h5py.File(path) as f:
         info = f["x"].id.get_chunk_info(7)
     raw = bytearray(path.read_bytes())
-    for at in range(info.size - 3, info.size):  # adler32's bytes; LZF's last token
-        raw[info.byte_offset + at] ^= 0x5A
+    if bytes_changed == "last 3":
+        for at in range(info.size - 3, info.size):
+            raw[info.byte_offset + at] ^= 0x5A
+    else:
+        raw[info.byte_offset + info.size // 2] ^= 0x04
     path.write_bytes(bytes(raw))
     out = tmp_path / "p.npy"
     for decode in ("gpu", "host"):
         r = invoke("run", path, ece408 / "model.hdf5", "--decode", decode, "--predictions", out)
-        assert_refused(r, "bad.h5", "'x'", "chunk 7")
+        assert_refused(r, "bad.h5", "'x'", words)
         assert not out.exists()
 
 

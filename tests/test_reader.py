@@ -734,6 +734,8 @@ KEPT_SHUFFLED = {  # layouts whose whole chunks a read can leave shuffled: optio
     "blosc2 zstd + bitshuffle": (dict(plugin=("Blosc2", dict(cname="zstd", clevel=3, filters=2))), 64, None),
     "blosc2 lz4 + bitshuffle, padded": (dict(plugin=("Blosc2", dict(cname="lz4", filters=2))), 100, None),
     "blosc2 zstd + bitshuffle, padded, values left": (dict(plugin=("Blosc2", dict(cname="zstd", clevel=3, filters=2))), 101, None),
+    "blosc2 lz4 + bitshuffle + fletcher32": (dict(plugin=("Blosc2", dict(cname="lz4", filters=2)), fletcher32=True), 128,
+                                             None),
 }
 
 
@@ -880,3 +882,38 @@ def test_damaged_bitshuffled_chunks_left_shuffled_are_refused_or_decoded_never_o
     finally:
         pool.close()
     assert refused >= 1  # the damaged header at least
+
+
+@pytest.mark.parametrize("where", ["first step", "last step", "checksum"])
+def test_chunks_read_as_stored_have_their_fletcher32_checked_as_they_land(tmp_path, pool, where):
+    """rp_submit_summed (the GPU decoder's reads of chunks with fletcher32): each chunk's stored bytes
+    land as they are, its checksum summed a 262,080-byte step at a time; chunks of 2-3 steps and odd
+    sizes read whole, and a bit changed in a chunk's first or last step or in its stored checksum
+    fails the read naming that chunk, the lowest where several fail."""
+    if pool.native is None:
+        pytest.skip("the native reader threads check the checksums")
+    values = np.random.default_rng(9).random((700, 29, 27, 1), np.float32)  # gzip barely shrinks it
+    write(tmp_path / "d.h5", values, chunks=(100, 29, 27, 1), compression="gzip", compression_opts=1, fletcher32=True)
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        positions = np.concatenate([[0], np.cumsum(rows.sizes[:-1])])
+        assert rows.sizes.min() > 262080 and (rows.sizes % 2).any()
+        buf = np.zeros(int(rows.sizes.sum()), np.uint8)
+        reader.wait([rows.submit_summed(pool.native, buf.ctypes.data, 0, 7, positions)])
+        stored = b"".join(os.pread(rows.fd, int(s), int(o)) for o, s in zip(rows.offsets, rows.sizes))
+        assert buf.tobytes() == stored
+        offsets, sizes = rows.offsets.copy(), rows.sizes.copy()
+        rows.close()
+    at = {"first step": 1000, "last step": int(sizes[3]) - 7, "checksum": int(sizes[3]) - 2}[where]
+    with open(tmp_path / "d.h5", "r+b") as f:
+        for chunk in (5, 3):
+            f.seek(int(offsets[chunk]) + at)
+            byte = f.read(1)[0]
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte ^ 0x08]))
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        with pytest.raises(InputError, match=r"^x: chunk 3 fails its fletcher32 checksum: the file is damaged$"):
+            reader.wait([rows.submit_summed(pool.native, buf.ctypes.data, 0, 7, positions)])
+        reader.wait([rows.submit_summed(pool.native, buf.ctypes.data, 0, 3, positions[:3])])  # chunks 0-2 are whole
+        rows.close()

@@ -104,6 +104,7 @@ def library():
     for name, args, result in (("rp_create", [ctypes.c_int], p), ("rp_destroy", [p], None),
                                ("rp_submit", [p, ctypes.c_int, p, size, i64, size, size], p),
                                ("rp_submit_codes", [p, ctypes.c_int, p, size, i64, size, ctypes.c_int], p),
+                               ("rp_submit_summed", [p, ctypes.c_int, p, i64, p, p, p, i64], p),
                                ("rp_pack_codes", [p, p, size, ctypes.c_int, ctypes.c_int], ctypes.c_int),
                                ("rp_wait", [p, p, ctypes.POINTER(i64)], ctypes.c_int), ("rp_busy_ns", [p], i64),
                                ("rp_chunks", [ctypes.c_int, size, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_uint,
@@ -253,6 +254,17 @@ class ReadPool:
         bytes; scaling: codes.SCALINGS'), in pieces of about `piece` bytes of the file; fails with
         NOT_CODES where one is not."""
         ticket = self.lib.rp_submit_codes(self.pool, fd, address, nbytes, offset, piece, scaling)
+        if not ticket:
+            raise MemoryError("no memory for a read's ticket")
+        return ticket
+
+    def submit_summed(self, fd, address, offsets, sizes, positions, first):
+        """Chunks as they are stored (offsets, sizes, positions: C-contiguous int64 arrays, a chunk
+        each, read before this returns; the first chunk numbered `first`) into address + positions, a
+        job a chunk, each one's fletcher32 (its last 4 bytes) checked as it is read; fails with
+        CHECKSUM naming the lowest chunk failing it."""
+        ticket = self.lib.rp_submit_summed(self.pool, fd, address, len(offsets), offsets.ctypes.data,
+                                           sizes.ctypes.data, positions.ctypes.data, first)
         if not ticket:
             raise MemoryError("no memory for a read's ticket")
         return ticket

@@ -319,7 +319,8 @@ class ChunkedRows(_FileRows):
                       and {1: "lz4", 4: "zstd"}.get(head[2] >> 5) in codecs)
         else:  # Blosc2: its frame's one chunk (rp_blosc2_chunk: padded past the HDF5 chunk's rows or not),
             # its blocks bitshuffled as the Bitshuffle filter's
-            frame, padded = os.pread(self.fd, int(self.sizes[0]), int(self.offsets[0])), ctypes.c_size_t(0)
+            frame = os.pread(self.fd, int(self.sizes[0]) - 4 * self.summed, int(self.offsets[0]))  # (not its fletcher32)
+            padded = ctypes.c_size_t(0)
             at = lib.rp_blosc2_chunk(spec, frame, len(frame), ctypes.byref(padded))
             if at < 0:
                 return None
@@ -345,6 +346,13 @@ class ChunkedRows(_FileRows):
         pool: a Ticket. keep_shuffled: see ReadPool.submit_chunks."""
         ticket = pool.submit_chunks(self.spec, lo, hi, self.offsets, self.sizes, self.masks, out.ctypes.data,
                                     keep_shuffled)
+        return Ticket(pool, ticket, self.failed)
+
+    def submit_summed(self, pool, address, c0, c1, positions):
+        """Chunks [c0, c1) as they are stored into address + positions (int64, a chunk each), each
+        chunk's fletcher32 checked as it is read, a job a chunk on the native pool: a Ticket."""
+        positions = np.ascontiguousarray(positions, np.int64)
+        ticket = pool.submit_summed(self.fd, address, self.offsets[c0:c1], self.sizes[c0:c1], positions, c0)
         return Ticket(pool, ticket, self.failed)
 
     @property

@@ -110,8 +110,6 @@ def unsupported(data, wire):
                 f"chunks, not {reader.PLUGIN_FILTERS.get(rows.codec, rows.filters)}'s")
     if rows.cut and not 2 <= len(rows.shape) <= 4:
         return f"its chunks cut images of {len(rows.shape) - 1} dimensions (the GPU assembles up to 3)"
-    if rows.summed:
-        return "its chunks carry fletcher32 checksums"
     skippable = rows.codec_bit if codec_for(rows).copies_stored else 0
     if any(mask & ~skippable for _, _, mask in rows.index):
         return "some chunks were stored with a filter skipped"
@@ -244,7 +242,9 @@ class Decoder:
         """Decode the chunks of `rows` (a ChunkedRows that fits) from now on."""
         self.rows = rows
         index = np.array(rows.index, np.int64).reshape(-1, 3)
-        self.offsets, self.sizes, self.masks = index[:, 0], index[:, 1], index[:, 2]
+        self.offsets, self.stored, self.masks = index[:, 0], index[:, 1], index[:, 2]
+        # what the codecs decode: a chunk's bytes but its fletcher32, which the reader threads check
+        self.sizes = self.stored - 4 if rows.summed else self.stored
         self.per, self.row_bytes = rows.align, rows.row_bytes
         self.slab = rows.per  # chunks a row of chunks: 1 but where chunks cut images
         self.codec = codec_for(rows)(self.build, rows)
@@ -265,13 +265,17 @@ class Decoder:
 
     def read(self, pool, lo, hi, block):
         """Submit the reads of the chunks holding images [lo, hi) into block: one read per run of
-        chunks stored back to back; futures."""
+        chunks stored back to back (a read a chunk, its fletcher32 checked as it is read, where the
+        chunks carry one); futures."""
         self.pool = pool  # where a codec has chunks decoded on the host
         c0, c1 = lo // self.per * self.slab, -(-hi // self.per) * self.slab
-        sizes, offsets = self.sizes[c0:c1], self.offsets[c0:c1]
+        sizes, offsets = self.stored[c0:c1], self.offsets[c0:c1]
         positions = np.concatenate([[0], np.cumsum(sizes[:-1])])
         block.lo, block.c0, block.positions = lo, c0, positions
         block.end = int(positions[-1] + sizes[-1])
+        if self.rows.summed:  # (the backend's pool is native wherever the library builds; without it h5py reads them)
+            pool.used_native = True
+            return [self.rows.submit_summed(pool.native, block.buf.ctypes.data, c0, c1, positions)]
         runs = np.flatnonzero((offsets[1:] != offsets[:-1] + sizes[:-1]) | (positions[1:] != positions[:-1] + sizes[:-1])) + 1
         futures, base = [], block.buf.ctypes.data
         for a, b in zip(np.concatenate([[0], runs]), np.concatenate([runs, [len(sizes)]])):

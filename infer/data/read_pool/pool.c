@@ -101,6 +101,27 @@ static int read_swapped(const struct piece *job)
     return 0;
 }
 
+/* A chunk's stored bytes read as they are (for the GPU to decode), its fletcher32 checksum, in the
+ * last 4 of them, checked a cache-sized step at a time while the step is still in this core's cache:
+ * no copy of the chunk, no second pass over it. */
+static int read_summed(const struct piece *job)
+{
+    if (job->n < 4)
+        return RP_CHECKSUM;
+    const size_t payload = job->n - 4;
+    unsigned char *dst = (unsigned char *)job->dst;
+    struct fletcher f = {0, 0};
+    for (size_t at = 0; at < job->n; at += FLETCHER_STEP) {
+        size_t n = job->n - at < FLETCHER_STEP ? job->n - at : FLETCHER_STEP;
+        int status = read_fully(job->fd, (char *)dst + at, n, job->offset + (long long)at);
+        if (status)
+            return status;
+        if (at < payload)
+            fletcher32_add(&f, dst + at, payload - at < n ? payload - at : n);
+    }
+    return checksum_is(fletcher32_end(&f), dst + payload) ? 0 : RP_CHECKSUM;
+}
+
 static void *worker(void *arg)
 {
     struct pool *p = arg;
@@ -117,7 +138,8 @@ static void *worker(void *arg)
         pthread_mutex_unlock(&p->lock);
         long long t = now_ns();
         int status = job.spec ? decode_chunk(&job) : job.kind ? label_rows(&job) : job.swap > 1 ? read_swapped(&job)
-                     : job.codes ? read_codes(&job) : read_fully(job.fd, job.dst, job.n, job.offset);
+                     : job.codes ? read_codes(&job) : job.summed ? read_summed(&job)
+                     : read_fully(job.fd, job.dst, job.n, job.offset);
         t = now_ns() - t;
         pthread_mutex_lock(&p->lock);
         p->busy_ns += t;
@@ -235,6 +257,22 @@ struct batch *rp_submit(struct pool *p, int fd, char *dst, size_t n, long long o
     for (size_t at = 0; at < n; at += piece)
         enqueue(p, b, (struct piece){.fd = fd, .dst = dst + at, .n = n - at < piece ? n - at : piece,
                                       .offset = offset + (long long)at, .swap = swap, .batch = b});
+    return queued(p, b);
+}
+
+/* Queue the reads of n chunks as they are stored, chunk i's sizes[i] bytes at offsets[i] of fd into
+ * dst + positions[i], a job a chunk, each chunk's fletcher32 (its last 4 bytes) checked as it is
+ * read: rp_wait's failure RP_CHECKSUM names the lowest chunk (first + i) failing it. The ticket for
+ * rp_wait, or NULL where memory ran out. */
+struct batch *rp_submit_summed(struct pool *p, int fd, char *dst, long long n, const long long *offsets,
+                               const long long *sizes, const long long *positions, long long first)
+{
+    struct batch *b = new_batch(p);
+    if (!b)
+        return NULL;
+    for (long long i = 0; i < n; i++)
+        enqueue(p, b, (struct piece){.fd = fd, .dst = dst + positions[i], .n = (size_t)sizes[i], .offset = offsets[i],
+                                      .summed = 1, .index = first + i, .batch = b});
     return queued(p, b);
 }
 

@@ -78,6 +78,7 @@ struct piece {                     /* n bytes at `offset` of fd into dst; or, wi
     unsigned mask;                 /* the chunk's filter mask */
     long long index;               /* the chunk's number, for errors */
     int keep_shuffled;             /* a chunk wholly in the read stays shuffled (the GPU unshuffles it) */
+    int summed;                    /* a plain read of a chunk's stored bytes, its fletcher32 (the last 4) checked */
     int kind;                      /* labels: the values' type (RP_F32...), n rows of `classes` into dst */
     size_t classes;
 };
