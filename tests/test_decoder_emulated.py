@@ -6,6 +6,7 @@ array: the decoders by the reference decoders (zlib, an LZF decoder here, the c-
 lz4_walk built for the host; the deflate family's check with its adler32), every placing kernel (unshuffles, bit-unshuffles, assembles) by decode.cu's own per-value
 arithmetic built for the host. The images placed are h5py's, value for value."""
 import zlib
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -20,7 +21,8 @@ from tests.conftest import small_model
 from tests.test_blosc_cut import BLOSC, PLAIN, BYTES, BITS, Kernels, assembled, images  # noqa: F401 (a fixture)
 from tests.test_blosc_zstd import zstd_decompress
 from tests.test_gpu_decode import reserved_block
-from tests.test_lz4_blocks import lz4_walk  # noqa: F401 (a fixture)
+from tests.test_lz4_blocks import fake_driver, lz4_walk  # noqa: F401 (a fixture)
+from tests.test_reader import bit_shuffle, blosc_shuffle, byte_shuffle, shuffled_rows
 
 hdf5plugin = pytest.importorskip("hdf5plugin")
 
@@ -298,3 +300,38 @@ def test_a_chunk_failing_its_fletcher32_stops_the_read_naming_it(tmp_path, rng, 
                                          r"damaged$"):
         streamed(tmp_path, rng, monkeypatch, lz4_walk, assembled, x, filters, chunk,
                  mend=lambda path: blosc_chunk(path, 3, flip))
+
+
+PLACER_SHUFFLES = {  # what the reader threads left (rows' bitshuffle, blosc_shuffle), and how a chunk lies
+    "hdf5 bytes": ((None, None), byte_shuffle), "bitshuffle": (((16, False), None), bit_shuffle(16, False)),
+    "blosc bits": (((24, True), None), bit_shuffle(24, True)), "blosc bytes": ((None, 11), blosc_shuffle(11))}
+
+
+@pytest.mark.parametrize("dtype", ["f4", "i2", "u8"])
+@pytest.mark.parametrize("kind", PLACER_SHUFFLES)
+def test_the_placer_unshuffles_whole_chunks_and_copies_the_rest(monkeypatch, rng, lz4_walk, assembled, kind, dtype):
+    """shuffled.Placer (a streamed block the reader threads decoded but left shuffled) on an Emulated
+    device, its unshuffles decode.cu's arithmetic built for the host: chunks of 7 rows of 30 values
+    (c-blosc's byte-shuffled blocks of 11 values, a shorter last one), blocks starting and ending
+    inside chunks; the images placed are the values."""
+    from infer.gpu.shuffled import Placer
+
+    (bits, blosc), shuffle = PLACER_SHUFFLES[kind]
+    values = (rng.random((100, 5, 3, 2)) * 200).astype(dtype)
+    rows = SimpleNamespace(align=7, dtype=values.dtype, row_bytes=values[0].nbytes, bitshuffle=bits,
+                           blosc_shuffle=blosc)
+    gpu = Emulated(lz4_walk, values.dtype, assembled)
+    fake = fake_driver(monkeypatch)
+    fake.memcpy_dtod_async, fake.memcpy_htod_async = gpu.copy, lambda dst, src, stream: gpu.put(dst, src)
+    monkeypatch.setattr(launch, "Unshuffle", lambda build, size: gpu.unshuffle)
+    monkeypatch.setattr(launch, "BloscUnshuffle", lambda build, size: gpu.blosc_unshuffle)
+    monkeypatch.setattr(launch, "BitUnshuffle", lambda build, size: lambda stream, src, dst, chunks, chunk_values, block,
+                        exact_tail: gpu.bit_unshuffle(stream, src, dst, chunks, chunk_values, block, exact_tail, 0,
+                                                      chunks * chunk_values))
+    placer = Placer(None, rows, 40, gpu.alloc)
+    for lo, hi in [(0, 35), (5, 40), (14, 21), (93, 100), (3, 4), (8, 20), (60, 63)]:
+        dst = gpu.alloc(values[lo:hi].nbytes)
+        gpu.put(dst, np.zeros_like(values[lo:hi]))
+        placer.enqueue(None, dst, shuffled_rows(values, lo, hi, 7, shuffle), lo)
+        got = gpu.mem[dst:dst + values[lo:hi].nbytes].view(values.dtype).reshape(hi - lo, 5, 3, 2)
+        np.testing.assert_array_equal(got, values[lo:hi])

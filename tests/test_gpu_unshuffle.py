@@ -1,7 +1,7 @@
-"""Shuffled chunks (HDF5's byte shuffle; Bitshuffle's, c-blosc's and Blosc2's bitshuffle) decoded by the host
-and unshuffled on the GPU as each streamed block is placed: the placer against the values for
-blocks starting and ending inside chunks, and streamed runs whose predictions equal the host's
-unshuffle for every value size. Needs a GPU."""
+"""Shuffled chunks (HDF5's byte shuffle; Bitshuffle's, c-blosc's and Blosc2's bitshuffle; c-blosc's
+byte shuffle) decoded by the host and unshuffled on the GPU as each streamed block is placed: the
+placer against the values for blocks starting and ending inside chunks, and streamed runs whose
+predictions equal the host's unshuffle for every value size. Needs a GPU."""
 from types import SimpleNamespace
 
 import h5py
@@ -11,14 +11,15 @@ import pytest
 from infer import Session
 from infer.data import native
 from tests.conftest import Dev, assert_refused, build, damaged_copy, invoke, small_model
-from tests.test_reader import bit_shuffle, byte_shuffle, shuffled_rows
+from tests.test_reader import bit_shuffle, blosc_shuffle, byte_shuffle, shuffled_rows
 
 pytestmark = pytest.mark.gpu
 SMALL = small_model(np.random.default_rng(13))  # takes 13x13x1 images
 
 
 SHUFFLES = {"bytes": (None, byte_shuffle), "bitshuffle": ((16, False), bit_shuffle(16, False)),
-            "blosc": ((24, True), bit_shuffle(24, True))}  # 7 rows of 30 values: blocks, a shorter one, values left
+            "blosc": ((24, True), bit_shuffle(24, True)),  # 7 rows of 30 values: blocks, a shorter one, values left
+            "blosc bytes": (11, blosc_shuffle(11))}  # c-blosc's byte shuffle, blocks of 11 values
 
 
 @pytest.mark.parametrize("dtype", ["f4", "i2", "u8", "u1"])
@@ -28,11 +29,13 @@ def test_the_placer_unshuffles_whole_chunks_and_copies_the_rest(gpu, rng, dtype,
 
     from infer.gpu.shuffled import Placer
 
-    bits, shuffle = SHUFFLES[kind]
+    layout, shuffle = SHUFFLES[kind]
+    bits, blosc = (None, layout) if kind == "blosc bytes" else (layout, None)
     if bits is None and dtype == "u1":
-        pytest.skip("HDF5's shuffle leaves one-byte values as they are")
+        pytest.skip("a byte shuffle leaves one-byte values as they are")
     values = (rng.random((100, 5, 3, 2)) * 200).astype(dtype)
-    rows = SimpleNamespace(align=7, dtype=values.dtype, row_bytes=values[0].nbytes, bitshuffle=bits)  # what Placer reads
+    rows = SimpleNamespace(align=7, dtype=values.dtype, row_bytes=values[0].nbytes, bitshuffle=bits,
+                           blosc_shuffle=blosc)  # what Placer reads
     d = Dev()
     placer = Placer(build(gpu), rows, 40, lambda nbytes: d.empty(nbytes, np.uint8, 0))
     for lo, hi in [(0, 35), (5, 40), (14, 21), (93, 100), (3, 4), (8, 20), (60, 63)]:
@@ -48,6 +51,8 @@ STREAMED = {  # 800-image chunks of 13 x 13 values: c-blosc's blocks of 64-128 K
     "bitshuffle lz4": ("Bitshuffle", dict(cname="lz4")),
     "blosc lz4 + bitshuffle": ("Blosc", dict(cname="lz4", shuffle=2)),
     "blosc zstd + bitshuffle": ("Blosc", dict(cname="zstd", clevel=3, shuffle=2)),
+    "blosc lz4 + shuffle": ("Blosc", dict(cname="lz4", shuffle=1)),  # hdf5plugin's default: a stream a value byte
+    "blosc zstd + shuffle": ("Blosc", dict(cname="zstd", clevel=3, shuffle=1)),
     "blosc2 lz4 + bitshuffle": ("Blosc2", dict(cname="lz4", filters=2)),
     "blosc2 lz4 + bitshuffle, padded": ("Blosc2", dict(cname="lz4", filters=2)),
 }
@@ -83,7 +88,8 @@ def test_streamed_shuffled_chunks_unshuffled_on_the_gpu_predict_as_the_host(tmp_
         f["x"], f["y"] = x, y
     with Session(SMALL, "cuda", decode="host") as s:
         gpu, plain = s.evaluate(path), s.evaluate(tmp_path / "plain.h5")
-    on_gpu = not (layout == "shuffle+gzip" and dtype == "u1")  # one-byte values: nothing to unshuffle
+    # one-byte values: nothing to unshuffle
+    on_gpu = not (layout in ("shuffle+gzip", "blosc lz4 + shuffle", "blosc zstd + shuffle") and dtype == "u1")
     assert gpu.streamed and gpu.reader["decode"] == ("host, unshuffled on the GPU" if on_gpu else "host"), gpu.reader
     assert plain.reader["decode"] == "host"
     np.testing.assert_array_equal(gpu.predictions, plain.predictions)

@@ -693,6 +693,12 @@ def bit_shuffle(block, exact_tail):
     return shuffle
 
 
+def blosc_shuffle(block):
+    """c-blosc's byte shuffle of a chunk's values (1-D): byte_shuffle a block of `block` values at a
+    time, the last block shorter."""
+    return lambda chunk: np.concatenate([byte_shuffle(chunk[s:s + block]) for s in range(0, len(chunk), block)])
+
+
 def shuffled_rows(values, lo, hi, per, shuffle=byte_shuffle):
     """What a read of rows [lo, hi) with keep_shuffled holds: each chunk of `per` rows lying wholly
     in the read as `shuffle` stores it, the rest as values."""
@@ -734,6 +740,11 @@ KEPT_SHUFFLED = {  # layouts whose whole chunks a read can leave shuffled: optio
     "blosc2 zstd + bitshuffle": (dict(plugin=("Blosc2", dict(cname="zstd", clevel=3, filters=2))), 64, None),
     "blosc2 lz4 + bitshuffle, padded": (dict(plugin=("Blosc2", dict(cname="lz4", filters=2))), 100, None),
     "blosc2 zstd + bitshuffle, padded, values left": (dict(plugin=("Blosc2", dict(cname="zstd", clevel=3, filters=2))), 101, None),
+    # c-blosc's byte shuffle, a block at a time (hdf5plugin's Blosc default): blocks split into a
+    # stream a value byte, the last shorter block not; zstd's blocks one stream each
+    "blosc lz4 + shuffle": (dict(plugin=("Blosc", dict(cname="lz4", shuffle=1))), 201, "blosc"),
+    "blosc zstd + shuffle + fletcher32": (dict(plugin=("Blosc", dict(cname="zstd", clevel=3, shuffle=1)),
+                                              fletcher32=True), 160, "blosc"),
     "blosc2 lz4 + bitshuffle + fletcher32": (dict(plugin=("Blosc2", dict(cname="lz4", filters=2)), fletcher32=True), 128,
                                              None),
 }
@@ -757,6 +768,9 @@ def test_chunks_wholly_in_a_read_can_be_left_shuffled_for_the_gpu(tmp_path, rng,
             if shuffle is None:
                 assert rows.bitshuffle is not None
                 shuffle = bit_shuffle(*rows.bitshuffle)
+            elif shuffle == "blosc":
+                assert (rows.blosc_shuffle is not None) == (values.itemsize > 1)
+                shuffle = blosc_shuffle(rows.blosc_shuffle) if values.itemsize > 1 else np.ravel
             elif values.itemsize == 1:
                 shuffle = np.ravel  # one byte: HDF5's shuffle changes nothing
             for lo, hi in [(0, 1003), (5, 900), (14, 21), (1000, 1003), (3, 4), (8, 20), (200, 603)]:
@@ -768,52 +782,91 @@ def test_chunks_wholly_in_a_read_can_be_left_shuffled_for_the_gpu(tmp_path, rng,
             pool.close()
 
 
+def decoded_by_the_pool(lib, rows, values, per, direct, stand_in, bits, block, filter_id, shuffle):
+    """values (4 chunks of `per` rows, stored in rows' file) read with keep_shuffled on a spec of their
+    own whose whole-chunk codec is `stand_in` (codec `direct`, which counts its calls and fails),
+    the blocks left shuffled as `bits` says: the whole chunks come as `shuffle` lays them out, the
+    stand-in never called; a read cutting chunk 0 calls it for that chunk alone and fails."""
+    pool = native.ReadPool(lib, 2)
+    dims = np.array([values.shape, (per,) + values.shape[1:]], np.int64)
+    alone = lib.rp_chunks(rows.fd, values.itemsize, 0, 0, native.PLUGIN, rows.codec_bit, 0, values.ndim,
+                          dims[0].ctypes.data, dims[1].ctypes.data)
+    try:
+        codecs = native.block_codecs(filter_id)
+        assert lib.rp_chunks_direct(alone, direct, ctypes.cast(stand_in, ctypes.c_void_p)) == 0
+        assert lib.rp_chunks_bits(alone, bits, block, codecs["lz4"], codecs["zstd"]) == 0
+        out = np.zeros_like(values)
+        status = pool.finish(pool.submit_chunks(alone, 0, 4 * per, rows.offsets, rows.sizes, rows.masks,
+                                                out.ctypes.data, keep_shuffled=True))
+        assert status == (0, 0) and stand_in.calls == []
+        np.testing.assert_array_equal(out.view(np.uint8), shuffled_rows(values, 0, 4 * per, per, shuffle).view(np.uint8))
+        cut = pool.finish(pool.submit_chunks(alone, 5, 4 * per, rows.offsets, rows.sizes, rows.masks,
+                                             out.ctypes.data, keep_shuffled=True))
+        assert cut == (native.DAMAGED, 0) and len(stand_in.calls) == 1  # the cut chunk 0 alone
+    finally:
+        lib.rp_chunks_free(alone)
+        pool.close()
+
+
 @pytest.mark.parametrize("per", [128, 100])
 def test_blosc2_chunks_left_bitshuffled_are_decoded_by_the_pool_not_blosc2(tmp_path, rng, per):
     """Chunks of whole b2nd blocks (128 rows, blocks of 64), or of a frame padded past the HDF5 chunk
     (100 rows in 128), left bitshuffled for the GPU are decoded by the pool's own loop over their
-    blocks (LZ4 from the plugin's library), never by blosc2_getitem, here a stand-in that counts its
-    calls and fails; the chunk a read cuts goes through it and fails with it."""
+    blocks (LZ4 from the plugin's library), never by blosc2_getitem."""
     pytest.importorskip("hdf5plugin")
     lib = native.library()
     if lib is None:
         pytest.skip("no C compiler here: the native read pool cannot be built")
     values = (rng.random((4 * per, 30, 30, 1)) * 200).astype(np.float32)
     write(tmp_path / "d.h5", values, chunks=(per, 30, 30, 1), plugin=("Blosc2", dict(cname="lz4", filters=2)))
-    calls = []
 
     @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
     def getitem(src, size, start, items, dst, capacity):
-        calls.append(size)
+        getitem.calls.append(size)
         return -1
+    getitem.calls = []
 
-    pool = native.ReadPool(lib, 2)
     with h5py.File(tmp_path / "d.h5") as f:
         rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
-        assert rows.bitshuffle == (64 * 900, False)
-        padded = ctypes.c_size_t(0)
-        first = os.pread(rows.fd, int(rows.sizes[0]), int(rows.offsets[0]))
-        assert lib.rp_blosc2_chunk(rows.spec, first, len(first), ctypes.byref(padded)) > 0
-        assert padded.value == 128 * 900 * 4  # the frame's rows: the chunk's, or padded to 128
-        dims = np.array([values.shape, (per, 30, 30, 1)], np.int64)
-        alone = lib.rp_chunks(rows.fd, 4, 0, 0, native.PLUGIN, rows.codec_bit, 0, 4, dims[0].ctypes.data, dims[1].ctypes.data)
         try:
-            codecs = native.block_codecs(reader.FILTER_BLOSC2)
-            assert lib.rp_chunks_direct(alone, native.BLOSC2, ctypes.cast(getitem, ctypes.c_void_p)) == 0
-            assert lib.rp_chunks_bits(alone, native.BITS_BLOSC2, 64 * 900, codecs["lz4"], codecs["zstd"]) == 0
-            out = np.zeros_like(values)
-            status = pool.finish(pool.submit_chunks(alone, 0, 4 * per, rows.offsets, rows.sizes, rows.masks,
-                                                    out.ctypes.data, keep_shuffled=True))
-            assert status == (0, 0) and calls == []
-            np.testing.assert_array_equal(out.view(np.uint8), shuffled_rows(values, 0, 4 * per, per,
-                                                                            bit_shuffle(64 * 900, False)).view(np.uint8))
-            cut = pool.finish(pool.submit_chunks(alone, 5, 4 * per, rows.offsets, rows.sizes, rows.masks,
-                                                 out.ctypes.data, keep_shuffled=True))
-            assert cut == (native.DAMAGED, 0) and len(calls) == 1  # the cut chunk 0 alone
+            assert rows.bitshuffle == (64 * 900, False)
+            padded = ctypes.c_size_t(0)
+            first = os.pread(rows.fd, int(rows.sizes[0]), int(rows.offsets[0]))
+            assert lib.rp_blosc2_chunk(rows.spec, first, len(first), ctypes.byref(padded)) > 0
+            assert padded.value == 128 * 900 * 4  # the frame's rows: the chunk's, or padded to 128
+            decoded_by_the_pool(lib, rows, values, per, native.BLOSC2, getitem, native.BITS_BLOSC2, 64 * 900,
+                                reader.FILTER_BLOSC2, bit_shuffle(64 * 900, False))
         finally:
-            lib.rp_chunks_free(alone)
             rows.close()
-            pool.close()
+
+
+@pytest.mark.parametrize("cname", ["lz4", "zstd"])
+def test_blosc_byte_shuffled_chunks_left_shuffled_are_decoded_by_the_pool_not_blosc(tmp_path, rng, cname):
+    """hdf5plugin's Blosc default (byte shuffle): whole chunks left shuffled for the GPU are decoded by
+    the pool's own loop over their blocks' streams (lz4: a stream a value byte; the codec from the
+    plugin's library), never by blosc_decompress_ctx."""
+    pytest.importorskip("hdf5plugin")
+    lib = native.library()
+    if lib is None:
+        pytest.skip("no C compiler here: the native read pool cannot be built")
+    values = (rng.random((4 * 201, 30, 30, 1)) * 200).astype(np.float32)
+    write(tmp_path / "d.h5", values, chunks=(201, 30, 30, 1), plugin=("Blosc", dict(cname=cname, shuffle=1)))
+
+    @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    def decompress(src, dst, size, threads):
+        decompress.calls.append(size)
+        return -1
+    decompress.calls = []
+
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        try:
+            block = rows.blosc_shuffle
+            assert block is not None and rows.bitshuffle is None
+            decoded_by_the_pool(lib, rows, values, 201, native.BLOSC, decompress, native.BYTES_BLOSC, block,
+                                reader.FILTER_BLOSC, blosc_shuffle(block))
+        finally:
+            rows.close()
 
 
 @pytest.mark.parametrize("options,kept", [(dict(cname="lz4", filters=2), True), (dict(cname="zstd", filters=2), True),

@@ -25,7 +25,8 @@ EOF, DAMAGED, SIZE, CHECKSUM, NOT_FINITE, NOT_CODES = 1, 2, 3, 4, 5, 6
 LABEL_KINDS = {t: k for k, t in enumerate(("f4", "f8", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8"), 1)}
 RAW, DEFLATE, LZF, PLUGIN, ZSTD, LZ4, BLOSC, BLOSC2 = 0, 1, 2, 3, 4, 5, 6, 7  # rp_chunks' codecs
 BITS_BSHUF, BITS_BLOSC, BITS_BLOSC2 = 1, 2, 3  # rp_chunks_bits: whole chunks left bitshuffled: the Bitshuffle
-# filter's, c-blosc's or Blosc2's
+# filter's, c-blosc's or Blosc2's; or left byte-shuffled a c-blosc block at a time:
+BYTES_BLOSC = 4
 # hdf5plugin's filters whose codec the read pool calls itself (rp_chunks_direct): the function
 # their plugin library exports, and the read pool's codec
 DIRECT = {32015: ("ZSTD_decompress", ZSTD), 32004: ("LZ4_decompress_safe", LZ4), 32001: ("blosc_decompress_ctx", BLOSC),

@@ -262,6 +262,7 @@ class ChunkedRows(_FileRows):
                 raise InputError(f"{label}: the file is truncated: a chunk needs bytes up to {offset + size}, "
                                  f"but the file has {self.file_size}")
         self.bitshuffle = None  # see _bitshuffled
+        self.blosc_shuffle = None  # see _blosc_shuffled
         self.spec = self._native_spec()
         self.native = self.spec is not None
 
@@ -292,7 +293,27 @@ class ChunkedRows(_FileRows):
                 return None
             self.codec_name = plugin[1]
             self.bitshuffle = self._bitshuffled(lib, spec)
+            self.blosc_shuffle = self._blosc_shuffled(lib, spec) if self.bitshuffle is None else None
         return spec
+
+    def _blosc_shuffled(self, lib, spec):
+        """The values a block where the chunks are c-blosc's byte-shuffled blocks of lz4 or zstd
+        (hdf5plugin's Blosc default), which the read pool decodes itself, leaving each block's byte
+        shuffle for the GPU to undo (rp_chunks_bits' BYTES_BLOSC); else None. Read from the first
+        chunk: a chunk stored otherwise is shuffled again by the pool."""
+        size = self.dtype.itemsize
+        if self.codec != FILTER_BLOSC or self.shuffle or self.swapped or self.masks[0] or size == 1:
+            return None
+        head = os.pread(self.fd, 16, int(self.offsets[0]))
+        codecs = native.block_codecs(self.codec)
+        if len(head) < 16 or head[0] != 2 or head[2] & 0x0f != 0x01 or head[3] != size or (
+                {1: "lz4", 4: "zstd"}.get(head[2] >> 5) not in codecs):
+            return None
+        block = int.from_bytes(head[8:12], "little") // size
+        if block * size != int.from_bytes(head[8:12], "little") or lib.rp_chunks_bits(
+                spec, native.BYTES_BLOSC, block, codecs.get("lz4"), codecs.get("zstd")):
+            return None
+        return block
 
     def _bitshuffled(self, lib, spec):
         """(values per block, whether a shorter last block is bitshuffled only when whole groups of 8)

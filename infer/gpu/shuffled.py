@@ -5,7 +5,9 @@ page-locked block, still shuffled, and the GPU places its values where the netwo
   buffers were 54 MB of peak RSS) nor spends the unshuffle's memory pass (unshuffle_kernel1);
 - Bitshuffle's, c-blosc's and Blosc2's bitshuffle (lz4 or zstd blocks): the reader threads decode the
   blocks' codec themselves and leave the bit transpose, which hdf5plugin's SSE2 builds spend
-  ~40% of a chunk's decoding on, to bitunshuffle_kernel1.
+  ~40% of a chunk's decoding on, to bitunshuffle_kernel1;
+- c-blosc's byte shuffle (hdf5plugin's Blosc default, lz4 or zstd): the same, a block's streams
+  decoded into place, its byte shuffle left to blosc_unshuffle_kernel1.
 A block goes up to a device staging buffer; the rows of chunks it cuts at its ends come decoded
 whole by the host and are copied."""
 from ..data import reader
@@ -20,7 +22,7 @@ def unsupported(data, wire, native):
     rows = data.parts[0][1]
     if not isinstance(rows, reader.ChunkedRows):
         return "its images are not stored in chunks"
-    if not (rows.shuffle and rows.dtype.itemsize > 1) and rows.bitshuffle is None:
+    if not (rows.shuffle and rows.dtype.itemsize > 1) and rows.bitshuffle is None and rows.blosc_shuffle is None:
         return "its chunks are not shuffled, or not in a way the GPU undoes"
     if native is None or not rows.native:
         return "no native reader decodes its chunks"
@@ -53,16 +55,18 @@ class Placer:
 
     def __init__(self, build, rows, block, alloc):
         self.rows_per, self.row_bytes, self.itemsize = rows.align, rows.row_bytes, rows.dtype.itemsize
-        self.bits = rows.bitshuffle  # (values per block, exact tail), or None: HDF5's byte shuffle
+        self.bits = rows.bitshuffle  # (values per block, exact tail), or None
+        self.blosc = rows.blosc_shuffle  # values per c-blosc block, each byte-shuffled, or None: HDF5's byte shuffle
         self.block = block
         self.staging = alloc(block * self.row_bytes)
-        self.unshuffle = (launch.BitUnshuffle if self.bits else launch.Unshuffle)(build, self.itemsize)
+        kernel = launch.BitUnshuffle if self.bits else launch.BloscUnshuffle if self.blosc else launch.Unshuffle
+        self.unshuffle = kernel(build, self.itemsize)
 
     def fits(self, rows, block):
         """Whether this placer unshuffles `rows` (a ChunkedRows) in blocks of `block` images as it is:
         the same chunk rows, image bytes, value size and shuffle, and a staging block as large."""
-        return ((rows.align, rows.row_bytes, rows.dtype.itemsize, rows.bitshuffle)
-                == (self.rows_per, self.row_bytes, self.itemsize, self.bits) and block <= self.block)
+        return ((rows.align, rows.row_bytes, rows.dtype.itemsize, rows.bitshuffle, rows.blosc_shuffle)
+                == (self.rows_per, self.row_bytes, self.itemsize, self.bits, self.blosc) and block <= self.block)
 
     def enqueue(self, stream, dst, x, lo):
         """Queue block x (images from lo on) up and into dst on stream: (the event after the upload,
@@ -85,6 +89,9 @@ class Placer:
             src, into = int(self.staging) + a * self.row_bytes, dst + a * self.row_bytes
             if self.bits:
                 self.unshuffle(stream, src, into, (b - a) // per, chunk_values, *self.bits)
+            elif self.blosc:
+                self.unshuffle(stream, src, into, 0, (b - a) // per * chunk_values, chunk_values, per * self.row_bytes,
+                               self.blosc)
             else:
                 self.unshuffle(stream, src, into, 0, (b - a) // per * chunk_values, chunk_values, per * self.row_bytes)
         return uploaded, event(stream)

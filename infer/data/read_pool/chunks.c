@@ -487,9 +487,10 @@ static int blosc_streams(const struct chunks *c, const unsigned char *chunk, siz
 /* A c-blosc chunk (header: format version, codec version, flags, value size, decoded size, block
  * size, stored size; each block's start; per block its streams, 1 or one per value byte, each a size
  * and lz4 or zstd bytes, stored as they are where that size is the stream's) decoded into out still
- * bitshuffled: 0, RP_DAMAGED, RP_SIZE, or RP_OTHER_LAYOUT for a chunk stored otherwise (not
- * bitshuffled, copied whole, another codec or block size, a format version but c-blosc 1's 2, in
- * which a block whose values are not a multiple of 8 is stored as it is). */
+ * shuffled as c->bits says (bitshuffled, or byte-shuffled a block at a time): 0, RP_DAMAGED, RP_SIZE,
+ * or RP_OTHER_LAYOUT for a chunk stored otherwise (shuffled the other way or not at all, copied whole,
+ * another codec or block size, a format version but c-blosc 1's 2, in which a block whose values are
+ * not a multiple of 8 is stored as it is). */
 static int blosc_blocks(const struct chunks *c, const unsigned char *in, size_t size, unsigned char *out)
 {
     if (size < 16)
@@ -501,7 +502,8 @@ static int blosc_blocks(const struct chunks *c, const unsigned char *in, size_t 
     if (nbytes != c->nbytes)
         return RP_SIZE;
     int flags = in[2], codec = flags >> 5;
-    if (in[0] != 2 || (flags & 0x0b) || !(flags & 0x04) || typesize != c->itemsize
+    int shuffle = c->bits == RP_BYTES_BLOSC ? 0x01 : 0x04;  /* flags: 0x01 byte shuffle, 0x04 bitshuffle, 0x02 copied whole */
+    if (in[0] != 2 || (flags & 0x0f) != shuffle || typesize != c->itemsize
         || block != c->bits_block * c->itemsize || !((codec == 1 && c->lz4) || (codec == 4 && c->zstd)))
         return RP_OTHER_LAYOUT;
     return blosc_streams(c, in, size, 16, nbytes, block, flags, out);
@@ -536,8 +538,9 @@ static int blosc2_blocks(const struct chunks *c, const unsigned char *in, size_t
     return blosc_streams(c, chunk, cbytes, 32, nbytes, block, flags, out);
 }
 
-/* A whole chunk kept shuffled where its filter bitshuffles: read, checked and decoded into dst still
- * bitshuffled (the GPU undoes it); one stored otherwise decoded the usual way, then bitshuffled. */
+/* A whole chunk kept shuffled where its filter bitshuffles (or c-blosc byte-shuffles): read, checked and
+ * decoded into dst still shuffled (the GPU undoes it); one stored otherwise decoded the usual way,
+ * then shuffled again. */
 static int decode_bitshuffled(const struct piece *job, unsigned char *dst)
 {
     const struct chunks *c = job->spec;
@@ -565,7 +568,9 @@ static int decode_bitshuffled(const struct piece *job, unsigned char *dst)
     whole.dst = (char *)plain;
     whole.lo = whole.from;
     status = decode_chunk(&whole);
-    if (!status)
+    if (!status && c->bits == RP_BYTES_BLOSC)
+        rp_blosc_shuffle(plain, dst, c->nbytes / c->itemsize, c->itemsize, c->bits_block);
+    else if (!status)
         rp_bitshuffle(plain, dst, c->nbytes / c->itemsize, c->itemsize, c->bits_block, c->bits == RP_BITS_BLOSC);
     return status;
 }
@@ -728,11 +733,12 @@ int rp_chunks_direct(struct chunks *c, int codec, void *fn)
 
 /* Decode the whole chunks of a read that keeps them shuffled only to their bitshuffled blocks of
  * `block` values: bits RP_BITS_BSHUF (the Bitshuffle filter; lz4 or zstd: its codec's function),
- * RP_BITS_BLOSC (c-blosc) or RP_BITS_BLOSC2 (Blosc2's frames; either or both). 0, or -EINVAL. */
+ * RP_BITS_BLOSC (c-blosc) or RP_BITS_BLOSC2 (Blosc2's frames; either or both); or, RP_BYTES_BLOSC,
+ * to c-blosc's blocks of `block` values each byte-shuffled. 0, or -EINVAL. */
 int rp_chunks_bits(struct chunks *c, int bits, size_t block, void *lz4, void *zstd)
 {
-    if ((bits != RP_BITS_BSHUF && bits != RP_BITS_BLOSC && bits != RP_BITS_BLOSC2) || block == 0 || block % 8 || (!lz4 && !zstd)
-        || (bits == RP_BITS_BSHUF && lz4 && zstd))
+    if (bits < RP_BITS_BSHUF || bits > RP_BYTES_BLOSC || block == 0 || (block % 8 && bits != RP_BYTES_BLOSC)
+        || (!lz4 && !zstd) || (bits == RP_BITS_BSHUF && lz4 && zstd))
         return -EINVAL;
     c->bits = bits;
     c->bits_block = block;

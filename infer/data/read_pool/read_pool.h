@@ -54,8 +54,9 @@ struct chunks {                    /* how one chunked dataset's chunks decode an
     size_t nbytes;                 /* a chunk's bytes decoded */
     size_t row_bytes;              /* a dataset row's bytes */
     void *direct;                  /* RP_ZSTD, RP_LZ4, RP_BLOSC, RP_BLOSC2: the codec's decoding function */
-    int bits;                      /* RP_BITS_BSHUF, RP_BITS_BLOSC, RP_BITS_BLOSC2: a whole chunk kept shuffled stays bitshuffled */
-    size_t bits_block;             /* values per bitshuffled block (the last may be shorter) */
+    int bits;                      /* RP_BITS_BSHUF, RP_BITS_BLOSC, RP_BITS_BLOSC2: a whole chunk kept shuffled stays
+                                      bitshuffled; RP_BYTES_BLOSC: byte-shuffled, a c-blosc block at a time */
+    size_t bits_block;             /* values per (bit- or byte-) shuffled block (the last may be shorter) */
     void *lz4, *zstd;              /* LZ4_decompress_safe, ZSTD_decompress (the Bitshuffle filter: its codec's only) */
     plugin_fn plugin;              /* RP_PLUGIN: an HDF5 filter plugin's function, its flags, cd_values */
     unsigned plugin_flags;
@@ -86,7 +87,8 @@ struct piece {                     /* n bytes at `offset` of fd into dst; or, wi
 enum { RP_EOF = 1, RP_DAMAGED, RP_SIZE, RP_CHECKSUM, RP_NOT_FINITE, RP_NOT_CODES };  /* rp_wait's failures besides -errno */
 enum { RP_F32 = 1, RP_F64, RP_I8, RP_U8, RP_I16, RP_U16, RP_I32, RP_U32, RP_I64, RP_U64 };  /* label value types */
 enum { RP_RAW, RP_DEFLATE, RP_LZF, RP_PLUGIN, RP_ZSTD, RP_LZ4, RP_BLOSC, RP_BLOSC2 };
-enum { RP_BITS_BSHUF = 1, RP_BITS_BLOSC = 2, RP_BITS_BLOSC2 = 3 };  /* rp_chunks_bits: the Bitshuffle filter's chunks, c-blosc's, Blosc2's */
+/* rp_chunks_bits: the Bitshuffle filter's chunks, c-blosc's, Blosc2's bitshuffled; c-blosc's byte-shuffled */
+enum { RP_BITS_BSHUF = 1, RP_BITS_BLOSC = 2, RP_BITS_BLOSC2 = 3, RP_BYTES_BLOSC = 4 };
 enum { RP_OTHER_LAYOUT = 100 };  /* direct_decode: a chunk the codec's function cannot place, for the plugin */
 
 struct scratch {
@@ -120,6 +122,7 @@ RP_HIDDEN void chunk_range(const struct chunks *c, long long lo, long long hi, l
 RP_HIDDEN long long rp_lzf_decompress(const unsigned char *in, size_t in_len, unsigned char *out, size_t out_len);
 RP_HIDDEN void rp_unshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size, int swap);
 RP_HIDDEN void rp_byteswap(unsigned char *p, size_t n, size_t size);
+RP_HIDDEN void rp_blosc_shuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size, size_t block);
 RP_HIDDEN void rp_bitshuffle(const unsigned char *src, unsigned char *dst, size_t n, size_t size, size_t block,
                              int exact_tail);
 RP_HIDDEN unsigned int rp_fletcher32(const unsigned char *data, size_t nbytes);
