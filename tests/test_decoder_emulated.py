@@ -158,6 +158,9 @@ FILES = [  # (filters, chunks, shuffle before)
     (lambda: hdf5plugin.LZ4(nbytes=1000), (40, 7, 13, 1), True),
     (lambda: hdf5plugin.LZ4(), (40, 5, 6, 1), False),
     (lambda: hdf5plugin.Blosc2(cname="lz4", clevel=5, filters=hdf5plugin.Blosc2.BITSHUFFLE), (64, 13, 13, 1), False),
+    (lambda: hdf5plugin.Blosc(), (40, 13, 13, 1), False),  # hdf5plugin's default: lz4, byte shuffle
+    (lambda: hdf5plugin.Blosc(), (40, 7, 13, 1), False),
+    (lambda: hdf5plugin.Blosc(), (100, 13, 13, 1), False),  # blocks of 32 KB, a shorter last one
 ]
 SUMMED = [  # the same with fletcher32: the chunks read on the native pool, each checked as it is read
     (lambda: dict(compression="gzip", compression_opts=1, fletcher32=True), (40, 13, 13, 1), True),
@@ -179,7 +182,7 @@ def file_id(filters, chunk, shuffle):
         "-fletcher32" if f.get("fletcher32") else "")
 
 
-def streamed(tmp_path, rng, monkeypatch, walk, assemble, x, filters, chunk, shuffle=False, mend=None):
+def streamed(tmp_path, rng, monkeypatch, walk, assemble, x, filters, chunk, shuffle=False, mend=None, model=None):
     """x written in chunks of `chunk` through filters (then mend(path)) and streamed through a
     Decoder on an Emulated device, in blocks of 2 rows of chunks, groups of 3 blocks over 2 lanes:
     (the images placed, the decoder's failures(), the lanes used)."""
@@ -189,7 +192,7 @@ def streamed(tmp_path, rng, monkeypatch, walk, assemble, x, filters, chunk, shuf
         f["y"] = np.eye(10)[np.arange(len(x)) % 10]
     if mend:
         mend(path)
-    data, pool = DataSet.open([path], loader.model_from_arrays(small_model(rng))), None
+    data, pool = DataSet.open([path], model or loader.model_from_arrays(small_model(rng))), None
     try:
         rows = data.parts[0][1]
         assert chunk_decode.unsupported(data, x.dtype) is None
@@ -335,3 +338,24 @@ def test_the_placer_unshuffles_whole_chunks_and_copies_the_rest(monkeypatch, rng
         placer.enqueue(None, dst, shuffled_rows(values, lo, hi, 7, shuffle), lo)
         got = gpu.mem[dst:dst + values[lo:hi].nbytes].view(values.dtype).reshape(hi - lo, 5, 3, 2)
         np.testing.assert_array_equal(got, values[lo:hi])
+
+
+@pytest.mark.parametrize("chunk", [(250, 28, 28, 1), (500, 14, 28, 1)], ids=["whole images", "chunks cutting images"])
+def test_blosc_lz4_byte_shuffled_blocks_split_a_stream_a_value_byte(tmp_path, rng, monkeypatch, lz4_walk, assembled,
+                                                                   ece408, chunk):
+    """hdf5plugin's Blosc default on 1,000 MNIST images: 784,000-byte chunks of a 524,288-byte block
+    split into 4 streams (a value byte each) and a shorter one that is not; all 4 chunks decoded by
+    the GPU's kernel (none left to the host) and placed (the shuffle undone a block at a time, or
+    assembled) as h5py reads them."""
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x = f["x"][:1000]
+    taken, decode = [], Emulated.blosc_lz4
+
+    def counted(self, stream, count, starts, sizes, *rest):
+        taken.append(int((self.u64(sizes, count) > 0).sum()))
+        decode(self, stream, count, starts, sizes, *rest)
+    monkeypatch.setattr(Emulated, "blosc_lz4", counted)
+    got, failed, _ = streamed(tmp_path, rng, monkeypatch, lz4_walk, assembled, x, lambda: dict(hdf5plugin.Blosc()),
+                              chunk, model=loader.load_model(ece408 / "model.hdf5"))
+    assert failed is None and sum(taken) == 4
+    np.testing.assert_array_equal(got, x)

@@ -82,6 +82,7 @@ FILTERS = {
     "lzf shuffle": dict(compression="lzf", shuffle=True),
     "zstd shuffle": dict(hdf5plugin.Zstd(), shuffle=True),
     "blosc lz4": dict(hdf5plugin.Blosc(cname="lz4", shuffle=hdf5plugin.Blosc.BITSHUFFLE)),
+    "blosc lz4 byte-shuffled": dict(hdf5plugin.Blosc()),  # hdf5plugin's default
     "blosc zstd": dict(hdf5plugin.Blosc(cname="zstd", shuffle=hdf5plugin.Blosc.SHUFFLE)),
     "blosc zstd unshuffled": dict(hdf5plugin.Blosc(cname="zstd", shuffle=hdf5plugin.Blosc.NOSHUFFLE)),
     "lz4 shuffle": dict(hdf5plugin.LZ4(nbytes=4096), shuffle=True),

@@ -38,6 +38,8 @@ def codec(name):
     if name == "blosc_lz4":
         hdf5plugin = pytest.importorskip("hdf5plugin")
         return dict(hdf5plugin.Blosc(cname="lz4", clevel=5, shuffle=hdf5plugin.Blosc.BITSHUFFLE))
+    if name == "blosc_lz4_bytes":  # hdf5plugin's default: lz4, byte shuffle (blocks split a stream a value byte)
+        return dict(pytest.importorskip("hdf5plugin").Blosc())
     if name == "bitshuffle":
         return dict(pytest.importorskip("hdf5plugin").Bitshuffle(cname="lz4"))
     if name.startswith("blosc_zstd"):
@@ -218,7 +220,8 @@ CUT = [("gzip1", (37, 7, 28, 1)), ("gzip6_shuffle", (16, 10, 9, 1)), ("lzf_shuff
        ("lzf", (29, 32, 32, 1)), ("zstd_shuffle", (20, 5, 28, 1)), ("gzip1", (64, 1, 28, 1)),
        # assemble_kernel2: bitshuffled (c-blosc's, Bitshuffle's), byte-shuffled a c-blosc block at a time, as they are
        ("blosc_lz4", (40, 7, 28, 1)), ("bitshuffle", (29, 32, 32, 1)), ("blosc_zstd", (16, 10, 9, 1)),
-       ("blosc_zstd_noshuffle", (50, 28, 14, 1))]
+       ("blosc_zstd_noshuffle", (50, 28, 14, 1)), ("blosc_lz4_bytes", (40, 7, 28, 1)),
+       ("blosc_lz4_bytes", (500, 14, 28, 1))]  # a block split a stream a value byte, a shorter one
 
 
 @pytest.mark.parametrize("name,chunk", CUT, ids=[f"{n}-{'x'.join(map(str, c))}" for n, c in CUT])
@@ -329,12 +332,19 @@ def test_a_chunk_stored_as_it_is_at_another_size_is_refused(tmp_path, rng, sessi
         sessions(SMALL, "gpu").evaluate(path)
 
 
-@pytest.mark.parametrize("chunk", [16, 37])  # blocks of 12,544 and 29,008 values (c-blosc: one block a chunk)
-def test_mnist_float32_blosc_lz4_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, chunk):
+# bitshuffled: blocks of 12,544 and 29,008 values (one block a chunk); byte-shuffled (hdf5plugin's default)
+# the same, and 250 images: a 524,288-byte block split into 4 streams and a shorter one that is not
+BLOSC_LZ4 = [("blosc_lz4", 16), ("blosc_lz4", 37), ("blosc_lz4_bytes", 16), ("blosc_lz4_bytes", 37),
+             ("blosc_lz4_bytes", 250)]
+
+
+@pytest.mark.parametrize("name,chunk", BLOSC_LZ4)
+def test_mnist_float32_blosc_lz4_decoded_on_the_gpu_as_on_the_host(tmp_path, ece408, sessions, name, chunk):
     with h5py.File(ece408 / "testfull.hdf5") as f:
         x, y = f["x"][:1999], f["y"][:1999]
-    r = assert_same_as_host(sessions, write(tmp_path / "b.h5", x, y, chunk, "blosc_lz4"), ece408 / "model.hdf5",
-                            "GPU: blosc_lz4_kernel2")
+    placing = "blosc unshuffle" if name.endswith("bytes") else "bitunshuffle"
+    r = assert_same_as_host(sessions, write(tmp_path / "b.h5", x, y, chunk, name), ece408 / "model.hdf5",
+                            f"GPU: blosc_lz4_kernel2 + {placing}")
     assert r.correct > 1700
 
 

@@ -134,7 +134,8 @@ data, layouts = sys.argv[1], sys.argv[2:]
 runs = [(name, "host") for name in layouts] + [(name, "gpu") for name in ("big_gz1", "big_gz6", "big_shuf_gz1", "big_shuf_gz6", "big_shuf_gz6_1024", "big_lzf",
                                                    "big_shuf_lzf", "big_blosc_lz4", "big_blosc_lz4_1024", "big_zstd", "big_shuf_zstd",
                                                    "big_lz4", "big_lz4_64k", "big_bshuf_lz4", "big_blosc2_lz4_1024",
-                                                   "big_blosc_lz4_cut", "big_blosc_zstd_cut")]
+                                                   "big_blosc_lz4_cut", "big_blosc_zstd_cut", "big_blosc_default",
+                                                   "big_gz1_f32", "big_lzf_f32")]
 for name, decode in runs:
     for i in range(3):
         r = subprocess.run(["/usr/bin/time", "-f", "%M", "cnninfer", "run", f"/tmp/{name}.hdf5", f"{data}/model.hdf5",

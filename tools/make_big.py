@@ -31,6 +31,8 @@ LAYOUTS = {
     "blosc_lz4": dict(compression=("Blosc", dict(cname="lz4", clevel=5, shuffle=2))),  # bitshuffle inside
     "blosc_lz4_1024": dict(compression=("Blosc", dict(cname="lz4", clevel=5, shuffle=2)), chunks=(1024, 28, 28, 1)),
     "blosc_zstd": dict(compression=("Blosc", dict(cname="zstd", clevel=3, shuffle=1))),
+    "blosc_default": dict(compression=("Blosc", {})),  # hdf5plugin's default: lz4, byte shuffle
+    "gz1_f32": dict(compression="gzip", compression_opts=1, fletcher32=True),
     # chunks cutting each image in 4 (250 images: whole tiles of testfull)
     "blosc_lz4_cut": dict(compression=("Blosc", dict(cname="lz4", clevel=5, shuffle=2)), chunks=(250, 7, 28, 1)),
     "blosc_zstd_cut": dict(compression=("Blosc", dict(cname="zstd", clevel=3, shuffle=1)), chunks=(250, 7, 28, 1)),

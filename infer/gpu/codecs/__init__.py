@@ -15,7 +15,9 @@ places a block's images.
 - Blosc lz4 + bitshuffle (BloscLz4): blosc_lz4_kernel2 (cuda/lz4.cu: a warp per stream of a block,
   ~25 a 1,024-image chunk, the stream in a window of registers, the recent output in shared memory):
   80 such chunks alone take 5.4 ms (H200; 1,000-image chunks 16 ms, their last block one stream of
-  514 KB), the bits unshuffled as they are placed;
+  514 KB), the bits unshuffled as they are placed; Blosc lz4 + byte shuffle (BloscLz4Bytes, its
+  blocks split a stream a value byte), c-blosc's shuffle undone a block at a time as they are placed:
+  --decode gpu only (host_first), not yet timed on a GPU;
 - Blosc zstd (BloscZstd): zstd_kernel1 (a warp a frame) on each c-blosc block's frame (13 of 256 KB
   a 1,000-image MNIST chunk), c-blosc's byte shuffle undone a block at a time as they are placed;
 - LZ4 (Lz4), Bitshuffle lz4 (Bitshuffle), Blosc2 lz4 + bitshuffle (Blosc2): lz4_blocks_kernel1 (a warp
@@ -32,11 +34,12 @@ Lz4, Blosc2); here, which filter goes to which (CODECS, codec_for).
 import os
 
 from ...data import reader
-from .blosc import BloscLz4, BloscZstd, blosc_chunks
+from .blosc import BloscLz4, BloscLz4Bytes, BloscZstd, blosc_chunks
 from .deflate import Deflate, Lzf, Zstd, _copy_rows
 from .lz4 import Bitshuffle, Blosc2, Lz4
 
-__all__ = ["CODECS", "codec_for", "Deflate", "Zstd", "Lzf", "BloscLz4", "BloscZstd", "Bitshuffle", "Lz4", "Blosc2",
+__all__ = ["CODECS", "codec_for", "Deflate", "Zstd", "Lzf", "BloscLz4", "BloscLz4Bytes", "BloscZstd", "Bitshuffle", "Lz4",
+           "Blosc2",
            "blosc_chunks", "_copy_rows"]
 
 
@@ -53,4 +56,6 @@ def codec_for(rows):
         head = os.pread(rows.fd, 3, int(rows.index[0][0]))
         if len(head) == 3 and head[2] >> 5 == BloscZstd.ZSTD:
             return BloscZstd
+        if len(head) == 3 and head[2] >> 5 == BloscLz4.LZ4 and head[2] & 0x0f == BloscLz4Bytes.SHUFFLE:
+            return BloscLz4Bytes
     return codec

@@ -18,6 +18,7 @@ class BloscLz4:
     reader threads, as without a GPU, and goes into place after the others (where chunks cut
     images, with every chunk of its row of chunks)."""
     LZ4 = 1  # c-blosc's codec number, in a header's flags >> 5
+    SHUFFLE = 0x04  # a header's flags & 0x0f: bitshuffled, neither byte-shuffled (0x01) nor copied whole (0x02)
 
     def __init__(self, build, rows):
         self.lz4 = launch.BloscLz4(build)
@@ -37,7 +38,7 @@ class BloscLz4:
     @classmethod
     def unsupported(cls, rows):
         if rows.bitshuffle is None or not rows.bitshuffle[1]:
-            return "the GPU decodes Blosc chunks that are bitshuffled, with a native reader"
+            return "the GPU decodes Blosc lz4 chunks bitshuffled or byte-shuffled, with a native reader"
         head = os.pread(rows.fd, 16, int(rows.index[0][0]))
         if len(head) < 16 or head[2] >> 5 != cls.LZ4:
             return "the GPU decodes Blosc's lz4, not its other codecs"
@@ -72,8 +73,9 @@ class BloscLz4:
         import pycuda.driver as cuda
 
         size = self.itemsize  # one block of 8 values, not split, its stream stored as it is
-        chunk = np.frombuffer(bytes([2, 1, 0x24, size]) + np.array([8 * size, 8 * size, 24 + 8 * size, 20, 8 * size],
-                                                                   "<u4").tobytes() + bytes(8 * size), np.uint8)
+        head = bytes([2, 1, self.LZ4 << 5 | self.SHUFFLE, size])
+        chunk = np.frombuffer(head + np.array([8 * size, 8 * size, 24 + 8 * size, 20, 8 * size], "<u4").tobytes()
+                              + bytes(8 * size), np.uint8)
         src, out, values, table, bad = alloc(len(chunk)), alloc(8 * size), alloc(8 * size), alloc(24), alloc(4)
         cuda.memcpy_htod(src, chunk)
         cuda.memcpy_htod(table, np.array([int(src), len(chunk), int(out)], np.uint64))
@@ -107,7 +109,7 @@ class BloscLz4:
 
     def taken(self, buf, at, sizes, chunk_bytes):
         """Which chunks stored at offsets `at` of buf (sizes bytes each) the GPU decodes (blosc_chunks)."""
-        return blosc_chunks(buf, at, sizes, chunk_bytes, self.itemsize, self.block_bytes)
+        return blosc_chunks(buf, at, sizes, chunk_bytes, self.itemsize, self.block_bytes, self.SHUFFLE)
 
     def _host_rows(self, dec, block, left):
         """The block's rows held by the chunks `left` (a mask of its chunks) decoded by the reader
@@ -130,13 +132,18 @@ class BloscLz4:
     def place(self, dec, stream, piece, decoded, dst):
         if self.assemble:
             self.assemble(stream, decoded, dst, *cut_geometry(self.rows, dec, piece), piece.images, dec.stride,
-                          self.assemble.BITS, self.block_values, self.exact_tail)
+                          getattr(self.assemble, self.LAYOUT), self.block_values, self.exact_tail)
         else:
             values = dec.row_bytes // self.itemsize
-            first = piece.lo - piece.c0 * dec.per
-            self.unshuffle(stream, decoded, dst, piece.chunks, dec.per * values, self.block_values, self.exact_tail,
-                           first * values, piece.images * values)
+            self._place_whole(dec, stream, piece, decoded, dst, values, piece.lo - piece.c0 * dec.per)
         self._place_host_decoded(dec, stream, piece.extra, dst)
+
+    LAYOUT = "BITS"  # how assemble_kernel2 reads the decoded chunks
+
+    def _place_whole(self, dec, stream, piece, decoded, dst, values, first):
+        """Images of whole chunks placed from row `first` of the piece's first chunk on (values a row)."""
+        self.unshuffle(stream, decoded, dst, piece.chunks, dec.per * values, self.block_values, self.exact_tail,
+                       first * values, piece.images * values)
 
     def _place_host_decoded(self, dec, stream, host, dst):
         """The rows the reader threads decoded (row in the block, page-locked rows), over what the
@@ -153,6 +160,41 @@ class BloscLz4:
     def failure(self, dec, j, which):
         return InputError(f"{self.rows.label}: chunk {j} cannot be decompressed ({self.rows.codec_name} lz4: "
                           f"damaged data, or not {dec.chunk_bytes} bytes once decoded)")
+
+
+class BloscLz4Bytes(BloscLz4):
+    """BloscLz4 for c-blosc's byte shuffle (hdf5plugin's Blosc default): the same kernel, each block's
+    streams (one a value byte where c-blosc split the block) decoded into place, the shuffle undone a
+    block at a time as the images are placed (blosc_unshuffle_kernel1), or as they are assembled
+    where chunks cut images (assemble_kernel2). Under --decode auto the reader threads decode the
+    streams and leave the shuffle to the GPU (shuffled.Placer) until this is timed on a GPU."""
+    SHUFFLE, LAYOUT = 0x01, "BYTES"
+    host_first = ("Blosc lz4's byte-shuffled chunks are decoded on the GPU only with --decode gpu (not yet timed; "
+                  "the reader threads leave their shuffle to the GPU)")
+
+    def _unshuffle(self, build, rows):
+        self.block_values, self.exact_tail = rows.blosc_shuffle, False
+        self.assemble = launch.AssembleBlocks(build, self.itemsize) if rows.cut else None
+        return None if rows.cut else launch.BloscUnshuffle(build, self.itemsize)
+
+    @classmethod
+    def unsupported(cls, rows):
+        if rows.blosc_shuffle is None:
+            return "the GPU decodes Blosc lz4 chunks byte-shuffled a block at a time, with a native reader"
+        return None  # (codec_for read the lz4 and the shuffle in the first chunk's header)
+
+    def _placing(self):
+        return "assemble (chunks cut images)" if self.assemble else "blosc unshuffle"
+
+    def _warm_place(self, stream, out, values):
+        if self.assemble:  # (an image of 1 x 8 x 1 values, a chunk of one)
+            self.assemble(stream, out, values, (1, 8, 1), (1, 1, 8, 1), 0, 1, 8 * self.itemsize, self.assemble.BYTES, 8)
+        else:
+            self.unshuffle(stream, out, values, 0, 8, 8, 8 * self.itemsize, 8)
+
+    def _place_whole(self, dec, stream, piece, decoded, dst, values, first):
+        self.unshuffle(stream, decoded, dst, first * values, piece.images * values, dec.per * values, dec.stride,
+                       self.block_values)
 
 
 def _u32(buf, at):
@@ -322,17 +364,18 @@ class BloscZstd(BloscLz4):
                           "zstd: damaged data, or a block not of its size once decoded)")
 
 
-def blosc_chunks(data, at, sizes, chunk_bytes, itemsize, block_bytes):
+def blosc_chunks(data, at, sizes, chunk_bytes, itemsize, block_bytes, shuffle=BloscLz4.SHUFFLE):
     """Which of the c-blosc chunks stored in `data` (bytes) at offsets `at`, `sizes` bytes each,
-    blosc_lz4_kernel2 decodes: c-blosc 1's format 2, bitshuffled (flag 4; neither byte-shuffled nor
-    copied whole: flags 1, 2), lz4, values of itemsize bytes, decoding to chunk_bytes in blocks of
-    block_bytes, and as long as the header says and room for each block's start."""
+    blosc_lz4_kernel2 decodes: c-blosc 1's format 2, shuffled as `shuffle` says (flags & 0x0f: 4,
+    bitshuffled; 1, byte-shuffled; neither copied whole: flag 2), lz4, values of itemsize bytes,
+    decoding to chunk_bytes in blocks of block_bytes, and as long as the header says and room for each
+    block's start."""
     at = np.asarray(at, np.int64)
     if len(data) < 16:
         return np.zeros(len(at), bool)
     hdr = data[np.minimum(at[:, None] + np.arange(16), len(data) - 1)]
     words = hdr.view("<u4").astype(np.int64)
     flags = hdr[:, 2]
-    return ((sizes >= 16 + 4 * -(-chunk_bytes // block_bytes)) & (hdr[:, 0] == 2) & (flags & 0x0f == 0x04)
+    return ((sizes >= 16 + 4 * -(-chunk_bytes // block_bytes)) & (hdr[:, 0] == 2) & (flags & 0x0f == shuffle)
             & (flags >> 5 == BloscLz4.LZ4) & (hdr[:, 3] == itemsize) & (words[:, 1] == chunk_bytes)
             & (words[:, 2] == block_bytes) & (words[:, 3] == sizes))
