@@ -187,7 +187,7 @@ class BloscLz4Bytes(BloscLz4):
         return "assemble (chunks cut images)" if self.assemble else "blosc unshuffle"
 
     def _warm_place(self, stream, out, values):
-        if self.assemble:  # (an image of 1 x 8 x 1 values, a chunk of one)
+        if self.assemble:  # (as BloscLz4's, byte-shuffled)
             self.assemble(stream, out, values, (1, 8, 1), (1, 1, 8, 1), 0, 1, 8 * self.itemsize, self.assemble.BYTES, 8)
         else:
             self.unshuffle(stream, out, values, 0, 8, 8, 8 * self.itemsize, 8)
