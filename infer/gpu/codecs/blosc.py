@@ -19,6 +19,7 @@ class BloscLz4:
     images, with every chunk of its row of chunks)."""
     LZ4 = 1  # c-blosc's codec number, in a header's flags >> 5
     SHUFFLE = 0x04  # a header's flags & 0x0f: bitshuffled, neither byte-shuffled (0x01) nor copied whole (0x02)
+    LAYOUT = "BITS"  # how assemble_kernel2 reads the decoded chunks
 
     def __init__(self, build, rows):
         self.lz4 = launch.BloscLz4(build)
@@ -137,8 +138,6 @@ class BloscLz4:
             values = dec.row_bytes // self.itemsize
             self._place_whole(dec, stream, piece, decoded, dst, values, piece.lo - piece.c0 * dec.per)
         self._place_host_decoded(dec, stream, piece.extra, dst)
-
-    LAYOUT = "BITS"  # how assemble_kernel2 reads the decoded chunks
 
     def _place_whole(self, dec, stream, piece, decoded, dst, values, first):
         """Images of whole chunks placed from row `first` of the piece's first chunk on (values a row)."""
