@@ -359,3 +359,13 @@ def test_blosc_lz4_byte_shuffled_blocks_split_a_stream_a_value_byte(tmp_path, rn
                               chunk, model=loader.load_model(ece408 / "model.hdf5"))
     assert failed is None and sum(taken) == 4
     np.testing.assert_array_equal(got, x)
+
+
+@pytest.mark.parametrize("chunk", [(40, 13, 13, 1), (40, 7, 13, 1)], ids=["whole images", "chunks cutting images"])
+def test_blosc_lz4_byte_shuffled_one_byte_values_are_copied(tmp_path, rng, monkeypatch, lz4_walk, assembled, chunk):
+    """uint8 images in hdf5plugin's Blosc default: c-blosc flags its shuffle, which leaves one-byte
+    values as they are, so the decoded chunks are copied (or assembled as they are)."""
+    x = images(rng, 611, (13, 13, 1), "u1")
+    got, failed, _ = streamed(tmp_path, rng, monkeypatch, lz4_walk, assembled, x, lambda: dict(hdf5plugin.Blosc()), chunk)
+    assert failed is None
+    np.testing.assert_array_equal(got, x)

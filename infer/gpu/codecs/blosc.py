@@ -6,7 +6,7 @@ import numpy as np
 
 from ...errors import InputError
 from .. import launch
-from .deflate import Deflate, Zstd, cut_geometry
+from .deflate import Deflate, Zstd, _copy_rows, cut_geometry
 
 
 class BloscLz4:
@@ -165,35 +165,45 @@ class BloscLz4Bytes(BloscLz4):
     """BloscLz4 for c-blosc's byte shuffle (hdf5plugin's Blosc default): the same kernel, each block's
     streams (one a value byte where c-blosc split the block) decoded into place, the shuffle undone a
     block at a time as the images are placed (blosc_unshuffle_kernel1), or as they are assembled
-    where chunks cut images (assemble_kernel2). Under --decode auto the reader threads decode the
-    streams and leave the shuffle to the GPU (shuffled.Placer) until this is timed on a GPU."""
-    SHUFFLE, LAYOUT = 0x01, "BYTES"
-    host_first = ("Blosc lz4's byte-shuffled chunks are decoded on the GPU only with --decode gpu (not yet timed; "
-                  "the reader threads leave their shuffle to the GPU)")
+    where chunks cut images (assemble_kernel2); one-byte values, which the shuffle leaves as they
+    are, copied. Under --decode auto the reader threads decode the streams and leave the shuffle to
+    the GPU (shuffled.Placer) until this is timed on a GPU."""
+    SHUFFLE = 0x01
+    host_first = "Blosc lz4's byte-shuffled chunks are decoded on the GPU only with --decode gpu (not yet timed)"
 
     def _unshuffle(self, build, rows):
-        self.block_values, self.exact_tail = rows.blosc_shuffle, False
+        """(the block size read from the first chunk's header, as the chunks are checked against it)"""
+        block = int.from_bytes(os.pread(rows.fd, 16, int(rows.index[0][0]))[8:12], "little")
+        self.block_values, self.exact_tail = block // self.itemsize, False
+        self.LAYOUT = "BYTES" if self.itemsize > 1 else "PLAIN"
         self.assemble = launch.AssembleBlocks(build, self.itemsize) if rows.cut else None
-        return None if rows.cut else launch.BloscUnshuffle(build, self.itemsize)
+        return launch.BloscUnshuffle(build, self.itemsize) if self.itemsize > 1 and not rows.cut else None
 
     @classmethod
     def unsupported(cls, rows):
-        if rows.blosc_shuffle is None:
-            return "the GPU decodes Blosc lz4 chunks byte-shuffled a block at a time, with a native reader"
+        if not rows.native:
+            return "the GPU decodes Blosc lz4 chunks with a native reader beside it"
+        block = int.from_bytes(os.pread(rows.fd, 16, int(rows.index[0][0]))[8:12], "little")
+        if block <= 0 or block % rows.dtype.itemsize:
+            return "its Blosc blocks do not hold whole values"
         return None  # (codec_for read the lz4 and the shuffle in the first chunk's header)
 
     def _placing(self):
-        return "assemble (chunks cut images)" if self.assemble else "blosc unshuffle"
+        return "assemble (chunks cut images)" if self.assemble else "blosc unshuffle" if self.unshuffle else "copy"
 
     def _warm_place(self, stream, out, values):
         if self.assemble:  # (as BloscLz4's, byte-shuffled)
-            self.assemble(stream, out, values, (1, 8, 1), (1, 1, 8, 1), 0, 1, 8 * self.itemsize, self.assemble.BYTES, 8)
-        else:
+            self.assemble(stream, out, values, (1, 8, 1), (1, 1, 8, 1), 0, 1, 8 * self.itemsize,
+                          getattr(self.assemble, self.LAYOUT), 8)
+        elif self.unshuffle:
             self.unshuffle(stream, out, values, 0, 8, 8, 8 * self.itemsize, 8)
 
     def _place_whole(self, dec, stream, piece, decoded, dst, values, first):
-        self.unshuffle(stream, decoded, dst, first * values, piece.images * values, dec.per * values, dec.stride,
-                       self.block_values)
+        if self.unshuffle:
+            self.unshuffle(stream, decoded, dst, first * values, piece.images * values, dec.per * values, dec.stride,
+                           self.block_values)
+        else:
+            _copy_rows(dec, stream, piece, first, decoded, dst)
 
 
 def _u32(buf, at):
