@@ -62,13 +62,14 @@ __device__ __forceinline__ bool extend(const unsigned char* src, u64& pos, u64 e
 }
 
 // The little-endian uint32 at p (any alignment).
-__device__ __forceinline__ u64 le32(const unsigned char* p) {
+__host__ __device__ __forceinline__ u64 le32(const unsigned char* p) {
     return p[0] | ((unsigned)p[1] << 8) | ((unsigned)p[2] << 16) | ((unsigned)p[3] << 24);
 }
 
 // Warp w's stream: its chunk c, where its bytes are (src, size) and where they decode to (dst, cap).
 // `work` false where it has none (a chunk left to the host, a block not split past its first value
-// byte); `ok` false where the chunk's framing is damaged.
+// byte); `ok` false where the chunk's framing is damaged. (find_stream is a host function too, so
+// tests find the streams of real chunks with it.)
 struct Stream {
     int c;
     bool work, ok;
@@ -78,7 +79,7 @@ struct Stream {
     u64 cap;
 };
 
-__device__ Stream find_stream(const u64* chunk_ptrs, const u64* chunk_sizes, const u64* out_ptrs, int count,
+__host__ __device__ Stream find_stream(const u64* chunk_ptrs, const u64* chunk_sizes, const u64* out_ptrs, int count,
                               long long chunk_bytes, long long block_bytes, int typesize, long long w) {
     Stream st{};
     const long long blocks = (chunk_bytes + block_bytes - 1) / block_bytes;

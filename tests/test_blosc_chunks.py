@@ -3,6 +3,8 @@ blosc_lz4_kernel1 walks them (a reference: each block's start, its streams split
 unless flagged, LZ4 blocks or stored bytes), decoded and bit-unshuffled, give the values h5py reads;
 the host's header check (codecs.blosc_chunks) takes them, and leaves chunks stored otherwise
 to the reader threads."""
+import ctypes
+
 import h5py
 import numpy as np
 import pytest
@@ -122,3 +124,71 @@ def test_chunks_stored_otherwise_are_left_to_the_host(tmp_path, rng):
     at = np.concatenate([[0], np.cumsum(sizes[:-1])])
     taken = blosc_chunks(data, at, sizes, 64 * 3600, 4, block)
     assert list(np.flatnonzero(~taken)) == [1, 2, 3, 4, 5, 6]
+
+
+FIND_STREAM = """
+#include "lz4.cu"
+extern "C" int find(const u64* ptrs, const u64* sizes, const u64* outs, int count, long long chunk_bytes,
+                    long long block_bytes, int typesize, long long w, long long* got) {
+    const Stream st = find_stream(ptrs, sizes, outs, count, chunk_bytes, block_bytes, typesize, w);
+    got[0] = st.c, got[1] = st.work, got[2] = st.ok;
+    got[3] = st.ok ? (long long)(st.src - (const unsigned char*)ptrs[st.c]) : -1, got[4] = st.ok ? (long long)st.size : -1;
+    got[5] = st.ok ? (long long)(st.dst - (unsigned char*)outs[st.c]) : -1, got[6] = st.ok ? (long long)st.cap : -1;
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def find_stream(tmp_path_factory):
+    """blosc_lz4_kernel2's find_stream (cuda/lz4.cu) built by nvcc for the host: warp w's
+    (chunk, work, ok, stream start and size in its chunk, output offset and size)."""
+    from tests.test_lz4_blocks import built_for_host
+
+    lib = built_for_host(tmp_path_factory.mktemp("find"), FIND_STREAM)
+
+    def find(chunks, chunk_bytes, block_bytes, typesize, w):
+        ptrs = np.array([c.ctypes.data for c in chunks], np.uint64)
+        sizes = np.array([len(c) for c in chunks], np.uint64)
+        outs = np.zeros(len(chunks), np.uint64)
+        got = np.zeros(7, np.int64)
+        lib.find(*(a.ctypes.data_as(ctypes.c_void_p) for a in (ptrs, sizes, outs)), len(chunks),
+                 ctypes.c_longlong(chunk_bytes), ctypes.c_longlong(block_bytes), typesize, ctypes.c_longlong(w),
+                 got.ctypes.data_as(ctypes.c_void_p))
+        return tuple(int(v) for v in got)
+    return find
+
+
+@pytest.mark.parametrize("shuffle,per", [(hdf5plugin.Blosc.SHUFFLE, 250), (hdf5plugin.Blosc.SHUFFLE, 37),
+                                         (hdf5plugin.Blosc.BITSHUFFLE, 250)],
+                         ids=["byte shuffle, a split block and a shorter one", "byte shuffle, one block",
+                              "bitshuffle, a split block and a shorter one"])
+def test_the_kernels_own_stream_finding_decodes_real_chunks(tmp_path, ece408, find_stream, shuffle, per):
+    """The streams blosc_lz4_kernel2's warps find (find_stream, the kernel's code built for the host)
+    in hdf5plugin's chunks of MNIST images, each decoded by the reference LZ4 decoder into the output
+    the warp names, give the chunk as c-blosc stored it (the walk's): a whole block of 128 values or
+    more in 4 streams (c-blosc splits it a value byte, whatever the shuffle), a shorter last block in
+    one, every other warp idle; a block start past the chunk's end makes its warps' streams not ok."""
+    with h5py.File(ece408 / "testfull.hdf5") as f:
+        x = f["x"][:3 * per]
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        f.create_dataset("x", data=x, chunks=(per, 28, 28, 1), **hdf5plugin.Blosc(cname="lz4", shuffle=shuffle))
+    chunks = [np.ascontiguousarray(c) for c in chunks_of(tmp_path / "b.h5")]
+    chunk_bytes, block_bytes = per * 28 * 28 * 4, int.from_bytes(chunks[0][8:12].tobytes(), "little")
+    blocks = -(-chunk_bytes // block_bytes)
+    whole = [b for b in range(blocks) if (b + 1) * block_bytes <= chunk_bytes]
+    for c, chunk in enumerate(chunks):
+        out, streams = np.zeros(chunk_bytes, np.uint8), [0] * blocks
+        for w in range(c * blocks * 4, (c + 1) * blocks * 4):
+            got_c, work, ok, at, size, dst, cap = find_stream(chunks, chunk_bytes, block_bytes, 4, w)
+            assert got_c == c
+            if work:
+                assert ok
+                out[dst:dst + cap] = np.frombuffer(lz4_block(chunk[at:at + size], cap), np.uint8)
+                streams[dst // block_bytes] += 1
+        np.testing.assert_array_equal(out, walked(chunk, chunk_bytes, 4, block_bytes))
+        assert streams == [4 if b in whole else 1 for b in range(blocks)]
+    assert len(whole) == 1 and blocks == (2 if per == 250 else 1)
+    damaged = chunks[0].copy()
+    damaged[16:20] = np.frombuffer((len(damaged) + 5).to_bytes(4, "little"), np.uint8)  # block 0 starts past the end
+    assert find_stream([damaged], chunk_bytes, block_bytes, 4, 0)[1:3] == (1, 0)
