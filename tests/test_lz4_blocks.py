@@ -355,7 +355,10 @@ def fake_driver(monkeypatch):
 
     fake = ModuleType("pycuda.driver")
     fake.__getattr__ = lambda name: _StandIn()
-    fake.pagelocked_empty = np.empty
+    def pagelocked_empty(shape, dtype):  # as PyCUDA's: a shape of Python ints (a NumPy integer fails there)
+        assert type(shape) is int or type(shape) is tuple and all(type(n) is int for n in shape), repr(shape)
+        return np.empty(shape, dtype)
+    fake.pagelocked_empty = pagelocked_empty
     executor = ModuleType("infer.gpu.executor")
     executor.event = lambda stream: SimpleNamespace(query=lambda: True, synchronize=lambda: None)
     monkeypatch.setitem(sys.modules, "pycuda", ModuleType("pycuda"))

@@ -121,7 +121,7 @@ class BloscLz4:
         done = []
         for r in np.unique((block.c0 + np.flatnonzero(left)) // dec.slab):
             lo, hi = max(r * dec.per, block.lo), min((r + 1) * dec.per, block.lo + len(block), self.rows.shape[0])
-            out = cuda.pagelocked_empty((hi - lo) * dec.row_bytes, np.uint8)
+            out = cuda.pagelocked_empty(int(hi - lo) * dec.row_bytes, np.uint8)  # (PyCUDA takes Python ints)
             self.rows.submit(dec.pool.native, int(lo), int(hi), out).result()
             done.append((int(lo) - block.lo, out))
         return done
