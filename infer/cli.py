@@ -153,9 +153,9 @@ def resolve(args):
                    "gpu: uploaded as stored and decoded by cnninfer's kernels: deflate (gzip), LZF, Zstd, LZ4, "
                    "Bitshuffle lz4, Blosc lz4 (bit- or byte-shuffled), Blosc zstd and Blosc2 lz4 + bitshuffle "
                    "chunks, whole images or cutting them (Blosc2's: whole images), any other file refused; auto: gpu "
-                   "where the file streams and the GPU decodes its chunks, but LZ4, Bitshuffle, Blosc2, Blosc lz4 + "
-                   "byte shuffle and Blosc's chunks cutting images (not yet timed on a GPU), else host. `cnninfer "
-                   "plan` says which and why.")
+                   "where the file streams and the GPU decodes its chunks, but LZ4, Bitshuffle, Blosc2 and Blosc "
+                   "lz4 + byte shuffle (the reader threads ran them faster), else host. `cnninfer plan` says which "
+                   "and why.")
 def run(args, backend, chunk, readers, as_json, per_class, expect_accuracy, tolerance, predictions_path, scores_path,
         quiet, check, streams, tile_width, gemm_algo, conv_algo, precision, device_ordinal, devices, fast_math, profile,
         decode):

@@ -311,11 +311,12 @@ def test_a_cut_chunk_stored_otherwise_takes_its_row_of_chunks_to_the_host(tmp_pa
 
 
 @pytest.mark.parametrize("name", sorted(BLOSC))
-def test_auto_leaves_cut_blosc_chunks_to_the_reader_threads_and_gpu_takes_them(tmp_path, ece408, monkeypatch, name):
-    """assemble_kernel2 has not yet run on a GPU: a streamed run of MNIST in chunks cutting its images
-    decodes them on the host by default, saying why (the chunks travel as the 8-bit codes the
-    threads assemble), and on the GPU with --decode gpu, assembled there; Blosc2's stay the host's
-    under both, saying why."""
+def test_auto_assembles_cut_blosc_chunks_on_the_gpu_but_bitshuffles(tmp_path, ece408, monkeypatch, name):
+    """Timed on an H200 (1M images in chunks cutting each image in 4, 2026-12-05), Blosc lz4 and zstd
+    chunks cutting images assembled on the GPU ran 1.6-2.1x the reader threads: a streamed run takes
+    them on the GPU by default (the chunks travel as stored). Bitshuffle's stay the reader threads'
+    (its codec's host_first: its whole-image chunks ran faster there), as 8-bit codes they assemble,
+    saying why; --decode gpu takes every one. Blosc2's stay the host's under both, saying why."""
     from tests.test_run_plan import described
 
     with h5py.File(ece408 / "test100.hdf5") as f:
@@ -326,10 +327,12 @@ def test_auto_leaves_cut_blosc_chunks_to_the_reader_threads_and_gpu_takes_them(t
         f["y"] = y
     monkeypatch.setenv("CNNINFER_HOST_BUDGET_MB", "0")
     auto, gpu = described(path, ece408, "H200"), described(path, ece408, "H200", decode="gpu")
-    codec = codecs.Bitshuffle if name == "bitshuffle" else codecs.BloscLz4
-    reason = codec.host_first or codec.cut_host_first
-    assert auto.streamed and auto.decode == "host" and auto.reasons["decode"] == f"by the reader threads: {reason}"
-    assert auto.wire_name.startswith("8-bit codes"), auto.wire_name
+    if name == "bitshuffle":
+        reason = codecs.Bitshuffle.host_first
+        assert auto.streamed and auto.decode == "host" and auto.reasons["decode"] == f"by the reader threads: {reason}"
+        assert auto.wire_name.startswith("8-bit codes"), auto.wire_name
+    else:
+        assert auto.streamed and auto.decode == "gpu" and auto.wire_name == "float32", (auto.decode, auto.wire_name)
     assert gpu.streamed and gpu.decode == "gpu" and gpu.decoding and gpu.wire_name == "float32", gpu.wire_name
 
 

@@ -6,7 +6,7 @@ without a GPU:
 - each codec's prepare, decode and place, run on a NumPy device memory (Device), place h5py's
   images, leaving chunks stored otherwise to the reader threads;
 - what the GPU does not take says why, and --decode auto leaves these filters to the reader threads
-  (not yet timed on a GPU) while --decode gpu takes them."""
+  (which ran them faster on an H200) while --decode gpu takes them."""
 import ctypes
 import subprocess
 
@@ -170,7 +170,7 @@ def test_bitshuffle_framing_counts_blocks_of_whole_groups_of_8(tmp_path, rng):
                                             (lambda: hdf5plugin.LZ4(nbytes=65536), (10, 14, 28, 1))])
 def test_auto_leaves_lz4_blocks_to_the_reader_threads_and_gpu_takes_them(tmp_path, ece408, monkeypatch, filters,
                                                                         chunks):
-    """The GPU's LZ4 blocks are not yet timed against the reader threads': a streamed run decodes
+    """The reader threads' LZ4 outran the GPU's on an H200: a streamed run decodes
     them on the host by default, saying why (chunks cutting MNIST images then travel as the 8-bit
     codes the threads assemble), and on the GPU with --decode gpu."""
     from tests.test_run_plan import described

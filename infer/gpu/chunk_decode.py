@@ -124,11 +124,8 @@ def unsupported(data, wire):
 
 def host_by_default(data):
     """None where --decode auto decodes the chunks of `data` (a DataSet the GPU can decode) on the
-    GPU, else why it leaves them to the reader threads, in a phrase: the codec's host_first (or,
-    where its chunks cut images, cut_host_first)."""
-    rows = data.parts[0][1]
-    codec = codec_for(rows)
-    return codec.host_first or (codec.cut_host_first if rows.cut else None)
+    GPU, else why it leaves them to the reader threads, in a phrase: the codec's host_first."""
+    return codec_for(data.parts[0][1]).host_first
 
 
 def declined(data, wire, mode):

@@ -17,17 +17,16 @@ places a block's images.
   80 such chunks alone take 5.4 ms (H200; 1,000-image chunks 16 ms, their last block one stream of
   514 KB), the bits unshuffled as they are placed; Blosc lz4 + byte shuffle (BloscLz4Bytes, its
   blocks split a stream a value byte), c-blosc's shuffle undone a block at a time as they are placed:
-  --decode gpu only (host_first), not yet timed on a GPU;
+  --decode gpu only (host_first: the reader threads ran it faster, leaving the shuffle to the GPU);
 - Blosc zstd (BloscZstd): zstd_kernel1 (a warp a frame) on each c-blosc block's frame (13 of 256 KB
   a 1,000-image MNIST chunk), c-blosc's byte shuffle undone a block at a time as they are placed;
 - LZ4 (Lz4), Bitshuffle lz4 (Bitshuffle), Blosc2 lz4 + bitshuffle (Blosc2): lz4_blocks_kernel1 (a warp
   a block, as blosc_lz4_kernel2's streams) on blocks found by lz4_index_kernel1 (LZ4's and Bitshuffle's
   chained framing, a thread a chunk) or read by the host (Blosc2's table of starts). Only
-  --decode gpu takes them (host_first): not yet timed on a GPU.
+  --decode gpu takes them (host_first: the reader threads ran them faster on an H200).
 Chunks cutting images are assembled as they are placed: assemble_kernel1 from deflate's, LZF's,
 Zstd's and LZ4's decoded chunks (HDF5's shuffle undone on the way), assemble_kernel2 from Blosc's
-and Bitshuffle's as they lie (byte-shuffled a c-blosc block at a time, or bitshuffled); under
---decode auto Blosc's stay the reader threads' until it is timed on a GPU (cut_host_first).
+and Bitshuffle's as they lie (byte-shuffled a c-blosc block at a time, or bitshuffled).
 Files by family: deflate.py (Deflate, Zstd, Lzf), blosc.py (BloscLz4, BloscZstd), lz4.py (Bitshuffle,
 Lz4, Blosc2); here, which filter goes to which (CODECS, codec_for).
 """

@@ -36,7 +36,6 @@ class Deflate:
     copies_stored = True  # chunks stored without the codec (their filter skipped) are copied into place
     assembles = True  # chunks cutting images are assembled as they are placed (assemble_kernel1)
     host_first = None  # why --decode auto leaves a streamed file's chunks to the reader threads, if it does
-    cut_host_first = None  # the same, for chunks cutting images
     arrays = 6  # of the table, uint64 a chunk: stream, size, capacity, output, decoded size, status
     # A launch takes 4 blocks of 128 MB (160 MNIST chunks), read 4 at a time: a 1M-image file's 1,000
     # chunks all in flight at once on 7 decode streams (with the network's 8 and the uploads', the 16

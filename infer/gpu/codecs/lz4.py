@@ -23,7 +23,8 @@ class Bitshuffle(BloscLz4):
     scratch = 1 / 64  # the index: 8 bytes a block (unsupported: blocks of at least 512 bytes)
     # Not yet timed on a GPU against the reader threads' LZ4 (1M MNIST images on an H200 host:
     # Bitshuffle 5.0-9.2M images/s, LZ4 9.9-13.1M), so only --decode gpu takes it
-    host_first = "the reader threads' LZ4 is the measured path (--decode gpu decodes it on the GPU)"
+    # H200, 1M MNIST images (2026-12-05): the reader threads' LZ4 ran 1.05-2.3x the GPU's (docs/performance.md)
+    host_first = "the reader threads' LZ4 outran the GPU's on an H200 (--decode gpu decodes it on the GPU)"
     what = "Bitshuffle lz4"
 
     def __init__(self, build, rows):
