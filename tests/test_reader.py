@@ -1,5 +1,6 @@
 """The parallel reader: every layout read on several threads equals h5py's own read, whatever the
 range (pieces and chunk edges), in the stored type or converted; damage is one InputError."""
+import contextlib
 import ctypes
 import os
 import re
@@ -782,6 +783,25 @@ def test_chunks_wholly_in_a_read_can_be_left_shuffled_for_the_gpu(tmp_path, rng,
             pool.close()
 
 
+@contextlib.contextmanager
+def plugin_rows(tmp_path, rng, per, plugin):
+    """(the native library, values, their rows): 4 chunks of `per` rows of 30 x 30 float32 values written
+    through hdf5plugin's `plugin` (its name, arguments), the rows closed after (skipped without
+    hdf5plugin or the native library)."""
+    pytest.importorskip("hdf5plugin")
+    lib = native.library()
+    if lib is None:
+        pytest.skip("no C compiler here: the native read pool cannot be built")
+    values = (rng.random((4 * per, 30, 30, 1)) * 200).astype(np.float32)
+    write(tmp_path / "d.h5", values, chunks=(per, 30, 30, 1), plugin=plugin)
+    with h5py.File(tmp_path / "d.h5") as f:
+        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
+        try:
+            yield lib, values, rows
+        finally:
+            rows.close()
+
+
 def decoded_by_the_pool(lib, rows, values, per, direct, stand_in, bits, block, filter_id, shuffle):
     """values (4 chunks of `per` rows, stored in rows' file) read with keep_shuffled on a spec of their
     own whose whole-chunk codec is `stand_in` (codec `direct`, which counts its calls and fails),
@@ -813,31 +833,20 @@ def test_blosc2_chunks_left_bitshuffled_are_decoded_by_the_pool_not_blosc2(tmp_p
     """Chunks of whole b2nd blocks (128 rows, blocks of 64), or of a frame padded past the HDF5 chunk
     (100 rows in 128), left bitshuffled for the GPU are decoded by the pool's own loop over their
     blocks (LZ4 from the plugin's library), never by blosc2_getitem."""
-    pytest.importorskip("hdf5plugin")
-    lib = native.library()
-    if lib is None:
-        pytest.skip("no C compiler here: the native read pool cannot be built")
-    values = (rng.random((4 * per, 30, 30, 1)) * 200).astype(np.float32)
-    write(tmp_path / "d.h5", values, chunks=(per, 30, 30, 1), plugin=("Blosc2", dict(cname="lz4", filters=2)))
-
     @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int)
     def getitem(src, size, start, items, dst, capacity):
         getitem.calls.append(size)
         return -1
     getitem.calls = []
 
-    with h5py.File(tmp_path / "d.h5") as f:
-        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
-        try:
-            assert rows.bitshuffle == (64 * 900, False)
-            padded = ctypes.c_size_t(0)
-            first = os.pread(rows.fd, int(rows.sizes[0]), int(rows.offsets[0]))
-            assert lib.rp_blosc2_chunk(rows.spec, first, len(first), ctypes.byref(padded)) > 0
-            assert padded.value == 128 * 900 * 4  # the frame's rows: the chunk's, or padded to 128
-            decoded_by_the_pool(lib, rows, values, per, native.BLOSC2, getitem, native.BITS_BLOSC2, 64 * 900,
-                                reader.FILTER_BLOSC2, bit_shuffle(64 * 900, False))
-        finally:
-            rows.close()
+    with plugin_rows(tmp_path, rng, per, ("Blosc2", dict(cname="lz4", filters=2))) as (lib, values, rows):
+        assert rows.bitshuffle == (64 * 900, False)
+        padded = ctypes.c_size_t(0)
+        first = os.pread(rows.fd, int(rows.sizes[0]), int(rows.offsets[0]))
+        assert lib.rp_blosc2_chunk(rows.spec, first, len(first), ctypes.byref(padded)) > 0
+        assert padded.value == 128 * 900 * 4  # the frame's rows: the chunk's, or padded to 128
+        decoded_by_the_pool(lib, rows, values, per, native.BLOSC2, getitem, native.BITS_BLOSC2, 64 * 900,
+                            reader.FILTER_BLOSC2, bit_shuffle(64 * 900, False))
 
 
 @pytest.mark.parametrize("cname", ["lz4", "zstd"])
@@ -845,28 +854,17 @@ def test_blosc_byte_shuffled_chunks_left_shuffled_are_decoded_by_the_pool_not_bl
     """hdf5plugin's Blosc default (byte shuffle): whole chunks left shuffled for the GPU are decoded by
     the pool's own loop over their blocks' streams (lz4: a stream a value byte; the codec from the
     plugin's library), never by blosc_decompress_ctx."""
-    pytest.importorskip("hdf5plugin")
-    lib = native.library()
-    if lib is None:
-        pytest.skip("no C compiler here: the native read pool cannot be built")
-    values = (rng.random((4 * 201, 30, 30, 1)) * 200).astype(np.float32)
-    write(tmp_path / "d.h5", values, chunks=(201, 30, 30, 1), plugin=("Blosc", dict(cname=cname, shuffle=1)))
-
     @ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
     def decompress(src, dst, size, threads):
         decompress.calls.append(size)
         return -1
     decompress.calls = []
 
-    with h5py.File(tmp_path / "d.h5") as f:
-        rows = reader.rows(tmp_path / "d.h5", f["x"], "x")
-        try:
-            block = rows.blosc_shuffle
-            assert block is not None and rows.bitshuffle is None
-            decoded_by_the_pool(lib, rows, values, 201, native.BLOSC, decompress, native.BYTES_BLOSC, block,
-                                reader.FILTER_BLOSC, blosc_shuffle(block))
-        finally:
-            rows.close()
+    with plugin_rows(tmp_path, rng, 201, ("Blosc", dict(cname=cname, shuffle=1))) as (lib, values, rows):
+        block = rows.blosc_shuffle
+        assert block is not None and rows.bitshuffle is None
+        decoded_by_the_pool(lib, rows, values, 201, native.BLOSC, decompress, native.BYTES_BLOSC, block,
+                            reader.FILTER_BLOSC, blosc_shuffle(block))
 
 
 @pytest.mark.parametrize("options,kept", [(dict(cname="lz4", filters=2), True), (dict(cname="zstd", filters=2), True),

@@ -261,8 +261,8 @@ class ChunkedRows(_FileRows):
                 self.close()
                 raise InputError(f"{label}: the file is truncated: a chunk needs bytes up to {offset + size}, "
                                  f"but the file has {self.file_size}")
-        self.bitshuffle = None  # see _bitshuffled
-        self.blosc_shuffle = None  # see _blosc_shuffled
+        self.bitshuffle = None  # (values a block, exact tail) where whole chunks stay bitshuffled: _kept_shuffled
+        self.blosc_shuffle = None  # values a block where they stay byte-shuffled a c-blosc block at a time
         self.spec = self._native_spec()
         self.native = self.spec is not None
 
@@ -292,34 +292,21 @@ class ChunkedRows(_FileRows):
                 lib.rp_chunks_free(spec)
                 return None
             self.codec_name = plugin[1]
-            self.bitshuffle = self._bitshuffled(lib, spec)
-            self.blosc_shuffle = self._blosc_shuffled(lib, spec) if self.bitshuffle is None else None
+            kept = self._kept_shuffled(lib, spec)  # (kind, values a block, exact tail), or None
+            if kept and kept[0] == native.BYTES_BLOSC:
+                self.blosc_shuffle = kept[1]
+            elif kept:
+                self.bitshuffle = kept[1:]
         return spec
 
-    def _blosc_shuffled(self, lib, spec):
-        """The values a block where the chunks are c-blosc's byte-shuffled blocks of lz4 or zstd
-        (hdf5plugin's Blosc default), which the read pool decodes itself, leaving each block's byte
-        shuffle for the GPU to undo (rp_chunks_bits' BYTES_BLOSC); else None. Read from the first
-        chunk: a chunk stored otherwise is shuffled again by the pool."""
-        size = self.dtype.itemsize
-        if self.codec != FILTER_BLOSC or self.shuffle or self.swapped or self.masks[0] or size == 1:
-            return None
-        head = os.pread(self.fd, 16, int(self.offsets[0]))
-        codecs = native.block_codecs(self.codec)
-        if len(head) < 16 or head[0] != 2 or head[2] & 0x0f != 0x01 or head[3] != size or (
-                {1: "lz4", 4: "zstd"}.get(head[2] >> 5) not in codecs):
-            return None
-        block = int.from_bytes(head[8:12], "little") // size
-        if block * size != int.from_bytes(head[8:12], "little") or lib.rp_chunks_bits(
-                spec, native.BYTES_BLOSC, block, codecs.get("lz4"), codecs.get("zstd")):
-            return None
-        return block
-
-    def _bitshuffled(self, lib, spec):
-        """(values per block, whether a shorter last block is bitshuffled only when whole groups of 8)
-        where the chunks are the Bitshuffle filter's, c-blosc's or Blosc2's bitshuffled blocks of lz4
-        or zstd, which the read pool decodes itself for the GPU to unshuffle (rp_chunks_bits); else
-        None. Read from the first chunk: a chunk stored otherwise is bitshuffled again by the pool."""
+    def _kept_shuffled(self, lib, spec):
+        """How whole chunks a read keeps shuffled lie, where the read pool decodes their blocks' lz4
+        or zstd itself for the GPU to undo the rest (rp_chunks_bits): (BITS_BSHUF, BITS_BLOSC or
+        BITS_BLOSC2, values a block, whether a shorter last block is bitshuffled only when whole
+        groups of 8) for the Bitshuffle filter's, c-blosc's or Blosc2's bitshuffled blocks;
+        (BYTES_BLOSC, values a block, False) for c-blosc's byte-shuffled ones (hdf5plugin's Blosc
+        default; values wider than a byte); else None. Read from the first chunk: a chunk stored
+        otherwise is shuffled again by the pool."""
         if (self.codec not in (FILTER_BLOSC, FILTER_BITSHUFFLE, FILTER_BLOSC2) or self.shuffle or self.swapped
                 or self.masks[0]):
             return None
@@ -333,10 +320,11 @@ class ChunkedRows(_FileRows):
             block_bytes, kind, exact_tail = int.from_bytes(head[8:12], "big"), native.BITS_BSHUF, False
             fns = [codecs.get(k) if k == name else None for k in ("lz4", "zstd")]  # its codec's alone
             usable = name in codecs and int.from_bytes(head[:8], "big") == self.chunk_bytes
-        elif self.codec == FILTER_BLOSC:  # c-blosc 1's format 2, bitshuffled (flag 4; not byte-shuffled nor copied: flags 1, 2)
-            block_bytes, kind, exact_tail = int.from_bytes(head[8:12], "little"), native.BITS_BLOSC, True
+        elif self.codec == FILTER_BLOSC:  # c-blosc 1's format 2, bitshuffled (flag 4) or byte-shuffled (1), not copied (2)
+            kind = {0x04: native.BITS_BLOSC, 0x01: native.BYTES_BLOSC}.get(head[2] & 0x0f)
+            block_bytes, exact_tail = int.from_bytes(head[8:12], "little"), kind == native.BITS_BLOSC
             fns = [codecs.get("lz4"), codecs.get("zstd")]
-            usable = (head[0] == 2 and head[2] & 0x0f == 0x04 and head[3] == size
+            usable = (kind is not None and (kind == native.BITS_BLOSC or size > 1) and head[0] == 2 and head[3] == size
                       and {1: "lz4", 4: "zstd"}.get(head[2] >> 5) in codecs)
         else:  # Blosc2: its frame's one chunk (rp_blosc2_chunk: padded past the HDF5 chunk's rows or not),
             # its blocks bitshuffled as the Bitshuffle filter's
@@ -351,10 +339,10 @@ class ChunkedRows(_FileRows):
             usable = (3 <= chunk[0] <= 5 and chunk[2] & 0x17 == 0x15 and chunk[3] == size and chunk[31] == 0
                       and chunk[16:22] == bytes([0, 0, 0, 0, 0, 2]) and int.from_bytes(chunk[4:8], "little") == padded.value
                       and {1: "lz4", 4: "zstd"}.get(chunk[2] >> 5) in codecs)
-        block = block_bytes // size  # rp_chunks_bits refuses blocks not a positive multiple of 8 values
+        block = block_bytes // size  # rp_chunks_bits refuses bitshuffled blocks not a positive multiple of 8 values
         if not usable or block * size != block_bytes or lib.rp_chunks_bits(spec, kind, block, *fns):
             return None
-        return block, exact_tail
+        return kind, block, exact_tail
 
     def close(self):
         if getattr(self, "spec", None):

@@ -541,7 +541,7 @@ static int blosc2_blocks(const struct chunks *c, const unsigned char *in, size_t
 /* A whole chunk kept shuffled where its filter bitshuffles (or c-blosc byte-shuffles): read, checked and
  * decoded into dst still shuffled (the GPU undoes it); one stored otherwise decoded the usual way,
  * then shuffled again. */
-static int decode_bitshuffled(const struct piece *job, unsigned char *dst)
+static int decode_kept_shuffled(const struct piece *job, unsigned char *dst)
 {
     const struct chunks *c = job->spec;
     struct local *l = thread_local_state();
@@ -594,7 +594,7 @@ int decode_chunk(const struct piece *job)
     int whole = !c->cut && skip == 0 && n == c->nbytes;
     int shuffled = c->shuffle && c->itemsize > 1 && !(job->mask & 1) && !(whole && job->keep_shuffled && !c->swap);
     if (c->bits && whole && job->keep_shuffled && !c->swap)
-        return decode_bitshuffled(job, (unsigned char *)dst);
+        return decode_kept_shuffled(job, (unsigned char *)dst);
     struct local *l = thread_local_state();
     if (!l)
         return -ENOMEM;
